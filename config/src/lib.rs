@@ -1,0 +1,2 @@
+//! # dlcp-config — the TOML configuration schema of dlcpd
+#![forbid(unsafe_code)]

@@ -1,0 +1,2 @@
+//! dlcpd, the per-host dlcp daemon.
+fn main() {}

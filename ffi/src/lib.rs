@@ -1,0 +1,1 @@
+//! # dlcp-ffi — DPDK bindings for dlcp

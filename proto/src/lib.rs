@@ -1,0 +1,20 @@
+//! # dlcp-proto — the sans-IO protocol core of dlcp
+//!
+//! No sockets, no clocks, no `unsafe`: time comes in as an argument and work
+//! comes out of `poll_*` calls, quinn-proto style. Everything that decides what
+//! goes on the wire lives here and is tested in deterministic simulations.
+//!
+//! - [`wire`]: packet layout, zero-copy views, parsed headers, the MAC.
+//! - [`priority`]: the eight priority classes and the chunk classifier.
+//! - [`bitmap`]: chunk bitmaps and their segmented wire form.
+//! - [`pacer`]: token-bucket pacing on virtual time.
+//! - [`estimator`]: Jacobson/Karels estimators for probe timers and deadlines.
+//! - [`time`]: virtual [`time::Instant`].
+#![forbid(unsafe_code)]
+
+pub mod bitmap;
+pub mod estimator;
+pub mod pacer;
+pub mod priority;
+pub mod time;
+pub mod wire;

@@ -15,6 +15,7 @@
 pub mod bitmap;
 pub mod estimator;
 pub mod pacer;
+pub mod sim;
 pub mod priority;
 pub mod time;
 pub mod wire;

@@ -13,7 +13,7 @@
 //! | 0      | 2    | `magic`        | `0xD1C9`                                                            |
 //! | 2      | 1    | `version`      | `1`                                                                 |
 //! | 3      | 1    | `type`         | 1 DATA, 2 PROBE, 3 BITMAP, 4 DONE, 5 HELLO                          |
-//! | 4      | 1    | `flags`        | bit 0 REPAIR, bit 1 COMPLETE, bit 2 MASK_EMPTY; others must be 0   |
+//! | 4      | 1    | `flags`        | bit 0 REPAIR, bit 1 COMPLETE, bit 2 MASK_EMPTY, bit 3 REQUIRED; others 0 |
 //! | 5      | 1    | `class`        | priority class 0–7 (7 = control)                                    |
 //! | 6      | 1    | `phase`        | 0 none (HELLO), 1 reduce-scatter, 2 all-gather                      |
 //! | 7      | 1    | `dtype`        | 0 f32, 1 f16, 2 bf16 (element type of DATA payloads)                |
@@ -241,7 +241,9 @@ impl Flags {
     pub const COMPLETE: Flags = Flags(0x02);
     /// DONE: the agreed mask is empty (no payload follows).
     pub const MASK_EMPTY: Flags = Flags(0x04);
-    const ALL: u8 = 0x07;
+    /// DATA: the chunk's class is not droppable; it counts towards `required`.
+    pub const REQUIRED: Flags = Flags(0x08);
+    const ALL: u8 = 0x0F;
 
     /// True if every bit of `other` is set.
     pub fn contains(self, other: Flags) -> bool {
@@ -356,7 +358,7 @@ impl Header {
     /// Semantic checks shared by [`Header::parse`] and [`Header::emit`].
     pub fn check(&self) -> Result<(), WireError> {
         let allowed_flags = match self.ty {
-            PacketType::Data => Flags::REPAIR.0,
+            PacketType::Data => Flags::REPAIR.0 | Flags::REQUIRED.0,
             PacketType::Bitmap => Flags::COMPLETE.0,
             PacketType::Done => Flags::MASK_EMPTY.0,
             PacketType::Probe | PacketType::Hello => 0,

@@ -71,7 +71,7 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     v.push(("data", h, payload));
 
     let mut h = common(PacketType::Data, class(6), Phase::Gather);
-    h.flags = Flags::REPAIR;
+    h.flags = Flags::REPAIR.with(Flags::REQUIRED);
     h.dtype = DType::Bf16;
     h.chunk_index = 9;
     h.required = 10;
@@ -124,8 +124,8 @@ fn every_packet_type_and_flag_is_covered() {
     for ty in [PacketType::Data, PacketType::Probe, PacketType::Bitmap, PacketType::Done, PacketType::Hello] {
         assert!(v.iter().any(|(_, h, _)| h.ty == ty), "{ty:?} has no golden vector");
     }
-    for f in [Flags::REPAIR, Flags::COMPLETE, Flags::MASK_EMPTY] {
-        assert!(v.iter().any(|(_, h, _)| h.flags == f), "{f:?} has no golden vector");
+    for f in [Flags::REPAIR, Flags::COMPLETE, Flags::MASK_EMPTY, Flags::REQUIRED] {
+        assert!(v.iter().any(|(_, h, _)| h.flags.contains(f)), "{f:?} has no golden vector");
     }
 }
 

@@ -21,7 +21,7 @@ KEY_CONTEXT = "dlcp v1 2026-11 packet authentication"
 SECRET = b"dlcp golden secret v1"
 
 DATA, PROBE, BITMAP, DONE, HELLO = 1, 2, 3, 4, 5
-REPAIR, COMPLETE, MASK_EMPTY = 0x01, 0x02, 0x04
+REPAIR, COMPLETE, MASK_EMPTY, REQUIRED = 0x01, 0x02, 0x04, 0x08
 NONE, SCATTER, GATHER = 0, 1, 2
 F32, F16, BF16 = 0, 1, 2
 
@@ -75,7 +75,7 @@ F32_PAYLOAD = bytes.fromhex("0000803f") + bytes.fromhex("000020c0")
 VECTORS = {
     "data": packet(F32_PAYLOAD, ty=DATA, flags=0, cls=3, phase=SCATTER, dtype=F32, **COMMON,
                    chunk_index=5, chunk_count=10, required=4, budget_ppm=10_000, seq=0),
-    "data_repair_bf16": packet(bytes([0x80, 0x3F, 0x20, 0xC0]), ty=DATA, flags=REPAIR, cls=6,
+    "data_repair_bf16": packet(bytes([0x80, 0x3F, 0x20, 0xC0]), ty=DATA, flags=REPAIR | REQUIRED, cls=6,
                                phase=GATHER, dtype=BF16, **COMMON, chunk_index=9,
                                chunk_count=10, required=10, budget_ppm=1_000_000, seq=0),
     "probe": packet(b"", ty=PROBE, flags=0, cls=7, phase=GATHER, dtype=F32, **COMMON,

@@ -1,0 +1,386 @@
+//! One test per `WireError` variant, each with the malformed input that produces it.
+//!
+//! Errors detected after the MAC (type, flags, class, phase, dtype, reserved,
+//! field ranges) are reached by editing raw header bytes and then re-computing
+//! a valid tag with `MacKey::tag`, exactly as a peer holding the job key could.
+
+use dlcp_proto::priority::Class;
+use dlcp_proto::wire::{
+    self, DType, Flags, HEADER_LEN, Header, MAX_PAYLOAD, MacKey, OVERHEAD, PPM, Packet, PacketType, Phase,
+    TAG_LEN, WireError,
+};
+
+fn key() -> MacKey {
+    MacKey::derive(b"typed error secret")
+}
+
+/// A valid header of each type.
+fn header(ty: PacketType) -> Header {
+    let (class, phase) = match ty {
+        PacketType::Data => (Class::new(4).unwrap(), Phase::Gather),
+        PacketType::Hello => (Class::CONTROL, Phase::None),
+        _ => (Class::CONTROL, Phase::Scatter),
+    };
+    let mut h = Header::new(ty, class, phase);
+    h.job = 1;
+    h.generation = 1;
+    h.src = 0;
+    h.dst = 1;
+    h.op = 5;
+    h.tensor = 2;
+    h.chunk_count = 16;
+    h.required = 8;
+    h.budget_ppm = 10_000;
+    h
+}
+
+fn payload_for(ty: PacketType) -> Vec<u8> {
+    match ty {
+        PacketType::Data => vec![0; 16],
+        PacketType::Bitmap | PacketType::Done => vec![0xFF, 0x00],
+        _ => vec![],
+    }
+}
+
+fn encoded(ty: PacketType) -> Vec<u8> {
+    let mut buf = vec![0u8; 256];
+    let n = wire::encode(&key(), &header(ty), &payload_for(ty), &mut buf).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+/// Replace the tag with a correct one for the (edited) header and payload.
+fn retag(mut b: Vec<u8>) -> Vec<u8> {
+    let n = b.len();
+    let t = key().tag(&b[..n - TAG_LEN]);
+    b[n - TAG_LEN..].copy_from_slice(&t);
+    b
+}
+
+/// Edit `pkt` with `f`, re-tag it and decode it.
+fn decode_edited(ty: PacketType, f: impl FnOnce(&mut Vec<u8>)) -> Result<Header, WireError> {
+    let mut b = encoded(ty);
+    f(&mut b);
+    let b = retag(b);
+    wire::decode(&key(), &b).map(|(h, _)| h)
+}
+
+/// A datagram built from raw header bytes and payload, re-tagged.
+fn raw(header: &[u8; HEADER_LEN], payload: &[u8]) -> Vec<u8> {
+    let mut b = header.to_vec();
+    b.extend_from_slice(payload);
+    b.extend_from_slice(&[0; TAG_LEN]);
+    retag(b)
+}
+
+fn set_u32(b: &mut [u8], off: usize, v: u32) {
+    b[off..off + 4].copy_from_slice(&v.to_be_bytes());
+}
+
+const ALL_TYPES: [PacketType; 5] =
+    [PacketType::Data, PacketType::Probe, PacketType::Bitmap, PacketType::Done, PacketType::Hello];
+
+#[test]
+fn baseline_packets_are_valid() {
+    for ty in ALL_TYPES {
+        assert!(decode_edited(ty, |_| {}).is_ok(), "{ty:?}");
+    }
+}
+
+#[test]
+fn truncated() {
+    let pkt = encoded(PacketType::Probe);
+    for n in 0..OVERHEAD {
+        assert_eq!(wire::decode(&key(), &pkt[..n]), Err(WireError::Truncated { len: n }));
+        assert_eq!(Packet::new_checked(&pkt[..n]).unwrap_err(), WireError::Truncated { len: n });
+    }
+    assert_eq!(wire::decode(&key(), &[]), Err(WireError::Truncated { len: 0 }));
+}
+
+#[test]
+fn length_mismatch() {
+    // DATA declares 16 payload bytes; cut 4 of them (tag recomputed, but the
+    // length check runs before the MAC anyway).
+    let mut b = encoded(PacketType::Data);
+    b.drain(HEADER_LEN..HEADER_LEN + 4);
+    let b = retag(b);
+    assert_eq!(
+        wire::decode(&key(), &b),
+        Err(WireError::LengthMismatch { declared: 16, actual: OVERHEAD + 12 })
+    );
+    // A header-only datagram that claims a payload.
+    let mut b = encoded(PacketType::Probe);
+    b[56..58].copy_from_slice(&1u16.to_be_bytes());
+    assert_eq!(wire::decode(&key(), &b), Err(WireError::LengthMismatch { declared: 1, actual: OVERHEAD }));
+    // Declared length at the maximum, datagram much shorter: no out-of-range read.
+    b[56..58].copy_from_slice(&u16::MAX.to_be_bytes());
+    assert_eq!(
+        wire::decode(&key(), &b),
+        Err(WireError::LengthMismatch { declared: MAX_PAYLOAD, actual: OVERHEAD })
+    );
+}
+
+#[test]
+fn bad_magic() {
+    let mut b = encoded(PacketType::Hello);
+    b[0] = 0x45; // an IPv4 header, say
+    b[1] = 0x00;
+    assert_eq!(wire::decode(&key(), &retag(b)), Err(WireError::BadMagic(0x4500)));
+}
+
+#[test]
+fn unsupported_version() {
+    for v in [0u8, 2, 255] {
+        let r = decode_edited(PacketType::Hello, |b| b[2] = v);
+        assert_eq!(r, Err(WireError::UnsupportedVersion(v)));
+    }
+}
+
+#[test]
+fn bad_tag() {
+    // Wrong key.
+    let b = encoded(PacketType::Data);
+    assert_eq!(wire::decode(&MacKey::derive(b"another job"), &b), Err(WireError::BadTag));
+    // Header edited without re-tagging.
+    let mut b = encoded(PacketType::Data);
+    b[8] ^= 1;
+    assert_eq!(wire::decode(&key(), &b), Err(WireError::BadTag));
+    // Zeroed tag.
+    let mut b = encoded(PacketType::Probe);
+    let n = b.len();
+    b[n - TAG_LEN..].fill(0);
+    assert_eq!(wire::decode(&key(), &b), Err(WireError::BadTag));
+    // The MAC runs before field validation: an invalid type under a bad tag is BadTag.
+    let mut b = encoded(PacketType::Probe);
+    b[3] = 99;
+    assert_eq!(wire::decode(&key(), &b), Err(WireError::BadTag));
+}
+
+#[test]
+fn unknown_type() {
+    for t in [0u8, 6, 0x80, 255] {
+        assert_eq!(decode_edited(PacketType::Probe, |b| b[3] = t), Err(WireError::UnknownType(t)));
+    }
+}
+
+#[test]
+fn bad_flags() {
+    // Undefined bits, on every type.
+    for ty in ALL_TYPES {
+        for bit in 4..8 {
+            let f = 1u8 << bit;
+            assert_eq!(decode_edited(ty, |b| b[4] = f), Err(WireError::BadFlags(f)), "{ty:?} {f:#x}");
+        }
+    }
+    // Defined bits on the wrong packet type.
+    assert_eq!(decode_edited(PacketType::Data, |b| b[4] = 0x02), Err(WireError::BadFlags(0x02)));
+    assert_eq!(decode_edited(PacketType::Data, |b| b[4] = 0x04), Err(WireError::BadFlags(0x04)));
+    assert_eq!(decode_edited(PacketType::Probe, |b| b[4] = 0x01), Err(WireError::BadFlags(0x01)));
+    for ty in [PacketType::Probe, PacketType::Bitmap, PacketType::Done, PacketType::Hello] {
+        assert_eq!(decode_edited(ty, |b| b[4] = 0x08), Err(WireError::BadFlags(0x08)), "REQUIRED on {ty:?}");
+    }
+    assert!(decode_edited(PacketType::Data, |b| b[4] = 0x09).is_ok(), "REPAIR | REQUIRED on DATA");
+    assert_eq!(decode_edited(PacketType::Hello, |b| b[4] = 0x02), Err(WireError::BadFlags(0x02)));
+    assert_eq!(decode_edited(PacketType::Bitmap, |b| b[4] = 0x04), Err(WireError::BadFlags(0x04)));
+    assert_eq!(decode_edited(PacketType::Done, |b| b[4] = 0x02), Err(WireError::BadFlags(0x02)));
+    assert_eq!(decode_edited(PacketType::Done, |b| b[4] = 0x05), Err(WireError::BadFlags(0x05)));
+    // And through Header::emit.
+    let mut h = header(PacketType::Probe);
+    h.flags = Flags::REPAIR;
+    assert_eq!(h.check(), Err(WireError::BadFlags(0x01)));
+}
+
+#[test]
+fn bad_class() {
+    // Out of range.
+    for c in [8u8, 0x80, 255] {
+        assert_eq!(decode_edited(PacketType::Data, |b| b[5] = c), Err(WireError::BadClass(c)));
+    }
+    // Control class on DATA; data class on a control packet.
+    assert_eq!(decode_edited(PacketType::Data, |b| b[5] = 7), Err(WireError::BadClass(7)));
+    for ty in [PacketType::Probe, PacketType::Bitmap, PacketType::Done, PacketType::Hello] {
+        assert_eq!(decode_edited(ty, |b| b[5] = 0), Err(WireError::BadClass(0)), "{ty:?}");
+    }
+}
+
+#[test]
+fn bad_phase() {
+    assert_eq!(decode_edited(PacketType::Data, |b| b[6] = 3), Err(WireError::BadPhase(3)));
+    assert_eq!(decode_edited(PacketType::Data, |b| b[6] = 0), Err(WireError::BadPhase(0)));
+    assert_eq!(decode_edited(PacketType::Probe, |b| b[6] = 0), Err(WireError::BadPhase(0)));
+    assert_eq!(decode_edited(PacketType::Hello, |b| b[6] = 1), Err(WireError::BadPhase(1)));
+    assert_eq!(decode_edited(PacketType::Hello, |b| b[6] = 2), Err(WireError::BadPhase(2)));
+}
+
+#[test]
+fn unknown_dtype() {
+    for d in [3u8, 255] {
+        assert_eq!(decode_edited(PacketType::Data, |b| b[7] = d), Err(WireError::UnknownDType(d)));
+        assert_eq!(decode_edited(PacketType::Hello, |b| b[7] = d), Err(WireError::UnknownDType(d)));
+    }
+}
+
+#[test]
+fn reserved_non_zero() {
+    for i in 58..64 {
+        assert_eq!(
+            decode_edited(PacketType::Done, |b| b[i] = 0x01),
+            Err(WireError::ReservedNonZero),
+            "byte {i}"
+        );
+    }
+}
+
+#[test]
+fn bad_field_dst() {
+    assert_eq!(decode_edited(PacketType::Data, |b| set_u32(b, 20, 0)), Err(WireError::BadField("dst")));
+    assert_eq!(decode_edited(PacketType::Hello, |b| set_u32(b, 16, 1)), Err(WireError::BadField("dst")));
+}
+
+#[test]
+fn bad_field_budget() {
+    assert!(decode_edited(PacketType::Data, |b| set_u32(b, 48, PPM)).is_ok());
+    assert_eq!(
+        decode_edited(PacketType::Data, |b| set_u32(b, 48, PPM + 1)),
+        Err(WireError::BadField("budget_ppm"))
+    );
+    assert_eq!(
+        decode_edited(PacketType::Hello, |b| set_u32(b, 48, u32::MAX)),
+        Err(WireError::BadField("budget_ppm"))
+    );
+}
+
+#[test]
+fn bad_field_chunk_count_and_required() {
+    for ty in [PacketType::Data, PacketType::Probe, PacketType::Bitmap, PacketType::Done] {
+        assert_eq!(
+            decode_edited(ty, |b| set_u32(b, 40, 0)),
+            Err(WireError::BadField("chunk_count")),
+            "{ty:?}"
+        );
+        assert_eq!(decode_edited(ty, |b| set_u32(b, 44, 17)), Err(WireError::BadField("required")), "{ty:?}");
+    }
+    // HELLO is not about a transfer: chunk_count / required are not checked.
+    assert!(decode_edited(PacketType::Hello, |b| set_u32(b, 40, 0)).is_ok());
+}
+
+#[test]
+fn bad_field_chunk_index() {
+    // DATA: index must be < count.
+    assert!(decode_edited(PacketType::Data, |b| set_u32(b, 36, 15)).is_ok());
+    assert_eq!(
+        decode_edited(PacketType::Data, |b| set_u32(b, 36, 16)),
+        Err(WireError::BadField("chunk_index"))
+    );
+    // BITMAP / DONE: the segment start is byte aligned and inside the transfer.
+    for ty in [PacketType::Bitmap, PacketType::Done] {
+        assert!(decode_edited(ty, |b| set_u32(b, 36, 8)).is_ok());
+        assert_eq!(decode_edited(ty, |b| set_u32(b, 36, 3)), Err(WireError::BadField("chunk_index")));
+        assert_eq!(decode_edited(ty, |b| set_u32(b, 36, 16)), Err(WireError::BadField("chunk_index")));
+    }
+}
+
+#[test]
+fn bad_field_payload_len() {
+    let mut hdr = [0u8; HEADER_LEN];
+
+    // DATA with an empty payload.
+    let mut h = header(PacketType::Data);
+    h.payload_len = 0;
+    assert_eq!(h.emit(&mut hdr), Err(WireError::BadField("payload_len")));
+    // Build it raw: emit a valid header, then zero payload_len by hand.
+    h.payload_len = 4;
+    h.emit(&mut hdr).unwrap();
+    hdr[56..58].fill(0);
+    assert_eq!(wire::decode(&key(), &raw(&hdr, &[])), Err(WireError::BadField("payload_len")));
+
+    // DATA whose length is not a whole number of f32 elements; bf16 allows it.
+    h.payload_len = 6;
+    assert_eq!(h.check(), Err(WireError::BadField("payload_len")));
+    h.payload_len = 4;
+    h.emit(&mut hdr).unwrap();
+    hdr[57] = 6;
+    assert_eq!(wire::decode(&key(), &raw(&hdr, &[0; 6])), Err(WireError::BadField("payload_len")));
+    hdr[7] = DType::Bf16 as u8;
+    assert!(wire::decode(&key(), &raw(&hdr, &[0; 6])).is_ok());
+
+    // PROBE / HELLO with a payload.
+    for ty in [PacketType::Probe, PacketType::Hello] {
+        let mut hdr = [0u8; HEADER_LEN];
+        header(ty).emit(&mut hdr).unwrap();
+        hdr[57] = 1;
+        assert_eq!(wire::decode(&key(), &raw(&hdr, &[0])), Err(WireError::BadField("payload_len")), "{ty:?}");
+    }
+
+    // BITMAP/DONE: a payload iff not COMPLETE/MASK_EMPTY.
+    for (ty, flag) in [(PacketType::Bitmap, Flags::COMPLETE), (PacketType::Done, Flags::MASK_EMPTY)] {
+        let mut h = header(ty);
+        h.payload_len = 2;
+        h.emit(&mut hdr).unwrap();
+        // Flag set, payload present.
+        hdr[4] = flag.0;
+        assert_eq!(wire::decode(&key(), &raw(&hdr, &[1, 2])), Err(WireError::BadField("payload_len")));
+        // Flag clear, no payload.
+        hdr[4] = 0;
+        hdr[56..58].fill(0);
+        assert_eq!(wire::decode(&key(), &raw(&hdr, &[])), Err(WireError::BadField("payload_len")));
+        // Flag set, no payload: fine.
+        hdr[4] = flag.0;
+        assert!(wire::decode(&key(), &raw(&hdr, &[])).is_ok());
+    }
+
+    // encode refuses a payload longer than the header can declare.
+    let big = vec![0u8; MAX_PAYLOAD + 1];
+    let mut out = vec![0u8; MAX_PAYLOAD + 1 + OVERHEAD];
+    assert_eq!(
+        wire::encode(&key(), &header(PacketType::Data), &big, &mut out),
+        Err(WireError::BadField("payload_len"))
+    );
+}
+
+#[test]
+fn buffer_too_small() {
+    let h = header(PacketType::Data);
+    let payload = payload_for(PacketType::Data);
+    let need = OVERHEAD + payload.len();
+    for have in [0, 1, HEADER_LEN, need - 1] {
+        let mut out = vec![0u8; have];
+        assert_eq!(
+            wire::encode(&key(), &h, &payload, &mut out),
+            Err(WireError::BufferTooSmall { need, have })
+        );
+    }
+    let mut out = vec![0u8; need];
+    assert_eq!(wire::encode(&key(), &h, &payload, &mut out), Ok(need));
+    let mut small = [0u8; HEADER_LEN - 1];
+    assert_eq!(
+        header(PacketType::Probe).emit(&mut small),
+        Err(WireError::BufferTooSmall { need: HEADER_LEN, have: HEADER_LEN - 1 })
+    );
+}
+
+/// Every variant has a test above; this fails to compile if a variant is added
+/// without one being considered.
+#[test]
+fn variant_list_is_exhaustive() {
+    fn covered(e: WireError) -> &'static str {
+        match e {
+            WireError::Truncated { .. } => "truncated",
+            WireError::LengthMismatch { .. } => "length_mismatch",
+            WireError::BadMagic(_) => "bad_magic",
+            WireError::UnsupportedVersion(_) => "unsupported_version",
+            WireError::BadTag => "bad_tag",
+            WireError::UnknownType(_) => "unknown_type",
+            WireError::BadFlags(_) => "bad_flags",
+            WireError::BadClass(_) => "bad_class",
+            WireError::BadPhase(_) => "bad_phase",
+            WireError::UnknownDType(_) => "unknown_dtype",
+            WireError::ReservedNonZero => "reserved_non_zero",
+            WireError::BadField(_) => "bad_field_*",
+            WireError::BufferTooSmall { .. } => "buffer_too_small",
+        }
+    }
+    assert_eq!(covered(WireError::BadTag), "bad_tag");
+    // Display strings exist and are distinct for a sample.
+    assert_ne!(WireError::BadTag.to_string(), WireError::ReservedNonZero.to_string());
+}

@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bitmap;
+pub mod endpoint;
 pub mod estimator;
 pub mod pacer;
 pub mod sim;

@@ -1,0 +1,2046 @@
+//! The allreduce endpoint: bounded-loss transfers and the allreduce state machine.
+//!
+//! One [`Endpoint`] per rank (per daemon). It is sans-IO, quinn-proto style:
+//! feed it datagrams with [`Endpoint::handle_datagram`], expired timers with
+//! [`Endpoint::handle_timeout`], take datagrams to send from
+//! [`Endpoint::poll_transmit`], the next timer from [`Endpoint::poll_timeout`] and
+//! results from [`Endpoint::poll_event`].
+//!
+//! ## Allreduce ("transpose" / colocated parameter server)
+//!
+//! A tensor of `L` elements is cut into `N` contiguous shards; rank `s` owns
+//! shard `s`. Each shard is cut into chunks of `chunk_bytes / 4` elements (one DATA
+//! packet each).
+//!
+//! 1. **Reduce-scatter**: every rank sends shard `s` of its input to rank `s`
+//!    (one *transfer* per (op, tensor, phase, sender)). The owner reduces the
+//!    contributions in rank order `0, 1, …, N−1`, filling a missing chunk with zero
+//!    or with its own value ([`Fill`]), optionally rescaling by `N / delivered`.
+//! 2. **All-gather**: the owner sends its reduced shard to every rank. Replicas
+//!    must not diverge, so the owner collects every receiver's bitmap, repairs the
+//!    union of what is missing until it fits the (stricter) gather budget, and
+//!    then announces one agreed *mask* in DONE; every rank, the owner included,
+//!    zero-fills exactly the masked chunks. With a gather budget of 0 the mask is
+//!    always empty (full repair).
+//!
+//! ## Bounded-loss transfer
+//!
+//! The sender sends every chunk once, highest class first (per-class queues),
+//! then a PROBE. The receiver closes the transfer when it holds every chunk, or —
+//! on a PROBE or when its adaptive deadline fires — when it holds at least
+//! `n − ⌊n·p⌋` chunks including every chunk of a non-droppable class (DATA
+//! carries the REQUIRED flag and the header the count), and answers DONE.
+//! Otherwise it answers with a BITMAP of what it holds; the sender then repairs
+//! exactly the chunks needed to get inside the budget: every missing required
+//! chunk, then missing droppable chunks highest class first
+//! ([`select_repairs`]), and probes again. Probes are retransmitted on an
+//! RTT-based timer ([`RttEstimator`]) with exponential backoff; the receiver's
+//! deadline comes from a [`DeadlineEstimator`] over observed completion times.
+//! If an op makes no progress for the hard timeout it fails with an error naming
+//! the ranks it was waiting for — never a hang.
+//!
+//! ## Membership
+//!
+//! Ops are matched across ranks by (job, op sequence, tensor id). Every packet
+//! carries its sender's generation; a higher generation means the peer's daemon
+//! restarted: live ops fail with [`OpError::PeerRestarted`] and new ops include
+//! the new incarnation. Packets of an older generation are dropped and counted.
+//! Packets for ops this rank has not started yet are buffered (bounded) and
+//! replayed when it starts them.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::ops::Range;
+
+use crate::bitmap::Bitmap;
+use crate::estimator::{DeadlineEstimator, RttEstimator};
+use crate::pacer::Pacer;
+use crate::priority::{ChunkTraits, Class, ClassSet, ClassifierConfig, classify};
+use crate::sim::{Node, Transmit};
+use crate::time::{Duration, Instant};
+use crate::wire::{self, DType, Flags, Header, MacKey, PacketType, Phase, WireError};
+
+/// The largest loss budget any transfer may have (10%), in ppm.
+pub const MAX_BUDGET_PPM: u32 = 100_000;
+
+/// Identity of an op: matched across ranks by (job, `seq`, `tensor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpId {
+    /// Op sequence number (the trainer's collective-call counter).
+    pub seq: u64,
+    /// Tensor id (bucket or parameter index).
+    pub tensor: u32,
+}
+
+/// How a missing reduce-scatter contribution is filled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    /// Treat it as zero.
+    Zero,
+    /// Use the owner's own contribution in its place.
+    Local,
+}
+
+/// The reduction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// Element-wise sum.
+    Sum,
+    /// Element-wise mean over the world size.
+    Average,
+}
+
+/// Per-op options (what the trainer asks for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpOptions {
+    /// Layer position of the tensor, 0 = front (input side).
+    pub layer: u32,
+    /// Number of layer positions.
+    pub layers: u32,
+    /// Loss budget of reduce-scatter transfers, ppm (0 = reliable).
+    pub budget_ppm: u32,
+    /// Loss budget of the gather mask, ppm; must be ≤ `budget_ppm`.
+    pub gather_budget_ppm: u32,
+    /// Fill rule for missing contributions.
+    pub fill: Fill,
+    /// Rescale each element by `N / delivered contributions`.
+    pub rescale: bool,
+    /// The reduction.
+    pub reduce: ReduceOp,
+}
+
+impl Default for OpOptions {
+    fn default() -> Self {
+        OpOptions {
+            layer: 0,
+            layers: 1,
+            budget_ppm: 10_000,
+            gather_budget_ppm: 0,
+            fill: Fill::Zero,
+            rescale: false,
+            reduce: ReduceOp::Sum,
+        }
+    }
+}
+
+/// Timer settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timers {
+    /// An op that makes no progress for this long fails.
+    pub hard_timeout: Duration,
+    /// Lower bound of the adaptive receive deadline (also its re-arm interval).
+    pub deadline_min: Duration,
+    /// Upper bound of the adaptive receive deadline.
+    pub deadline_max: Duration,
+    /// Per-chunk completion time assumed before any observation.
+    pub initial_per_chunk: Duration,
+    /// Initial round-trip estimate for probes.
+    pub probe_initial: Duration,
+    /// Lower bound of the probe retransmission timer.
+    pub probe_min: Duration,
+    /// Upper bound of the probe retransmission timer.
+    pub probe_max: Duration,
+    /// Interval between HELLO heartbeats to every peer (zero disables them).
+    pub heartbeat: Duration,
+    /// A peer silent this long is reported down.
+    pub peer_timeout: Duration,
+    /// How long a completed op keeps answering late PROBEs and BITMAPs.
+    pub linger: Duration,
+}
+
+impl Default for Timers {
+    fn default() -> Self {
+        let ms = Duration::from_millis;
+        Timers {
+            hard_timeout: ms(10_000),
+            deadline_min: ms(2),
+            deadline_max: ms(2_000),
+            initial_per_chunk: Duration::from_micros(50),
+            probe_initial: ms(1),
+            probe_min: Duration::from_micros(200),
+            probe_max: ms(500),
+            heartbeat: ms(1_000),
+            peer_timeout: ms(5_000),
+            linger: ms(10_000),
+        }
+    }
+}
+
+/// Static configuration of an endpoint.
+#[derive(Debug, Clone)]
+pub struct EndpointConfig {
+    /// This rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub world: u32,
+    /// Job id (packets of other jobs are rejected).
+    pub job: u32,
+    /// This incarnation's generation (must increase across restarts).
+    pub generation: u32,
+    /// Packet authentication key.
+    pub key: MacKey,
+    /// Payload bytes per DATA packet (a multiple of 4, ≤ 65532).
+    pub chunk_bytes: usize,
+    /// Priority classifier.
+    pub classifier: ClassifierConfig,
+    /// Timers.
+    pub timers: Timers,
+    /// Pacing rate in bytes per second (0 = unpaced).
+    pub pacing_rate: u64,
+    /// Pacing burst in bytes.
+    pub pacing_burst: u64,
+    /// Cap on bytes buffered for ops not started locally yet.
+    pub early_buffer_bytes: usize,
+}
+
+impl EndpointConfig {
+    /// A configuration with defaults for everything but identity and key.
+    pub fn new(rank: u32, world: u32, job: u32, generation: u32, key: MacKey) -> Self {
+        EndpointConfig {
+            rank,
+            world,
+            job,
+            generation,
+            key,
+            chunk_bytes: 1392,
+            classifier: ClassifierConfig::default(),
+            timers: Timers::default(),
+            pacing_rate: 0,
+            pacing_burst: 64 * 1024,
+            early_buffer_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Why an op could not be started.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StartError {
+    /// An op with this id is running or finished recently.
+    #[error("op {0:?} is already running or finished recently; use a new op sequence number")]
+    Duplicate(OpId),
+    /// The tensor is empty.
+    #[error("the tensor is empty")]
+    Empty,
+    /// The tensor has more chunks than the wire can number.
+    #[error("the tensor is too large for the wire format")]
+    TooLarge,
+    /// A budget above the 10% hard cap, or a gather budget above the scatter budget.
+    #[error("budget {budget_ppm} ppm / gather {gather_budget_ppm} ppm invalid: need gather <= scatter <= 100000")]
+    BadBudget {
+        /// Scatter budget.
+        budget_ppm: u32,
+        /// Gather budget.
+        gather_budget_ppm: u32,
+    },
+    /// The layer position is outside `0..layers`.
+    #[error("layer {layer} outside 0..{layers}")]
+    BadLayer {
+        /// Layer.
+        layer: u32,
+        /// Layers.
+        layers: u32,
+    },
+}
+
+/// Why an op failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpError {
+    /// No progress for the hard timeout; `waiting_on` lists the ranks still owing
+    /// something (data, a bitmap or a DONE).
+    #[error("no progress for {timeout:?} in the {phase:?} phase; waiting on ranks {waiting_on:?}")]
+    Timeout {
+        /// Phase the op was in.
+        phase: Phase,
+        /// Ranks it was waiting on.
+        waiting_on: Vec<u32>,
+        /// The hard timeout.
+        timeout: Duration,
+    },
+    /// A peer's daemon restarted (new generation) while the op was running.
+    #[error("rank {rank} restarted (generation {old} -> {new}) during the op")]
+    PeerRestarted {
+        /// The rank.
+        rank: u32,
+        /// Generation the op was running with.
+        old: u32,
+        /// New generation.
+        new: u32,
+    },
+}
+
+/// What one transfer delivered, as seen by its receiver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransferReport {
+    /// The sending rank (for gather: the shard's owner).
+    pub peer: u32,
+    /// Phase.
+    pub phase: Phase,
+    /// Chunks in the transfer.
+    pub chunks: u32,
+    /// Chunks that arrived before the transfer closed.
+    pub delivered: Bitmap,
+    /// Gather only: the agreed mask of zero-filled chunks.
+    pub mask: Option<Bitmap>,
+    /// Chunks that arrived as repairs.
+    pub repaired: u32,
+    /// True if the adaptive deadline fired.
+    pub deadline_fired: bool,
+    /// First packet of the transfer.
+    pub first_at: Option<Instant>,
+    /// When the transfer closed.
+    pub closed_at: Instant,
+}
+
+impl TransferReport {
+    /// Fraction of chunks whose data is in the result (gather: not masked).
+    pub fn delivered_fraction(&self) -> f64 {
+        if self.chunks == 0 {
+            return 1.0;
+        }
+        let used = match &self.mask {
+            Some(m) => self.chunks - m.count_ones(),
+            None => self.delivered.count_ones(),
+        };
+        f64::from(used) / f64::from(self.chunks)
+    }
+}
+
+/// What a completed op delivered: what arrived from whom.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpReport {
+    /// The op.
+    pub id: OpId,
+    /// When this rank started it.
+    pub started: Instant,
+    /// When it completed.
+    pub finished: Instant,
+    /// Reduce-scatter into this rank's shard: one report per other rank.
+    pub scatter: Vec<TransferReport>,
+    /// All-gather of other ranks' shards: one report per other rank.
+    pub gather: Vec<TransferReport>,
+    /// The mask this rank decided for its own shard (zero-filled everywhere).
+    pub own_mask: Bitmap,
+    /// Chunks of this rank's shard.
+    pub own_chunks: u32,
+    /// Repair DATA packets this rank sent for the op.
+    pub repairs_sent: u32,
+    /// True if any receive deadline fired during the op.
+    pub deadline_fired: bool,
+}
+
+impl OpReport {
+    /// Time from local start to completion.
+    pub fn duration(&self) -> Duration {
+        self.finished - self.started
+    }
+
+    /// The least delivered fraction over this rank's transfers.
+    pub fn min_delivered_fraction(&self) -> f64 {
+        self.scatter.iter().chain(&self.gather).map(TransferReport::delivered_fraction).fold(1.0, f64::min)
+    }
+}
+
+/// Something the application should know about.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// An allreduce finished; `result` is the reduced tensor.
+    OpComplete {
+        /// The op.
+        id: OpId,
+        /// The reduced tensor (identical bytes on every rank).
+        result: Vec<f32>,
+        /// What arrived from whom.
+        report: Box<OpReport>,
+    },
+    /// An allreduce failed.
+    OpFailed {
+        /// The op.
+        id: OpId,
+        /// Why.
+        error: OpError,
+    },
+    /// First contact with a peer (or contact again after it was down).
+    PeerUp {
+        /// Rank.
+        rank: u32,
+        /// Its generation.
+        generation: u32,
+    },
+    /// A peer came back with a new generation.
+    PeerRestarted {
+        /// Rank.
+        rank: u32,
+        /// Previous generation.
+        old: u32,
+        /// New generation.
+        new: u32,
+    },
+    /// A peer has been silent for the peer timeout.
+    PeerDown {
+        /// Rank.
+        rank: u32,
+    },
+}
+
+/// Counters of rejected or ignored datagrams, by reason.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RejectCounters {
+    /// Structurally malformed (length, magic, version, field values).
+    pub malformed: u64,
+    /// Authentication tag mismatch.
+    pub bad_tag: u64,
+    /// Another job's packet.
+    pub wrong_job: u64,
+    /// Addressed to another rank, or from a rank outside the world.
+    pub wrong_rank: u64,
+    /// From an older generation of the peer.
+    pub stale_generation: u64,
+    /// For an op that already finished (and no longer lingers).
+    pub stale_op: u64,
+    /// Does not fit the op's layout (chunk count, length, dtype, phase, role).
+    pub mismatch: u64,
+    /// A chunk that had already arrived.
+    pub duplicate: u64,
+    /// A chunk that arrived after its transfer closed.
+    pub late: u64,
+    /// Buffered because the op had not started locally.
+    pub early_buffered: u64,
+    /// Dropped because the early buffer was full.
+    pub early_dropped: u64,
+    /// Buffered early packets discarded unused after the hard timeout.
+    pub early_expired: u64,
+}
+
+/// Per-class, per-peer and protocol counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Datagrams sent per class.
+    pub tx_packets: [u64; 8],
+    /// Bytes sent per class.
+    pub tx_bytes: [u64; 8],
+    /// Authenticated datagrams received per class.
+    pub rx_packets: [u64; 8],
+    /// Bytes received per class.
+    pub rx_bytes: [u64; 8],
+    /// Datagrams sent per peer.
+    pub tx_packets_peer: Vec<u64>,
+    /// Authenticated datagrams received per peer.
+    pub rx_packets_peer: Vec<u64>,
+    /// Rejections.
+    pub rejected: RejectCounters,
+    /// Repair DATA packets sent.
+    pub repairs_sent: u64,
+    /// Repair DATA packets received (new chunks).
+    pub repairs_received: u64,
+    /// PROBEs sent.
+    pub probes_sent: u64,
+    /// Receive deadlines that fired.
+    pub deadlines_fired: u64,
+    /// Ops failed by the hard timeout.
+    pub hard_timeouts: u64,
+    /// Ops completed.
+    pub ops_completed: u64,
+    /// Ops failed.
+    pub ops_failed: u64,
+    /// Transfers closed within budget but not complete.
+    pub closed_within_budget: u64,
+}
+
+/// Number of chunks that may be missing from `n` under `budget_ppm`.
+pub fn allowed_missing(n: u32, budget_ppm: u32) -> u32 {
+    (u64::from(n) * u64::from(budget_ppm.min(wire::PPM)) / u64::from(wire::PPM)) as u32
+}
+
+/// Choose which missing chunks to repair: every missing *required* chunk, then
+/// missing droppable chunks by decreasing class (ties: lower index first) until
+/// at most `allowed` remain missing. Returns them in that order. Pure.
+pub fn select_repairs(
+    missing: impl IntoIterator<Item = u32>,
+    class_of: impl Fn(u32) -> Class,
+    droppable: ClassSet,
+    allowed: u32,
+) -> Vec<u32> {
+    let mut required = Vec::new();
+    let mut optional = Vec::new();
+    for c in missing {
+        if droppable.contains(class_of(c)) { optional.push(c) } else { required.push(c) }
+    }
+    let excess = (optional.len() as u64).saturating_sub(u64::from(allowed)) as usize;
+    optional.sort_by(|&a, &b| class_of(b).cmp(&class_of(a)).then(a.cmp(&b)));
+    required.extend_from_slice(&optional[..excess]);
+    required
+}
+
+/// Where a tensor's shards and chunks lie.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    len: usize,
+    world: u32,
+    chunk_elems: usize,
+}
+
+impl Layout {
+    fn shard(&self, s: u32) -> Range<usize> {
+        let (l, w) = (self.len as u128, u128::from(self.world));
+        let a = (u128::from(s) * l / w) as usize;
+        let b = ((u128::from(s) + 1) * l / w) as usize;
+        a..b
+    }
+
+    fn chunks(&self, s: u32) -> u32 {
+        self.shard(s).len().div_ceil(self.chunk_elems) as u32
+    }
+
+    /// Element range of chunk `c` of shard `s`, relative to the shard.
+    fn chunk(&self, s: u32, c: u32) -> Range<usize> {
+        let n = self.shard(s).len();
+        let a = (c as usize * self.chunk_elems).min(n);
+        a..(a + self.chunk_elems).min(n)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// DATA (first pass or repairs) queued.
+    Sending,
+    /// Everything queued went out; waiting for a bitmap or DONE.
+    Probing,
+}
+
+#[derive(Debug)]
+struct SendState {
+    n: u32,
+    required: u32,
+    budget_ppm: u32,
+    stage: Stage,
+    queued: u32,
+    seq: u32,
+    probe_sent: Option<(u32, Instant)>,
+    probe_timer: Option<Instant>,
+    backoff: u32,
+    have: Bitmap,
+    segs_seen: Bitmap,
+    reported: bool,
+    done: bool,
+    repairs: u32,
+}
+
+impl SendState {
+    fn new(n: u32, required: u32, budget_ppm: u32, seg_bytes: usize) -> Self {
+        SendState {
+            n,
+            required,
+            budget_ppm,
+            stage: Stage::Sending,
+            queued: 0,
+            seq: 0,
+            probe_sent: None,
+            probe_timer: None,
+            backoff: 0,
+            have: Bitmap::new(n),
+            segs_seen: Bitmap::new(Bitmap::segment_count(n, seg_bytes)),
+            reported: false,
+            done: false,
+            repairs: 0,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RecvState {
+    n: u32,
+    required: Option<u32>,
+    budget_ppm: u32,
+    got: Bitmap,
+    got_required: u32,
+    buf: Vec<f32>,
+    first_at: Option<Instant>,
+    deadline: Option<Instant>,
+    deadline_fired: bool,
+    closed_at: Option<Instant>,
+    probe_seq: u32,
+    repaired: u32,
+    mask: Option<Bitmap>,
+    mask_parts: Option<(Bitmap, Bitmap)>,
+    complete_sent: bool,
+}
+
+impl RecvState {
+    fn new(n: u32, buf_len: usize) -> Self {
+        RecvState {
+            n,
+            required: None,
+            budget_ppm: 0,
+            got: Bitmap::new(n),
+            got_required: 0,
+            buf: vec![0.0; buf_len],
+            first_at: None,
+            deadline: None,
+            deadline_fired: false,
+            closed_at: None,
+            probe_seq: 0,
+            repaired: 0,
+            mask: None,
+            mask_parts: None,
+            complete_sent: false,
+        }
+    }
+
+    fn closable(&self) -> bool {
+        let missing = self.got.count_zeros();
+        missing == 0
+            || (self.required.is_some_and(|r| self.got_required >= r)
+                && missing <= allowed_missing(self.n, self.budget_ppm))
+    }
+
+    fn report(&self, peer: u32, phase: Phase) -> TransferReport {
+        TransferReport {
+            peer,
+            phase,
+            chunks: self.n,
+            delivered: self.got.clone(),
+            mask: self.mask.clone(),
+            repaired: self.repaired,
+            deadline_fired: self.deadline_fired,
+            first_at: self.first_at,
+            closed_at: self.closed_at.unwrap_or(Instant::ZERO),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Op {
+    opts: OpOptions,
+    started: Instant,
+    last_progress: Instant,
+    layout: Layout,
+    input: Vec<f32>,
+    result: Vec<f32>,
+    /// Classes of the chunks of each shard in reduce-scatter (empty for own shard).
+    classes: Vec<Vec<Class>>,
+    /// Classes of own shard's chunks in all-gather.
+    gclasses: Vec<Class>,
+    sends: Vec<Option<SendState>>,
+    recvs: Vec<Option<RecvState>>,
+    reduced: bool,
+    gsends: Vec<Option<SendState>>,
+    gmask: Option<Bitmap>,
+    grecvs: Vec<Option<RecvState>>,
+    repairs_sent: u32,
+    peer_gen: Vec<Option<u32>>,
+}
+
+#[derive(Debug)]
+struct Linger {
+    until: Instant,
+    own_chunks: u32,
+    mask: Bitmap,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TxKind {
+    Data { chunk: u32, repair: bool },
+    Probe,
+    Bitmap { seg: u32 },
+    Done { seg: u32 },
+    Hello,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TxItem {
+    id: OpId,
+    phase: Phase,
+    peer: u32,
+    kind: TxKind,
+}
+
+#[derive(Debug, Clone, Default)]
+struct PeerState {
+    generation: Option<u32>,
+    last_heard: Option<Instant>,
+    up: bool,
+}
+
+/// One rank's protocol state machine. See the module docs.
+#[derive(Debug)]
+pub struct Endpoint {
+    cfg: EndpointConfig,
+    chunk_elems: usize,
+    ops: BTreeMap<OpId, Op>,
+    lingering: BTreeMap<OpId, Linger>,
+    finished: VecDeque<(Instant, OpId)>,
+    finished_set: HashSet<OpId>,
+    early: BTreeMap<OpId, (Instant, Vec<Vec<u8>>)>,
+    early_bytes: usize,
+    queues: [VecDeque<TxItem>; 8],
+    pacer: Pacer,
+    peers: Vec<PeerState>,
+    rtt: RttEstimator,
+    deadlines: [DeadlineEstimator; 2],
+    events: VecDeque<Event>,
+    stats: Stats,
+    next_heartbeat: Option<Instant>,
+    hello_seq: u32,
+    now: Instant,
+}
+
+/// Bound on remembered finished op ids (older ones count as stale by age).
+const FINISHED_CAP: usize = 1 << 16;
+
+impl Endpoint {
+    /// A new endpoint at `now`.
+    ///
+    /// # Panics
+    /// If `cfg.rank >= cfg.world`, or `chunk_bytes` is not a positive multiple of 4
+    /// that fits in a datagram — configuration errors the caller validates first.
+    pub fn new(cfg: EndpointConfig, now: Instant) -> Endpoint {
+        assert!(cfg.rank < cfg.world, "rank {} outside world {}", cfg.rank, cfg.world);
+        assert!(
+            cfg.chunk_bytes >= 4 && cfg.chunk_bytes % 4 == 0 && cfg.chunk_bytes <= wire::MAX_PAYLOAD - 3,
+            "chunk_bytes {} must be a positive multiple of 4 below 65536",
+            cfg.chunk_bytes
+        );
+        let t = cfg.timers;
+        let world = cfg.world as usize;
+        Endpoint {
+            chunk_elems: cfg.chunk_bytes / 4,
+            ops: BTreeMap::new(),
+            lingering: BTreeMap::new(),
+            finished: VecDeque::new(),
+            finished_set: HashSet::new(),
+            early: BTreeMap::new(),
+            early_bytes: 0,
+            queues: Default::default(),
+            pacer: Pacer::new(cfg.pacing_rate, cfg.pacing_burst, now),
+            peers: vec![PeerState::default(); world],
+            rtt: RttEstimator::new(t.probe_initial, t.probe_min, t.probe_max),
+            deadlines: [
+                DeadlineEstimator::new(t.initial_per_chunk, t.deadline_min, t.deadline_max),
+                DeadlineEstimator::new(t.initial_per_chunk, t.deadline_min, t.deadline_max),
+            ],
+            events: VecDeque::new(),
+            stats: Stats {
+                tx_packets_peer: vec![0; world],
+                rx_packets_peer: vec![0; world],
+                ..Stats::default()
+            },
+            next_heartbeat: (!t.heartbeat.is_zero() && cfg.world > 1).then_some(now),
+            hello_seq: 0,
+            now,
+            cfg,
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        self.cfg.rank
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EndpointConfig {
+        &self.cfg
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Number of ops in flight.
+    pub fn ops_in_flight(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// The last generation seen from `rank`, if any.
+    pub fn peer_generation(&self, rank: u32) -> Option<u32> {
+        self.peers.get(rank as usize).and_then(|p| p.generation)
+    }
+
+    /// Datagrams waiting in the per-class transmit queues.
+    pub fn queued(&self) -> usize {
+        self.queues.iter().map(VecDeque::len).sum()
+    }
+
+    /// Change tunables that take effect for new ops and new packets: loss-free
+    /// settings like the classifier, timers and pacing rate.
+    pub fn set_tunables(&mut self, now: Instant, classifier: ClassifierConfig, timers: Timers, pacing_rate: u64) {
+        self.cfg.classifier = classifier;
+        self.cfg.timers = timers;
+        self.cfg.pacing_rate = pacing_rate;
+        self.pacer.set_rate(now, pacing_rate);
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Start an allreduce of `data` (this rank's contribution).
+    pub fn start_allreduce(
+        &mut self,
+        now: Instant,
+        id: OpId,
+        data: Vec<f32>,
+        opts: OpOptions,
+    ) -> Result<(), StartError> {
+        self.now = now;
+        if self.ops.contains_key(&id) || self.finished_set.contains(&id) || self.lingering.contains_key(&id) {
+            return Err(StartError::Duplicate(id));
+        }
+        if data.is_empty() {
+            return Err(StartError::Empty);
+        }
+        if opts.budget_ppm > MAX_BUDGET_PPM || opts.gather_budget_ppm > opts.budget_ppm {
+            return Err(StartError::BadBudget {
+                budget_ppm: opts.budget_ppm,
+                gather_budget_ppm: opts.gather_budget_ppm,
+            });
+        }
+        if opts.layers == 0 || opts.layer >= opts.layers {
+            return Err(StartError::BadLayer { layer: opts.layer, layers: opts.layers });
+        }
+        let layout = Layout { len: data.len(), world: self.cfg.world, chunk_elems: self.chunk_elems };
+        if (0..self.cfg.world).any(|s| u64::from(layout.chunks(s)) >= u64::from(u32::MAX)) {
+            return Err(StartError::TooLarge);
+        }
+        let world = self.cfg.world as usize;
+        let me = self.cfg.rank;
+        let mut op = Op {
+            opts,
+            started: now,
+            last_progress: now,
+            layout,
+            result: vec![0.0; data.len()],
+            input: data,
+            classes: vec![Vec::new(); world],
+            gclasses: Vec::new(),
+            sends: (0..world).map(|_| None).collect(),
+            recvs: (0..world).map(|_| None).collect(),
+            reduced: false,
+            gsends: (0..world).map(|_| None).collect(),
+            gmask: None,
+            grecvs: (0..world).map(|_| None).collect(),
+            repairs_sent: 0,
+            peer_gen: vec![None; world],
+        };
+        // Classes of every chunk this rank sends in reduce-scatter, ranked by
+        // magnitude across the whole tensor.
+        let mut norms = Vec::new();
+        for s in (0..self.cfg.world).filter(|&s| s != me) {
+            let shard = &op.input[layout.shard(s)];
+            for c in 0..layout.chunks(s) {
+                norms.push((s, c, sq_norm(&shard[layout.chunk(s, c)])));
+            }
+        }
+        let ranks = rank_by_norm(&norms.iter().map(|x| x.2).collect::<Vec<_>>());
+        for s in 0..self.cfg.world {
+            if s != me {
+                op.classes[s as usize] = vec![Class::default(); layout.chunks(s) as usize];
+            }
+        }
+        for (i, &(s, c, _)) in norms.iter().enumerate() {
+            op.classes[s as usize][c as usize] = classify(
+                &self.cfg.classifier,
+                &ChunkTraits {
+                    phase: Phase::Scatter,
+                    layer: opts.layer,
+                    layers: opts.layers,
+                    magnitude_rank: ranks[i],
+                    chunks: norms.len() as u32,
+                },
+            );
+        }
+        let seg_bytes = self.cfg.chunk_bytes;
+        let own_chunks = layout.chunks(me);
+        for j in (0..self.cfg.world).filter(|&j| j != me) {
+            let n = layout.chunks(j);
+            if n > 0 {
+                let required = op.classes[j as usize]
+                    .iter()
+                    .filter(|&&c| !self.cfg.classifier.droppable.contains(c))
+                    .count() as u32;
+                op.sends[j as usize] = Some(SendState::new(n, required, opts.budget_ppm, seg_bytes));
+            }
+            if own_chunks > 0 {
+                op.recvs[j as usize] = Some(RecvState::new(own_chunks, layout.shard(me).len()));
+            }
+            let gn = layout.chunks(j);
+            if gn > 0 {
+                op.grecvs[j as usize] = Some(RecvState::new(gn, 0));
+            }
+        }
+        // First pass of reduce-scatter, interleaved across destinations so every
+        // path is busy at once, starting after this rank to spread incast.
+        let max_chunks = (0..self.cfg.world).filter(|&s| s != me).map(|s| layout.chunks(s)).max().unwrap_or(0);
+        for c in 0..max_chunks {
+            for k in 1..self.cfg.world {
+                let j = (me + k) % self.cfg.world;
+                if let Some(st) = op.sends[j as usize].as_mut().filter(|st| c < st.n) {
+                    st.queued += 1;
+                    let class = op.classes[j as usize][c as usize];
+                    self.queues[class.index()].push_back(TxItem {
+                        id,
+                        phase: Phase::Scatter,
+                        peer: j,
+                        kind: TxKind::Data { chunk: c, repair: false },
+                    });
+                }
+            }
+        }
+        self.ops.insert(id, op);
+        self.maybe_reduce(id);
+        // Replay datagrams that arrived before this rank started the op.
+        if let Some((_, early)) = self.early.remove(&id) {
+            for d in early {
+                self.early_bytes -= d.len();
+                self.handle_datagram(now, &d);
+            }
+        }
+        self.check_complete(id);
+        Ok(())
+    }
+
+    /// Process one received datagram. Never panics; every rejection is counted.
+    pub fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) {
+        self.now = now;
+        let (h, payload) = match wire::decode(&self.cfg.key, datagram) {
+            Ok(x) => x,
+            Err(WireError::BadTag) => {
+                self.stats.rejected.bad_tag += 1;
+                return;
+            }
+            Err(_) => {
+                self.stats.rejected.malformed += 1;
+                return;
+            }
+        };
+        if h.job != self.cfg.job {
+            self.stats.rejected.wrong_job += 1;
+            return;
+        }
+        if h.dst != self.cfg.rank || h.src >= self.cfg.world {
+            self.stats.rejected.wrong_rank += 1;
+            return;
+        }
+        if h.dtype != DType::F32 && h.ty == PacketType::Data {
+            self.stats.rejected.mismatch += 1;
+            return;
+        }
+        if !self.note_generation(now, h.src, h.generation) {
+            self.stats.rejected.stale_generation += 1;
+            return;
+        }
+        let ci = h.class.index();
+        self.stats.rx_packets[ci] += 1;
+        self.stats.rx_bytes[ci] += datagram.len() as u64;
+        self.stats.rx_packets_peer[h.src as usize] += 1;
+        if h.ty == PacketType::Hello {
+            return;
+        }
+        let id = OpId { seq: h.op, tensor: h.tensor };
+        if self.ops.contains_key(&id) {
+            self.on_op_packet(now, id, &h, payload);
+            self.check_complete(id);
+        } else if let Some(l) = self.lingering.get(&id) {
+            match (h.ty, h.phase) {
+                (PacketType::Probe, Phase::Scatter) => {
+                    self.push(TxItem { id, phase: Phase::Scatter, peer: h.src, kind: TxKind::Done { seg: 0 } });
+                }
+                (PacketType::Bitmap, Phase::Gather) => {
+                    let segs = mask_segments(&l.mask, self.cfg.chunk_bytes);
+                    for seg in 0..segs {
+                        self.push(TxItem { id, phase: Phase::Gather, peer: h.src, kind: TxKind::Done { seg } });
+                    }
+                }
+                _ => self.stats.rejected.late += 1,
+            }
+        } else if self.finished_set.contains(&id) {
+            self.stats.rejected.stale_op += 1;
+        } else if h.ty == PacketType::Data && h.phase == Phase::Scatter {
+            if self.early_bytes + datagram.len() > self.cfg.early_buffer_bytes {
+                self.stats.rejected.early_dropped += 1;
+            } else {
+                self.early_bytes += datagram.len();
+                self.stats.rejected.early_buffered += 1;
+                self.early.entry(id).or_insert_with(|| (now, Vec::new())).1.push(datagram.to_vec());
+            }
+        } else {
+            // A control packet for an op not started here: the sender retries.
+            self.stats.rejected.stale_op += 1;
+        }
+    }
+
+    /// Returns false if the packet is from an older generation of `src`.
+    fn note_generation(&mut self, now: Instant, src: u32, generation: u32) -> bool {
+        let p = &mut self.peers[src as usize];
+        match p.generation {
+            Some(g) if generation < g => return false,
+            Some(g) if generation > g => {
+                p.generation = Some(generation);
+                self.events.push_back(Event::PeerRestarted { rank: src, old: g, new: generation });
+                // The restarted peer lost its state: every live op fails.
+                let ids: Vec<OpId> = self.ops.keys().copied().collect();
+                for id in ids {
+                    self.fail(id, OpError::PeerRestarted { rank: src, old: g, new: generation });
+                }
+                self.early.retain(|_, (_, v)| {
+                    v.retain(|d| wire::Packet::new_checked(&d[..]).map(|p| p.src() != src).unwrap_or(false));
+                    !v.is_empty()
+                });
+                self.early_bytes = self.early.values().flat_map(|(_, v)| v).map(Vec::len).sum();
+            }
+            Some(_) => {}
+            None => {
+                p.generation = Some(generation);
+            }
+        }
+        let p = &mut self.peers[src as usize];
+        p.last_heard = Some(now);
+        if !p.up {
+            p.up = true;
+            self.events.push_back(Event::PeerUp { rank: src, generation });
+        }
+        true
+    }
+
+    /// Queue a control packet (class 7).
+    fn push(&mut self, item: TxItem) {
+        debug_assert!(!matches!(item.kind, TxKind::Data { .. }));
+        self.queues[Class::CONTROL.index()].push_back(item);
+    }
+
+    fn push_data(&mut self, item: TxItem, class: Class) {
+        self.queues[class.index()].push_back(item);
+    }
+
+    fn on_op_packet(&mut self, now: Instant, id: OpId, h: &Header, payload: &[u8]) {
+        let me = self.cfg.rank;
+        let chunk_bytes = self.cfg.chunk_bytes;
+        let Some(op) = self.ops.get_mut(&id) else { return };
+        match op.peer_gen[h.src as usize] {
+            None => op.peer_gen[h.src as usize] = Some(h.generation),
+            Some(g) if g != h.generation => {
+                self.stats.rejected.stale_generation += 1;
+                return;
+            }
+            _ => {}
+        }
+        let layout = op.layout;
+        match (h.ty, h.phase) {
+            (PacketType::Data, Phase::Scatter) => {
+                let Some(r) = op.recvs[h.src as usize].as_mut() else {
+                    self.stats.rejected.mismatch += 1;
+                    return;
+                };
+                let range = layout.chunk(me, h.chunk_index);
+                if h.chunk_count != r.n || h.chunk_index >= r.n || payload.len() != range.len() * 4 {
+                    self.stats.rejected.mismatch += 1;
+                    return;
+                }
+                if r.closed_at.is_some() {
+                    self.stats.rejected.late += 1;
+                    return;
+                }
+                if !r.got.set(h.chunk_index) {
+                    self.stats.rejected.duplicate += 1;
+                    return;
+                }
+                op.last_progress = now;
+                read_f32s(payload, &mut r.buf[range]);
+                accept_data_header(r, h, now, &self.deadlines[0], &mut self.stats);
+                if r.got.is_full() {
+                    self.close_scatter(now, id, h.src, false);
+                }
+            }
+            (PacketType::Probe, Phase::Scatter) => {
+                let Some(r) = op.recvs[h.src as usize].as_mut() else {
+                    self.stats.rejected.mismatch += 1;
+                    return;
+                };
+                if h.chunk_count != r.n {
+                    self.stats.rejected.mismatch += 1;
+                    return;
+                }
+                op.last_progress = now;
+                r.required = Some(h.required);
+                r.budget_ppm = h.budget_ppm.min(MAX_BUDGET_PPM);
+                r.probe_seq = r.probe_seq.max(h.seq);
+                if r.first_at.is_none() {
+                    r.first_at = Some(now);
+                }
+                if r.closed_at.is_some() {
+                    self.push(TxItem { id, phase: Phase::Scatter, peer: h.src, kind: TxKind::Done { seg: 0 } });
+                } else if r.closable() {
+                    self.close_scatter(now, id, h.src, false);
+                } else {
+                    let segs = Bitmap::segment_count(r.n, chunk_bytes);
+                    for seg in 0..segs {
+                        self.push(TxItem { id, phase: Phase::Scatter, peer: h.src, kind: TxKind::Bitmap { seg } });
+                    }
+                }
+            }
+            (PacketType::Bitmap, phase) => {
+                let st = match phase {
+                    Phase::Scatter => op.sends[h.src as usize].as_mut(),
+                    _ => op.gsends[h.src as usize].as_mut(),
+                };
+                let Some(st) = st else {
+                    self.stats.rejected.mismatch += 1;
+                    return;
+                };
+                if h.chunk_count != st.n {
+                    self.stats.rejected.mismatch += 1;
+                    return;
+                }
+                op.last_progress = now;
+                if let Some((seq, at)) = st.probe_sent
+                    && h.seq == seq
+                {
+                    self.rtt.observe(now - at);
+                    st.probe_sent = None;
+                }
+                if h.flags.contains(Flags::COMPLETE) {
+                    for i in 0..st.n {
+                        st.have.set(i);
+                    }
+                    for i in 0..st.segs_seen.len() {
+                        st.segs_seen.set(i);
+                    }
+                } else {
+                    st.have.merge_segment(h.chunk_index, payload);
+                    let bits = (chunk_bytes * 8) as u32;
+                    st.segs_seen.set(h.chunk_index / bits);
+                }
+                if st.stage == Stage::Probing && st.segs_seen.is_full() && !st.done {
+                    match phase {
+                        Phase::Scatter => self.decide_scatter(now, id, h.src),
+                        _ => {
+                            st.reported = true;
+                            self.decide_gather(now, id);
+                        }
+                    }
+                }
+            }
+            (PacketType::Done, Phase::Scatter) => {
+                let Some(st) = op.sends[h.src as usize].as_mut() else {
+                    self.stats.rejected.mismatch += 1;
+                    return;
+                };
+                if let Some((seq, at)) = st.probe_sent
+                    && h.seq == seq
+                {
+                    self.rtt.observe(now - at);
+                }
+                if !st.done {
+                    op.last_progress = now;
+                }
+                st.done = true;
+                st.probe_sent = None;
+                st.probe_timer = None;
+            }
+            (PacketType::Data, Phase::Gather) => {
+                let owner = h.src;
+                let Some(r) = op.grecvs[owner as usize].as_mut() else {
+                    self.stats.rejected.mismatch += 1;
+                    return;
+                };
+                let range = layout.chunk(owner, h.chunk_index);
+                if h.chunk_count != r.n || h.chunk_index >= r.n || payload.len() != range.len() * 4 {
+                    self.stats.rejected.mismatch += 1;
+                    return;
+                }
+                if r.closed_at.is_some() {
+                    self.stats.rejected.late += 1;
+                    return;
+                }
+                if !r.got.set(h.chunk_index) {
+                    self.stats.rejected.duplicate += 1;
+                    return;
+                }
+                op.last_progress = now;
+                let base = layout.shard(owner).start;
+                read_f32s(payload, &mut op.result[base + range.start..base + range.end]);
+                accept_data_header(r, h, now, &self.deadlines[1], &mut self.stats);
+                if r.got.is_full() && !r.complete_sent {
+                    r.complete_sent = true;
+                    self.push(TxItem { id, phase: Phase::Gather, peer: owner, kind: TxKind::Bitmap { seg: 0 } });
+                }
+            }
+            (PacketType::Probe, Phase::Gather) => {
+                let Some(r) = op.grecvs[h.src as usize].as_mut() else {
+                    self.stats.rejected.mismatch += 1;
+                    return;
+                };
+                if h.chunk_count != r.n {
+                    self.stats.rejected.mismatch += 1;
+                    return;
+                }
+                op.last_progress = now;
+                r.probe_seq = r.probe_seq.max(h.seq);
+                if r.first_at.is_none() {
+                    r.first_at = Some(now);
+                }
+                if r.closed_at.is_none() {
+                    let segs = if r.got.is_full() { 1 } else { Bitmap::segment_count(r.n, chunk_bytes) };
+                    for seg in 0..segs {
+                        self.push(TxItem { id, phase: Phase::Gather, peer: h.src, kind: TxKind::Bitmap { seg } });
+                    }
+                }
+            }
+            (PacketType::Done, Phase::Gather) => {
+                let owner = h.src;
+                let Some(r) = op.grecvs[owner as usize].as_mut() else {
+                    self.stats.rejected.mismatch += 1;
+                    return;
+                };
+                if h.chunk_count != r.n || r.closed_at.is_some() {
+                    if r.closed_at.is_some() {
+                        self.stats.rejected.late += 1;
+                    } else {
+                        self.stats.rejected.mismatch += 1;
+                    }
+                    return;
+                }
+                op.last_progress = now;
+                let seg_bits = (chunk_bytes * 8) as u32;
+                let (mask, seen) = r.mask_parts.get_or_insert_with(|| {
+                    (Bitmap::new(r.n), Bitmap::new(Bitmap::segment_count(r.n, chunk_bytes)))
+                });
+                if h.flags.contains(Flags::MASK_EMPTY) {
+                    for i in 0..seen.len() {
+                        seen.set(i);
+                    }
+                } else {
+                    mask.merge_segment(h.chunk_index, payload);
+                    seen.set(h.chunk_index / seg_bits);
+                }
+                if seen.is_full() {
+                    let (mask, _) = r.mask_parts.take().unwrap_or((Bitmap::new(r.n), Bitmap::new(0)));
+                    // Zero-fill the agreed mask, and (defensively) anything the
+                    // owner believed we had but we do not.
+                    let base = layout.shard(owner).start;
+                    for c in 0..r.n {
+                        if mask.get(c) || !r.got.get(c) {
+                            let cr = layout.chunk(owner, c);
+                            op.result[base + cr.start..base + cr.end].fill(0.0);
+                        }
+                    }
+                    r.mask = Some(mask);
+                    r.closed_at = Some(now);
+                    r.deadline = None;
+                    if let Some(first) = r.first_at {
+                        self.deadlines[1].observe(now - first, r.n);
+                    }
+                }
+            }
+            _ => self.stats.rejected.mismatch += 1,
+        }
+    }
+
+    fn close_scatter(&mut self, now: Instant, id: OpId, src: u32, by_deadline: bool) {
+        let Some(op) = self.ops.get_mut(&id) else { return };
+        let Some(r) = op.recvs[src as usize].as_mut() else { return };
+        if r.closed_at.is_some() {
+            return;
+        }
+        r.closed_at = Some(now);
+        r.deadline = None;
+        r.deadline_fired |= by_deadline;
+        if !r.got.is_full() {
+            self.stats.closed_within_budget += 1;
+        }
+        if let Some(first) = r.first_at
+            && !by_deadline
+        {
+            self.deadlines[0].observe(now - first, r.n);
+        }
+        op.last_progress = now;
+        self.push(TxItem { id, phase: Phase::Scatter, peer: src, kind: TxKind::Done { seg: 0 } });
+        self.maybe_reduce(id);
+    }
+
+    /// Reduce this rank's shard once every reduce-scatter transfer closed, then
+    /// start the all-gather.
+    fn maybe_reduce(&mut self, id: OpId) {
+        let me = self.cfg.rank;
+        let world = self.cfg.world;
+        let Some(op) = self.ops.get_mut(&id) else { return };
+        if op.reduced || op.recvs.iter().flatten().any(|r| r.closed_at.is_none()) {
+            return;
+        }
+        op.reduced = true;
+        let layout = op.layout;
+        let shard = layout.shard(me);
+        let n = layout.chunks(me);
+        let own = &op.input[shard.clone()];
+        let mut out = vec![0.0f32; shard.len()];
+        for c in 0..n {
+            let cr = layout.chunk(me, c);
+            let mut delivered = 0u32;
+            for j in 0..world {
+                let present = j == me || op.recvs[j as usize].as_ref().is_some_and(|r| r.got.get(c));
+                let src: Option<&[f32]> = if j == me {
+                    Some(&own[cr.clone()])
+                } else if present {
+                    op.recvs[j as usize].as_ref().map(|r| &r.buf[cr.clone()])
+                } else {
+                    match op.opts.fill {
+                        Fill::Local => Some(&own[cr.clone()]),
+                        Fill::Zero => None,
+                    }
+                };
+                if present {
+                    delivered += 1;
+                }
+                let dst = &mut out[cr.clone()];
+                match (j, src) {
+                    (0, Some(s)) => dst.copy_from_slice(s),
+                    (0, None) => dst.fill(0.0),
+                    (_, Some(s)) => dst.iter_mut().zip(s).for_each(|(d, x)| *d += *x),
+                    (_, None) => dst.iter_mut().for_each(|d| *d += 0.0),
+                }
+            }
+            let dst = &mut out[cr];
+            if op.opts.rescale && delivered < world {
+                let f = world as f32 / delivered as f32;
+                dst.iter_mut().for_each(|d| *d *= f);
+            }
+            if op.opts.reduce == ReduceOp::Average {
+                let w = world as f32;
+                dst.iter_mut().for_each(|d| *d /= w);
+            }
+        }
+        op.result[shard.clone()].copy_from_slice(&out);
+        // Gather classes: rank own chunks by magnitude within the shard.
+        let norms: Vec<f32> = (0..n).map(|c| sq_norm(&out[layout.chunk(me, c)])).collect();
+        let ranks = rank_by_norm(&norms);
+        op.gclasses = (0..n as usize)
+            .map(|c| {
+                classify(
+                    &self.cfg.classifier,
+                    &ChunkTraits {
+                        phase: Phase::Gather,
+                        layer: op.opts.layer,
+                        layers: op.opts.layers,
+                        magnitude_rank: ranks[c],
+                        chunks: n,
+                    },
+                )
+            })
+            .collect();
+        // The input stays: reduce-scatter sends to other owners may still need repairs.
+        op.recvs.iter_mut().flatten().for_each(|r| r.buf = Vec::new());
+        if n == 0 || world == 1 {
+            op.gmask = Some(Bitmap::new(n));
+            return;
+        }
+        let required =
+            op.gclasses.iter().filter(|&&c| !self.cfg.classifier.droppable.contains(c)).count() as u32;
+        let seg_bytes = self.cfg.chunk_bytes;
+        for j in (0..world).filter(|&j| j != me) {
+            op.gsends[j as usize] = Some(SendState::new(n, required, op.opts.gather_budget_ppm, seg_bytes));
+        }
+        let mut items = Vec::new();
+        for c in 0..n {
+            for k in 1..world {
+                let j = (me + k) % world;
+                if let Some(st) = op.gsends[j as usize].as_mut() {
+                    st.queued += 1;
+                }
+                items.push((
+                    TxItem { id, phase: Phase::Gather, peer: j, kind: TxKind::Data { chunk: c, repair: false } },
+                    op.gclasses[c as usize],
+                ));
+            }
+        }
+        for (item, class) in items {
+            self.push_data(item, class);
+        }
+    }
+
+    /// A reduce-scatter receiver's full bitmap arrived: repair just enough.
+    fn decide_scatter(&mut self, _now: Instant, id: OpId, dst: u32) {
+        let droppable = self.cfg.classifier.droppable;
+        let Some(op) = self.ops.get_mut(&id) else { return };
+        let classes = &op.classes[dst as usize];
+        let Some(st) = op.sends[dst as usize].as_mut() else { return };
+        let allowed = allowed_missing(st.n, st.budget_ppm);
+        let repairs = select_repairs(st.have.iter_zeros(), |c| classes[c as usize], droppable, allowed);
+        st.segs_seen = Bitmap::new(st.segs_seen.len());
+        if repairs.is_empty() {
+            // Within budget: the receiver closes on our next probe.
+            return;
+        }
+        st.stage = Stage::Sending;
+        st.probe_timer = None;
+        st.queued += repairs.len() as u32;
+        st.repairs += repairs.len() as u32;
+        op.repairs_sent += repairs.len() as u32;
+        let items: Vec<(TxItem, Class)> = repairs
+            .into_iter()
+            .map(|c| {
+                (
+                    TxItem { id, phase: Phase::Scatter, peer: dst, kind: TxKind::Data { chunk: c, repair: true } },
+                    classes[c as usize],
+                )
+            })
+            .collect();
+        for (item, class) in items {
+            self.push_data(item, class);
+        }
+    }
+
+    /// Every gather receiver has reported: repair the union of what is missing
+    /// until it fits the gather budget, or announce the agreed mask.
+    fn decide_gather(&mut self, _now: Instant, id: OpId) {
+        let droppable = self.cfg.classifier.droppable;
+        let seg_bytes = self.cfg.chunk_bytes;
+        let Some(op) = self.ops.get_mut(&id) else { return };
+        if op.gmask.is_some() {
+            return;
+        }
+        if op.gsends.iter().flatten().any(|st| !st.reported) {
+            return;
+        }
+        let n = op.layout.chunks(self.cfg.rank);
+        let mut union = Bitmap::new(n);
+        for st in op.gsends.iter().flatten() {
+            for c in st.have.iter_zeros() {
+                union.set(c);
+            }
+        }
+        let classes = &op.gclasses;
+        let allowed = allowed_missing(n, op.opts.gather_budget_ppm);
+        let repairs = select_repairs(union.iter_ones(), |c| classes[c as usize], droppable, allowed);
+        if repairs.is_empty() {
+            // Agreed mask: zero-fill it here and tell every receiver.
+            let layout = op.layout;
+            let base = layout.shard(self.cfg.rank).start;
+            for c in union.iter_ones() {
+                let cr = layout.chunk(self.cfg.rank, c);
+                op.result[base + cr.start..base + cr.end].fill(0.0);
+            }
+            let segs = mask_segments(&union, seg_bytes);
+            op.gmask = Some(union);
+            let (world, me) = (self.cfg.world, self.cfg.rank);
+            for j in (0..world).filter(|&j| j != me) {
+                if let Some(st) = op.gsends[j as usize].as_mut() {
+                    st.done = true;
+                    st.probe_timer = None;
+                }
+            }
+            for j in (0..world).filter(|&j| j != me) {
+                for seg in 0..segs {
+                    self.push(TxItem { id, phase: Phase::Gather, peer: j, kind: TxKind::Done { seg } });
+                }
+            }
+            return;
+        }
+        let mut items = Vec::new();
+        for (j, st) in op.gsends.iter_mut().enumerate() {
+            let Some(st) = st.as_mut() else { continue };
+            let mine: Vec<u32> = repairs.iter().copied().filter(|&c| !st.have.get(c)).collect();
+            st.segs_seen = Bitmap::new(st.segs_seen.len());
+            if mine.is_empty() {
+                // Nothing to repair here: its report stays valid.
+                for i in 0..st.segs_seen.len() {
+                    st.segs_seen.set(i);
+                }
+                continue;
+            }
+            st.reported = false;
+            st.stage = Stage::Sending;
+            st.probe_timer = None;
+            st.queued += mine.len() as u32;
+            st.repairs += mine.len() as u32;
+            op.repairs_sent += mine.len() as u32;
+            for c in mine {
+                items.push((
+                    TxItem {
+                        id,
+                        phase: Phase::Gather,
+                        peer: j as u32,
+                        kind: TxKind::Data { chunk: c, repair: true },
+                    },
+                    classes[c as usize],
+                ));
+            }
+        }
+        for (item, class) in items {
+            self.push_data(item, class);
+        }
+    }
+
+    fn check_complete(&mut self, id: OpId) {
+        let Some(op) = self.ops.get(&id) else { return };
+        if !op.reduced || op.gmask.is_none() || op.grecvs.iter().flatten().any(|r| r.closed_at.is_none()) {
+            return;
+        }
+        let Some(mut op) = self.ops.remove(&id) else { return };
+        let now = self.now;
+        let me = self.cfg.rank;
+        let own_mask = op.gmask.take().unwrap_or_else(|| Bitmap::new(0));
+        let mut report = OpReport {
+            id,
+            started: op.started,
+            finished: now,
+            scatter: Vec::new(),
+            gather: Vec::new(),
+            own_chunks: op.layout.chunks(me),
+            own_mask: own_mask.clone(),
+            repairs_sent: op.repairs_sent,
+            deadline_fired: false,
+        };
+        for (j, r) in op.recvs.iter().enumerate() {
+            if let Some(r) = r {
+                report.scatter.push(r.report(j as u32, Phase::Scatter));
+            }
+        }
+        for (j, r) in op.grecvs.iter().enumerate() {
+            if let Some(r) = r {
+                report.gather.push(r.report(j as u32, Phase::Gather));
+            }
+        }
+        report.deadline_fired = report.scatter.iter().chain(&report.gather).any(|t| t.deadline_fired);
+        self.stats.ops_completed += 1;
+        self.lingering.insert(
+            id,
+            Linger { until: now + self.cfg.timers.linger, own_chunks: op.layout.chunks(me), mask: own_mask },
+        );
+        self.remember_finished(now, id);
+        self.events.push_back(Event::OpComplete { id, result: op.result, report: Box::new(report) });
+    }
+
+    fn fail(&mut self, id: OpId, error: OpError) {
+        if self.ops.remove(&id).is_some() {
+            self.stats.ops_failed += 1;
+            self.remember_finished(self.now, id);
+            self.events.push_back(Event::OpFailed { id, error });
+        }
+    }
+
+    fn remember_finished(&mut self, now: Instant, id: OpId) {
+        if self.finished_set.insert(id) {
+            self.finished.push_back((now, id));
+        }
+        while self.finished.len() > FINISHED_CAP {
+            if let Some((_, old)) = self.finished.pop_front() {
+                self.finished_set.remove(&old);
+            }
+        }
+    }
+
+    /// Process timers that expired at or before `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.now = now;
+        let t = self.cfg.timers;
+        // Heartbeats.
+        if let Some(hb) = self.next_heartbeat
+            && hb <= now
+        {
+            let (world, me) = (self.cfg.world, self.cfg.rank);
+            for j in (0..world).filter(|&j| j != me) {
+                self.push(TxItem { id: OpId { seq: 0, tensor: 0 }, phase: Phase::None, peer: j, kind: TxKind::Hello });
+            }
+            self.hello_seq = self.hello_seq.wrapping_add(1);
+            self.next_heartbeat = Some(now + t.heartbeat);
+        }
+        // Peers silent for the peer timeout.
+        for (j, p) in self.peers.iter_mut().enumerate() {
+            if p.up && p.last_heard.is_some_and(|h| h + t.peer_timeout <= now) {
+                p.up = false;
+                self.events.push_back(Event::PeerDown { rank: j as u32 });
+            }
+        }
+        // Lingering ops and finished ids age out.
+        self.lingering.retain(|_, l| l.until > now);
+        while let Some(&(at, id)) = self.finished.front() {
+            if at + t.linger + t.hard_timeout > now {
+                break;
+            }
+            self.finished.pop_front();
+            self.finished_set.remove(&id);
+        }
+        let before = self.early.len();
+        let mut expired_bytes = 0;
+        let mut expired = 0;
+        self.early.retain(|_, (at, v)| {
+            let keep = *at + t.hard_timeout > now;
+            if !keep {
+                expired += v.len() as u64;
+                expired_bytes += v.iter().map(Vec::len).sum::<usize>();
+            }
+            keep
+        });
+        if self.early.len() != before {
+            self.early_bytes -= expired_bytes;
+            self.stats.rejected.early_expired += expired;
+        }
+        // Per-op timers.
+        let ids: Vec<OpId> = self.ops.keys().copied().collect();
+        for id in ids {
+            self.op_timers(now, id);
+            self.check_complete(id);
+        }
+    }
+
+    fn op_timers(&mut self, now: Instant, id: OpId) {
+        let t = self.cfg.timers;
+        let me = self.cfg.rank;
+        let rto = self.rtt.timeout();
+        let Some(op) = self.ops.get_mut(&id) else { return };
+        if op.last_progress + t.hard_timeout <= now {
+            let phase = if op.reduced { Phase::Gather } else { Phase::Scatter };
+            let waiting_on = waiting_on(op, me);
+            self.stats.hard_timeouts += 1;
+            self.fail(id, OpError::Timeout { phase, waiting_on, timeout: t.hard_timeout });
+            return;
+        }
+        let mut pushes = Vec::new();
+        let mut close = Vec::new();
+        for (phase, sends) in [(Phase::Scatter, &mut op.sends), (Phase::Gather, &mut op.gsends)] {
+            for (j, st) in sends.iter_mut().enumerate() {
+                let Some(st) = st.as_mut() else { continue };
+                if st.done || st.stage != Stage::Probing || st.reported {
+                    continue;
+                }
+                if st.probe_timer.is_some_and(|pt| pt <= now) {
+                    st.backoff = (st.backoff + 1).min(16);
+                    st.seq = st.seq.wrapping_add(1);
+                    st.probe_timer = None;
+                    pushes.push(TxItem { id, phase, peer: j as u32, kind: TxKind::Probe });
+                }
+            }
+        }
+        let seg_bytes = self.cfg.chunk_bytes;
+        for (phase, recvs) in [(Phase::Scatter, &mut op.recvs), (Phase::Gather, &mut op.grecvs)] {
+            for (j, r) in recvs.iter_mut().enumerate() {
+                let Some(r) = r.as_mut() else { continue };
+                if r.closed_at.is_some() || !r.deadline.is_some_and(|d| d <= now) {
+                    continue;
+                }
+                self.stats.deadlines_fired += 1;
+                r.deadline_fired = true;
+                r.deadline = Some(now + t.deadline_min.max(rto));
+                if phase == Phase::Scatter && r.closable() {
+                    close.push(j as u32);
+                } else {
+                    let segs = if r.got.is_full() { 1 } else { Bitmap::segment_count(r.n, seg_bytes) };
+                    for seg in 0..segs {
+                        pushes.push(TxItem { id, phase, peer: j as u32, kind: TxKind::Bitmap { seg } });
+                    }
+                }
+            }
+        }
+        for item in pushes {
+            self.push(item);
+        }
+        for j in close {
+            self.close_scatter(now, id, j, true);
+        }
+    }
+
+    /// The earliest instant at which [`Endpoint::handle_timeout`] (or, when paced,
+    /// [`Endpoint::poll_transmit`]) should be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let t = self.cfg.timers;
+        let mut next = Instant::MAX;
+        let mut consider = |i: Instant| next = next.min(i);
+        if let Some(hb) = self.next_heartbeat {
+            consider(hb);
+        }
+        for p in &self.peers {
+            if p.up
+                && let Some(h) = p.last_heard
+            {
+                consider(h + t.peer_timeout);
+            }
+        }
+        for l in self.lingering.values() {
+            consider(l.until);
+        }
+        if let Some((at, _)) = self.finished.front() {
+            consider(*at + t.linger + t.hard_timeout);
+        }
+        for (at, _) in self.early.values() {
+            consider(*at + t.hard_timeout);
+        }
+        for op in self.ops.values() {
+            consider(op.last_progress + t.hard_timeout);
+            for st in op.sends.iter().chain(&op.gsends).flatten() {
+                if let Some(pt) = st.probe_timer
+                    && !st.done
+                {
+                    consider(pt);
+                }
+            }
+            for r in op.recvs.iter().chain(&op.grecvs).flatten() {
+                if let Some(d) = r.deadline
+                    && r.closed_at.is_none()
+                {
+                    consider(d);
+                }
+            }
+        }
+        if self.queues.iter().any(|q| !q.is_empty()) && self.pacer.rate() > 0 {
+            consider(self.pacer.ready_at(self.now, self.cfg.chunk_bytes + wire::OVERHEAD));
+        }
+        (next != Instant::MAX).then_some(next)
+    }
+
+    /// Write the next datagram to send into `buf` (which must hold at least
+    /// `chunk_bytes + wire::OVERHEAD` bytes), highest class first. Returns `None`
+    /// when nothing is queued or the pacer says wait (see `poll_timeout`).
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        self.now = now;
+        loop {
+            let qi = (0..Class::COUNT).rev().find(|&i| !self.queues[i].is_empty())?;
+            let item = *self.queues[qi].front()?;
+            if !matches!(item.kind, TxKind::Data { .. }) {
+                self.queues[qi].pop_front();
+                if let Some(tx) = self.encode_control(now, item, buf) {
+                    return Some(tx);
+                }
+                continue;
+            }
+            let TxKind::Data { chunk, repair } = item.kind else { continue };
+            // Is the chunk still wanted?
+            let wanted = self.data_wanted(item, chunk);
+            if !wanted {
+                self.queues[qi].pop_front();
+                self.data_dequeued(now, item);
+                continue;
+            }
+            let len = self.data_len(item, chunk) * 4 + wire::OVERHEAD;
+            if !self.pacer.try_consume(now, len) {
+                return None;
+            }
+            self.queues[qi].pop_front();
+            let tx = self.encode_data(item, chunk, repair, Class::new(qi as u8).unwrap_or_default(), buf);
+            self.data_dequeued(now, item);
+            if let Some(tx) = tx {
+                return Some(tx);
+            }
+        }
+    }
+
+    fn data_wanted(&self, item: TxItem, chunk: u32) -> bool {
+        let Some(op) = self.ops.get(&item.id) else { return false };
+        let st = match item.phase {
+            Phase::Scatter => op.sends[item.peer as usize].as_ref(),
+            _ => op.gsends[item.peer as usize].as_ref(),
+        };
+        st.is_some_and(|st| !st.done && !st.have.get(chunk))
+    }
+
+    fn data_len(&self, item: TxItem, chunk: u32) -> usize {
+        let Some(op) = self.ops.get(&item.id) else { return 0 };
+        let owner = if item.phase == Phase::Scatter { item.peer } else { self.cfg.rank };
+        op.layout.chunk(owner, chunk).len()
+    }
+
+    /// Bookkeeping after a DATA item left the queue: when a send transfer's
+    /// queue drains, it probes.
+    fn data_dequeued(&mut self, _now: Instant, item: TxItem) {
+        let Some(op) = self.ops.get_mut(&item.id) else { return };
+        let st = match item.phase {
+            Phase::Scatter => op.sends[item.peer as usize].as_mut(),
+            _ => op.gsends[item.peer as usize].as_mut(),
+        };
+        let Some(st) = st else { return };
+        st.queued = st.queued.saturating_sub(1);
+        if st.queued > 0 || st.done || st.stage != Stage::Sending {
+            return;
+        }
+        st.stage = Stage::Probing;
+        if item.phase == Phase::Gather && st.have.is_full() {
+            st.reported = true;
+            self.decide_gather(self.now, item.id);
+            return;
+        }
+        st.seq = st.seq.wrapping_add(1);
+        self.push(TxItem { id: item.id, phase: item.phase, peer: item.peer, kind: TxKind::Probe });
+    }
+
+    fn header(&self, ty: PacketType, class: Class, phase: Phase, id: OpId, peer: u32) -> Header {
+        let mut h = Header::new(ty, class, phase);
+        h.job = self.cfg.job;
+        h.generation = self.cfg.generation;
+        h.src = self.cfg.rank;
+        h.dst = peer;
+        h.op = id.seq;
+        h.tensor = id.tensor;
+        h
+    }
+
+    fn encode_data(&mut self, item: TxItem, chunk: u32, repair: bool, class: Class, buf: &mut [u8]) -> Option<Transmit> {
+        let me = self.cfg.rank;
+        let droppable = self.cfg.classifier.droppable;
+        let op = self.ops.get(&item.id)?;
+        let (owner, st, data): (u32, &SendState, &[f32]) = match item.phase {
+            Phase::Scatter => {
+                (item.peer, op.sends[item.peer as usize].as_ref()?, &op.input[op.layout.shard(item.peer)])
+            }
+            _ => (me, op.gsends[item.peer as usize].as_ref()?, &op.result[op.layout.shard(me)]),
+        };
+        let cr = op.layout.chunk(owner, chunk);
+        let mut h = self.header(PacketType::Data, class, item.phase, item.id, item.peer);
+        h.chunk_index = chunk;
+        h.chunk_count = st.n;
+        h.required = st.required;
+        h.budget_ppm = st.budget_ppm;
+        h.payload_len = (cr.len() * 4) as u16;
+        let mut flags = Flags::default();
+        if repair {
+            flags = flags.with(Flags::REPAIR);
+        }
+        if !droppable.contains(class) {
+            flags = flags.with(Flags::REQUIRED);
+        }
+        h.flags = flags;
+        let len = wire::encode_in_place(&self.cfg.key, &h, buf, |p| write_f32s(&data[cr], p)).ok()?;
+        if repair {
+            self.stats.repairs_sent += 1;
+        }
+        Some(self.count_tx(item.peer, class, len))
+    }
+
+    fn count_tx(&mut self, peer: u32, class: Class, len: usize) -> Transmit {
+        self.stats.tx_packets[class.index()] += 1;
+        self.stats.tx_bytes[class.index()] += len as u64;
+        self.stats.tx_packets_peer[peer as usize] += 1;
+        Transmit { dst: peer, len, class }
+    }
+
+    fn encode_control(&mut self, now: Instant, item: TxItem, buf: &mut [u8]) -> Option<Transmit> {
+        let seg_bytes = self.cfg.chunk_bytes;
+        let rto = self.rtt.timeout();
+        let mut h = self.header(PacketType::Hello, Class::CONTROL, item.phase, item.id, item.peer);
+        let mut seg_payload: Option<(u32, usize)> = None;
+        match item.kind {
+            TxKind::Hello => {
+                h.op = 0;
+                h.tensor = 0;
+                h.seq = self.hello_seq;
+            }
+            TxKind::Probe => {
+                let op = self.ops.get_mut(&item.id)?;
+                let st = match item.phase {
+                    Phase::Scatter => op.sends[item.peer as usize].as_mut()?,
+                    _ => op.gsends[item.peer as usize].as_mut()?,
+                };
+                if st.done || st.stage != Stage::Probing || st.reported {
+                    return None;
+                }
+                h.ty = PacketType::Probe;
+                h.chunk_count = st.n;
+                h.required = st.required;
+                h.budget_ppm = st.budget_ppm;
+                h.seq = st.seq;
+                st.probe_sent = Some((st.seq, now));
+                let backoff = rto.saturating_mul(1 << st.backoff.min(16));
+                st.probe_timer = Some(now + backoff.min(self.cfg.timers.probe_max.max(rto)));
+                self.stats.probes_sent += 1;
+            }
+            TxKind::Bitmap { seg } => {
+                let op = self.ops.get(&item.id)?;
+                let r = match item.phase {
+                    Phase::Scatter => op.recvs[item.peer as usize].as_ref()?,
+                    _ => op.grecvs[item.peer as usize].as_ref()?,
+                };
+                if r.closed_at.is_some() {
+                    return None;
+                }
+                h.ty = PacketType::Bitmap;
+                h.chunk_count = r.n;
+                h.required = r.required.unwrap_or(0).min(r.n);
+                h.seq = r.probe_seq;
+                if r.got.is_full() {
+                    if seg != 0 {
+                        return None;
+                    }
+                    h.flags = Flags::COMPLETE;
+                } else {
+                    seg_payload = Some((seg, 0));
+                }
+            }
+            TxKind::Done { seg } => {
+                h.ty = PacketType::Done;
+                match item.phase {
+                    Phase::Scatter => {
+                        // Receiver → sender: the transfer is closed.
+                        let (n, seq) = if let Some(op) = self.ops.get(&item.id) {
+                            let r = op.recvs[item.peer as usize].as_ref()?;
+                            (r.n, r.probe_seq)
+                        } else {
+                            (self.lingering.get(&item.id)?.own_chunks, 0)
+                        };
+                        h.chunk_count = n;
+                        h.seq = seq;
+                        h.flags = Flags::MASK_EMPTY;
+                    }
+                    _ => {
+                        // Owner → receiver: the agreed mask.
+                        let mask = if let Some(op) = self.ops.get(&item.id) {
+                            op.gmask.clone()?
+                        } else {
+                            self.lingering.get(&item.id)?.mask.clone()
+                        };
+                        h.chunk_count = mask.len();
+                        if mask.count_ones() == 0 {
+                            if seg != 0 {
+                                return None;
+                            }
+                            h.flags = Flags::MASK_EMPTY;
+                        } else {
+                            let (first, len) =
+                                mask.write_segment(seg, seg_bytes, &mut buf[wire::HEADER_LEN..]);
+                            h.chunk_index = first;
+                            h.payload_len = len as u16;
+                            let n = wire::encode_in_place(&self.cfg.key, &h, buf, |_| {}).ok()?;
+                            return Some(self.count_tx(item.peer, Class::CONTROL, n));
+                        }
+                    }
+                }
+            }
+            TxKind::Data { .. } => return None,
+        }
+        if let Some((seg, _)) = seg_payload {
+            let op = self.ops.get(&item.id)?;
+            let r = match item.phase {
+                Phase::Scatter => op.recvs[item.peer as usize].as_ref()?,
+                _ => op.grecvs[item.peer as usize].as_ref()?,
+            };
+            if buf.len() < wire::OVERHEAD + seg_bytes {
+                return None;
+            }
+            let (first, len) = r.got.write_segment(seg, seg_bytes, &mut buf[wire::HEADER_LEN..]);
+            h.chunk_index = first;
+            h.payload_len = len as u16;
+        }
+        let n = wire::encode_in_place(&self.cfg.key, &h, buf, |_| {}).ok()?;
+        Some(self.count_tx(item.peer, Class::CONTROL, n))
+    }
+}
+
+fn accept_data_header(r: &mut RecvState, h: &Header, now: Instant, est: &DeadlineEstimator, stats: &mut Stats) {
+    r.required = Some(h.required);
+    r.budget_ppm = h.budget_ppm.min(MAX_BUDGET_PPM);
+    if h.flags.contains(Flags::REQUIRED) {
+        r.got_required += 1;
+    }
+    if h.flags.contains(Flags::REPAIR) {
+        r.repaired += 1;
+        stats.repairs_received += 1;
+    }
+    if r.first_at.is_none() {
+        r.first_at = Some(now);
+        r.deadline = Some(now + est.deadline(r.n));
+    }
+}
+
+fn mask_segments(mask: &Bitmap, seg_bytes: usize) -> u32 {
+    if mask.count_ones() == 0 { 1 } else { Bitmap::segment_count(mask.len(), seg_bytes) }
+}
+
+fn waiting_on(op: &Op, me: u32) -> Vec<u32> {
+    let mut w = Vec::new();
+    for j in 0..op.recvs.len() as u32 {
+        if j == me {
+            continue;
+        }
+        let j_ = j as usize;
+        let scatter_in = op.recvs[j_].as_ref().is_some_and(|r| r.closed_at.is_none());
+        let scatter_out = op.sends[j_].as_ref().is_some_and(|s| !s.done) && !op.reduced;
+        let gather_in = op.grecvs[j_].as_ref().is_some_and(|r| r.closed_at.is_none());
+        let gather_out = op.gsends[j_].as_ref().is_some_and(|s| !s.reported && !s.done);
+        if scatter_in || scatter_out || gather_in || gather_out {
+            w.push(j);
+        }
+    }
+    w
+}
+
+fn sq_norm(x: &[f32]) -> f32 {
+    let s: f32 = x.iter().map(|v| v * v).sum();
+    if s.is_nan() { f32::INFINITY } else { s }
+}
+
+/// Position of each entry when sorted by decreasing value (ties by index).
+fn rank_by_norm(norms: &[f32]) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..norms.len() as u32).collect();
+    order.sort_by(|&a, &b| norms[b as usize].total_cmp(&norms[a as usize]).then(a.cmp(&b)));
+    let mut ranks = vec![0u32; norms.len()];
+    for (pos, &i) in order.iter().enumerate() {
+        ranks[i as usize] = pos as u32;
+    }
+    ranks
+}
+
+fn read_f32s(src: &[u8], dst: &mut [f32]) {
+    for (d, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+        *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+}
+
+fn write_f32s(src: &[f32], dst: &mut [u8]) {
+    for (s, b) in src.iter().zip(dst.chunks_exact_mut(4)) {
+        b.copy_from_slice(&s.to_le_bytes());
+    }
+}
+
+impl Node for Endpoint {
+    fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) {
+        Endpoint::handle_datagram(self, now, datagram)
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        Endpoint::handle_timeout(self, now)
+    }
+    fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        Endpoint::poll_transmit(self, now, buf)
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        Endpoint::poll_timeout(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allowed_missing_floors() {
+        assert_eq!(allowed_missing(100, 10_000), 1);
+        assert_eq!(allowed_missing(99, 10_000), 0);
+        assert_eq!(allowed_missing(1000, 0), 0);
+        assert_eq!(allowed_missing(u32::MAX, 100_000), 429_496_729);
+    }
+
+    #[test]
+    fn repairs_exactly_enough_highest_class_first() {
+        let classes = [0u8, 3, 1, 3, 6, 2, 0, 5];
+        let class_of = |c: u32| Class::new(classes[c as usize]).unwrap();
+        let droppable = ClassSet::from_classes((0..=4).filter_map(Class::new));
+        // Missing: 0,1,2,3,4(required),6,7(required). Allowed 2 → repair 4,7
+        // then droppable by class: 1(3),3(3),2(1) until 2 remain (0 and 6).
+        let r = select_repairs([0, 1, 2, 3, 4, 6, 7], class_of, droppable, 2);
+        assert_eq!(r, vec![4, 7, 1, 3, 2]);
+        // Allowed ≥ droppable missing: only required ones.
+        assert_eq!(select_repairs([0, 4], class_of, droppable, 5), vec![4]);
+    }
+
+    #[test]
+    fn layout_covers_tensor() {
+        for (len, world, ce) in [(10usize, 3u32, 2usize), (1, 4, 3), (1000, 7, 13), (5, 5, 1)] {
+            let l = Layout { len, world, chunk_elems: ce };
+            let mut covered = 0;
+            for s in 0..world {
+                let sh = l.shard(s);
+                assert_eq!(sh.start, covered);
+                covered = sh.end;
+                let total: usize = (0..l.chunks(s)).map(|c| l.chunk(s, c).len()).sum();
+                assert_eq!(total, sh.len());
+            }
+            assert_eq!(covered, len);
+        }
+    }
+}

@@ -1115,6 +1115,7 @@ impl Endpoint {
                         Phase::Scatter => self.decide_scatter(now, id, h.src),
                         _ => {
                             st.reported = true;
+                            st.probe_timer = None;
                             self.decide_gather(now, id);
                         }
                     }
@@ -1669,6 +1670,8 @@ impl Endpoint {
             for st in op.sends.iter().chain(&op.gsends).flatten() {
                 if let Some(pt) = st.probe_timer
                     && !st.done
+                    && st.stage == Stage::Probing
+                    && !st.reported
                 {
                     consider(pt);
                 }

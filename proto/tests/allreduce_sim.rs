@@ -27,3 +27,339 @@ fn lossless_is_bit_exact_for_2_4_8_33_ranks() {
         }
     }
 }
+
+/// Checks shared by the lossy tests: within budget per (tensor, phase, sender),
+/// every REQUIRED chunk the sender sent arrived before close, reported bitmaps
+/// equal the simulator's delivery log up to the close, results equal the value
+/// recomputed from inputs, bitmaps and fill rule, and all ranks are identical.
+fn check_lossy(c: &Cluster, id: OpId, x: &[Vec<f32>], o: dlcp_proto::endpoint::OpOptions, res: &[(Vec<f32>, dlcp_proto::endpoint::OpReport)]) {
+    use dlcp_proto::wire::Phase;
+    let world = c.world;
+    let log = c.sim.log();
+    let trace = c.trace.borrow();
+    for (r, (_, rep)) in res.iter().enumerate() {
+        let r = r as u32;
+        for t in rep.scatter.iter().chain(&rep.gather) {
+            let budget = if t.phase == Phase::Scatter { o.budget_ppm } else { o.gather_budget_ppm };
+            let min = 1.0 - f64::from(budget) / 1e6;
+            assert!(
+                t.delivered_fraction() >= min - 1e-12,
+                "rank {r} {:?} from {}: delivered {} < {min}",
+                t.phase,
+                t.peer,
+                t.delivered_fraction()
+            );
+            // The report's bitmap is exactly what the network delivered before close.
+            let logged: Vec<u32> = log
+                .transfer(r, id.seq, id.tensor, t.phase, t.peer)
+                .filter(|&(_, at)| at <= t.closed_at)
+                .map(|(c, _)| c)
+                .collect();
+            let reported: Vec<u32> = t.delivered.iter_ones().collect();
+            assert_eq!(reported, logged, "rank {r} {:?} from {}: bitmap differs from the delivery log", t.phase, t.peer);
+            // Every chunk sent as non-droppable arrived (scatter) or is unmasked (gather).
+            for (dst, key) in trace.required_sent.iter() {
+                if *dst == r && key.op == id.seq && key.tensor == id.tensor && key.phase == t.phase && key.src == t.peer {
+                    assert!(t.delivered.get(key.chunk), "rank {r}: required chunk {key:?} missing");
+                    if let Some(m) = &t.mask {
+                        assert!(!m.get(key.chunk), "rank {r}: required chunk {key:?} masked");
+                    }
+                }
+            }
+        }
+    }
+    let reports: Vec<_> = res.iter().map(|(_, rep)| rep).collect();
+    let want = bits(&expected(x, &reports, o));
+    for (r, (v, _)) in res.iter().enumerate() {
+        assert!(bits(v) == want, "rank {r}: result differs from the recomputed value");
+    }
+    assert_identical(res);
+    assert_eq!(world as usize, res.len());
+}
+
+#[test]
+fn random_loss_up_to_5pct_within_budget_1pct() {
+    for (loss, seed) in [(0.001, 11u64), (0.01, 12), (0.03, 13), (0.05, 14)] {
+        let world = 4;
+        let net = NetConfig::default().with_seed(seed).with_loss(loss);
+        let mut c = Cluster::new(world, net);
+        let x = inputs(seed, world, 20_000);
+        let o = opts(10_000);
+        let id = OpId { seq: 5, tensor: 1 };
+        let res = all_ok(c.allreduce(id, &x, o, SECOND));
+        check_lossy(&c, id, &x, o, &res);
+        let lost = dlcp_proto::sim::NetStats::total(&c.sim.stats().lost);
+        assert!(loss < 0.005 || lost > 0, "loss {loss}: the network lost nothing; the test proves nothing");
+    }
+}
+
+#[test]
+fn budget_zero_under_5pct_loss_is_bit_exact() {
+    let world = 4;
+    let net = NetConfig::default().with_seed(21).with_loss(0.05);
+    let mut c = Cluster::new(world, net);
+    let x = inputs(21, world, 30_011);
+    let res = all_ok(c.allreduce(OpId { seq: 9, tensor: 0 }, &x, opts(0), SECOND));
+    let want = bits(&reference_sum(&x));
+    for (r, (v, rep)) in res.iter().enumerate() {
+        assert!(bits(v) == want, "rank {r} not bit-exact");
+        assert!(rep.scatter.iter().all(|t| t.delivered.is_full()));
+    }
+    assert!(res.iter().any(|(_, rep)| rep.repairs_sent > 0), "5% loss but no repairs: loss not injected?");
+}
+
+#[test]
+fn gather_budget_uses_one_agreed_mask_and_replicas_stay_identical() {
+    use dlcp_proto::endpoint::{Fill, OpOptions, ReduceOp};
+    let world = 5;
+    let mut masked_somewhere = false;
+    for (seed, fill, rescale, reduce) in [
+        (31u64, Fill::Zero, false, ReduceOp::Sum),
+        (32, Fill::Local, false, ReduceOp::Average),
+        (33, Fill::Zero, true, ReduceOp::Sum),
+        (34, Fill::Local, true, ReduceOp::Average),
+    ] {
+        let net = NetConfig::default().with_seed(seed).with_loss(0.03);
+        let mut c = Cluster::new(world, net);
+        let x = inputs(seed, world, 40_000);
+        // A back layer, so its gather chunks land in a droppable class (4).
+        let o = OpOptions {
+            layer: 3,
+            layers: 4,
+            budget_ppm: 50_000,
+            gather_budget_ppm: 20_000,
+            fill,
+            rescale,
+            reduce,
+        };
+        let id = OpId { seq: 1, tensor: 2 };
+        let res = all_ok(c.allreduce(id, &x, o, SECOND));
+        check_lossy(&c, id, &x, o, &res);
+        // Every receiver applied exactly the owner's mask.
+        for (s, (_, owner)) in res.iter().enumerate() {
+            masked_somewhere |= owner.own_mask.count_ones() > 0;
+            for (r, (_, rep)) in res.iter().enumerate() {
+                if r != s {
+                    let t = rep.gather.iter().find(|t| t.peer == s as u32).unwrap();
+                    assert_eq!(t.mask.as_ref(), Some(&owner.own_mask), "rank {r} applied another mask for shard {s}");
+                }
+            }
+        }
+    }
+    assert!(masked_somewhere, "3% loss with a 2% gather budget never produced a mask: test proves nothing");
+}
+
+#[test]
+fn reordering_duplication_and_corruption_are_absorbed() {
+    let world = 4;
+    let net = NetConfig::default()
+        .with_seed(41)
+        .with_loss(0.01)
+        .with_reorder(0.2, Duration::from_micros(200))
+        .with_duplicate(0.05)
+        .with_corrupt(0.02);
+    let mut c = Cluster::new(world, net);
+    let x = inputs(41, world, 25_000);
+    let o = opts(10_000);
+    let id = OpId { seq: 3, tensor: 8 };
+    let res = all_ok(c.allreduce(id, &x, o, SECOND));
+    check_lossy(&c, id, &x, o, &res);
+    let st = c.sim.stats();
+    assert!(st.duplicated > 0 && st.corrupted > 0 && st.reordered > 0);
+    let bad_tags: u64 = (0..world).map(|r| c.sim.node(r).stats().rejected.bad_tag).sum();
+    let dups: u64 = (0..world).map(|r| c.sim.node(r).stats().rejected.duplicate).sum();
+    assert!(bad_tags > 0, "corrupted datagrams must be rejected by the MAC and counted");
+    assert!(dups > 0, "duplicated datagrams must be counted");
+}
+
+#[test]
+fn loss_within_budget_completes_without_a_deadline() {
+    let world = 4;
+    for seed in [51u64, 52, 53] {
+        let net = NetConfig::default().with_seed(seed).with_loss(0.005);
+        let mut c = Cluster::new(world, net);
+        let x = inputs(seed, world, 50_000);
+        let id = OpId { seq: 1, tensor: 1 };
+        let res = all_ok(c.allreduce(id, &x, opts(50_000), SECOND));
+        for (r, (_, rep)) in res.iter().enumerate() {
+            assert!(!rep.deadline_fired, "seed {seed} rank {r}: a deadline fired although loss was within budget");
+        }
+        let fired: u64 = (0..world).map(|r| c.sim.node(r).stats().deadlines_fired).sum();
+        assert_eq!(fired, 0);
+        let closed_early: u64 = (0..world).map(|r| c.sim.node(r).stats().closed_within_budget).sum();
+        assert!(closed_early > 0, "seed {seed}: nothing was lost, so nothing closed early: test proves nothing");
+    }
+}
+
+#[test]
+fn silent_rank_yields_errors_within_the_hard_timeout() {
+    use dlcp_proto::endpoint::OpError;
+    let world = 4;
+    let mut c = Cluster::new(world, NetConfig::default().with_seed(61));
+    let x = inputs(61, world, 20_000);
+    let hard = timers().hard_timeout;
+    // Rank 2 dies before the op; the others must not hang.
+    c.sim.set_silent(2, true);
+    let t0 = c.sim.now();
+    let out = c.allreduce(OpId { seq: 1, tensor: 0 }, &x, opts(10_000), SECOND * 5);
+    for r in [0u32, 1, 3] {
+        match &out[r as usize] {
+            Err(OpError::Timeout { waiting_on, .. }) => {
+                assert!(waiting_on.contains(&2), "rank {r} blames {waiting_on:?}, not the silent rank 2");
+            }
+            other => panic!("rank {r}: expected a timeout error, got {other:?}"),
+        }
+    }
+    let elapsed = c.sim.now() - t0;
+    assert!(elapsed <= hard + Duration::from_millis(20), "errors took {elapsed:?}, hard timeout {hard:?}");
+    // A rank dying mid-op (after the reduce-scatter started) also ends in errors.
+    c.sim.set_silent(2, false);
+    let ops = [(OpId { seq: 2, tensor: 0 }, x.clone(), opts(10_000))];
+    let now = c.sim.now();
+    for r in 0..world {
+        c.sim.node_mut(r).start_allreduce(now, ops[0].0, x[r as usize].clone(), ops[0].2).unwrap();
+    }
+    c.sim.run_until(now + Duration::from_micros(30), |_| false);
+    c.sim.set_silent(1, true);
+    let t1 = c.sim.now();
+    c.run(SECOND * 5);
+    for r in [0u32, 2, 3] {
+        let mut failed = false;
+        while let Some(ev) = c.sim.node_mut(r).poll_event() {
+            if let dlcp_proto::endpoint::Event::OpFailed { id, .. } = ev {
+                failed |= id == ops[0].0;
+            }
+        }
+        assert!(failed, "rank {r} did not report the failure of the op rank 1 abandoned");
+    }
+    assert!(c.sim.now() - t1 <= hard + Duration::from_millis(20));
+}
+
+#[test]
+fn priority_bottleneck_drops_low_classes_first_and_front_layers_finish_first() {
+    use dlcp_proto::endpoint::OpOptions;
+    use dlcp_proto::priority::Class;
+    let world = 4;
+    // Every port is a 2 Gbit/s bottleneck behind 10 Gbit/s uplinks, with short queues.
+    let mut net = NetConfig::default().with_seed(71).with_queue(24);
+    for r in 0..world {
+        net = net.with_port_rate(r, 2_000_000_000);
+    }
+    let mut c = Cluster::new(world, net);
+    let layers = 4;
+    let ops: Vec<_> = (0..layers)
+        .map(|l| {
+            let o = OpOptions { layer: l, layers, budget_ppm: 50_000, ..OpOptions::default() };
+            (OpId { seq: 1, tensor: l }, inputs(70 + u64::from(l), world, 30_000), o)
+        })
+        .collect();
+    let out = c.allreduce_many(&ops, SECOND * 2);
+    let mut results = Vec::new();
+    for (i, per_rank) in out.into_iter().enumerate() {
+        let res = all_ok(per_rank);
+        check_lossy(&c, ops[i].0, &ops[i].1, ops[i].2, &res);
+        results.push(res);
+    }
+    // The switch really dropped, and dropped low classes more than high ones.
+    let st = c.sim.stats();
+    let drop_frac = |cl: u8| {
+        let cl = Class::new(cl).unwrap();
+        let arr: u64 = st.ports.iter().map(|p| p.arrivals[cl.index()]).sum();
+        let drp: u64 = st.ports.iter().map(|p| p.drops[cl.index()] + p.pushed_out[cl.index()]).sum();
+        (arr, drp as f64 / arr.max(1) as f64)
+    };
+    let total_drops: u64 = (0..8).map(|cl| st.switch_drops[cl] + st.pushed_out[cl]).sum();
+    assert!(total_drops > 100, "the bottleneck dropped only {total_drops} packets: no congestion");
+    let used: Vec<(u8, u64, f64)> =
+        (0..8).map(|cl| (cl, drop_frac(cl))).filter(|(_, (a, _))| *a > 200).map(|(cl, (a, f))| (cl, a, f)).collect();
+    eprintln!("per-class (class, arrivals, drop fraction): {used:?}");
+    let (lo, hi) = (used.first().unwrap(), used.last().unwrap());
+    assert!(hi.0 > lo.0);
+    assert!(hi.2 < lo.2, "class {} lost {:.4} but class {} lost {:.4}", hi.0, hi.2, lo.0, lo.2);
+    assert!(drop_frac(7).1 < 0.01, "control packets must be nearly lossless");
+    // Of tensors submitted together, front layers complete first on every rank.
+    for r in 0..world as usize {
+        let finished: Vec<_> = results.iter().map(|res| res[r].1.finished).collect();
+        assert!(finished[0] <= finished[layers as usize - 1], "rank {r}: front layer finished after back layer: {finished:?}");
+    }
+}
+
+#[test]
+fn many_tensors_and_ops_in_flight_with_skewed_starts() {
+    use dlcp_proto::endpoint::OpOptions;
+    let world = 6;
+    let net = NetConfig::default().with_seed(81).with_loss(0.01).with_reorder(0.05, Duration::from_micros(100));
+    let mut c = Cluster::new(world, net);
+    let mut ops = Vec::new();
+    for seq in 0..3u64 {
+        for t in 0..8u32 {
+            let o = OpOptions { layer: t, layers: 8, budget_ppm: 10_000, ..OpOptions::default() };
+            let len = 1 + (t as usize * 2_311 + seq as usize * 97) % 9_000;
+            ops.push((OpId { seq, tensor: t }, inputs(seq * 100 + u64::from(t), world, len), o));
+        }
+    }
+    // Rank r starts every op r × 300 µs late: its peers' data for ops it has not
+    // started yet must be buffered and replayed, not lost.
+    for r in 0..world {
+        let at = c.sim.now() + Duration::from_micros(300 * u64::from(r));
+        c.sim.run_until(at, |_| false);
+        let now = c.sim.now();
+        for (id, x, o) in &ops {
+            c.sim.node_mut(r).start_allreduce(now, *id, x[r as usize].clone(), *o).unwrap();
+        }
+    }
+    c.run(SECOND * 2);
+    let mut outcomes: Vec<Vec<Option<_>>> = vec![vec![None; world as usize]; ops.len()];
+    for r in 0..world {
+        while let Some(ev) = c.sim.node_mut(r).poll_event() {
+            if let dlcp_proto::endpoint::Event::OpComplete { id, result, report } = ev {
+                let i = ops.iter().position(|(x, _, _)| *x == id).unwrap();
+                outcomes[i][r as usize] = Some((result, *report));
+            }
+        }
+    }
+    for (i, per_rank) in outcomes.into_iter().enumerate() {
+        let res: Vec<_> = per_rank.into_iter().map(|o| o.expect("op did not complete")).collect();
+        check_lossy(&c, ops[i].0, &ops[i].1, ops[i].2, &res);
+    }
+    let buffered: u64 = (0..world).map(|r| c.sim.node(r).stats().rejected.early_buffered).sum();
+    assert!(buffered > 0, "skewed starts buffered nothing: test proves nothing");
+}
+
+#[test]
+fn restarted_peer_fails_live_ops_then_rejoins_with_new_generation() {
+    use dlcp_proto::endpoint::{Endpoint, Event, OpError};
+    use dlcp_proto::time::Instant;
+    let world = 4;
+    let mut c = Cluster::new(world, NetConfig::default().with_seed(91));
+    let x = inputs(91, world, 20_000);
+    all_ok(c.allreduce(OpId { seq: 1, tensor: 0 }, &x, opts(0), SECOND));
+    // Op 2 starts everywhere; rank 3's daemon restarts mid-op with generation 2.
+    let id2 = OpId { seq: 2, tensor: 0 };
+    let now = c.sim.now();
+    for r in 0..world {
+        c.sim.node_mut(r).start_allreduce(now, id2, x[r as usize].clone(), opts(0)).unwrap();
+    }
+    c.sim.run_until(now + Duration::from_micros(40), |_| false);
+    let _ = Instant::ZERO;
+    let restarted = Endpoint::new(endpoint_config(3, world, 2), c.sim.now());
+    c.sim.replace_node(3, restarted);
+    c.run(SECOND);
+    for r in 0..3u32 {
+        let mut saw = (false, false);
+        while let Some(ev) = c.sim.node_mut(r).poll_event() {
+            match ev {
+                Event::OpFailed { id, error: OpError::PeerRestarted { rank: 3, old: 1, new: 2 } } if id == id2 => saw.0 = true,
+                Event::PeerRestarted { rank: 3, old: 1, new: 2 } => saw.1 = true,
+                _ => {}
+            }
+        }
+        assert!(saw.0 && saw.1, "rank {r}: restart of rank 3 not reported ({saw:?})");
+        assert_eq!(c.sim.node(r).peer_generation(3), Some(2));
+    }
+    // New ops include the new incarnation and succeed.
+    let id3 = OpId { seq: 3, tensor: 0 };
+    let res = all_ok(c.allreduce(id3, &x, opts(0), SECOND));
+    let want = bits(&reference_sum(&x));
+    assert!(res.iter().all(|(v, _)| bits(v) == want));
+}

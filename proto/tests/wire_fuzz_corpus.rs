@@ -1,0 +1,166 @@
+//! Replays the cargo-fuzz corpora (`fuzz/corpus/decode*/`) through `decode`, so
+//! `cargo test` covers what the fuzzer found without running the fuzzer.
+//!
+//! - `decode/`: each file is decoded as is with the fuzz key; it must not
+//!   panic, and a file that decodes must re-encode to the same bytes.
+//! - `decode_tagged/`: each file first gets a correct tag (last 16 bytes), as
+//!   the `decode_tagged` target does, then the same checks.
+//!
+//! The valid seed packets (`seed-*`, one or more of every type) are written by
+//! the ignored test `write_seed_corpus`:
+//! `cargo test -p dlcp-proto --test wire_fuzz_corpus -- --ignored write_seed_corpus`.
+
+use dlcp_proto::priority::Class;
+use dlcp_proto::wire::{self, DType, Flags, Header, MacKey, PacketType, Phase, TAG_LEN};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+/// Must match `SECRET` in `fuzz/fuzz_targets/*.rs`.
+const SECRET: &[u8] = b"dlcp fuzz corpus key";
+
+fn key() -> MacKey {
+    MacKey::derive(SECRET)
+}
+
+fn corpus_dir(target: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus").join(target)
+}
+
+fn files(target: &str) -> Vec<(String, Vec<u8>)> {
+    let dir = corpus_dir(target);
+    let mut v: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().unwrap().is_file())
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Decode; on success re-encode and compare. Returns the packet type if valid.
+fn replay(k: &MacKey, name: &str, b: &[u8]) -> Option<PacketType> {
+    let (h, p) = wire::decode(k, b).ok()?;
+    assert_eq!(h.check(), Ok(()), "{name}");
+    let mut out = vec![0u8; h.packet_len()];
+    let n = wire::encode(k, &h, p, &mut out).unwrap();
+    assert_eq!(&out[..n], b, "{name}: decode/encode is not the identity");
+    Some(h.ty)
+}
+
+#[test]
+fn replay_decode_corpus() {
+    let k = key();
+    let files = files("decode");
+    assert!(!files.is_empty(), "empty corpus");
+    let mut types = BTreeSet::new();
+    for (name, b) in &files {
+        let valid = replay(&k, name, b);
+        if name.starts_with("seed-") {
+            assert!(valid.is_some(), "seed {name} no longer decodes");
+        }
+        types.extend(valid.map(|t| t as u8));
+    }
+    assert_eq!(types, (1..=5).collect(), "corpus lacks a valid packet of some type");
+}
+
+#[test]
+fn replay_decode_tagged_corpus() {
+    let k = key();
+    let files = files("decode_tagged");
+    assert!(!files.is_empty(), "empty corpus");
+    for (name, mut b) in files {
+        if b.len() >= TAG_LEN {
+            let n = b.len() - TAG_LEN;
+            let t = k.tag(&b[..n]);
+            b[n..].copy_from_slice(&t);
+        }
+        replay(&k, &name, &b);
+    }
+}
+
+fn seeds() -> Vec<(&'static str, Header, Vec<u8>)> {
+    let base = |ty, class, phase| {
+        let mut h = Header::new(ty, class, phase);
+        h.job = 42;
+        h.generation = 7;
+        h.src = 0;
+        h.dst = 3;
+        h.op = 1000;
+        h.tensor = 12;
+        h.chunk_count = 700;
+        h.required = 100;
+        h.budget_ppm = 10_000;
+        h
+    };
+    let data_class = Class::new(2).unwrap();
+    let mut v = Vec::new();
+
+    let mut h = base(PacketType::Data, data_class, Phase::Scatter);
+    h.chunk_index = 3;
+    v.push(("seed-data-f32-1392", h, (0..1392u32).map(|i| (i * 7) as u8).collect()));
+    let mut h = base(PacketType::Data, Class::new(6).unwrap(), Phase::Gather);
+    h.flags = Flags::REPAIR.with(Flags::REQUIRED);
+    h.dtype = DType::Bf16;
+    h.chunk_index = 699;
+    v.push(("seed-data-bf16-repair-required", h, vec![0x80, 0x3F, 0x20, 0xC0, 0, 0]));
+    let mut h = base(PacketType::Data, Class::new(0).unwrap(), Phase::Scatter);
+    h.dtype = DType::F16;
+    v.push(("seed-data-f16-min", h, vec![0x00, 0x3C]));
+
+    let mut h = base(PacketType::Probe, Class::CONTROL, Phase::Scatter);
+    h.seq = 1;
+    v.push(("seed-probe", h, vec![]));
+
+    let mut h = base(PacketType::Bitmap, Class::CONTROL, Phase::Scatter);
+    h.chunk_index = 64;
+    h.seq = 2;
+    v.push(("seed-bitmap", h, vec![0xFF, 0xEF, 0x7F, 0x00, 0x01]));
+    let mut h = base(PacketType::Bitmap, Class::CONTROL, Phase::Gather);
+    h.flags = Flags::COMPLETE;
+    h.seq = 3;
+    v.push(("seed-bitmap-complete", h, vec![]));
+
+    let mut h = base(PacketType::Done, Class::CONTROL, Phase::Gather);
+    h.seq = 4;
+    v.push(("seed-done-mask", h, vec![0xFE; 88]));
+    let mut h = base(PacketType::Done, Class::CONTROL, Phase::Scatter);
+    h.flags = Flags::MASK_EMPTY;
+    h.seq = 5;
+    v.push(("seed-done-mask-empty", h, vec![]));
+
+    let mut h = Header::new(PacketType::Hello, Class::CONTROL, Phase::None);
+    h.job = 42;
+    h.generation = 8;
+    h.src = 3;
+    h.dst = 0;
+    h.seq = 9;
+    v.push(("seed-hello", h, vec![]));
+    v
+}
+
+/// Writes the valid seed packets into both corpora. Ignored: run by hand.
+#[test]
+#[ignore]
+fn write_seed_corpus() {
+    let k = key();
+    for (name, h, payload) in seeds() {
+        let mut out = vec![0u8; payload.len() + wire::OVERHEAD];
+        let n = wire::encode(&k, &h, &payload, &mut out).unwrap();
+        for target in ["decode", "decode_tagged"] {
+            std::fs::create_dir_all(corpus_dir(target)).unwrap();
+            std::fs::write(corpus_dir(target).join(name), &out[..n]).unwrap();
+        }
+    }
+}
+
+/// The seeds in this file are valid (independent of what is on disk).
+#[test]
+fn seeds_are_valid() {
+    let k = key();
+    for (name, h, payload) in seeds() {
+        let mut out = vec![0u8; payload.len() + wire::OVERHEAD];
+        let n = wire::encode(&k, &h, &payload, &mut out).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(replay(&k, name, &out[..n]), Some(h.ty));
+    }
+}

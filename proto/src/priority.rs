@@ -333,8 +333,8 @@ mod tests {
     #[test]
     fn layers_sharing_a_level_keep_layer_order() {
         let cfg = ClassifierConfig::default();
-        let front = ChunkTraits { phase: Phase::Gather, layer: 2, layers: 8, magnitude_rank: 9, chunks: 10 };
-        let back = ChunkTraits { layer: 3, magnitude_rank: 0, ..front };
+        let front = ChunkTraits { phase: Phase::Gather, layer: 4, layers: 8, magnitude_rank: 9, chunks: 10 };
+        let back = ChunkTraits { layer: 5, magnitude_rank: 0, ..front };
         assert!(classify(&cfg, &front) >= classify(&cfg, &back));
         assert_eq!(classify(&cfg, &front).get(), 5);
         assert_eq!(classify(&cfg, &back).get(), 4);

@@ -165,13 +165,29 @@ fn flatten(v: &toml::Value, prefix: &str, out: &mut Vec<(String, String)>) {
     }
 }
 
-/// The effective settings of a config as `(path, value)` leaves, in file order.
+/// Schema order of a path: section as in [`SETTINGS`], then array element, then
+/// setting as in [`SETTINGS`] (unknown paths last).
+fn schema_order(path: &str) -> (usize, usize, usize) {
+    let norm = normalize(path);
+    let section = norm.split('.').next().unwrap_or("");
+    let sec = SETTINGS.iter().position(|(s, _)| s.split('.').next() == Some(section)).unwrap_or(usize::MAX);
+    let idx = path
+        .split_once('[')
+        .and_then(|(_, r)| r.split_once(']'))
+        .and_then(|(i, _)| i.parse().ok())
+        .unwrap_or(0);
+    let pos = SETTINGS.iter().position(|(s, _)| *s == norm).unwrap_or(usize::MAX);
+    (sec, idx, pos)
+}
+
+/// The effective settings of a config as `(path, value)` leaves, in schema order.
 pub(crate) fn leaves(cfg: &Config) -> Vec<(String, String)> {
     let mut out = Vec::new();
     match toml::Value::try_from(cfg) {
         Ok(v) => flatten(&v, "", &mut out),
         Err(e) => out.push(("(unserializable)".to_owned(), e.to_string())),
     }
+    out.sort_by_cached_key(|(p, _)| schema_order(p));
     out
 }
 
@@ -206,5 +222,6 @@ pub(crate) fn diff(old: &Config, new: &Config) -> Vec<Change> {
         let r = Some(format!("{:?}", crate::schema::REDACTED));
         changes.push(Change { path: "node.job_secret".into(), reload: Restart, old: r.clone(), new: r });
     }
+    changes.sort_by_cached_key(|c| schema_order(&c.path));
     changes
 }

@@ -178,8 +178,8 @@ pub(crate) fn rewrite_serde_message(msg: &str) -> Rewritten {
         return Rewritten { message: msg, missing: None, kind: ErrorKind::Value };
     }
     if let Some(i) = msg.rfind(", expected ") {
-        let what = msg[..i].replace(": integer `", " ").replace(": floating point `", " ");
-        let what = what.replace('`', "");
+        let what = msg[..i].replacen("invalid value: integer ", "invalid value ", 1);
+        let what = what.replacen("invalid value: floating point ", "invalid value ", 1).replace('`', "");
         let expected = friendly(&msg[i + ", expected ".len()..]);
         return Rewritten {
             message: format!("{what} (allowed: {expected})"),
@@ -279,6 +279,8 @@ mod tests {
         assert_eq!(r.message, "invalid type: string \"x\" (allowed: an integer 0 ..= 4294967295)");
         let r = rewrite_serde_message("invalid value: integer `300`, expected u8");
         assert_eq!(r.message, "invalid value 300 (allowed: an integer 0 ..= 255)");
+        let r = rewrite_serde_message("invalid type: integer `5`, expected a string");
+        assert_eq!(r.message, "invalid type: integer 5 (allowed: a string)");
         let r = rewrite_serde_message("invalid length 2, expected an array of length 3");
         assert_eq!(r.message, "invalid length 2 (allowed: an array of length 3)");
     }

@@ -75,39 +75,29 @@ use locate::Doc;
 /// `peers` is sorted by rank. A `Config` obtained from [`Config::load`] or
 /// [`Config::from_str_named`] satisfies every rule of the schema; code that
 /// mutates the fields takes over that responsibility.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Config {
     /// `[node]`: this daemon's identity.
     pub node: Node,
     /// `[[peers]]`: every daemon of the job, this one included.
     pub peers: Vec<Peer>,
     /// `[network]`.
-    #[serde(default)]
     pub network: Network,
     /// `[datapath]`.
-    #[serde(default)]
     pub datapath: Datapath,
     /// `[priority]`.
-    #[serde(default)]
     pub priority: Priority,
     /// `[loss]`.
-    #[serde(default)]
     pub loss: Loss,
     /// `[pacing]`.
-    #[serde(default)]
     pub pacing: Pacing,
     /// `[shm]`.
-    #[serde(default)]
     pub shm: Shm,
     /// `[control]`.
-    #[serde(default)]
     pub control: Control,
     /// `[metrics]`.
-    #[serde(default)]
     pub metrics: Metrics,
     /// `[log]`.
-    #[serde(default)]
     pub log: Log,
     /// The resolved job secret (inline or read from `job_secret_file`).
     #[serde(skip)]
@@ -115,6 +105,33 @@ pub struct Config {
     /// The name the config was loaded under.
     #[serde(skip)]
     source: String,
+}
+
+/// The document as deserialized, before validation. Private so that the only
+/// way to a [`Config`] goes through validation.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    node: Node,
+    peers: Vec<Peer>,
+    #[serde(default)]
+    network: Network,
+    #[serde(default)]
+    datapath: Datapath,
+    #[serde(default)]
+    priority: Priority,
+    #[serde(default)]
+    loss: Loss,
+    #[serde(default)]
+    pacing: Pacing,
+    #[serde(default)]
+    shm: Shm,
+    #[serde(default)]
+    control: Control,
+    #[serde(default)]
+    metrics: Metrics,
+    #[serde(default)]
+    log: Log,
 }
 
 impl Config {
@@ -140,7 +157,22 @@ impl Config {
             Ok(doc) => doc,
             Err(e) => return Err(syntax_error(name, text, &e)),
         };
-        let mut cfg: Config = toml::from_str(text).map_err(|e| deser_error(name, text, &doc, &e))?;
+        let raw: RawConfig = toml::from_str(text).map_err(|e| deser_error(name, text, &doc, &e))?;
+        let mut cfg = Config {
+            node: raw.node,
+            peers: raw.peers,
+            network: raw.network,
+            datapath: raw.datapath,
+            priority: raw.priority,
+            loss: raw.loss,
+            pacing: raw.pacing,
+            shm: raw.shm,
+            control: raw.control,
+            metrics: raw.metrics,
+            log: raw.log,
+            secret: Secret::default(),
+            source: String::new(),
+        };
         validate::validate(&mut cfg, base).map_err(|bad| locate_bad(name, text, &doc, bad))?;
         cfg.source = name.to_owned();
         Ok(cfg)

@@ -11,6 +11,17 @@
 //!   and sets the adaptive deadline of a new transfer to
 //!   `chunks * (mean + 4 * deviation)`, clamped to `[min, max]`. Normalising by
 //!   chunk count lets one estimator serve tensors of every size.
+//!
+//! Guarantees (checked by `tests/estimator_props.rs`): the first sample replaces
+//! the initial guess (mean = sample, deviation = sample / 2, as RFC 6298), so
+//! before any sample the timer is `3 × initial`; a constant input makes the mean
+//! converge to it and the timer to it (deviation decays by 3/4 per sample);
+//! after a step change every sample moves the mean toward the new value without
+//! overshooting; timers always lie in `[min, max]` (if `min > max`, `min` wins)
+//! for any samples, zero and [`Duration::MAX`] included; the deadline is
+//! monotone non-decreasing in the chunk count; and the state is a deterministic
+//! function of the construction parameters and the sample sequence (plain `f64`
+//! arithmetic, no clock, no randomness).
 
 use crate::time::Duration;
 
@@ -44,9 +55,11 @@ impl JacobsonKarels {
     }
 }
 
+/// A timer of `ns` nanoseconds clamped to `[min, max]` (`min` if `min > max`).
+/// Monotone in `ns`: NaN and non-positive values give `min`, values beyond
+/// `u64::MAX` ns (including +∞) saturate there before clamping.
 fn clamp(ns: f64, min: Duration, max: Duration) -> Duration {
-    let d =
-        if ns.is_finite() && ns > 0.0 { Duration::from_nanos(ns.min(u64::MAX as f64) as u64) } else { min };
+    let d = if ns > 0.0 { Duration::from_nanos(ns.min(u64::MAX as f64) as u64) } else { Duration::ZERO };
     d.clamp(min, max.max(min))
 }
 
@@ -59,7 +72,8 @@ pub struct RttEstimator {
 }
 
 impl RttEstimator {
-    /// An estimator starting from `initial`, with the timer clamped to `[min, max]`.
+    /// An estimator starting from `initial` (replaced by the first sample), with
+    /// the timer clamped to `[min, max]` (`min` wins if `min > max`).
     pub fn new(initial: Duration, min: Duration, max: Duration) -> Self {
         RttEstimator { jk: JacobsonKarels::new(initial.as_nanos() as f64), min, max }
     }
@@ -69,12 +83,13 @@ impl RttEstimator {
         self.jk.observe(rtt.as_nanos() as f64);
     }
 
-    /// Smoothed round-trip time.
+    /// Smoothed round-trip time (truncated to whole nanoseconds, saturating at
+    /// `u64::MAX` ns).
     pub fn smoothed(&self) -> Duration {
         Duration::from_nanos(self.jk.mean.max(0.0) as u64)
     }
 
-    /// Retransmission timeout: `srtt + 4 * rttvar`, clamped.
+    /// Retransmission timeout: `srtt + 4 * rttvar`, clamped to `[min, max]`.
     pub fn timeout(&self) -> Duration {
         clamp(self.jk.timer(), self.min, self.max)
     }
@@ -94,23 +109,28 @@ pub struct DeadlineEstimator {
 }
 
 impl DeadlineEstimator {
-    /// An estimator with an initial per-chunk time and deadline bounds `[min, max]`.
+    /// An estimator with an initial per-chunk time (replaced by the first sample)
+    /// and deadline bounds `[min, max]` (`min` wins if `min > max`).
     pub fn new(initial_per_chunk: Duration, min: Duration, max: Duration) -> Self {
         DeadlineEstimator { jk: JacobsonKarels::new(initial_per_chunk.as_nanos() as f64), min, max }
     }
 
-    /// Record that a transfer of `chunks` chunks completed in `duration`.
+    /// Record that a transfer of `chunks` chunks completed in `duration`
+    /// (`chunks == 0` counts as one).
     pub fn observe(&mut self, duration: Duration, chunks: u32) {
         let per_chunk = duration.as_nanos() as f64 / f64::from(chunks.max(1));
         self.jk.observe(per_chunk);
     }
 
-    /// Smoothed per-chunk completion time.
+    /// Smoothed per-chunk completion time (truncated to whole nanoseconds,
+    /// saturating at `u64::MAX` ns).
     pub fn mean_per_chunk(&self) -> Duration {
         Duration::from_nanos(self.jk.mean.max(0.0) as u64)
     }
 
-    /// Deadline for a transfer of `chunks` chunks, measured from its first packet.
+    /// Deadline for a transfer of `chunks` chunks (0 counts as one), measured
+    /// from its first packet: `chunks * (mean + 4 * deviation)` clamped to
+    /// `[min, max]`; monotone non-decreasing in `chunks`.
     pub fn deadline(&self, chunks: u32) -> Duration {
         clamp(self.jk.timer() * f64::from(chunks.max(1)), self.min, self.max)
     }
@@ -157,5 +177,17 @@ mod tests {
         assert!(d2000 > d1000 * 19 / 10 && d2000 < d1000 * 21 / 10);
         // Mean ≈ 1 µs/chunk, deviation ≈ 0.5 µs: deadline ≈ 3 µs/chunk.
         assert!(d1000 > Duration::from_micros(2500) && d1000 < Duration::from_micros(3500), "{d1000:?}");
+    }
+
+    #[test]
+    fn clamp_is_monotone_at_the_extremes() {
+        let (min, max) = (MS, MS * 10);
+        assert_eq!(clamp(f64::NAN, min, max), min);
+        assert_eq!(clamp(-1.0, min, max), min);
+        assert_eq!(clamp(0.0, min, max), min);
+        assert_eq!(clamp(1e30, min, max), max);
+        assert_eq!(clamp(f64::INFINITY, min, max), max);
+        // min > max: min wins.
+        assert_eq!(clamp(5e6, max, min), max);
     }
 }

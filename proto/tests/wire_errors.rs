@@ -274,9 +274,38 @@ fn bad_field_chunk_index() {
     );
     // BITMAP / DONE: the segment start is byte aligned and inside the transfer.
     for ty in [PacketType::Bitmap, PacketType::Done] {
-        assert!(decode_edited(ty, |b| set_u32(b, 36, 8)).is_ok());
-        assert_eq!(decode_edited(ty, |b| set_u32(b, 36, 3)), Err(WireError::BadField("chunk_index")));
-        assert_eq!(decode_edited(ty, |b| set_u32(b, 36, 16)), Err(WireError::BadField("chunk_index")));
+        let at = |first: u32, count: u32| {
+            move |b: &mut Vec<u8>| {
+                set_u32(b, 36, first);
+                set_u32(b, 40, count);
+            }
+        };
+        assert!(decode_edited(ty, at(8, 24)).is_ok());
+        assert_eq!(decode_edited(ty, at(3, 24)), Err(WireError::BadField("chunk_index")));
+        assert_eq!(decode_edited(ty, at(24, 24)), Err(WireError::BadField("chunk_index")));
+        assert_eq!(decode_edited(ty, at(0xFFFF_FFF8, 24)), Err(WireError::BadField("chunk_index")));
+    }
+}
+
+#[test]
+fn bad_field_segment_past_the_transfer() {
+    // BITMAP/DONE segments carry 2 bytes (16 bits) here.
+    for ty in [PacketType::Bitmap, PacketType::Done] {
+        let at = |first: u32, count: u32| {
+            move |b: &mut Vec<u8>| {
+                set_u32(b, 36, first);
+                set_u32(b, 40, count);
+                set_u32(b, 44, 0);
+            }
+        };
+        // Bits 0..16 of a 9..16-chunk transfer: the second byte is needed.
+        assert!(decode_edited(ty, at(0, 9)).is_ok(), "{ty:?}");
+        assert!(decode_edited(ty, at(0, 16)).is_ok(), "{ty:?}");
+        assert!(decode_edited(ty, at(8, 17)).is_ok(), "{ty:?}");
+        // A second byte wholly past the last chunk is rejected.
+        assert_eq!(decode_edited(ty, at(0, 8)), Err(WireError::BadField("payload_len")), "{ty:?}");
+        assert_eq!(decode_edited(ty, at(8, 16)), Err(WireError::BadField("payload_len")), "{ty:?}");
+        assert_eq!(decode_edited(ty, at(0, 1)), Err(WireError::BadField("payload_len")), "{ty:?}");
     }
 }
 

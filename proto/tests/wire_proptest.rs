@@ -60,7 +60,7 @@ fn valid_packet() -> impl Strategy<Value = (Header, Vec<u8>)> {
                 any::<[u32; 5]>(), // job, generation, src, tensor, seq
                 1u32..=u32::MAX,   // dst = src ^ this, never equal to src
                 any::<u64>(),
-                min_count..=u32::MAX,
+                prop_oneof![3 => min_count..=64u32, 1 => min_count..=u32::MAX], // chunk_count: small ones hit the edges
                 any::<u32>(),
                 0..=PPM,
                 if no_payload { Just(0usize).boxed() } else { len_units().boxed() },
@@ -92,6 +92,10 @@ fn valid_packet() -> impl Strategy<Value = (Header, Vec<u8>)> {
                     };
                     let len = match ty {
                         PacketType::Data => (units * dtype.size()).min(MAX_PAYLOAD / 4 * 4),
+                        // A segment ends at the byte holding the last chunk's bit.
+                        PacketType::Bitmap | PacketType::Done if units > 0 => {
+                            units.min((chunk_count - h.chunk_index).div_ceil(8) as usize)
+                        }
                         _ => units,
                     };
                     // Cheap deterministic payload bytes.

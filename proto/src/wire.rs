@@ -100,18 +100,20 @@
 //! Xeon (AVX-512, SHA-NI) development VM, shared with other builds, so ranges
 //! over several runs:
 //!
-//! | datagram | keyed BLAKE3 tag (≈ verify)               | HMAC-SHA256/128 tag               |
-//! |---------:|-------------------------------------------|-----------------------------------|
-//! | 1472 B   | 1.6–1.9 µs, 0.52–0.63 Mpkt/s, 0.75–0.92 GB/s | 1.35–1.45 µs, 0.70–0.74 Mpkt/s, ~1.0 GB/s |
-//! | 9000 B   | 3.5–4.0 µs, 0.25–0.29 Mpkt/s, 2.2–2.6 GB/s   | 7–8.5 µs, 0.12–0.14 Mpkt/s, ~1.1 GB/s     |
+//! | datagram | keyed BLAKE3 tag (≈ verify)                  | HMAC-SHA256/128 tag                        |
+//! |---------:|----------------------------------------------|--------------------------------------------|
+//! | 1472 B   | 1.5–1.9 µs, 0.52–0.65 Mpkt/s, 0.75–0.95 GB/s | 1.2–1.45 µs, 0.70–0.83 Mpkt/s, 1.0–1.2 GB/s |
+//! | 9000 B   | 3.1–4.0 µs, 0.25–0.32 Mpkt/s, 2.2–2.9 GB/s   | 6.5–8.5 µs, 0.12–0.15 Mpkt/s, 1.05–1.4 GB/s |
 //!
 //! Full [`encode`]/[`decode`] run at the MAC rate (header work is noise). The
 //! kernel UDP datapath on the same core (non-blocking `UdpSocket` pair on
-//! loopback, 1472-byte datagrams) sends 0.5–0.86 Mpkt/s, so the MAC rate is only
-//! 0.6–1.1× the per-core packet rate at MTU-sized datagrams — **short of the 3×
-//! target** for both keyed BLAKE3 and HMAC-SHA256; at 9000 bytes BLAKE3's SIMD
-//! chunk parallelism makes it 2× faster than HMAC-SHA256. A single 1.4 KiB
-//! message spans two BLAKE3 chunks, hashed serially.
+//! loopback, 1472-byte datagrams) sends 0.5–0.99 Mpkt/s (0.32–0.67 Mpkt/s when
+//! the same thread also drains the receiver), so the MAC rate is only 0.6–1.1×
+//! the per-core packet rate at MTU-sized datagrams — **short of the 3× target**
+//! for both keyed BLAKE3 and HMAC-SHA256: authenticating costs about as much
+//! CPU as the kernel's send path. At 9000 bytes BLAKE3's SIMD chunk parallelism
+//! makes it 2× faster than HMAC-SHA256; a 1.4 KiB message spans only two
+//! 1 KiB BLAKE3 chunks, hashed serially.
 
 use crate::priority::Class;
 use thiserror::Error;

@@ -145,6 +145,10 @@ pub struct Timers {
     pub peer_timeout: Duration,
     /// How long a completed op keeps answering late PROBEs and BITMAPs.
     pub linger: Duration,
+    /// How long a receiver that is within budget but incomplete keeps accepting
+    /// chunks after a PROBE before it closes: a PROBE travels in the control
+    /// class and can overtake the transfer's last chunks queued in the network.
+    pub close_grace: Duration,
 }
 
 impl Default for Timers {
@@ -161,6 +165,7 @@ impl Default for Timers {
             heartbeat: ms(1_000),
             peer_timeout: ms(5_000),
             linger: ms(10_000),
+            close_grace: Duration::from_micros(100),
         }
     }
 }
@@ -224,7 +229,9 @@ pub enum StartError {
     #[error("the tensor is too large for the wire format")]
     TooLarge,
     /// A budget above the 10% hard cap, or a gather budget above the scatter budget.
-    #[error("budget {budget_ppm} ppm / gather {gather_budget_ppm} ppm invalid: need gather <= scatter <= 100000")]
+    #[error(
+        "budget {budget_ppm} ppm / gather {gather_budget_ppm} ppm invalid: need gather <= scatter <= 100000"
+    )]
     BadBudget {
         /// Scatter budget.
         budget_ppm: u32,
@@ -556,6 +563,11 @@ struct RecvState {
     first_at: Option<Instant>,
     deadline: Option<Instant>,
     deadline_fired: bool,
+    deadline_backoff: u32,
+    grace: Option<Instant>,
+    /// Gather: complete and waiting for the owner's DONE; re-send the
+    /// COMPLETE bitmap on this RTT-based timer in case the DONE was lost.
+    nudge: Option<(Instant, u32)>,
     closed_at: Option<Instant>,
     probe_seq: u32,
     repaired: u32,
@@ -576,6 +588,9 @@ impl RecvState {
             first_at: None,
             deadline: None,
             deadline_fired: false,
+            deadline_backoff: 0,
+            grace: None,
+            nudge: None,
             closed_at: None,
             probe_seq: 0,
             repaired: 0,
@@ -638,7 +653,7 @@ struct Linger {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TxKind {
-    Data { chunk: u32, repair: bool },
+    Data { chunk: u32, repair: bool, class: Class },
     Probe,
     Bitmap { seg: u32 },
     Done { seg: u32 },
@@ -671,7 +686,7 @@ pub struct Endpoint {
     finished_set: HashSet<OpId>,
     early: BTreeMap<OpId, (Instant, Vec<Vec<u8>>)>,
     early_bytes: usize,
-    queues: [VecDeque<TxItem>; 8],
+    queues: [VecDeque<TxItem>; 9],
     pacer: Pacer,
     peers: Vec<PeerState>,
     rtt: RttEstimator,
@@ -682,6 +697,16 @@ pub struct Endpoint {
     hello_seq: u32,
     now: Instant,
 }
+
+/// Index of the repair queue in `Endpoint::queues` (after the 8 class queues).
+const REPAIR_QUEUE: usize = Class::COUNT;
+/// Service order of the transmit queues: control, repairs, then data classes high to low.
+const SERVICE_ORDER: [usize; 9] = [7, REPAIR_QUEUE, 6, 5, 4, 3, 2, 1, 0];
+
+/// Largest exponent of the probe, nudge and deadline retry backoff (2^3 = 8×):
+/// control packets are tiny, and under heavy random loss an unbounded backoff
+/// turns a few consecutive losses into a long stall.
+const MAX_BACKOFF: u32 = 3;
 
 /// Bound on remembered finished op ids (older ones count as stale by age).
 const FINISHED_CAP: usize = 1 << 16;
@@ -762,7 +787,13 @@ impl Endpoint {
 
     /// Change tunables that take effect for new ops and new packets: loss-free
     /// settings like the classifier, timers and pacing rate.
-    pub fn set_tunables(&mut self, now: Instant, classifier: ClassifierConfig, timers: Timers, pacing_rate: u64) {
+    pub fn set_tunables(
+        &mut self,
+        now: Instant,
+        classifier: ClassifierConfig,
+        timers: Timers,
+        pacing_rate: u64,
+    ) {
         self.cfg.classifier = classifier;
         self.cfg.timers = timers;
         self.cfg.pacing_rate = pacing_rate;
@@ -870,18 +901,19 @@ impl Endpoint {
         }
         // First pass of reduce-scatter, interleaved across destinations so every
         // path is busy at once, starting after this rank to spread incast.
-        let max_chunks = (0..self.cfg.world).filter(|&s| s != me).map(|s| layout.chunks(s)).max().unwrap_or(0);
+        let max_chunks =
+            (0..self.cfg.world).filter(|&s| s != me).map(|s| layout.chunks(s)).max().unwrap_or(0);
         for c in 0..max_chunks {
             for k in 1..self.cfg.world {
                 let j = (me + k) % self.cfg.world;
                 if let Some(st) = op.sends[j as usize].as_mut().filter(|st| c < st.n) {
                     st.queued += 1;
                     let class = op.classes[j as usize][c as usize];
-                    self.queues[class.index()].push_back(TxItem {
+                    self.push_data(TxItem {
                         id,
                         phase: Phase::Scatter,
                         peer: j,
-                        kind: TxKind::Data { chunk: c, repair: false },
+                        kind: TxKind::Data { chunk: c, repair: false, class },
                     });
                 }
             }
@@ -943,12 +975,22 @@ impl Endpoint {
         } else if let Some(l) = self.lingering.get(&id) {
             match (h.ty, h.phase) {
                 (PacketType::Probe, Phase::Scatter) => {
-                    self.push(TxItem { id, phase: Phase::Scatter, peer: h.src, kind: TxKind::Done { seg: 0 } });
+                    self.push(TxItem {
+                        id,
+                        phase: Phase::Scatter,
+                        peer: h.src,
+                        kind: TxKind::Done { seg: 0 },
+                    });
                 }
                 (PacketType::Bitmap, Phase::Gather) => {
                     let segs = mask_segments(&l.mask, self.cfg.chunk_bytes);
                     for seg in 0..segs {
-                        self.push(TxItem { id, phase: Phase::Gather, peer: h.src, kind: TxKind::Done { seg } });
+                        self.push(TxItem {
+                            id,
+                            phase: Phase::Gather,
+                            peer: h.src,
+                            kind: TxKind::Done { seg },
+                        });
                     }
                 }
                 _ => self.stats.rejected.late += 1,
@@ -1008,8 +1050,15 @@ impl Endpoint {
         self.queues[Class::CONTROL.index()].push_back(item);
     }
 
-    fn push_data(&mut self, item: TxItem, class: Class) {
-        self.queues[class.index()].push_back(item);
+    /// Queue a DATA item: repairs in the repair queue (served right after
+    /// control: another rank is blocked on them), first-pass chunks by class.
+    fn push_data(&mut self, item: TxItem) {
+        let q = match item.kind {
+            TxKind::Data { repair: true, .. } => REPAIR_QUEUE,
+            TxKind::Data { class, .. } => class.index(),
+            _ => Class::CONTROL.index(),
+        };
+        self.queues[q].push_back(item);
     }
 
     fn on_op_packet(&mut self, now: Instant, id: OpId, h: &Header, payload: &[u8]) {
@@ -1064,17 +1113,30 @@ impl Endpoint {
                 r.required = Some(h.required);
                 r.budget_ppm = h.budget_ppm.min(MAX_BUDGET_PPM);
                 r.probe_seq = r.probe_seq.max(h.seq);
-                if r.first_at.is_none() {
-                    r.first_at = Some(now);
-                }
+                arm_deadline(r, now, &self.deadlines[0]);
                 if r.closed_at.is_some() {
-                    self.push(TxItem { id, phase: Phase::Scatter, peer: h.src, kind: TxKind::Done { seg: 0 } });
+                    self.push(TxItem {
+                        id,
+                        phase: Phase::Scatter,
+                        peer: h.src,
+                        kind: TxKind::Done { seg: 0 },
+                    });
                 } else if r.closable() {
-                    self.close_scatter(now, id, h.src, false);
+                    let grace = self.cfg.timers.close_grace;
+                    if grace.is_zero() {
+                        self.close_scatter(now, id, h.src, false);
+                    } else if r.grace.is_none() {
+                        r.grace = Some(now + grace);
+                    }
                 } else {
                     let segs = Bitmap::segment_count(r.n, chunk_bytes);
                     for seg in 0..segs {
-                        self.push(TxItem { id, phase: Phase::Scatter, peer: h.src, kind: TxKind::Bitmap { seg } });
+                        self.push(TxItem {
+                            id,
+                            phase: Phase::Scatter,
+                            peer: h.src,
+                            kind: TxKind::Bitmap { seg },
+                        });
                     }
                 }
             }
@@ -1092,12 +1154,23 @@ impl Endpoint {
                     return;
                 }
                 op.last_progress = now;
+                if phase == Phase::Gather
+                    && let Some(mask) = &op.gmask
+                {
+                    // The receiver missed our DONE: announce the mask again.
+                    for seg in 0..mask_segments(mask, chunk_bytes) {
+                        self.push(TxItem { id, phase, peer: h.src, kind: TxKind::Done { seg } });
+                    }
+                    return;
+                }
                 if let Some((seq, at)) = st.probe_sent
                     && h.seq == seq
                 {
                     self.rtt.observe(now - at);
                     st.probe_sent = None;
                 }
+                // The receiver answers: probing starts from the base timeout again.
+                st.backoff = 0;
                 if h.flags.contains(Flags::COMPLETE) {
                     for i in 0..st.n {
                         st.have.set(i);
@@ -1163,7 +1236,16 @@ impl Endpoint {
                 accept_data_header(r, h, now, &self.deadlines[1], &mut self.stats);
                 if r.got.is_full() && !r.complete_sent {
                     r.complete_sent = true;
-                    self.push(TxItem { id, phase: Phase::Gather, peer: owner, kind: TxKind::Bitmap { seg: 0 } });
+                    // All data is here; only the DONE is missing: an RTT-scaled
+                    // nudge replaces the size-scaled deadline.
+                    r.nudge = Some((now + self.rtt.timeout(), 0));
+                    r.deadline = None;
+                    self.push(TxItem {
+                        id,
+                        phase: Phase::Gather,
+                        peer: owner,
+                        kind: TxKind::Bitmap { seg: 0 },
+                    });
                 }
             }
             (PacketType::Probe, Phase::Gather) => {
@@ -1177,13 +1259,16 @@ impl Endpoint {
                 }
                 op.last_progress = now;
                 r.probe_seq = r.probe_seq.max(h.seq);
-                if r.first_at.is_none() {
-                    r.first_at = Some(now);
-                }
+                arm_deadline(r, now, &self.deadlines[1]);
                 if r.closed_at.is_none() {
                     let segs = if r.got.is_full() { 1 } else { Bitmap::segment_count(r.n, chunk_bytes) };
                     for seg in 0..segs {
-                        self.push(TxItem { id, phase: Phase::Gather, peer: h.src, kind: TxKind::Bitmap { seg } });
+                        self.push(TxItem {
+                            id,
+                            phase: Phase::Gather,
+                            peer: h.src,
+                            kind: TxKind::Bitmap { seg },
+                        });
                     }
                 }
             }
@@ -1347,14 +1432,16 @@ impl Endpoint {
                 if let Some(st) = op.gsends[j as usize].as_mut() {
                     st.queued += 1;
                 }
-                items.push((
-                    TxItem { id, phase: Phase::Gather, peer: j, kind: TxKind::Data { chunk: c, repair: false } },
-                    op.gclasses[c as usize],
-                ));
+                items.push(TxItem {
+                    id,
+                    phase: Phase::Gather,
+                    peer: j,
+                    kind: TxKind::Data { chunk: c, repair: false, class: op.gclasses[c as usize] },
+                });
             }
         }
-        for (item, class) in items {
-            self.push_data(item, class);
+        for item in items {
+            self.push_data(item);
         }
     }
 
@@ -1376,17 +1463,17 @@ impl Endpoint {
         st.queued += repairs.len() as u32;
         st.repairs += repairs.len() as u32;
         op.repairs_sent += repairs.len() as u32;
-        let items: Vec<(TxItem, Class)> = repairs
+        let items: Vec<TxItem> = repairs
             .into_iter()
-            .map(|c| {
-                (
-                    TxItem { id, phase: Phase::Scatter, peer: dst, kind: TxKind::Data { chunk: c, repair: true } },
-                    classes[c as usize],
-                )
+            .map(|c| TxItem {
+                id,
+                phase: Phase::Scatter,
+                peer: dst,
+                kind: TxKind::Data { chunk: c, repair: true, class: classes[c as usize] },
             })
             .collect();
-        for (item, class) in items {
-            self.push_data(item, class);
+        for item in items {
+            self.push_data(item);
         }
     }
 
@@ -1455,19 +1542,16 @@ impl Endpoint {
             st.repairs += mine.len() as u32;
             op.repairs_sent += mine.len() as u32;
             for c in mine {
-                items.push((
-                    TxItem {
-                        id,
-                        phase: Phase::Gather,
-                        peer: j as u32,
-                        kind: TxKind::Data { chunk: c, repair: true },
-                    },
-                    classes[c as usize],
-                ));
+                items.push(TxItem {
+                    id,
+                    phase: Phase::Gather,
+                    peer: j as u32,
+                    kind: TxKind::Data { chunk: c, repair: true, class: classes[c as usize] },
+                });
             }
         }
-        for (item, class) in items {
-            self.push_data(item, class);
+        for item in items {
+            self.push_data(item);
         }
     }
 
@@ -1540,7 +1624,12 @@ impl Endpoint {
         {
             let (world, me) = (self.cfg.world, self.cfg.rank);
             for j in (0..world).filter(|&j| j != me) {
-                self.push(TxItem { id: OpId { seq: 0, tensor: 0 }, phase: Phase::None, peer: j, kind: TxKind::Hello });
+                self.push(TxItem {
+                    id: OpId { seq: 0, tensor: 0 },
+                    phase: Phase::None,
+                    peer: j,
+                    kind: TxKind::Hello,
+                });
             }
             self.hello_seq = self.hello_seq.wrapping_add(1);
             self.next_heartbeat = Some(now + t.heartbeat);
@@ -1598,6 +1687,7 @@ impl Endpoint {
         }
         let mut pushes = Vec::new();
         let mut close = Vec::new();
+        let mut grace_close = Vec::new();
         for (phase, sends) in [(Phase::Scatter, &mut op.sends), (Phase::Gather, &mut op.gsends)] {
             for (j, st) in sends.iter_mut().enumerate() {
                 let Some(st) = st.as_mut() else { continue };
@@ -1605,7 +1695,7 @@ impl Endpoint {
                     continue;
                 }
                 if st.probe_timer.is_some_and(|pt| pt <= now) {
-                    st.backoff = (st.backoff + 1).min(16);
+                    st.backoff = (st.backoff + 1).min(MAX_BACKOFF);
                     st.seq = st.seq.wrapping_add(1);
                     st.probe_timer = None;
                     pushes.push(TxItem { id, phase, peer: j as u32, kind: TxKind::Probe });
@@ -1616,12 +1706,30 @@ impl Endpoint {
         for (phase, recvs) in [(Phase::Scatter, &mut op.recvs), (Phase::Gather, &mut op.grecvs)] {
             for (j, r) in recvs.iter_mut().enumerate() {
                 let Some(r) = r.as_mut() else { continue };
-                if r.closed_at.is_some() || !r.deadline.is_some_and(|d| d <= now) {
+                if r.closed_at.is_some() {
+                    continue;
+                }
+                if r.grace.is_some_and(|g| g <= now) {
+                    r.grace = None;
+                    grace_close.push(j as u32);
+                    continue;
+                }
+                if let Some((at, k)) = r.nudge
+                    && at <= now
+                {
+                    let k = (k + 1).min(MAX_BACKOFF);
+                    r.nudge = Some((now + rto.saturating_mul(1 << k).min(t.probe_max.max(rto)), k));
+                    pushes.push(TxItem { id, phase, peer: j as u32, kind: TxKind::Bitmap { seg: 0 } });
+                    continue;
+                }
+                if r.deadline.is_none_or(|d| d > now) {
                     continue;
                 }
                 self.stats.deadlines_fired += 1;
                 r.deadline_fired = true;
-                r.deadline = Some(now + t.deadline_min.max(rto));
+                let retry = t.deadline_min.max(rto).saturating_mul(1 << r.deadline_backoff.min(MAX_BACKOFF));
+                r.deadline_backoff += 1;
+                r.deadline = Some(now + retry.min(t.deadline_max.max(t.deadline_min)));
                 if phase == Phase::Scatter && r.closable() {
                     close.push(j as u32);
                 } else {
@@ -1637,6 +1745,9 @@ impl Endpoint {
         }
         for j in close {
             self.close_scatter(now, id, j, true);
+        }
+        for j in grace_close {
+            self.close_scatter(now, id, j, false);
         }
     }
 
@@ -1677,10 +1788,17 @@ impl Endpoint {
                 }
             }
             for r in op.recvs.iter().chain(&op.grecvs).flatten() {
-                if let Some(d) = r.deadline
-                    && r.closed_at.is_none()
-                {
+                if r.closed_at.is_some() {
+                    continue;
+                }
+                if let Some(d) = r.deadline {
                     consider(d);
+                }
+                if let Some(g) = r.grace {
+                    consider(g);
+                }
+                if let Some((n, _)) = r.nudge {
+                    consider(n);
                 }
             }
         }
@@ -1696,7 +1814,7 @@ impl Endpoint {
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         self.now = now;
         loop {
-            let qi = (0..Class::COUNT).rev().find(|&i| !self.queues[i].is_empty())?;
+            let qi = SERVICE_ORDER.into_iter().find(|&i| !self.queues[i].is_empty())?;
             let item = *self.queues[qi].front()?;
             if !matches!(item.kind, TxKind::Data { .. }) {
                 self.queues[qi].pop_front();
@@ -1705,7 +1823,7 @@ impl Endpoint {
                 }
                 continue;
             }
-            let TxKind::Data { chunk, repair } = item.kind else { continue };
+            let TxKind::Data { chunk, repair, class } = item.kind else { continue };
             // Is the chunk still wanted?
             let wanted = self.data_wanted(item, chunk);
             if !wanted {
@@ -1718,7 +1836,7 @@ impl Endpoint {
                 return None;
             }
             self.queues[qi].pop_front();
-            let tx = self.encode_data(item, chunk, repair, Class::new(qi as u8).unwrap_or_default(), buf);
+            let tx = self.encode_data(item, chunk, repair, class, buf);
             self.data_dequeued(now, item);
             if let Some(tx) = tx {
                 return Some(tx);
@@ -1775,7 +1893,14 @@ impl Endpoint {
         h
     }
 
-    fn encode_data(&mut self, item: TxItem, chunk: u32, repair: bool, class: Class, buf: &mut [u8]) -> Option<Transmit> {
+    fn encode_data(
+        &mut self,
+        item: TxItem,
+        chunk: u32,
+        repair: bool,
+        class: Class,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
         let me = self.cfg.rank;
         let droppable = self.cfg.classifier.droppable;
         let op = self.ops.get(&item.id)?;
@@ -1840,7 +1965,7 @@ impl Endpoint {
                 h.budget_ppm = st.budget_ppm;
                 h.seq = st.seq;
                 st.probe_sent = Some((st.seq, now));
-                let backoff = rto.saturating_mul(1 << st.backoff.min(16));
+                let backoff = rto.saturating_mul(1 << st.backoff.min(MAX_BACKOFF));
                 st.probe_timer = Some(now + backoff.min(self.cfg.timers.probe_max.max(rto)));
                 self.stats.probes_sent += 1;
             }
@@ -1925,7 +2050,13 @@ impl Endpoint {
     }
 }
 
-fn accept_data_header(r: &mut RecvState, h: &Header, now: Instant, est: &DeadlineEstimator, stats: &mut Stats) {
+fn accept_data_header(
+    r: &mut RecvState,
+    h: &Header,
+    now: Instant,
+    est: &DeadlineEstimator,
+    stats: &mut Stats,
+) {
     r.required = Some(h.required);
     r.budget_ppm = h.budget_ppm.min(MAX_BUDGET_PPM);
     if h.flags.contains(Flags::REQUIRED) {
@@ -1935,8 +2066,15 @@ fn accept_data_header(r: &mut RecvState, h: &Header, now: Instant, est: &Deadlin
         r.repaired += 1;
         stats.repairs_received += 1;
     }
+    arm_deadline(r, now, est);
+}
+
+/// Note the first packet of a receive transfer and arm its adaptive deadline.
+fn arm_deadline(r: &mut RecvState, now: Instant, est: &DeadlineEstimator) {
     if r.first_at.is_none() {
         r.first_at = Some(now);
+    }
+    if r.deadline.is_none() && r.closed_at.is_none() && r.nudge.is_none() {
         r.deadline = Some(now + est.deadline(r.n));
     }
 }

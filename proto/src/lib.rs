@@ -16,7 +16,7 @@ pub mod bitmap;
 pub mod endpoint;
 pub mod estimator;
 pub mod pacer;
-pub mod sim;
 pub mod priority;
+pub mod sim;
 pub mod time;
 pub mod wire;

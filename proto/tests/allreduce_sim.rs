@@ -32,7 +32,13 @@ fn lossless_is_bit_exact_for_2_4_8_33_ranks() {
 /// every REQUIRED chunk the sender sent arrived before close, reported bitmaps
 /// equal the simulator's delivery log up to the close, results equal the value
 /// recomputed from inputs, bitmaps and fill rule, and all ranks are identical.
-fn check_lossy(c: &Cluster, id: OpId, x: &[Vec<f32>], o: dlcp_proto::endpoint::OpOptions, res: &[(Vec<f32>, dlcp_proto::endpoint::OpReport)]) {
+fn check_lossy(
+    c: &Cluster,
+    id: OpId,
+    x: &[Vec<f32>],
+    o: dlcp_proto::endpoint::OpOptions,
+    res: &[(Vec<f32>, dlcp_proto::endpoint::OpReport)],
+) {
     use dlcp_proto::wire::Phase;
     let world = c.world;
     let log = c.sim.log();
@@ -56,10 +62,19 @@ fn check_lossy(c: &Cluster, id: OpId, x: &[Vec<f32>], o: dlcp_proto::endpoint::O
                 .map(|(c, _)| c)
                 .collect();
             let reported: Vec<u32> = t.delivered.iter_ones().collect();
-            assert_eq!(reported, logged, "rank {r} {:?} from {}: bitmap differs from the delivery log", t.phase, t.peer);
+            assert_eq!(
+                reported, logged,
+                "rank {r} {:?} from {}: bitmap differs from the delivery log",
+                t.phase, t.peer
+            );
             // Every chunk sent as non-droppable arrived (scatter) or is unmasked (gather).
             for (dst, key) in trace.required_sent.iter() {
-                if *dst == r && key.op == id.seq && key.tensor == id.tensor && key.phase == t.phase && key.src == t.peer {
+                if *dst == r
+                    && key.op == id.seq
+                    && key.tensor == id.tensor
+                    && key.phase == t.phase
+                    && key.src == t.peer
+                {
                     assert!(t.delivered.get(key.chunk), "rank {r}: required chunk {key:?} missing");
                     if let Some(m) = &t.mask {
                         assert!(!m.get(key.chunk), "rank {r}: required chunk {key:?} masked");
@@ -141,7 +156,11 @@ fn gather_budget_uses_one_agreed_mask_and_replicas_stay_identical() {
             for (r, (_, rep)) in res.iter().enumerate() {
                 if r != s {
                     let t = rep.gather.iter().find(|t| t.peer == s as u32).unwrap();
-                    assert_eq!(t.mask.as_ref(), Some(&owner.own_mask), "rank {r} applied another mask for shard {s}");
+                    assert_eq!(
+                        t.mask.as_ref(),
+                        Some(&owner.own_mask),
+                        "rank {r} applied another mask for shard {s}"
+                    );
                 }
             }
         }
@@ -182,12 +201,18 @@ fn loss_within_budget_completes_without_a_deadline() {
         let id = OpId { seq: 1, tensor: 1 };
         let res = all_ok(c.allreduce(id, &x, opts(50_000), SECOND));
         for (r, (_, rep)) in res.iter().enumerate() {
-            assert!(!rep.deadline_fired, "seed {seed} rank {r}: a deadline fired although loss was within budget");
+            assert!(
+                !rep.deadline_fired,
+                "seed {seed} rank {r}: a deadline fired although loss was within budget"
+            );
         }
         let fired: u64 = (0..world).map(|r| c.sim.node(r).stats().deadlines_fired).sum();
         assert_eq!(fired, 0);
         let closed_early: u64 = (0..world).map(|r| c.sim.node(r).stats().closed_within_budget).sum();
-        assert!(closed_early > 0, "seed {seed}: nothing was lost, so nothing closed early: test proves nothing");
+        assert!(
+            closed_early > 0,
+            "seed {seed}: nothing was lost, so nothing closed early: test proves nothing"
+        );
     }
 }
 
@@ -292,7 +317,10 @@ fn priority_bottleneck_drops_low_classes_first_and_front_layers_finish_first() {
     // Of tensors submitted together, front layers complete first on every rank.
     for r in 0..world as usize {
         let finished: Vec<_> = results.iter().map(|res| res[r].1.finished).collect();
-        assert!(finished[0] <= finished[layers as usize - 1], "rank {r}: front layer finished after back layer: {finished:?}");
+        assert!(
+            finished[0] <= finished[layers as usize - 1],
+            "rank {r}: front layer finished after back layer: {finished:?}"
+        );
     }
 }
 
@@ -300,8 +328,33 @@ fn priority_bottleneck_drops_low_classes_first_and_front_layers_finish_first() {
 fn many_tensors_and_ops_in_flight_with_skewed_starts() {
     use dlcp_proto::endpoint::OpOptions;
     let world = 6;
-    let net = NetConfig::default().with_seed(81).with_loss(0.01).with_reorder(0.05, Duration::from_micros(100));
+    let net =
+        NetConfig::default().with_seed(81).with_loss(0.01).with_reorder(0.05, Duration::from_micros(100));
     let mut c = Cluster::new(world, net);
+    if std::env::var_os("DLCP_TRACE").is_some() {
+        c.sim.set_trace(Some(Box::new(|rec| {
+            let p = dlcp_proto::wire::Packet::new_checked(rec.datagram).unwrap();
+            if p.op() == 1
+                && p.tensor() == 4
+                && (rec.src == 4 || rec.dst == 4)
+                && (rec.src == 2 || rec.dst == 2)
+            {
+                eprintln!(
+                    "{:>9} {:?} {}->{} ty{} ph{} ci{}/{} seq{} fl{:x}",
+                    rec.time.as_nanos() / 1000,
+                    rec.event,
+                    rec.src,
+                    rec.dst,
+                    p.raw_type(),
+                    p.raw_phase(),
+                    p.chunk_index(),
+                    p.chunk_count(),
+                    p.seq(),
+                    p.flags().0
+                );
+            }
+        })));
+    }
     let mut ops = Vec::new();
     for seq in 0..3u64 {
         for t in 0..8u32 {
@@ -324,9 +377,15 @@ fn many_tensors_and_ops_in_flight_with_skewed_starts() {
     let mut outcomes: Vec<Vec<Option<_>>> = vec![vec![None; world as usize]; ops.len()];
     for r in 0..world {
         while let Some(ev) = c.sim.node_mut(r).poll_event() {
-            if let dlcp_proto::endpoint::Event::OpComplete { id, result, report } = ev {
-                let i = ops.iter().position(|(x, _, _)| *x == id).unwrap();
-                outcomes[i][r as usize] = Some((result, *report));
+            match ev {
+                dlcp_proto::endpoint::Event::OpComplete { id, result, report } => {
+                    let i = ops.iter().position(|(x, _, _)| *x == id).unwrap();
+                    outcomes[i][r as usize] = Some((result, *report));
+                }
+                dlcp_proto::endpoint::Event::OpFailed { id, error } => {
+                    panic!("rank {r}: {id:?} failed: {error}")
+                }
+                _ => {}
             }
         }
     }
@@ -361,7 +420,11 @@ fn restarted_peer_fails_live_ops_then_rejoins_with_new_generation() {
         let mut saw = (false, false);
         while let Some(ev) = c.sim.node_mut(r).poll_event() {
             match ev {
-                Event::OpFailed { id, error: OpError::PeerRestarted { rank: 3, old: 1, new: 2 } } if id == id2 => saw.0 = true,
+                Event::OpFailed { id, error: OpError::PeerRestarted { rank: 3, old: 1, new: 2 } }
+                    if id == id2 =>
+                {
+                    saw.0 = true
+                }
                 Event::PeerRestarted { rank: 3, old: 1, new: 2 } => saw.1 = true,
                 _ => {}
             }

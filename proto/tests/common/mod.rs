@@ -34,6 +34,7 @@ pub fn timers() -> Timers {
         heartbeat: ms(50),
         peer_timeout: ms(150),
         linger: ms(200),
+        close_grace: Duration::from_micros(50),
     }
 }
 
@@ -98,7 +99,8 @@ impl Cluster {
                 && p.flags().contains(Flags::REQUIRED)
             {
                 let phase = Phase::from_u8(p.raw_phase()).unwrap();
-                let key = ChunkKey { op: p.op(), tensor: p.tensor(), phase, src: p.src(), chunk: p.chunk_index() };
+                let key =
+                    ChunkKey { op: p.op(), tensor: p.tensor(), phase, src: p.src(), chunk: p.chunk_index() };
                 t.borrow_mut().required_sent.insert((p.dst(), key));
             }
         })));
@@ -107,7 +109,13 @@ impl Cluster {
 
     /// Start `id` on every rank with `inputs[rank]`, run until every rank has
     /// finished it (or `limit` of virtual time passes), return each rank's outcome.
-    pub fn allreduce(&mut self, id: OpId, inputs: &[Vec<f32>], opts: OpOptions, limit: Duration) -> Vec<Outcome> {
+    pub fn allreduce(
+        &mut self,
+        id: OpId,
+        inputs: &[Vec<f32>],
+        opts: OpOptions,
+        limit: Duration,
+    ) -> Vec<Outcome> {
         self.allreduce_many(&[(id, inputs.to_vec(), opts)], limit).remove(0)
     }
 
@@ -148,7 +156,13 @@ impl Cluster {
                 v.into_iter()
                     .enumerate()
                     .map(|(r, o)| {
-                        o.unwrap_or_else(|| Err(OpError::Timeout { phase: Phase::None, waiting_on: vec![r as u32], timeout: Duration::ZERO }))
+                        o.unwrap_or_else(|| {
+                            Err(OpError::Timeout {
+                                phase: Phase::None,
+                                waiting_on: vec![r as u32],
+                                timeout: Duration::ZERO,
+                            })
+                        })
                     })
                     .collect()
             })
@@ -176,8 +190,7 @@ pub fn expected(inputs: &[Vec<f32>], reports: &[&OpReport], opts: OpOptions) -> 
         for (c, chunk) in sh.clone().step_by(CHUNK_ELEMS).enumerate() {
             let end = (chunk + CHUNK_ELEMS).min(sh.end);
             let present = |j: u32| {
-                j == s
-                    || rep.scatter.iter().find(|t| t.peer == j).is_some_and(|t| t.delivered.get(c as u32))
+                j == s || rep.scatter.iter().find(|t| t.peer == j).is_some_and(|t| t.delivered.get(c as u32))
             };
             let delivered = (0..world).filter(|&j| present(j)).count() as u32;
             for e in chunk..end {

@@ -1,0 +1,23 @@
+//! # dlcp — the daemon crate
+//!
+//! `dlcpd` is the per-host daemon of dlcp, a transport for distributed DNN
+//! training that tolerates a bounded loss of gradient packets. This crate holds
+//! the daemon's pieces; the protocol logic lives in [`dlcp_proto`] (sans-IO) and
+//! the configuration schema in [`dlcp_config`].
+//!
+//! - [`demo`]: the `dlcpd demo` job — N ranks doing allreduce rounds through the
+//!   real protocol core on the deterministic network simulator.
+#![forbid(unsafe_code)]
+
+pub mod demo;
+
+pub use dlcp_config as config;
+pub use dlcp_proto as proto;
+
+/// Version string: crate version plus the `git describe` of the build.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("DLCP_GIT_DESCRIBE"), ")");
+
+/// One line saying which datapaths this build has.
+pub fn datapath_support() -> String {
+    format!("datapaths: socket (always){}", dlcp_ffi::build_status_suffix())
+}

@@ -561,6 +561,8 @@ struct RecvState {
     got_required: u32,
     buf: Vec<f32>,
     first_at: Option<Instant>,
+    /// Arrival of the latest new chunk.
+    last_at: Option<Instant>,
     deadline: Option<Instant>,
     deadline_fired: bool,
     deadline_backoff: u32,
@@ -586,6 +588,7 @@ impl RecvState {
             got_required: 0,
             buf: vec![0.0; buf_len],
             first_at: None,
+            last_at: None,
             deadline: None,
             deadline_fired: false,
             deadline_backoff: 0,
@@ -1725,6 +1728,14 @@ impl Endpoint {
                 if r.deadline.is_none_or(|d| d > now) {
                     continue;
                 }
+                // Past its estimate but still receiving (e.g. the sender serves
+                // higher classes first): the deadline waits for an idle gap.
+                if let Some(last) = r.last_at
+                    && now < last + t.deadline_min
+                {
+                    r.deadline = Some(last + t.deadline_min);
+                    continue;
+                }
                 self.stats.deadlines_fired += 1;
                 r.deadline_fired = true;
                 let retry = t.deadline_min.max(rto).saturating_mul(1 << r.deadline_backoff.min(MAX_BACKOFF));
@@ -2062,6 +2073,7 @@ fn accept_data_header(
     if h.flags.contains(Flags::REQUIRED) {
         r.got_required += 1;
     }
+    r.last_at = Some(now);
     if h.flags.contains(Flags::REPAIR) {
         r.repaired += 1;
         stats.repairs_received += 1;

@@ -15,6 +15,7 @@
 pub mod bitmap;
 pub mod endpoint;
 pub mod estimator;
+pub mod oracle;
 pub mod pacer;
 pub mod priority;
 pub mod sim;

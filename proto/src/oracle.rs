@@ -1,0 +1,68 @@
+//! The reference for what an allreduce must produce.
+//!
+//! Given every rank's input, the reports of every shard owner (which say which
+//! contributions arrived and which chunks were masked in the gather) and the op
+//! options, [`recompute`] gives the bytes every rank must hold: contributions
+//! summed in rank order `0, 1, …, N−1`, missing ones filled per [`Fill`], then
+//! rescaled, averaged and masked. The daemon's tests and the demo use it to check
+//! results end to end; the protocol simulations check it against an
+//! independent implementation.
+
+use crate::endpoint::{Fill, OpOptions, OpReport, ReduceOp};
+
+/// Element range of shard `s` of a tensor of `len` elements over `world` ranks.
+pub fn shard(len: usize, world: u32, s: u32) -> core::ops::Range<usize> {
+    let (l, w) = (len as u128, u128::from(world));
+    ((u128::from(s) * l / w) as usize)..(((u128::from(s) + 1) * l / w) as usize)
+}
+
+/// Recompute the result of an op. `owner_reports[s]` is rank `s`'s report;
+/// `chunk_elems` is `chunk_bytes / 4`.
+///
+/// # Panics
+/// If `inputs` is empty, the inputs differ in length, or a report is missing.
+pub fn recompute(
+    inputs: &[&[f32]],
+    owner_reports: &[&OpReport],
+    opts: OpOptions,
+    chunk_elems: usize,
+) -> Vec<f32> {
+    let world = inputs.len() as u32;
+    let len = inputs[0].len();
+    let mut out = vec![0.0f32; len];
+    for s in 0..world {
+        let sh = shard(len, world, s);
+        let rep = owner_reports[s as usize];
+        for (c, start) in sh.clone().step_by(chunk_elems.max(1)).enumerate() {
+            let end = (start + chunk_elems).min(sh.end);
+            let present =
+                |j: u32| j == s || rep.scatter.iter().any(|t| t.peer == j && t.delivered.get(c as u32));
+            let delivered = (0..world).filter(|&j| present(j)).count() as u32;
+            let masked = rep.own_mask.get(c as u32);
+            for e in start..end {
+                let v = |j: u32| {
+                    if present(j) {
+                        inputs[j as usize][e]
+                    } else {
+                        match opts.fill {
+                            Fill::Zero => 0.0,
+                            Fill::Local => inputs[s as usize][e],
+                        }
+                    }
+                };
+                let mut acc = v(0);
+                for j in 1..world {
+                    acc += v(j);
+                }
+                if opts.rescale && delivered < world {
+                    acc *= world as f32 / delivered as f32;
+                }
+                if opts.reduce == ReduceOp::Average {
+                    acc /= world as f32;
+                }
+                out[e] = if masked { 0.0 } else { acc };
+            }
+        }
+    }
+    out
+}

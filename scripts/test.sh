@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Install what a fresh Debian 12 machine lacks, then run every dlcp test.
+# Usage: ./scripts/test.sh            (as root, or with sudo available for apt)
+# Prints how long each stage took. Exits non-zero on the first failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export CARGO_TERM_COLOR=never
+export DEBIAN_FRONTEND=noninteractive
+T0=$(date +%s)
+declare -a TIMES=()
+
+stage() {
+  local name=$1; shift
+  local t=$(date +%s)
+  echo
+  echo "=== stage: $name ==="
+  "$@"
+  local dt=$(( $(date +%s) - t ))
+  TIMES+=("$(printf '%-22s %4ds' "$name" "$dt")")
+  echo "=== stage $name done in ${dt}s ==="
+}
+
+# Debian packages the build and tests need.
+APT_PACKAGES=(build-essential pkg-config ca-certificates git)
+
+install_deps() {
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    local SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    echo "installing: ${missing[*]}"
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  else
+    echo "apt packages present: ${APT_PACKAGES[*]}"
+  fi
+  if ! command -v cargo >/dev/null; then
+    echo "error: cargo not found. Install a Rust toolchain >= 1.85 (https://rustup.rs), then rerun." >&2
+    exit 1
+  fi
+  cargo --version
+  rustup component list --installed 2>/dev/null | grep -E 'clippy|rustfmt' || true
+}
+
+fmt_check() { cargo fmt --all -- --check; }
+clippy() { cargo clippy --workspace --all-targets --locked -- -D warnings; }
+build() { cargo build --workspace --release --locked; }
+unit_and_sim_tests() { cargo test --workspace --locked; }
+demo() {
+  ./target/release/dlcpd --version
+  ./target/release/dlcpd demo --iters 3 --loss 1
+}
+
+stage install install_deps
+stage fmt fmt_check
+stage clippy clippy
+stage build-release build
+stage test unit_and_sim_tests
+stage demo demo
+
+echo
+echo "=== stage times ==="
+for t in "${TIMES[@]}"; do echo "  $t"; done
+echo "  total                  $(( $(date +%s) - T0 ))s"

@@ -1,0 +1,124 @@
+//! End-to-end tests of the `dlcpd` binary: `check-config` on good and broken
+//! files, and the `demo` job.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn dlcpd() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dlcpd"))
+}
+
+/// A scratch directory removed on drop (even when the test fails).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!("dlcp-cli-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+    fn path(&self, f: &str) -> PathBuf {
+        self.0.join(f)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn deploy_example() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/dlcp.toml")).unwrap()
+}
+
+#[test]
+fn check_config_accepts_the_deploy_example_and_prints_the_effective_config() {
+    let s = Scratch::new("ok");
+    std::fs::write(s.path("dlcp.toml"), deploy_example()).unwrap();
+    std::fs::write(s.path("job.secret"), b"0123456789abcdef0123456789abcdef").unwrap();
+    let out = dlcpd().arg("check-config").arg(s.path("dlcp.toml")).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("OK"), "{stdout}");
+    assert!(stdout.contains("budget"), "effective config must list defaults: {stdout}");
+    assert!(!stdout.contains("0123456789abcdef"), "the secret must be redacted");
+}
+
+/// Five broken configs, five one-line messages naming file:line:col and field.
+#[test]
+fn check_config_names_file_line_and_field_for_broken_configs() {
+    let s = Scratch::new("broken");
+    std::fs::write(s.path("job.secret"), b"0123456789abcdef0123456789abcdef").unwrap();
+    let base = deploy_example();
+    let cases: [(&str, String, &str, &str); 5] = [
+        ("budget", base.replace("budget = 0.01", "budget = 0.25"), "loss.budget", "0.10"),
+        ("typo", base.replace("[network]\n", "[network]\nmtuu = 9000\n"), "network.mtuu", "unknown field"),
+        (
+            "kind",
+            base.replace("kind = \"auto\"", "kind = \"dpkd\""),
+            "datapath.kind",
+            "allowed: auto, socket, dpdk",
+        ),
+        (
+            "dup-rank",
+            base.replacen("rank = 1\naddress", "rank = 0\naddress", 1),
+            "peers[1].rank",
+            "duplicate",
+        ),
+        (
+            "dscp",
+            base.replace("dscp = [0, 10, 18, 26, 34, 40, 46, 48]", "dscp = [0, 10, 18, 26, 34, 40, 46, 64]"),
+            "priority.dscp",
+            "63",
+        ),
+    ];
+    for (name, text, field, hint) in cases {
+        assert_ne!(text, base, "case {name}: the edit did not apply; the example changed?");
+        let f = s.path(&format!("{name}.toml"));
+        std::fs::write(&f, &text).unwrap();
+        let out = dlcpd().arg("check-config").arg(&f).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "case {name}: {stderr}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "case {name}: one line expected: {stderr}");
+        let prefix = format!("{}:", f.display());
+        assert!(lines[0].starts_with(&prefix), "case {name}: no file name: {stderr}");
+        let rest = &lines[0][prefix.len()..];
+        let mut parts = rest.splitn(3, ':');
+        let line: u32 =
+            parts.next().unwrap().parse().unwrap_or_else(|_| panic!("case {name}: no line: {stderr}"));
+        let _col: u32 =
+            parts.next().unwrap().parse().unwrap_or_else(|_| panic!("case {name}: no column: {stderr}"));
+        assert!(line > 1, "case {name}: {stderr}");
+        assert!(rest.contains(field) && rest.contains(hint), "case {name}: {stderr}");
+    }
+}
+
+#[test]
+fn check_config_reports_a_missing_file() {
+    let out = dlcpd().args(["check-config", "/nonexistent/dlcp.toml"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/dlcp.toml"));
+}
+
+#[test]
+fn demo_runs_and_verifies_under_loss() {
+    let out = dlcpd()
+        .args(["demo", "--iters", "2", "--size", "2", "--loss", "2", "--budget", "1"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("iter    2/2"), "{stdout}");
+    assert!(stdout.contains("every rank byte-identical"), "{stdout}");
+    assert!(stdout.contains("ops completed / failed      32 / 0"), "{stdout}");
+}
+
+#[test]
+fn demo_rejects_bad_flags_with_the_flag_name() {
+    let out = dlcpd().args(["demo", "--budget", "20"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--budget"));
+}

@@ -7,9 +7,10 @@
 //!
 //! - [`demo`]: the `dlcpd demo` job — N ranks doing allreduce rounds through the
 //!   real protocol core on the deterministic network simulator.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod demo;
+pub mod shm;
 
 pub use dlcp_config as config;
 pub use dlcp_proto as proto;

@@ -1,0 +1,91 @@
+//! # The shared-memory channel between trainers and the daemon
+//!
+//! A trainer process connects to the daemon's Unix **control socket**, registers
+//! (job id, local rank, local world size) and receives, by `SCM_RIGHTS`, three fds:
+//! a sealed **memfd** holding its segment, a **submit doorbell** and a **completion
+//! doorbell** (eventfds). Gradients then move through the segment without further
+//! syscalls beyond the doorbells. Modelled on machnet (rings of buffer indices
+//! into an arena, memfd over a Unix socket, socket close = app gone) and iceoryx2
+//! (SPSC queues with every ordering commented, crashed peers detected and their
+//! memory reclaimed, one error enum per operation).
+//!
+//! ## Segment layout
+//!
+//! One memfd per attachment. Every region starts on a 4096-byte boundary; all
+//! multi-byte values are native-endian (both sides share the host).
+//!
+//! | offset | size | region | contents |
+//! |-------:|-----:|--------|----------|
+//! | 0 | 128 (page reserved) | header | 16 × u64: magic `"DLCPSHM1"`, version, header size, total size, sq offset, sq capacity, cq offset, cq capacity, sq/cq descriptor sizes, arena offset, arena size, attachment id, job id, local rank, local world ([`layout::Header`]) |
+//! | 4096 | 128 + 64·sq_cap, page-rounded | submission ring | `head` u32 @+0 (own cache line, written by the daemon), `tail` u32 @+64 (own cache line, written by the trainer), then `sq_cap` × 64-byte [`layout::SubmitDesc`] |
+//! | after sq | 128 + 64·cq_cap, page-rounded | completion ring | same control block (daemon writes `tail`, trainer writes `head`), then `cq_cap` × 64-byte [`layout::CompletionDesc`] |
+//! | after cq | arena_size (multiple of 4096) | buffer arena | tensors, each at a 64-byte-aligned offset chosen by the trainer's allocator |
+//!
+//! Offsets are a pure function of (sq capacity, cq capacity, arena size)
+//! ([`layout::Geometry::new`]); both sides recompute them and compare: the client
+//! checks the header against the geometry in the attach reply and against the
+//! memfd's size. The daemon never reads the header back — it keeps its own
+//! [`Geometry`] — so a trainer scribbling on it harms only itself.
+//!
+//! ## Hostile trainers
+//!
+//! A trainer may be buggy or hostile; it must not be able to crash the daemon,
+//! make it read or write outside that trainer's own arena, or touch another
+//! trainer's memory:
+//! - the memfd is sealed `F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL` (and its pages
+//!   allocated up front), so no truncation can SIGBUS the daemon and no later seal
+//!   can make the daemon's writes fail;
+//! - each descriptor is copied out of its slot once (eight relaxed `AtomicU64`
+//!   loads) and only the private copy is validated ([`layout::SubmitDesc::validate`],
+//!   one [`DescError`] variant per rule) and used;
+//! - ring indices: each side keeps a private shadow of its own index and reads only
+//!   the peer's, checking `tail - head <= capacity` ([`ring`]); a wild index is a
+//!   [`RingError`], never an out-of-bounds slot;
+//! - tensor bytes are only ever copied with `ptr::copy_nonoverlapping` after a
+//!   bounds check ([`Attachment::copy_from_arena`] / [`Attachment::copy_to_arena`]);
+//!   no `&[f32]` / `&mut [f32]` is ever formed over shared memory;
+//! - every rejection is counted ([`AttachmentStats`]) and answered with an
+//!   [`Status::InvalidDescriptor`] completion carrying the error code.
+//!
+//! All `unsafe` is in [`mapping`], each block with a `SAFETY:` comment.
+//!
+//! ## Wakeups
+//!
+//! No side spins. The producer publishes the ring tail and then rings the peer's
+//! eventfd; the consumer drains the eventfd, re-checks the ring, and only then
+//! sleeps in `poll` (see [`doorbell`]). The daemon can register
+//! [`Attachment::doorbell_fd`] and [`Attachment::control_fd`] with mio.
+//!
+//! ## Server model
+//!
+//! [`ShmServer`] is non-blocking: its listener fd ([`std::os::fd::AsFd`]) goes into the
+//! daemon's event loop; on readiness [`ShmServer::accept`] performs the handshake
+//! inline, bounded by `handshake_timeout`. The control connection closing
+//! ([`Attachment::liveness`] → `Gone`/`Broken`) means the trainer is gone: the
+//! daemon fails its pending ops and drops the [`Attachment`], which unmaps the
+//! segment and closes its fds. Peers are checked with `SO_PEERCRED` against a
+//! [`PeerPolicy`] (same uid as the daemon, allowed gids, optional hook).
+//!
+//! ## Client
+//!
+//! [`Client`] is the trainer side (moving to the `client/` crate later):
+//! `attach`, `alloc` a named tensor, `write`, `submit`, `wait_completion`, `read`.
+
+pub mod alloc;
+pub mod client;
+pub mod control;
+pub mod doorbell;
+pub mod layout;
+#[allow(unsafe_code)]
+pub mod mapping;
+pub mod ring;
+pub mod server;
+
+pub use client::{AttachError, Client, ClientError, Completion, SubmitOptions, Tensor};
+pub use control::{PeerCred, PeerPolicy, Registration, RejectReason};
+pub use layout::{CompletionDesc, DescError, Dtype, Geometry, Limits, Status, Submission, SubmitDesc};
+pub use ring::RingError;
+pub use server::{
+    AcceptError, ArenaError, Attachment, AttachmentStats, BindError, ChannelError, CompleteError, Liveness,
+    ServerConfig, ServerStats, ShmServer, Wakeup,
+};

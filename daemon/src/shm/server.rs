@@ -1,0 +1,623 @@
+//! Daemon side: the control-socket listener and one [`Attachment`] per trainer.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+use super::control::{self, PeerCred, PeerPolicy, REGISTER_LEN, Registration, RejectReason, Reply};
+use super::doorbell::{Doorbell, poll_readable};
+use super::layout::{
+    CompletionDesc, DESC_WORDS, DescError, Geometry, Limits, Status, Submission, SubmitDesc,
+};
+use super::mapping::{self, Mapping};
+use super::ring::{Consumer, Producer, RingError, RingLayout};
+
+/// How the server is set up. The daemon fills it from `control.socket_path` /
+/// `control.socket_mode` and its own defaults.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Path of the control socket.
+    pub socket_path: PathBuf,
+    /// Permission bits of the socket file (a trainer needs write permission to connect).
+    pub socket_mode: u32,
+    /// Geometry of every segment.
+    pub geometry: Geometry,
+    /// Bounds on descriptor fields.
+    pub limits: Limits,
+    /// Who may attach.
+    pub policy: PeerPolicy,
+    /// How long a connecting trainer has to send its register message.
+    pub handshake_timeout: Duration,
+}
+
+impl ServerConfig {
+    /// Defaults: 256-slot rings, a 64 MiB arena, same-user policy, 2 s handshake.
+    pub fn new(socket_path: impl Into<PathBuf>, socket_mode: u32) -> ServerConfig {
+        ServerConfig {
+            socket_path: socket_path.into(),
+            socket_mode,
+            geometry: Geometry::new(256, 256, 64 << 20).expect("default geometry is valid"),
+            limits: Limits::default(),
+            policy: PeerPolicy::same_user(),
+            handshake_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The server could not start.
+#[derive(Debug, Error)]
+pub enum BindError {
+    /// Another live daemon answers on the socket path. Stop it or use another path.
+    #[error("control socket {0} is in use by a live daemon")]
+    InUse(PathBuf),
+    /// Something that is not a socket is at the path; refusing to delete it.
+    #[error("{0} exists and is not a socket; remove it or choose another control.socket_path")]
+    NotASocket(PathBuf),
+    /// bind/chmod failed.
+    #[error("cannot bind control socket {path}: {source}")]
+    Io {
+        /// Socket path.
+        path: PathBuf,
+        /// Cause.
+        source: io::Error,
+    },
+}
+
+/// One incoming connection did not become an attachment. The connection is closed;
+/// the server keeps serving.
+#[derive(Debug, Error)]
+pub enum AcceptError {
+    /// `accept(2)` itself failed (e.g. out of fds).
+    #[error("accept on the control socket failed: {0}")]
+    Accept(io::Error),
+    /// `SO_PEERCRED` could not be read.
+    #[error("cannot read peer credentials: {0}")]
+    PeerCred(io::Error),
+    /// The peer did not send a register message in time, or hung up.
+    #[error("trainer pid {} did not complete the handshake: {source}", peer.pid)]
+    Handshake {
+        /// Peer.
+        peer: PeerCred,
+        /// Cause.
+        source: io::Error,
+    },
+    /// Malformed register message.
+    #[error("trainer pid {} sent a bad register message: {source}", peer.pid)]
+    BadRequest {
+        /// Peer.
+        peer: PeerCred,
+        /// What was wrong.
+        source: control::RegisterError,
+    },
+    /// The peer policy refused this uid/gid.
+    #[error("trainer pid {} uid {} gid {} refused by the peer policy", peer.pid, peer.uid, peer.gid)]
+    PolicyDenied {
+        /// Peer.
+        peer: PeerCred,
+    },
+    /// Creating, mapping or sending the segment failed.
+    #[error("cannot set up a segment for trainer pid {}: {source}", peer.pid)]
+    Segment {
+        /// Peer.
+        peer: PeerCred,
+        /// Cause.
+        source: io::Error,
+    },
+}
+
+/// Server-wide counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Attachments created.
+    pub attached: u64,
+    /// Connections refused by the policy.
+    pub policy_denied: u64,
+    /// Connections with a malformed register message.
+    pub bad_requests: u64,
+    /// Connections that failed otherwise (handshake timeout, resources).
+    pub failed: u64,
+}
+
+/// The control-socket listener.
+///
+/// **Readiness model:** the listener is non-blocking; register [`AsFd`] with mio
+/// (or use [`ShmServer::wait_acceptable`]) and call [`ShmServer::accept`] when it is
+/// readable. `accept` does the handshake inline with a bounded read timeout
+/// (`handshake_timeout`), so a trainer that connects and stays silent can delay
+/// the caller by that much at most; a later step may move handshakes onto the event
+/// loop as well.
+#[derive(Debug)]
+pub struct ShmServer {
+    listener: UnixListener,
+    cfg: ServerConfig,
+    next_id: u64,
+    stats: ServerStats,
+    live: Arc<AtomicUsize>,
+}
+
+impl ShmServer {
+    /// Binds the control socket at `cfg.socket_path` with `cfg.socket_mode`.
+    /// A stale socket left by a killed daemon is removed; a live one is an error.
+    pub fn bind(cfg: ServerConfig) -> Result<ShmServer, BindError> {
+        let path = cfg.socket_path.clone();
+        let io_err = |source| BindError::Io { path: path.clone(), source };
+        match std::fs::symlink_metadata(&path) {
+            Ok(md) if md.file_type().is_socket() => {
+                if UnixStream::connect(&path).is_ok() {
+                    return Err(BindError::InUse(path));
+                }
+                log::info!("removing stale control socket {}", path.display());
+                std::fs::remove_file(&path).map_err(io_err)?;
+            }
+            Ok(_) => return Err(BindError::NotASocket(path)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(e)),
+        }
+        let listener = UnixListener::bind(&path).map_err(io_err)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(cfg.socket_mode)).map_err(io_err)?;
+        listener.set_nonblocking(true).map_err(io_err)?;
+        Ok(ShmServer { listener, cfg, next_id: 1, stats: ServerStats::default(), live: Arc::default() })
+    }
+
+    /// The socket path.
+    pub fn socket_path(&self) -> &Path {
+        &self.cfg.socket_path
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ServerStats {
+        self.stats
+    }
+
+    /// Attachments created by this server and not yet dropped.
+    pub fn live_attachments(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Sleeps until a connection is pending or `timeout` passes.
+    pub fn wait_acceptable(&self, timeout: Option<Duration>) -> io::Result<bool> {
+        Ok(poll_readable(&[self.listener.as_fd()], timeout)?[0])
+    }
+
+    /// Accepts one pending connection, if any, and turns it into an [`Attachment`]:
+    /// reads `SO_PEERCRED`, reads the register message, applies the policy, creates
+    /// and sends the segment. A refused trainer gets a reject reply saying why.
+    pub fn accept(&mut self) -> Result<Option<Attachment>, AcceptError> {
+        let stream = match self.listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(None),
+            Err(e) => return Err(AcceptError::Accept(e)),
+        };
+        let r = self.handshake(stream);
+        match &r {
+            Ok(a) => {
+                self.stats.attached += 1;
+                log::info!(
+                    "trainer attached: id {} pid {} uid {} gid {} job {:#x} local rank {}/{}",
+                    a.id,
+                    a.peer.pid,
+                    a.peer.uid,
+                    a.peer.gid,
+                    a.registration.job_id,
+                    a.registration.local_rank,
+                    a.registration.local_world
+                );
+            }
+            Err(AcceptError::PolicyDenied { .. }) => self.stats.policy_denied += 1,
+            Err(AcceptError::BadRequest { .. }) => self.stats.bad_requests += 1,
+            Err(_) => self.stats.failed += 1,
+        }
+        if let Err(e) = &r {
+            log::warn!("{e}");
+        }
+        r.map(Some)
+    }
+
+    fn handshake(&mut self, stream: UnixStream) -> Result<Attachment, AcceptError> {
+        let peer = control::peer_cred(&stream).map_err(AcceptError::PeerCred)?;
+        let hs = |source| AcceptError::Handshake { peer, source };
+        stream.set_nonblocking(false).map_err(hs)?;
+        stream.set_read_timeout(Some(self.cfg.handshake_timeout)).map_err(hs)?;
+        stream.set_write_timeout(Some(self.cfg.handshake_timeout)).map_err(hs)?;
+        let mut req = [0u8; REGISTER_LEN];
+        io::Read::read_exact(&mut &stream, &mut req).map_err(hs)?;
+        let reject = |why: RejectReason| {
+            // Best effort: the trainer learns why; failures here change nothing.
+            let _ = control::send_with_fds(stream.as_fd(), &Reply::Rejected(why).encode(), &[]);
+        };
+        let registration = match Registration::decode(&req) {
+            Ok(r) => r,
+            Err(source) => {
+                reject(RejectReason::BadRequest);
+                return Err(AcceptError::BadRequest { peer, source });
+            }
+        };
+        if !self.cfg.policy.allows(&peer, &registration) {
+            reject(RejectReason::PolicyDenied);
+            return Err(AcceptError::PolicyDenied { peer });
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let seg = |source| AcceptError::Segment { peer, source };
+        let built = Attachment::create(id, peer, registration, &self.cfg, stream.try_clone().map_err(seg)?);
+        let mut att = match built {
+            Ok(a) => a,
+            Err(e) => {
+                reject(RejectReason::Resources);
+                return Err(seg(e));
+            }
+        };
+        let reply = Reply::Accepted { attachment_id: id, geometry: self.cfg.geometry }.encode();
+        control::send_with_fds(
+            stream.as_fd(),
+            &reply,
+            &[att.memfd.as_fd(), att.submit_bell.as_fd(), att.complete_bell.as_fd()],
+        )
+        .map_err(seg)?;
+        stream.set_nonblocking(true).map_err(seg)?;
+        self.live.fetch_add(1, Ordering::Relaxed);
+        att.live = Some(self.live.clone());
+        Ok(att)
+    }
+}
+
+impl AsFd for ShmServer {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.listener.as_fd()
+    }
+}
+
+impl Drop for ShmServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.cfg.socket_path);
+    }
+}
+
+/// Is the trainer still there?
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// Connected.
+    Alive,
+    /// The control socket closed (EOF): the trainer exited or was killed.
+    Gone,
+    /// The control socket failed (e.g. `ECONNRESET`): treat as gone.
+    Broken(io::ErrorKind),
+}
+
+/// A submission-ring problem seen by the daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ChannelError {
+    /// A descriptor failed validation. It was consumed and counted, and (if the
+    /// completion ring had room) completed with [`Status::InvalidDescriptor`].
+    #[error("rejected descriptor op {op_seq} cookie {cookie:#x}: {error}")]
+    Rejected {
+        /// The descriptor's op_seq (untrusted, for logs).
+        op_seq: u64,
+        /// The descriptor's cookie (untrusted, echoed back).
+        cookie: u64,
+        /// The violated rule.
+        error: DescError,
+    },
+    /// The trainer wrote impossible ring indices. Nothing was consumed; the
+    /// attachment should be detached.
+    #[error(transparent)]
+    Ring(#[from] RingError),
+}
+
+/// Posting a completion failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum CompleteError {
+    /// The completion ring is full: the trainer is not consuming completions.
+    /// Keep the completion and retry after the next wakeup, or detach.
+    #[error("completion ring full (trainer is not consuming completions)")]
+    Full,
+    /// The trainer wrote impossible ring indices.
+    #[error(transparent)]
+    Ring(#[from] RingError),
+}
+
+/// A tensor range that is not inside the arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error("{len_elems} f32 at arena offset {offset} lie outside the {arena_size}-byte arena")]
+pub struct ArenaError {
+    /// Offset asked for.
+    pub offset: u64,
+    /// Length asked for.
+    pub len_elems: u64,
+    /// Arena size.
+    pub arena_size: u64,
+}
+
+/// Per-attachment counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttachmentStats {
+    /// Valid submissions taken off the ring.
+    pub submissions: u64,
+    /// Rejected descriptors, indexed by [`DescError::code`] (index 0 unused).
+    pub rejected_by_code: [u64; DescError::COUNT + 1],
+    /// Times the trainer's ring indices were found corrupted.
+    pub ring_corruptions: u64,
+    /// Completions posted.
+    pub completions: u64,
+    /// Completions that could not be posted (ring full or corrupted).
+    pub completions_dropped: u64,
+    /// Bytes the trainer sent on the control socket after registering (ignored).
+    pub stray_control_bytes: u64,
+}
+
+impl AttachmentStats {
+    /// All rejected descriptors.
+    pub fn rejected(&self) -> u64 {
+        self.rejected_by_code.iter().sum()
+    }
+}
+
+/// What woke [`Attachment::wait`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Wakeup {
+    /// The submit doorbell rang (submissions may be pending).
+    pub doorbell: bool,
+    /// The control socket is readable: check [`Attachment::liveness`].
+    pub control: bool,
+}
+
+/// One trainer's channel, daemon side. Dropping it reclaims the segment (unmaps
+/// it, closes the memfd and the doorbells); the trainer's own mapping stays valid
+/// for the trainer but nobody serves it any more.
+#[derive(Debug)]
+pub struct Attachment {
+    id: u64,
+    peer: PeerCred,
+    registration: Registration,
+    geometry: Geometry,
+    limits: Limits,
+    stream: UnixStream,
+    memfd: OwnedFd,
+    map: Mapping,
+    sq: Consumer,
+    cq: Producer,
+    submit_bell: Doorbell,
+    complete_bell: Doorbell,
+    stats: AttachmentStats,
+    created: Instant,
+    live: Option<Arc<AtomicUsize>>,
+}
+
+impl Attachment {
+    fn create(
+        id: u64,
+        peer: PeerCred,
+        registration: Registration,
+        cfg: &ServerConfig,
+        stream: UnixStream,
+    ) -> io::Result<Attachment> {
+        let g = cfg.geometry;
+        let name = format!("dlcp-seg-{id}");
+        let (memfd, map) = mapping::create_and_map(&name, g.total_size)?;
+        let header = g.header(id, registration.job_id, registration.local_rank, registration.local_world);
+        map.store_words(0, &header.to_words()).map_err(|e| io::Error::other(e.to_string()))?;
+        Ok(Attachment {
+            id,
+            peer,
+            registration,
+            geometry: g,
+            limits: cfg.limits,
+            stream,
+            memfd,
+            map,
+            sq: Consumer::new(RingLayout { ctl: g.sq_offset, capacity: g.sq_capacity }),
+            cq: Producer::new(RingLayout { ctl: g.cq_offset, capacity: g.cq_capacity }),
+            submit_bell: Doorbell::new()?,
+            complete_bell: Doorbell::new()?,
+            stats: AttachmentStats::default(),
+            created: Instant::now(),
+            live: None,
+        })
+    }
+
+    /// Attachment id (also in the segment header).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The trainer's `SO_PEERCRED`.
+    pub fn peer(&self) -> PeerCred {
+        self.peer
+    }
+
+    /// What the trainer registered as.
+    pub fn registration(&self) -> Registration {
+        self.registration
+    }
+
+    /// The segment geometry.
+    pub fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> AttachmentStats {
+        self.stats
+    }
+
+    /// When the attachment was created.
+    pub fn created(&self) -> Instant {
+        self.created
+    }
+
+    /// The control socket (readable on EOF: register it with mio for disconnects).
+    pub fn control_fd(&self) -> BorrowedFd<'_> {
+        self.stream.as_fd()
+    }
+
+    /// The submit doorbell (readable when the trainer rang: register it with mio).
+    pub fn doorbell_fd(&self) -> BorrowedFd<'_> {
+        self.submit_bell.as_fd()
+    }
+
+    /// Sleeps until the trainer rings or its control socket becomes readable
+    /// (usually: closed), or `timeout` passes. Drains the doorbell; the caller then
+    /// drains the ring with [`next_submission`](Self::next_submission) and checks
+    /// [`liveness`](Self::liveness) if `control` is set.
+    pub fn wait(&mut self, timeout: Option<Duration>) -> io::Result<Wakeup> {
+        // Drain first, then look at the ring: see the doorbell module's protocol.
+        self.submit_bell.drain()?;
+        if self.sq.available(&self.map).unwrap_or(1) > 0 {
+            return Ok(Wakeup { doorbell: true, control: false });
+        }
+        let ready = poll_readable(&[self.submit_bell.as_fd(), self.stream.as_fd()], timeout)?;
+        if ready[0] {
+            self.submit_bell.drain()?;
+        }
+        Ok(Wakeup { doorbell: ready[0], control: ready[1] })
+    }
+
+    /// Non-blocking check of the control socket. EOF or an error means the trainer
+    /// is gone: drop the attachment (reclaiming the segment) and fail its pending ops.
+    pub fn liveness(&mut self) -> Liveness {
+        let mut buf = [0u8; 256];
+        loop {
+            match io::Read::read(&mut &self.stream, &mut buf) {
+                Ok(0) => return Liveness::Gone,
+                Ok(n) => self.stats.stray_control_bytes += n as u64,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Liveness::Alive,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Liveness::Broken(e.kind()),
+            }
+        }
+    }
+
+    /// Takes the next descriptor off the submission ring: copied out once, then
+    /// validated. `Ok(None)` when the ring is empty.
+    pub fn next_submission(&mut self) -> Result<Option<Submission>, ChannelError> {
+        let words = match self.sq.pop(&self.map) {
+            Ok(Some(w)) => w,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                self.stats.ring_corruptions += 1;
+                log::warn!("attachment {} (pid {}): {e}", self.id, self.peer.pid);
+                return Err(e.into());
+            }
+        };
+        let desc = SubmitDesc::from_words(words);
+        match desc.validate(self.geometry.arena_size, &self.limits) {
+            Ok(s) => {
+                self.stats.submissions += 1;
+                Ok(Some(s))
+            }
+            Err(error) => {
+                self.stats.rejected_by_code[error.code() as usize] += 1;
+                log::warn!("attachment {} (pid {}): rejected descriptor: {error}", self.id, self.peer.pid);
+                let c = CompletionDesc {
+                    cookie: desc.cookie,
+                    op_seq: desc.op_seq,
+                    tensor_id: desc.tensor_id,
+                    status: Status::InvalidDescriptor.to_raw(),
+                    detail: error.code(),
+                    ..CompletionDesc::default()
+                };
+                let _ = self.complete(c);
+                Err(ChannelError::Rejected { op_seq: desc.op_seq, cookie: desc.cookie, error })
+            }
+        }
+    }
+
+    fn span_check(&self, offset: u64, len_elems: u64) -> Result<u64, ArenaError> {
+        let err = ArenaError { offset, len_elems, arena_size: self.geometry.arena_size };
+        let end = len_elems.checked_mul(4).and_then(|b| b.checked_add(offset)).ok_or(err)?;
+        if end > self.geometry.arena_size || offset % 4 != 0 {
+            return Err(err);
+        }
+        Ok(self.geometry.arena_offset + offset)
+    }
+
+    /// Copies `len_elems` f32 at arena byte `offset` out of shared memory.
+    pub fn copy_from_arena(&self, offset: u64, len_elems: u64) -> Result<Vec<f32>, ArenaError> {
+        let abs = self.span_check(offset, len_elems)?;
+        let mut out = vec![0f32; len_elems as usize];
+        self.map.copy_out_f32(abs, &mut out).map_err(|_| ArenaError {
+            offset,
+            len_elems,
+            arena_size: self.geometry.arena_size,
+        })?;
+        Ok(out)
+    }
+
+    /// Copies `data` into the arena at byte `offset`.
+    pub fn copy_to_arena(&self, offset: u64, data: &[f32]) -> Result<(), ArenaError> {
+        let len_elems = data.len() as u64;
+        let abs = self.span_check(offset, len_elems)?;
+        self.map.copy_in_f32(abs, data).map_err(|_| ArenaError {
+            offset,
+            len_elems,
+            arena_size: self.geometry.arena_size,
+        })
+    }
+
+    /// Posts a completion and rings the trainer's completion doorbell.
+    pub fn complete(&mut self, c: CompletionDesc) -> Result<(), CompleteError> {
+        let words: [u64; DESC_WORDS] = c.to_words();
+        let r = match self.cq.push(&self.map, &words) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(CompleteError::Full),
+            Err(e) => {
+                self.stats.ring_corruptions += 1;
+                Err(CompleteError::Ring(e))
+            }
+        };
+        match &r {
+            Ok(()) => {
+                self.stats.completions += 1;
+                if let Err(e) = self.complete_bell.ring() {
+                    log::warn!("attachment {}: completion doorbell: {e}", self.id);
+                }
+            }
+            Err(_) => self.stats.completions_dropped += 1,
+        }
+        r
+    }
+
+    /// Completes a valid submission with `status` and the given report.
+    pub fn complete_submission(
+        &mut self,
+        s: &Submission,
+        status: Status,
+        delivered_ppm: u32,
+        repairs: u32,
+        duration: Duration,
+    ) -> Result<(), CompleteError> {
+        self.complete(CompletionDesc {
+            cookie: s.cookie,
+            op_seq: s.op_seq,
+            tensor_id: s.tensor_id,
+            status: status.to_raw(),
+            delivered_ppm,
+            repairs,
+            duration_ns: u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
+            ..CompletionDesc::default()
+        })
+    }
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        if let Some(live) = &self.live {
+            live.fetch_sub(1, Ordering::Relaxed);
+            log::info!(
+                "attachment {} (pid {}) reclaimed: {} submissions, {} rejected",
+                self.id,
+                self.peer.pid,
+                self.stats.submissions,
+                self.stats.rejected()
+            );
+        }
+    }
+}

@@ -437,6 +437,12 @@ impl Client {
         self.debug_store_cq_head(self.cq.head());
     }
 
+    /// Rings the submit doorbell without submitting anything.
+    #[doc(hidden)]
+    pub fn debug_ring_doorbell(&self) -> io::Result<()> {
+        self.submit_bell.ring()
+    }
+
     /// Overwrites `len` f32 at an absolute segment byte offset (tests of a trainer
     /// scribbling on the header).
     #[doc(hidden)]

@@ -1,0 +1,208 @@
+//! The shared-memory channel end to end: a real control socket in a temp dir, a
+//! daemon-side serving loop in a thread, and clients in this process and in child
+//! processes (this test binary re-run with `DLCP_SHM_CHILD` set).
+
+mod shm_common;
+
+use std::time::Duration;
+
+use dlcp::shm::{AttachError, Client, ClientError, Liveness, PeerPolicy, RejectReason, SubmitOptions};
+use shm_common::{ChildGuard, Event, HOLD_TENSOR, TestDaemon, WAIT, config, round_trip};
+
+const SIZES: &[usize] = &[1, 15, 16, 17, 1000, 4096, 65_539, 1 << 20];
+
+/// Child-process entry point: does nothing unless run by [`ChildGuard::spawn`].
+#[test]
+fn child_main() {
+    let Ok(mode) = std::env::var("DLCP_SHM_CHILD") else { return };
+    let sock = std::env::var("DLCP_SHM_SOCK").unwrap();
+    let mut client = Client::attach(&sock, 0x5151, 1, 2).unwrap();
+    println!("CHILD:ATTACHED {}", client.attachment_id());
+    match mode.as_str() {
+        "roundtrip" => {
+            round_trip(&mut client, 77, SIZES);
+            println!("CHILD:DONE");
+        }
+        "hang" => {
+            // An op the daemon holds (in flight), then wait to be SIGKILLed.
+            let t = client.alloc("held", 1024).unwrap();
+            client.write(&t, &shm_common::data(5, 1024)).unwrap();
+            client.submit(&t, SubmitOptions { tensor_id: HOLD_TENSOR, ..Default::default() }).unwrap();
+            println!("CHILD:SUBMITTED");
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        other => panic!("unknown child mode {other}"),
+    }
+}
+
+#[test]
+fn in_process_client_round_trips_tensors_of_many_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(config(dir.path()));
+    let mut client = Client::attach(&d.path, 42, 0, 1).unwrap();
+    let (peer, reg) = d.expect("attach", |e| match e {
+        Event::Attached { peer, reg, .. } => Some((*peer, *reg)),
+        _ => None,
+    });
+    assert_eq!(peer.pid, std::process::id() as i32, "SO_PEERCRED pid is ours");
+    assert_eq!(peer.uid, rustix::process::getuid().as_raw());
+    assert_eq!((reg.job_id, reg.local_rank, reg.local_world), (42, 0, 1));
+    round_trip(&mut client, 1, SIZES);
+
+    // Several ops in flight at once, completed in order.
+    let ts: Vec<_> = (0..8).map(|i| client.alloc(&format!("m{i}"), 300 + i).unwrap()).collect();
+    for (i, t) in ts.iter().enumerate() {
+        client.write(t, &shm_common::data(100 + i as u64, t.len_elems as usize)).unwrap();
+        client
+            .submit(t, SubmitOptions { tensor_id: i as u32, cookie: i as u64, ..Default::default() })
+            .unwrap();
+    }
+    assert_eq!(client.in_flight(), 8);
+    for i in 0..8u64 {
+        assert_eq!(client.wait_completion(WAIT).unwrap().cookie, i);
+    }
+    for (i, t) in ts.iter().enumerate() {
+        let want: Vec<f32> = shm_common::data(100 + i as u64, t.len_elems as usize)
+            .into_iter()
+            .map(shm_common::transform)
+            .collect();
+        assert_eq!(client.read(t).unwrap(), want);
+    }
+    assert!(matches!(client.wait_completion(Duration::from_millis(50)), Err(ClientError::Timeout(_))));
+}
+
+#[test]
+fn child_process_client_round_trips_and_its_pid_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(config(dir.path()));
+    let mut child = ChildGuard::spawn("child_main", "roundtrip", &d.path);
+    let (peer, reg) = d.expect("attach", |e| match e {
+        Event::Attached { peer, reg, .. } => Some((*peer, *reg)),
+        _ => None,
+    });
+    assert_eq!(peer.pid, child.pid(), "SO_PEERCRED names the child process");
+    assert_eq!((reg.job_id, reg.local_rank, reg.local_world), (0x5151, 1, 2));
+    child.expect_line("DONE");
+    assert!(child.wait_success());
+    // The child exiting closes its control socket: the daemon reclaims the segment.
+    let (liveness, stats, live_after) = d.expect("detach", |e| match e {
+        Event::Detached { liveness, stats, live_after, .. } => Some((*liveness, *stats, *live_after)),
+        _ => None,
+    });
+    assert_eq!(liveness, Liveness::Gone);
+    assert_eq!(stats.submissions, SIZES.len() as u64);
+    assert_eq!(stats.completions, SIZES.len() as u64);
+    assert_eq!(stats.rejected(), 0);
+    assert_eq!(live_after, 0);
+}
+
+#[test]
+fn sigkilled_client_is_detected_its_segment_reclaimed_and_a_new_client_attaches() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(config(dir.path()));
+    // One healthy trainer stays attached throughout.
+    let mut survivor = Client::attach(&d.path, 0x5151, 0, 2).unwrap();
+    let survivor_id = d.expect("survivor attach", |e| match e {
+        Event::Attached { id, .. } => Some(*id),
+        _ => None,
+    });
+    let mut child = ChildGuard::spawn("child_main", "hang", &d.path);
+    let victim = d.expect("child attach", |e| match e {
+        Event::Attached { id, peer, .. } if peer.pid == child.pid() => Some(*id),
+        _ => None,
+    });
+    child.expect_line("SUBMITTED");
+    d.expect("held op", |e| matches!(e, Event::Held { id, .. } if *id == victim).then_some(()));
+
+    child.child.kill().unwrap(); // SIGKILL: no cleanup code runs in the child
+    child.child.wait().unwrap();
+    let (id, liveness, pending_failed, live_after) = d.expect("detach", |e| match e {
+        Event::Detached { id, liveness, pending_failed, live_after, .. } => {
+            Some((*id, *liveness, *pending_failed, *live_after))
+        }
+        _ => None,
+    });
+    assert_eq!(id, victim);
+    assert!(matches!(liveness, Liveness::Gone | Liveness::Broken(_)), "{liveness:?}");
+    assert_eq!(pending_failed, 1, "the killed trainer's in-flight op is failed");
+    assert_eq!(live_after, 1, "only the survivor's segment is left");
+
+    // The survivor is unaffected, and a new trainer can take the dead one's place.
+    round_trip(&mut survivor, 2, &[10, 1000]);
+    let mut fresh = Client::attach(&d.path, 0x5151, 1, 2).unwrap();
+    let fresh_id = d.expect("fresh attach", |e| match e {
+        Event::Attached { id, .. } => Some(*id),
+        _ => None,
+    });
+    assert!(fresh_id != victim && fresh_id != survivor_id);
+    round_trip(&mut fresh, 3, &[1, 65_536]);
+}
+
+#[test]
+fn peer_policy_refusal_is_sent_back_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    let me = rustix::process::getuid().as_raw();
+    cfg.policy = PeerPolicy { uids: vec![me.wrapping_add(1)], gids: vec![], hook: None };
+    let d = TestDaemon::start(cfg);
+    match Client::attach(&d.path, 1, 0, 1) {
+        Err(AttachError::Rejected(RejectReason::PolicyDenied)) => {}
+        other => panic!("expected a policy refusal, got {other:?}"),
+    }
+    let msg = d.expect("refusal", |e| match e {
+        Event::AcceptFailed(m) => Some(m.clone()),
+        _ => None,
+    });
+    assert!(msg.contains("refused by the peer policy") && msg.contains(&format!("uid {me}")), "{msg}");
+}
+
+#[test]
+fn malformed_registration_and_missing_daemon_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    match Client::attach(dir.path().join("nobody.sock"), 1, 0, 1) {
+        Err(e @ AttachError::Connect(_)) => assert!(e.to_string().contains("is dlcpd running")),
+        other => panic!("{other:?}"),
+    }
+    let d = TestDaemon::start(config(dir.path()));
+    match Client::attach(&d.path, 1, 2, 2) {
+        Err(AttachError::Rejected(RejectReason::BadRequest)) => {}
+        other => panic!("rank 2 of 2: {other:?}"),
+    }
+    // A peer that connects and sends garbage, then one that says nothing and hangs up.
+    {
+        use std::io::Write;
+        let mut s = std::os::unix::net::UnixStream::connect(&d.path).unwrap();
+        s.write_all(&[0xAB; 32]).unwrap();
+        let _ = std::os::unix::net::UnixStream::connect(&d.path).unwrap();
+    }
+    let mut failures = 0;
+    while failures < 3 {
+        d.expect("failures", |e| matches!(e, Event::AcceptFailed(_)).then_some(()));
+        failures += 1;
+    }
+    // And the daemon still serves.
+    let mut c = Client::attach(&d.path, 1, 0, 1).unwrap();
+    round_trip(&mut c, 4, &[33]);
+}
+
+#[test]
+fn bind_replaces_a_stale_socket_but_not_a_live_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    // A stale socket file from a "killed" daemon: bound, never accepted, listener dropped
+    // without removing the file.
+    drop(std::os::unix::net::UnixListener::bind(&cfg.socket_path).unwrap());
+    assert!(cfg.socket_path.exists());
+    let live = dlcp::shm::ShmServer::bind(cfg.clone()).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&cfg.socket_path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "socket_mode applied");
+    match dlcp::shm::ShmServer::bind(cfg.clone()) {
+        Err(dlcp::shm::BindError::InUse(_)) => {}
+        other => panic!("second daemon on a live socket: {other:?}"),
+    }
+    drop(live);
+    assert!(!cfg.socket_path.exists(), "socket removed on drop");
+    std::fs::write(&cfg.socket_path, b"not a socket").unwrap();
+    assert!(matches!(dlcp::shm::ShmServer::bind(cfg), Err(dlcp::shm::BindError::NotASocket(_))));
+}

@@ -523,6 +523,9 @@ struct SendState {
     seq: u32,
     probe_sent: Option<(u32, Instant)>,
     probe_timer: Option<Instant>,
+    /// The last chunk sent (carried in PROBE so the receiver can tell whether
+    /// the PROBE overtook chunks still in flight).
+    last_sent: u32,
     backoff: u32,
     have: Bitmap,
     segs_seen: Bitmap,
@@ -542,6 +545,7 @@ impl SendState {
             seq: 0,
             probe_sent: None,
             probe_timer: None,
+            last_sent: 0,
             backoff: 0,
             have: Bitmap::new(n),
             segs_seen: Bitmap::new(Bitmap::segment_count(n, seg_bytes)),
@@ -567,6 +571,8 @@ struct RecvState {
     deadline_fired: bool,
     deadline_backoff: u32,
     grace: Option<Instant>,
+    /// While `grace` runs: the chunk whose arrival ends it early.
+    awaited: Option<u32>,
     /// Gather: complete and waiting for the owner's DONE; re-send the
     /// COMPLETE bitmap on this RTT-based timer in case the DONE was lost.
     nudge: Option<(Instant, u32)>,
@@ -593,6 +599,7 @@ impl RecvState {
             deadline_fired: false,
             deadline_backoff: 0,
             grace: None,
+            awaited: None,
             nudge: None,
             closed_at: None,
             probe_seq: 0,
@@ -1124,13 +1131,13 @@ impl Endpoint {
                         peer: h.src,
                         kind: TxKind::Done { seg: 0 },
                     });
+                } else if let Some(at) = settle_until(r, now, self.cfg.timers.close_grace, h.chunk_index) {
+                    // Chunks may still be in flight behind the PROBE: answer
+                    // (close or bitmap) once they had time to land.
+                    r.grace.get_or_insert(at);
+                    r.awaited = Some(h.chunk_index);
                 } else if r.closable() {
-                    let grace = self.cfg.timers.close_grace;
-                    if grace.is_zero() {
-                        self.close_scatter(now, id, h.src, false);
-                    } else if r.grace.is_none() {
-                        r.grace = Some(now + grace);
-                    }
+                    self.close_scatter(now, id, h.src, false);
                 } else {
                     let segs = Bitmap::segment_count(r.n, chunk_bytes);
                     for seg in 0..segs {
@@ -1264,6 +1271,11 @@ impl Endpoint {
                 r.probe_seq = r.probe_seq.max(h.seq);
                 arm_deadline(r, now, &self.deadlines[1]);
                 if r.closed_at.is_none() {
+                    if let Some(at) = settle_until(r, now, self.cfg.timers.close_grace, h.chunk_index) {
+                        r.grace.get_or_insert(at);
+                    r.awaited = Some(h.chunk_index);
+                        return;
+                    }
                     let segs = if r.got.is_full() { 1 } else { Bitmap::segment_count(r.n, chunk_bytes) };
                     for seg in 0..segs {
                         self.push(TxItem {
@@ -1713,8 +1725,16 @@ impl Endpoint {
                     continue;
                 }
                 if r.grace.is_some_and(|g| g <= now) {
+                    // The settle time after a PROBE is over: answer it now.
                     r.grace = None;
-                    grace_close.push(j as u32);
+                    if phase == Phase::Scatter && r.closable() {
+                        grace_close.push(j as u32);
+                    } else {
+                        let segs = if r.got.is_full() { 1 } else { Bitmap::segment_count(r.n, seg_bytes) };
+                        for seg in 0..segs {
+                            pushes.push(TxItem { id, phase, peer: j as u32, kind: TxKind::Bitmap { seg } });
+                        }
+                    }
                     continue;
                 }
                 if let Some((at, k)) = r.nudge
@@ -1937,6 +1957,15 @@ impl Endpoint {
         }
         h.flags = flags;
         let len = wire::encode_in_place(&self.cfg.key, &h, buf, |p| write_f32s(&data[cr], p)).ok()?;
+        if let Some(op) = self.ops.get_mut(&item.id) {
+            let st = match item.phase {
+                Phase::Scatter => op.sends[item.peer as usize].as_mut(),
+                _ => op.gsends[item.peer as usize].as_mut(),
+            };
+            if let Some(st) = st {
+                st.last_sent = chunk;
+            }
+        }
         if repair {
             self.stats.repairs_sent += 1;
         }
@@ -1971,6 +2000,7 @@ impl Endpoint {
                     return None;
                 }
                 h.ty = PacketType::Probe;
+                h.chunk_index = st.last_sent.min(st.n.saturating_sub(1));
                 h.chunk_count = st.n;
                 h.required = st.required;
                 h.budget_ppm = st.budget_ppm;
@@ -2074,11 +2104,37 @@ fn accept_data_header(
         r.got_required += 1;
     }
     r.last_at = Some(now);
+    if r.awaited == Some(h.chunk_index) {
+        // The chunk the PROBE overtook has landed: answer the PROBE now.
+        r.awaited = None;
+        r.grace = Some(now);
+    }
     if h.flags.contains(Flags::REPAIR) {
         r.repaired += 1;
         stats.repairs_received += 1;
     }
     arm_deadline(r, now, est);
+}
+
+/// When a PROBE finds an incomplete transfer whose last-sent chunk
+/// (`last_sent`, carried in the PROBE) has not arrived while chunks were still
+/// arriving within the last `grace`, the PROBE (control class) has probably
+/// overtaken the tail of the transfer queued in the network: answer at the
+/// returned instant instead of now. `None`: answer now.
+fn settle_until(r: &RecvState, now: Instant, grace: Duration, last_sent: u32) -> Option<Instant> {
+    if grace.is_zero() || r.got.is_full() {
+        return None;
+    }
+    if r.grace.is_some() {
+        return r.grace;
+    }
+    // The chunk the sender sent last has arrived: nothing the PROBE could have
+    // overtaken is left in flight (per-class FIFO, lowest class last).
+    if r.got.get(last_sent) {
+        return None;
+    }
+    let streaming = r.last_at.is_some_and(|l| now < l + grace);
+    streaming.then_some(now + grace)
 }
 
 /// Note the first packet of a receive transfer and arm its adaptive deadline.

@@ -23,7 +23,7 @@
 //! | 20     | 4    | `dst`          | destination rank                                                    |
 //! | 24     | 8    | `op`           | op sequence number                                                  |
 //! | 32     | 4    | `tensor`       | tensor id                                                           |
-//! | 36     | 4    | `chunk_index`  | DATA: chunk; BITMAP/DONE: first bit of the segment                  |
+//! | 36     | 4    | `chunk_index`  | DATA: chunk; PROBE: last chunk sent before it; BITMAP/DONE: first bit of the segment |
 //! | 40     | 4    | `chunk_count`  | chunks in the transfer                                              |
 //! | 44     | 4    | `required`     | chunks of non-droppable classes in the transfer                     |
 //! | 48     | 4    | `budget_ppm`   | loss budget of the transfer, parts per million (≤ 1 000 000)        |
@@ -499,6 +499,9 @@ impl Header {
             PacketType::Probe | PacketType::Hello => {
                 if len != 0 {
                     return Err(WireError::BadField("payload_len"));
+                }
+                if self.ty == PacketType::Probe && self.chunk_index >= self.chunk_count {
+                    return Err(WireError::BadField("chunk_index"));
                 }
             }
         }

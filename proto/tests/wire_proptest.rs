@@ -83,7 +83,8 @@ fn valid_packet() -> impl Strategy<Value = (Header, Vec<u8>)> {
                     h.required =
                         if ty == PacketType::Hello { raw } else { (u64::from(raw) % (count + 1)) as u32 };
                     h.chunk_index = match ty {
-                        PacketType::Data => (u64::from(raw) % count) as u32,
+                        // DATA: the chunk; PROBE: the last chunk sent before it.
+                        PacketType::Data | PacketType::Probe => (u64::from(raw) % count) as u32,
                         PacketType::Bitmap | PacketType::Done if units > 0 => {
                             ((u64::from(raw) % count) as u32) & !7
                         }

@@ -206,3 +206,52 @@ fn bind_replaces_a_stale_socket_but_not_a_live_one() {
     std::fs::write(&cfg.socket_path, b"not a socket").unwrap();
     assert!(matches!(dlcp::shm::ShmServer::bind(cfg), Err(dlcp::shm::BindError::NotASocket(_))));
 }
+
+#[test]
+fn a_local_rank_is_held_until_its_trainer_is_reclaimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(config(dir.path()));
+    let first = Client::attach(&d.path, 7, 0, 2).unwrap();
+    let first_id = d.expect("attach", |e| match e {
+        Event::Attached { id, .. } => Some(*id),
+        _ => None,
+    });
+    match Client::attach(&d.path, 7, 0, 2) {
+        Err(AttachError::Rejected(RejectReason::RankInUse)) => {}
+        other => panic!("same rank twice: {other:?}"),
+    }
+    match Client::attach(&d.path, 7, 1, 3) {
+        Err(AttachError::Rejected(RejectReason::WorldMismatch)) => {}
+        other => panic!("other world size: {other:?}"),
+    }
+    // Another job may use rank 0 and any world size.
+    let _other_job = Client::attach(&d.path, 8, 0, 3).unwrap();
+    drop(first);
+    d.expect("detach", |e| matches!(e, Event::Detached { id, .. } if *id == first_id).then_some(()));
+    let mut again = Client::attach(&d.path, 7, 0, 2).unwrap();
+    round_trip(&mut again, 9, &[64]);
+}
+
+#[test]
+fn a_silent_peer_only_delays_accept_by_the_handshake_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.handshake_timeout = Duration::from_millis(200);
+    let mut server = dlcp::shm::ShmServer::bind(cfg).unwrap();
+    let _silent = std::os::unix::net::UnixStream::connect(server.socket_path()).unwrap();
+    assert!(server.wait_acceptable(Some(WAIT)).unwrap());
+    let t0 = std::time::Instant::now();
+    match server.accept() {
+        Err(dlcp::shm::AcceptError::Handshake { peer, .. }) => {
+            assert_eq!(peer.pid, std::process::id() as i32)
+        }
+        other => panic!("{other:?}"),
+    }
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(150) && took < Duration::from_secs(3), "{took:?}");
+    assert_eq!(server.stats().failed, 1);
+    assert_eq!(server.live_attachments(), 0);
+    // Only the socket itself is in the directory (no temporary bind name left).
+    let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("dlcpd.sock")]);
+}

@@ -267,3 +267,19 @@ fn doorbell_spam_without_submissions_is_harmless() {
     assert!(!w.doorbell && t0.elapsed() >= Duration::from_millis(45));
     still_works(&mut att, &mut client, 6);
 }
+
+#[test]
+fn client_learns_the_daemon_is_gone_instead_of_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, att, mut client) = pair(config(dir.path()), 9);
+    let t = client.alloc("x", 16).unwrap();
+    client.submit(&t, Default::default()).unwrap();
+    assert_eq!(server.live_attachments(), 1);
+    drop(att); // the daemon reclaims the attachment (e.g. it is shutting down)
+    assert_eq!(server.live_attachments(), 0);
+    let t0 = std::time::Instant::now();
+    assert!(matches!(client.wait_completion(WAIT), Err(dlcp::shm::ClientError::DaemonGone)));
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    // The client's own mapping stays valid after the daemon let go.
+    assert_eq!(client.read(&t).unwrap().len(), 16);
+}

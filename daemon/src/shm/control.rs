@@ -151,6 +151,13 @@ pub enum RejectReason {
     /// The daemon could not create the segment (out of memory or fds).
     #[error("daemon could not create the shared-memory segment (resources)")]
     Resources,
+    /// Another live trainer of this job already holds this local rank. Use another
+    /// rank, or wait until the daemon has reclaimed the old trainer.
+    #[error("this job's local rank is already attached (another live trainer holds it)")]
+    RankInUse,
+    /// Trainers of this job already attached with a different local world size.
+    #[error("local world size differs from the one this job's other trainers registered")]
+    WorldMismatch,
     /// A code this build does not know.
     #[error("rejected with unknown code {0}")]
     Unknown(u32),
@@ -163,6 +170,8 @@ impl RejectReason {
             RejectReason::PolicyDenied => 1,
             RejectReason::BadRequest => 2,
             RejectReason::Resources => 3,
+            RejectReason::RankInUse => 4,
+            RejectReason::WorldMismatch => 5,
             RejectReason::Unknown(c) => c,
         }
     }
@@ -173,6 +182,8 @@ impl RejectReason {
             1 => RejectReason::PolicyDenied,
             2 => RejectReason::BadRequest,
             3 => RejectReason::Resources,
+            4 => RejectReason::RankInUse,
+            5 => RejectReason::WorldMismatch,
             c => RejectReason::Unknown(c),
         }
     }
@@ -405,7 +416,13 @@ mod tests {
         let g = Geometry::new(16, 32, 1 << 16).unwrap();
         let a = Reply::Accepted { attachment_id: 5, geometry: g };
         assert_eq!(Reply::decode(&a.encode()), Ok(a));
-        for r in [RejectReason::PolicyDenied, RejectReason::BadRequest, RejectReason::Resources] {
+        for r in [
+            RejectReason::PolicyDenied,
+            RejectReason::BadRequest,
+            RejectReason::Resources,
+            RejectReason::RankInUse,
+            RejectReason::WorldMismatch,
+        ] {
             assert_eq!(Reply::decode(&Reply::Rejected(r).encode()), Ok(Reply::Rejected(r)));
         }
         let mut b = a.encode();

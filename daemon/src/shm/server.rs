@@ -1,12 +1,13 @@
 //! Daemon side: the control-socket listener and one [`Attachment`] per trainer.
 
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
@@ -102,6 +103,21 @@ pub enum AcceptError {
         /// Peer.
         peer: PeerCred,
     },
+    /// The job's local rank is taken, or the job's trainers disagree on the local
+    /// world size.
+    #[error("trainer pid {} refused: {reason} (job {job:#x} rank {local_rank}/{local_world})", peer.pid)]
+    Conflict {
+        /// Peer.
+        peer: PeerCred,
+        /// [`RejectReason::RankInUse`] or [`RejectReason::WorldMismatch`].
+        reason: RejectReason,
+        /// Job id.
+        job: u64,
+        /// Rank asked for.
+        local_rank: u32,
+        /// World size asked for.
+        local_world: u32,
+    },
     /// Creating, mapping or sending the segment failed.
     #[error("cannot set up a segment for trainer pid {}: {source}", peer.pid)]
     Segment {
@@ -121,6 +137,8 @@ pub struct ServerStats {
     pub policy_denied: u64,
     /// Connections with a malformed register message.
     pub bad_requests: u64,
+    /// Connections refused for a taken rank or a disagreeing world size.
+    pub conflicts: u64,
     /// Connections that failed otherwise (handshake timeout, resources).
     pub failed: u64,
 }
@@ -140,6 +158,51 @@ pub struct ShmServer {
     next_id: u64,
     stats: ServerStats,
     live: Arc<AtomicUsize>,
+    ranks: Arc<Mutex<RankTable>>,
+}
+
+/// Which local ranks of which job are attached, and the job's local world size.
+#[derive(Debug, Default)]
+struct RankTable {
+    jobs: HashMap<u64, (u32, HashSet<u32>)>,
+}
+
+impl RankTable {
+    fn claim(&mut self, r: &Registration) -> Result<(), RejectReason> {
+        let (world, ranks) = self.jobs.entry(r.job_id).or_insert_with(|| (r.local_world, HashSet::new()));
+        if *world != r.local_world {
+            return Err(RejectReason::WorldMismatch);
+        }
+        if !ranks.insert(r.local_rank) {
+            return Err(RejectReason::RankInUse);
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, r: &Registration) {
+        if let Some((_, ranks)) = self.jobs.get_mut(&r.job_id) {
+            ranks.remove(&r.local_rank);
+            if ranks.is_empty() {
+                self.jobs.remove(&r.job_id);
+            }
+        }
+    }
+}
+
+/// Held by an attachment: its (job, rank) slot and the server's live count,
+/// released on drop.
+#[derive(Debug)]
+struct Claim {
+    live: Arc<AtomicUsize>,
+    ranks: Arc<Mutex<RankTable>>,
+    registration: Registration,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.live.fetch_sub(1, Ordering::Relaxed);
+        self.ranks.lock().unwrap_or_else(|p| p.into_inner()).release(&self.registration);
+    }
 }
 
 impl ShmServer {
@@ -160,10 +223,28 @@ impl ShmServer {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_err(e)),
         }
-        let listener = UnixListener::bind(&path).map_err(io_err)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(cfg.socket_mode)).map_err(io_err)?;
+        // Bind under a temporary name, set the mode, then rename into place: the
+        // socket is never reachable at `path` with the umask's permissions.
+        let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+        tmp_name.push(format!(".{}.tmp", std::process::id()));
+        let tmp = path.with_file_name(tmp_name);
+        let _ = std::fs::remove_file(&tmp);
+        let listener = UnixListener::bind(&tmp).map_err(io_err)?;
+        let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(cfg.socket_mode))
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = placed {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io_err(e));
+        }
         listener.set_nonblocking(true).map_err(io_err)?;
-        Ok(ShmServer { listener, cfg, next_id: 1, stats: ServerStats::default(), live: Arc::default() })
+        Ok(ShmServer {
+            listener,
+            cfg,
+            next_id: 1,
+            stats: ServerStats::default(),
+            live: Arc::default(),
+            ranks: Arc::default(),
+        })
     }
 
     /// The socket path.
@@ -213,6 +294,7 @@ impl ShmServer {
             }
             Err(AcceptError::PolicyDenied { .. }) => self.stats.policy_denied += 1,
             Err(AcceptError::BadRequest { .. }) => self.stats.bad_requests += 1,
+            Err(AcceptError::Conflict { .. }) => self.stats.conflicts += 1,
             Err(_) => self.stats.failed += 1,
         }
         if let Err(e) = &r {
@@ -244,6 +326,19 @@ impl ShmServer {
             reject(RejectReason::PolicyDenied);
             return Err(AcceptError::PolicyDenied { peer });
         }
+        if let Err(reason) = self.ranks.lock().unwrap_or_else(|p| p.into_inner()).claim(&registration) {
+            reject(reason);
+            return Err(AcceptError::Conflict {
+                peer,
+                reason,
+                job: registration.job_id,
+                local_rank: registration.local_rank,
+                local_world: registration.local_world,
+            });
+        }
+        // From here on, dropping `claim` releases the rank (on any error below too).
+        self.live.fetch_add(1, Ordering::Relaxed);
+        let claim = Claim { live: self.live.clone(), ranks: self.ranks.clone(), registration };
         let id = self.next_id;
         self.next_id += 1;
         let seg = |source| AcceptError::Segment { peer, source };
@@ -263,8 +358,7 @@ impl ShmServer {
         )
         .map_err(seg)?;
         stream.set_nonblocking(true).map_err(seg)?;
-        self.live.fetch_add(1, Ordering::Relaxed);
-        att.live = Some(self.live.clone());
+        att.claim = Some(claim);
         Ok(att)
     }
 }
@@ -388,7 +482,7 @@ pub struct Attachment {
     complete_bell: Doorbell,
     stats: AttachmentStats,
     created: Instant,
-    live: Option<Arc<AtomicUsize>>,
+    claim: Option<Claim>,
 }
 
 impl Attachment {
@@ -419,7 +513,7 @@ impl Attachment {
             complete_bell: Doorbell::new()?,
             stats: AttachmentStats::default(),
             created: Instant::now(),
-            live: None,
+            claim: None,
         })
     }
 
@@ -484,7 +578,8 @@ impl Attachment {
     /// is gone: drop the attachment (reclaiming the segment) and fail its pending ops.
     pub fn liveness(&mut self) -> Liveness {
         let mut buf = [0u8; 256];
-        loop {
+        // Bounded: a trainer streaming bytes at us cannot keep us here.
+        for _ in 0..16 {
             match io::Read::read(&mut &self.stream, &mut buf) {
                 Ok(0) => return Liveness::Gone,
                 Ok(n) => self.stats.stray_control_bytes += n as u64,
@@ -493,6 +588,7 @@ impl Attachment {
                 Err(e) => return Liveness::Broken(e.kind()),
             }
         }
+        Liveness::Alive
     }
 
     /// Takes the next descriptor off the submission ring: copied out once, then
@@ -609,8 +705,7 @@ impl Attachment {
 
 impl Drop for Attachment {
     fn drop(&mut self) {
-        if let Some(live) = &self.live {
-            live.fetch_sub(1, Ordering::Relaxed);
+        if self.claim.is_some() {
             log::info!(
                 "attachment {} (pid {}) reclaimed: {} submissions, {} rejected",
                 self.id,

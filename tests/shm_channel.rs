@@ -9,6 +9,7 @@ use std::time::Duration;
 use dlcp::shm::{AttachError, Client, ClientError, Liveness, PeerPolicy, RejectReason, SubmitOptions};
 use shm_common::{ChildGuard, Event, HOLD_TENSOR, TestDaemon, WAIT, config, round_trip};
 
+const STRESS_OPS: u64 = 3000;
 const SIZES: &[usize] = &[1, 15, 16, 17, 1000, 4096, 65_539, 1 << 20];
 
 /// Child-process entry point: does nothing unless run by [`ChildGuard::spawn`].
@@ -21,6 +22,35 @@ fn child_main() {
     match mode.as_str() {
         "roundtrip" => {
             round_trip(&mut client, 77, SIZES);
+            println!("CHILD:DONE");
+        }
+        "stress" => {
+            // Many small ops, four in flight: both rings wrap hundreds of times
+            // across the process boundary; every result is checked.
+            let ts: Vec<_> = (0..4u64).map(|i| client.alloc(&format!("s{i}"), 37 + i).unwrap()).collect();
+            let mut pending = std::collections::VecDeque::new();
+            let check =
+                |client: &mut Client, pending: &mut std::collections::VecDeque<(u64, usize, Vec<f32>)>| {
+                    let (seq, slot, input) = pending.pop_front().unwrap();
+                    let c = client.wait_completion(WAIT).unwrap();
+                    assert_eq!((c.op_seq, c.status), (seq, dlcp::shm::Status::Ok));
+                    let want: Vec<f32> = input.into_iter().map(shm_common::transform).collect();
+                    assert_eq!(client.read(&ts[slot]).unwrap(), want, "op {seq}");
+                };
+            for op in 0..STRESS_OPS {
+                let slot = (op % 4) as usize;
+                if pending.len() == 4 {
+                    check(&mut client, &mut pending);
+                }
+                let input = shm_common::data(op, ts[slot].len_elems as usize);
+                client.write(&ts[slot], &input).unwrap();
+                let seq =
+                    client.submit(&ts[slot], SubmitOptions { cookie: op, ..Default::default() }).unwrap();
+                pending.push_back((seq, slot, input));
+            }
+            while !pending.is_empty() {
+                check(&mut client, &mut pending);
+            }
             println!("CHILD:DONE");
         }
         "hang" => {
@@ -254,4 +284,20 @@ fn a_silent_peer_only_delays_accept_by_the_handshake_timeout() {
     // Only the socket itself is in the directory (no temporary bind name left).
     let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, vec![std::ffi::OsString::from("dlcpd.sock")]);
+}
+
+#[test]
+fn rings_wrap_many_times_across_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(config(dir.path()));
+    let mut child = ChildGuard::spawn("child_main", "stress", &d.path);
+    child.expect_line("DONE");
+    assert!(child.wait_success());
+    let stats = d.expect("detach", |e| match e {
+        Event::Detached { stats, .. } => Some(*stats),
+        _ => None,
+    });
+    assert_eq!(stats.submissions, STRESS_OPS);
+    assert_eq!(stats.completions, STRESS_OPS);
+    assert_eq!((stats.rejected(), stats.ring_corruptions, stats.completions_dropped), (0, 0, 0));
 }

@@ -239,6 +239,10 @@ fn daemon_arena_copies_are_bounds_checked() {
     assert!(att.copy_to_arena(arena - 4, &[1.0, 2.0]).is_err());
     assert!(att.copy_to_arena(arena - 8, &[1.0, 2.0]).is_ok());
     assert_eq!(att.copy_from_arena(arena - 8, 2).unwrap(), vec![1.0, 2.0]);
+    let mut buf = [0f32; 2];
+    att.copy_from_arena_into(arena - 8, &mut buf).unwrap();
+    assert_eq!(buf, [1.0, 2.0]);
+    assert!(att.copy_from_arena_into(arena - 4, &mut buf).is_err());
 }
 
 #[test]

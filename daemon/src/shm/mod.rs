@@ -70,6 +70,37 @@
 //!
 //! [`Client`] is the trainer side (moving to the `client/` crate later):
 //! `attach`, `alloc` a named tensor, `write`, `submit`, `wait_completion`, `read`.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use dlcp::shm::{Client, Liveness, ServerConfig, ShmServer, Status, SubmitOptions};
+//!
+//! // Daemon side (normally inside the event loop).
+//! let mut server = ShmServer::bind(ServerConfig::new("/run/dlcp/dlcpd.sock", 0o660))?;
+//! server.wait_acceptable(None)?;
+//! if let Some(mut att) = server.accept()? {
+//!     att.wait(Some(Duration::from_secs(1)))?;
+//!     while let Ok(Some(sub)) = att.next_submission() {
+//!         let grad = att.copy_from_arena(sub.span.offset, sub.span.len_elems)?;
+//!         // ... reduce ...
+//!         att.copy_to_arena(sub.span.offset, &grad)?;
+//!         att.complete_submission(&sub, Status::Ok, 1_000_000, 0, Duration::ZERO)?;
+//!     }
+//!     if att.liveness() != Liveness::Alive {
+//!         drop(att); // reclaims the segment
+//!     }
+//! }
+//!
+//! // Trainer side.
+//! let mut client = Client::attach("/run/dlcp/dlcpd.sock", 0x10b, 0, 1)?;
+//! let t = client.alloc("layer3.grad", 4096)?;
+//! client.write(&t, &vec![0.5; 4096])?;
+//! client.submit(&t, SubmitOptions { tensor_id: 3, layer: 3, layers: 12, budget_ppm: 10_000, ..Default::default() })?;
+//! let done = client.wait_completion(Duration::from_secs(30))?;
+//! assert_eq!(done.status, Status::Ok);
+//! let reduced = client.read(&t)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod alloc;
 pub mod client;

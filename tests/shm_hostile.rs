@@ -287,3 +287,27 @@ fn client_learns_the_daemon_is_gone_instead_of_hanging() {
     // The client's own mapping stays valid after the daemon let go.
     assert_eq!(client.read(&t).unwrap().len(), 16);
 }
+
+#[test]
+fn client_api_errors_are_typed() {
+    use dlcp::shm::ClientError;
+    let dir = tempfile::tempdir().unwrap();
+    let (_server, _att, mut client) = pair(config(dir.path()), 9);
+    let arena = client.geometry().arena_size;
+    let t = client.alloc("a", 10).unwrap();
+    assert!(matches!(client.alloc("a", 10), Err(ClientError::NameInUse(n)) if n == "a"));
+    assert!(matches!(client.alloc("z", 0), Err(ClientError::ZeroLength)));
+    assert!(matches!(
+        client.alloc("big", arena / 4),
+        Err(ClientError::ArenaFull { requested, largest_free }) if requested == arena && largest_free == arena - 64
+    ));
+    assert!(matches!(
+        client.write(&t, &[1.0; 11]),
+        Err(ClientError::LengthMismatch { expected: 10, got: 11 })
+    ));
+    assert!(matches!(client.free("nope"), Err(ClientError::UnknownTensor(_))));
+    client.free("a").unwrap();
+    assert!(client.tensor("a").is_none());
+    let all = client.alloc("big", arena / 4).unwrap();
+    assert_eq!(all.offset, 0, "freed space is reused");
+}

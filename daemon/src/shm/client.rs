@@ -72,6 +72,9 @@ pub enum ClientError {
         /// Largest free range.
         largest_free: u64,
     },
+    /// A tensor of zero elements was asked for.
+    #[error("a tensor needs at least one element")]
+    ZeroLength,
     /// A tensor of this name is already allocated.
     #[error("tensor name {0:?} is already allocated")]
     NameInUse(String),
@@ -276,6 +279,9 @@ impl Client {
     pub fn alloc(&mut self, name: &str, len_elems: u64) -> Result<Tensor, ClientError> {
         if self.tensors.contains_key(name) {
             return Err(ClientError::NameInUse(name.to_owned()));
+        }
+        if len_elems == 0 {
+            return Err(ClientError::ZeroLength);
         }
         let bytes = len_elems.saturating_mul(Dtype::F32.size());
         let offset = self

@@ -39,6 +39,27 @@ pub const MAX_ARENA_SIZE: u64 = 16 << 30;
 /// Alignment every tensor's arena offset must have (one cache line).
 pub const ARENA_ALIGN: u64 = 64;
 
+/// One ring index alone on its cache line (so producer and consumer never share a line).
+#[repr(C, align(64))]
+#[derive(Debug, Default)]
+pub struct CachePaddedIndex(pub core::sync::atomic::AtomicU32);
+
+/// The control block at the start of each ring, as a C struct: `head` (written
+/// only by the consumer) and `tail` (written only by the producer) on separate
+/// cache lines. Describes the layout (and pins it below); the code accesses the
+/// words at [`RING_HEAD_OFFSET`] / [`RING_TAIL_OFFSET`] through the mapping.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct RingCtl {
+    /// Consumer index (free-running).
+    pub head: CachePaddedIndex,
+    /// Producer index (free-running).
+    pub tail: CachePaddedIndex,
+}
+
+const _: () = assert!(size_of::<RingCtl>() as u64 == RING_CTL_SIZE);
+const _: () = assert!(offset_of!(RingCtl, head) as u64 == RING_HEAD_OFFSET);
+const _: () = assert!(offset_of!(RingCtl, tail) as u64 == RING_TAIL_OFFSET);
 const _: () = assert!(size_of::<Header>() == 128);
 const _: () = assert!(size_of::<SubmitDesc>() == DESC_SIZE as usize);
 const _: () = assert!(size_of::<CompletionDesc>() == DESC_SIZE as usize);

@@ -385,9 +385,13 @@ pub struct Priority {
     /// Classes `[lo, hi]` of all-gather chunks; wholly above `scatter_band` and
     /// at most 6 (7 is control). Default `[4, 6]`.
     pub gather_band: [u8; 2],
-    /// Levels layer position is cut into, 1 ..= 64. Default 4.
+    /// Levels layer position is cut into, 1 ..= 64. Default 2 (front half /
+    /// back half). Layers are compared by level, not by raw index: within one
+    /// level, chunk magnitude decides; set it to at least the model's layer
+    /// count for strict layer order.
     pub layer_levels: u8,
-    /// Levels chunk magnitude rank is cut into, 1 ..= 64 (1 ignores magnitude). Default 2.
+    /// Levels chunk magnitude rank is cut into, 1 ..= 64 (1 ignores magnitude).
+    /// Default 2 (larger half / smaller half).
     pub magnitude_levels: u8,
     /// Classes whose chunks may count against the loss budget (0 ..= 6, no
     /// duplicates). Default `[0, 1, 2, 3, 4]`.

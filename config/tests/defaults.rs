@@ -52,6 +52,7 @@ fn minimal_config_gets_every_default() {
     assert_eq!(c.datapath.socket.batch, 32);
     // priority: the protocol core's defaults, plus the marking tables.
     assert_eq!(c.classifier(), ClassifierConfig::default());
+    assert_eq!((c.priority.layer_levels, c.priority.magnitude_levels), (2, 2));
     assert_eq!(c.priority.dscp, DEFAULT_DSCP);
     assert_eq!(c.priority.dscp_of(Class::CONTROL), 48);
     assert_eq!(c.priority.so_priority, DEFAULT_SO_PRIORITY);

@@ -6,7 +6,7 @@
 //! reserved for control packets (PROBE, BITMAP, DONE, HELLO); data uses 0–6.
 //!
 //! A data chunk's class is a pure function of three traits, compared
-//! lexicographically — **phase before layer before magnitude**:
+//! lexicographically — **phase before layer level before magnitude level**:
 //!
 //! 1. *phase*: aggregated results (all-gather) rank above raw contributions
 //!    (reduce-scatter); each phase owns a band of classes
@@ -15,29 +15,43 @@
 //!    strictly higher class than every scatter chunk. ([`Phase::None`] is classified
 //!    like scatter.)
 //! 2. *layer position*: front layers (needed first by the next forward pass)
-//!    rank above back layers; the layer axis is cut into
-//!    [`ClassifierConfig::layer_levels`] levels (layer `l` of `n` is in level
-//!    `layer_levels - 1 - ⌊l · layer_levels / n⌋`, so the front layer is always in
-//!    the top level);
+//!    rank above back layers, compared at the granularity of
+//!    [`ClassifierConfig::layer_levels`]: layer `l` of `n` is in layer level
+//!    `layer_levels - 1 - ⌊l · layer_levels / n⌋` (so the front layer is always
+//!    in the top level and the back layer, once `n >= layer_levels`, in level 0);
 //! 3. *magnitude rank* of the chunk inside its tensor (by L2 norm, see
-//!    [`magnitude_ranks`]): large gradients rank above small ones, cut into
-//!    [`ClassifierConfig::magnitude_levels`] sub-levels of the layer level.
+//!    [`magnitude_ranks`]): large gradients rank above small ones. Chunk `rank`
+//!    of `chunks` is in magnitude level
+//!    `magnitude_levels - 1 - ⌊rank · magnitude_levels / chunks⌋`.
 //!
 //! The composite level `layer_level * magnitude_levels + magnitude_level` (in
-//! `0..layer_levels * magnitude_levels`) is spread monotonically over the band's
-//! classes: `class = lo + ⌊composite · width / levels⌋`. The two level counts are
-//! the classifier's *weights*: more layer levels give layer position more
-//! resolution; `magnitude_levels = 1` ignores magnitude.
+//! `0..levels`, `levels = layer_levels * magnitude_levels`) is spread
+//! monotonically over the band's classes: `class = lo + ⌊composite · width / levels⌋`
+//! (`width = hi - lo + 1`).
 //!
-//! **Ordering is exact on raw layer indices.** When one layer level holds several
-//! layers (a model deeper than `layer_levels`), its magnitude sub-levels are shared
-//! out between those layers in layer order: the chunks of the level are ordered
-//! by (layer, magnitude rank) and that order is cut into `magnitude_levels` parts.
-//! So a front layer never ranks below a back layer whatever the magnitudes (a
-//! rule that must hold exactly, because "layer before magnitude" is what lets
-//! the next forward pass start early), and magnitude refines the class only
-//! within a layer. With at most one layer per level (`layers <= layer_levels`)
-//! each layer gets all `magnitude_levels` sub-levels.
+//! ## Layer position is compared by layer level, not by raw layer index
+//!
+//! The two level counts are the classifier's *weights*. `layer_levels` is a
+//! deliberate quantisation of layer position: all layers of one layer level are
+//! equal as far as layer position goes, and inside a level the chunk's
+//! magnitude decides. So a large chunk of a back layer may rank above a small
+//! chunk of a more-front layer *of the same layer level*; across levels,
+//! layer position wins outright. Precisely, for a config that passes
+//! [`ClassifierConfig::validate`] and chunks of the same phase:
+//!
+//! - a chunk in a more-front layer level never gets a lower class than a chunk
+//!   in a more-back layer level, whatever the magnitudes (its composite is
+//!   strictly larger, and the spread over the band is monotone);
+//! - within one layer level (the same layer or not), a larger magnitude — a
+//!   smaller relative rank `rank / chunks`, which for one tensor is a smaller
+//!   rank — never gets a lower class;
+//! - on raw layer indices the order is monotone in the weak sense: a front layer
+//!   is never in a lower layer level than a back layer, so it never gets a lower
+//!   class whenever the two layers' levels differ.
+//!
+//! An operator who wants strict layer order (a front layer never below a back
+//! layer, whatever the magnitudes) sets `layer_levels >= layers`; then every
+//! layer has a level of its own. `magnitude_levels = 1` ignores magnitude.
 //!
 //! Guarantees, for a config that passes [`ClassifierConfig::validate`]:
 //! - every data class is below [`Class::CONTROL`] and inside its phase's band;
@@ -45,35 +59,32 @@
 //!   `layer_levels * magnitude_levels >= width`; the back layer's smallest chunk
 //!   gets the band's bottom class whenever every level is populated
 //!   (`layers >= layer_levels` and `chunks >= magnitude_levels`; with fewer layers
-//!   or chunks than levels the lowest levels simply go unused).
+//!   or chunks than levels the lowest levels simply go unused);
+//! - with `layer_levels * magnitude_levels >= width` and every level populated,
+//!   every class of the band is used.
 //!
 //! ## Worked example: the default config
 //!
 //! [`ClassifierConfig::default`]: scatter band 0–3, gather band 4–6,
-//! `layer_levels = 4`, `magnitude_levels = 2` (8 composite levels), droppable
-//! {0, 1, 2, 3, 4}. For a model whose layer count is a multiple of 4, with one
-//! layer per quarter (e.g. 4 layers; deeper models share each quarter's two
-//! magnitude halves out between the quarter's layers, front layers first) and
-//! chunks ranked into a larger and a smaller half:
+//! `layer_levels = 2`, `magnitude_levels = 2` (4 composite levels), droppable
+//! {0, 1, 2, 3, 4}. For a model of any depth `n >= 2` (the front half is layers
+//! `l < n / 2`, the back half the rest) and a tensor of any `chunks >= 2` (the
+//! larger half is ranks `rank < chunks / 2`, the smaller half the rest):
 //!
-//! | phase   | layer quarter | magnitude half | composite | class | droppable |
+//! | phase   | layer half    | magnitude half | composite | class | droppable |
 //! |---------|---------------|----------------|-----------|-------|-----------|
-//! | gather  | 1st (front)   | larger         | 7         | 6     | no        |
-//! | gather  | 1st (front)   | smaller        | 6         | 6     | no        |
-//! | gather  | 2nd           | larger         | 5         | 5     | no        |
-//! | gather  | 2nd           | smaller        | 4         | 5     | no        |
-//! | gather  | 3rd           | larger         | 3         | 5     | no        |
-//! | gather  | 3rd           | smaller        | 2         | 4     | yes       |
-//! | gather  | 4th (back)    | larger         | 1         | 4     | yes       |
-//! | gather  | 4th (back)    | smaller        | 0         | 4     | yes       |
-//! | scatter | 1st (front)   | either         | 7, 6      | 3     | yes       |
-//! | scatter | 2nd           | either         | 5, 4      | 2     | yes       |
-//! | scatter | 3rd           | either         | 3, 2      | 1     | yes       |
-//! | scatter | 4th (back)    | either         | 1, 0      | 0     | yes       |
+//! | gather  | front         | larger         | 3         | 6     | no        |
+//! | gather  | front         | smaller        | 2         | 5     | no        |
+//! | gather  | back          | larger         | 1         | 4     | yes       |
+//! | gather  | back          | smaller        | 0         | 4     | yes       |
+//! | scatter | front         | larger         | 3         | 3     | yes       |
+//! | scatter | front         | smaller        | 2         | 2     | yes       |
+//! | scatter | back          | larger         | 1         | 1     | yes       |
+//! | scatter | back          | smaller        | 0         | 0     | yes       |
 //!
-//! (Gather: `⌊composite · 3 / 8⌋ + 4`; scatter: `⌊composite · 4 / 8⌋`, so with
-//! the default weights magnitude never changes a scatter class.) Control packets
-//! are class 7.
+//! (Gather: `4 + ⌊composite · 3 / 4⌋`; scatter: `⌊composite · 4 / 4⌋`, so each
+//! scatter composite is a class of its own and magnitude always matters.)
+//! Control packets are class 7.
 //!
 //! Which classes are *droppable* (may count against the loss budget) is a
 //! separate [`ClassSet`]; chunks of other classes are always repaired.
@@ -152,7 +163,7 @@ impl Default for ClassifierConfig {
         ClassifierConfig {
             scatter_band: (0, 3),
             gather_band: (4, 6),
-            layer_levels: 4,
+            layer_levels: 2,
             magnitude_levels: 2,
             droppable: ClassSet::from_classes([0, 1, 2, 3, 4].into_iter().filter_map(Class::new)),
         }
@@ -206,9 +217,16 @@ pub struct ChunkTraits {
     pub chunks: u32,
 }
 
+/// Layer level of layer `l` of `n` (`n >= 1`, `l < n`) with `ll >= 1` levels:
+/// `ll - 1 - ⌊l · ll / n⌋`, in `0..ll`, higher = more front.
+fn level_of(l: u128, n: u128, ll: u128) -> u128 {
+    ll - 1 - l * ll / n
+}
+
 /// The composite level of `t` in `0..layer_levels * magnitude_levels` (higher =
 /// more important) and the number of composite levels. Counts of zero are
-/// treated as one and out-of-range positions as the last position.
+/// treated as one and out-of-range positions as the last position. All
+/// arithmetic is in `u128` on values below 2^40, so it cannot overflow.
 fn composite_level(cfg: &ClassifierConfig, t: &ChunkTraits) -> (u128, u128) {
     let ll = u128::from(cfg.layer_levels.max(1));
     let ml = u128::from(cfg.magnitude_levels.max(1));
@@ -216,17 +234,9 @@ fn composite_level(cfg: &ClassifierConfig, t: &ChunkTraits) -> (u128, u128) {
     let l = u128::from(t.layer).min(n - 1);
     let c = u128::from(t.chunks.max(1));
     let r = u128::from(t.magnitude_rank).min(c - 1);
-    // Layer group `g` (0 = front) and the layers `first..next` it holds (l is one).
-    let g = l * ll / n;
-    let first = (g * n).div_ceil(ll);
-    let next = ((g + 1) * n).div_ceil(ll);
-    let k = next - first;
-    // Position of the chunk in the group's (layer, magnitude rank) order, out of
-    // `k * c`, cut into `ml` parts: 0 = front layer's largest chunk. Monotone in
-    // (l, r/c) lexicographically, even across tensors of different chunk counts.
-    let q = (l - first) * c + r;
-    let magnitude_level = ml - 1 - q * ml / (k * c);
-    ((ll - 1 - g) * ml + magnitude_level, ll * ml)
+    let layer_level = level_of(l, n, ll);
+    let magnitude_level = level_of(r, c, ml);
+    (layer_level * ml + magnitude_level, ll * ml)
 }
 
 /// The class of a data chunk. Pure; see the module docs for the rules.
@@ -295,49 +305,80 @@ mod tests {
         assert_eq!(classify(&cfg, &t), Class::new(0).unwrap());
     }
 
-    /// The worked example table in the module docs.
+    /// The worked example table in the module docs, for several model depths
+    /// and chunk counts.
     #[test]
     fn default_config_table() {
         let cfg = ClassifierConfig::default();
-        // (phase, layer quarter, magnitude half (0 = larger), class)
+        assert_eq!((cfg.layer_levels, cfg.magnitude_levels), (2, 2));
+        assert_eq!((cfg.scatter_band, cfg.gather_band), ((0, 3), (4, 6)));
+        // (phase, layer half (0 = front), magnitude half (0 = larger), composite, class)
         let table = [
-            (Phase::Gather, 0, 0, 6),
-            (Phase::Gather, 0, 1, 6),
-            (Phase::Gather, 1, 0, 5),
-            (Phase::Gather, 1, 1, 5),
-            (Phase::Gather, 2, 0, 5),
-            (Phase::Gather, 2, 1, 4),
-            (Phase::Gather, 3, 0, 4),
-            (Phase::Gather, 3, 1, 4),
-            (Phase::Scatter, 0, 0, 3),
-            (Phase::Scatter, 0, 1, 3),
-            (Phase::Scatter, 1, 0, 2),
-            (Phase::Scatter, 1, 1, 2),
-            (Phase::Scatter, 2, 0, 1),
-            (Phase::Scatter, 2, 1, 1),
-            (Phase::Scatter, 3, 0, 0),
-            (Phase::Scatter, 3, 1, 0),
+            (Phase::Gather, 0, 0, 3, 6),
+            (Phase::Gather, 0, 1, 2, 5),
+            (Phase::Gather, 1, 0, 1, 4),
+            (Phase::Gather, 1, 1, 0, 4),
+            (Phase::Scatter, 0, 0, 3, 3),
+            (Phase::Scatter, 0, 1, 2, 2),
+            (Phase::Scatter, 1, 0, 1, 1),
+            (Phase::Scatter, 1, 1, 0, 0),
         ];
-        for (phase, layer, half, class) in table {
-            // 4 layers, 10 chunks: ranks 0..5 are the larger half.
-            let t = ChunkTraits { phase, layer, layers: 4, magnitude_rank: half * 5 + 2, chunks: 10 };
-            assert_eq!(classify(&cfg, &t).get(), class, "{t:?}");
-            let droppable = cfg.droppable.contains(Class::new(class).unwrap());
-            assert_eq!(droppable, class <= 4);
+        for layers in [2u32, 3, 4, 10, 161] {
+            for chunks in [2u32, 5, 10, 1001] {
+                for (phase, half, mag, composite, class) in table {
+                    // Every layer of the half; first, middle and last rank of the magnitude half.
+                    let front_len = layers.div_ceil(2);
+                    let (l0, l1) = if half == 0 { (0, front_len) } else { (front_len, layers) };
+                    let large_len = chunks.div_ceil(2);
+                    let (r0, r1) = if mag == 0 { (0, large_len) } else { (large_len, chunks) };
+                    for layer in l0..l1 {
+                        for magnitude_rank in [r0, (r0 + r1) / 2, r1 - 1] {
+                            let t = ChunkTraits { phase, layer, layers, magnitude_rank, chunks };
+                            assert_eq!(composite_level(&cfg, &t), (composite, 4), "{t:?}");
+                            assert_eq!(classify(&cfg, &t).get(), class, "{t:?}");
+                        }
+                    }
+                    let droppable = cfg.droppable.contains(Class::new(class).unwrap());
+                    assert_eq!(droppable, class <= 4);
+                }
+            }
         }
     }
 
-    /// Two layers in one layer level: the front one's smallest chunk must not
-    /// rank below the back one's largest (it did when magnitude was applied per
-    /// layer level rather than per layer).
+    /// Layers sharing a layer level are equal in layer position, so magnitude
+    /// decides between them: a back layer's large chunk ranks above a more-front
+    /// layer's small chunk of the same level. Across levels, layer wins.
     #[test]
-    fn layers_sharing_a_level_keep_layer_order() {
+    fn magnitude_decides_within_a_shared_layer_level() {
         let cfg = ClassifierConfig::default();
-        let front = ChunkTraits { phase: Phase::Gather, layer: 4, layers: 8, magnitude_rank: 9, chunks: 10 };
+        // 8 layers: 0..4 front level, 4..8 back level.
+        let front = ChunkTraits { phase: Phase::Scatter, layer: 4, layers: 8, magnitude_rank: 9, chunks: 10 };
         let back = ChunkTraits { layer: 5, magnitude_rank: 0, ..front };
-        assert!(classify(&cfg, &front) >= classify(&cfg, &back));
-        assert_eq!(classify(&cfg, &front).get(), 5);
-        assert_eq!(classify(&cfg, &back).get(), 4);
+        assert_eq!(classify(&cfg, &front).get(), 0);
+        assert_eq!(classify(&cfg, &back).get(), 1);
+        // Across the level boundary the front layer wins whatever the magnitudes.
+        let front = ChunkTraits { layer: 3, ..front };
+        assert_eq!(classify(&cfg, &front).get(), 2);
+        assert!(classify(&cfg, &front) > classify(&cfg, &back));
+    }
+
+    /// A realistic model (ResNet-50: ~160 parameter tensors, far more than the
+    /// layer levels): magnitude still changes the class in every layer.
+    #[test]
+    fn magnitude_matters_for_deep_models() {
+        let cfg = ClassifierConfig::default();
+        for phase in [Phase::Scatter, Phase::Gather] {
+            for layer in 0..161 {
+                let large = ChunkTraits { phase, layer, layers: 161, magnitude_rank: 0, chunks: 64 };
+                let small = ChunkTraits { magnitude_rank: 63, ..large };
+                let (cl, cs) = (classify(&cfg, &large), classify(&cfg, &small));
+                assert!(cl >= cs, "{large:?}");
+                // Gather's back level has one class (4) for both halves.
+                if phase == Phase::Scatter || layer < 81 {
+                    assert!(cl > cs, "{large:?}: {cl:?} vs {cs:?}");
+                }
+            }
+        }
     }
 
     #[test]

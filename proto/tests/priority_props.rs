@@ -1,8 +1,11 @@
 //! Property tests for the priority classifier (`dlcp_proto::priority`).
 //!
-//! The ordering rules — control on top, then phase before layer before
-//! magnitude — must hold *exactly* for every valid configuration, so each one is
-//! checked over random configs and random chunk traits.
+//! The ordering rules — control on top, then phase before layer level before
+//! magnitude level — must hold *exactly* for every valid configuration, so each
+//! one is checked over random configs and random chunk traits. Layer position is
+//! compared at the granularity of `layer_levels` (layer `l` of `n` is in level
+//! `layer_levels - 1 - ⌊l·layer_levels/n⌋`); within one layer level, magnitude
+//! decides.
 
 use dlcp_proto::priority::{
     ChunkTraits, Class, ClassSet, ClassifierConfig, ClassifierError, classify, magnitude_ranks,
@@ -82,16 +85,44 @@ fn band_width(b: (u8, u8)) -> u32 {
     u32::from(b.1 - b.0) + 1
 }
 
+/// Reference level, as documented: position `i` of `n` cut into `levels`
+/// levels is in level `levels - 1 - ⌊i·levels/n⌋` (higher = more front / larger).
+fn level(i: u32, n: u32, levels: u8) -> u64 {
+    let levels = u64::from(levels);
+    levels - 1 - u64::from(i) * levels / u64::from(n)
+}
+
+/// The raw layers `first..next` of layer group `g` (0 = front, i.e. level
+/// `layer_levels - 1 - g`) of a model with `n` layers; empty if no layer is in it.
+fn group_range(g: u64, n: u32, layer_levels: u8) -> (u32, u32) {
+    let (n, ll) = (u64::from(n), u64::from(layer_levels));
+    ((g * n).div_ceil(ll) as u32, ((g + 1) * n).div_ceil(ll) as u32)
+}
+
+/// Reference class, as documented: `lo + ⌊composite·width/levels⌋` with
+/// `composite = layer_level·magnitude_levels + magnitude_level`.
+fn reference_class(cfg: &ClassifierConfig, t: &ChunkTraits) -> u8 {
+    let (lo, hi) = band(cfg, t.phase);
+    let composite = level(t.layer, t.layers, cfg.layer_levels) * u64::from(cfg.magnitude_levels)
+        + level(t.magnitude_rank, t.chunks, cfg.magnitude_levels);
+    let levels = u64::from(cfg.layer_levels) * u64::from(cfg.magnitude_levels);
+    lo + (composite * u64::from(band_width((lo, hi))) / levels) as u8
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2048))]
 
     /// Control is always on top: no data chunk reaches class 7, for any traits
     /// (malformed ones included), valid config or not.
     #[test]
-    fn control_always_on_top(cfg in valid_config(), t in any_traits()) {
-        let c = classify(&cfg, &t);
-        prop_assert!(c < Class::CONTROL);
-        prop_assert!(c <= Class::MAX_DATA);
+    fn control_always_on_top(cfg in valid_config(), t in any_traits(), w in traits_in(phase())) {
+        // Also the most important chunk of its phase (front layer, largest).
+        let top = ChunkTraits { layer: 0, magnitude_rank: 0, ..t };
+        for t in [t, top, w] {
+            let c = classify(&cfg, &t);
+            prop_assert!(c < Class::CONTROL, "{:?} -> {:?}", t, c);
+            prop_assert!(c <= Class::MAX_DATA);
+        }
     }
 
     /// Even an unvalidated (garbage) config never yields the control class.
@@ -130,11 +161,72 @@ proptest! {
         prop_assert!(classify(&cfg, &g) > classify(&cfg, &s));
     }
 
-    /// Layer before magnitude: for the same phase and layer count, a front layer
-    /// never ranks below a back layer, whatever the magnitudes (and chunk counts,
-    /// since different layers are different tensors).
+    /// The class is exactly the documented formula, for well-formed traits.
     #[test]
-    fn front_layer_never_below_back_layer(
+    fn class_matches_documented_formula(cfg in valid_config(), t in traits_in(phase())) {
+        prop_assert_eq!(classify(&cfg, &t).get(), reference_class(&cfg, &t), "{:?}", t);
+    }
+
+    /// Layer level before magnitude: a chunk in a more-front layer level never
+    /// ranks below a chunk in a more-back layer level, whatever the magnitudes
+    /// (and chunk counts, since different layers are different tensors). Layers
+    /// are picked by level, so every case exercises the rule.
+    #[test]
+    fn front_level_never_below_back_level(
+        cfg in valid_config(),
+        phase in phase(),
+        extra_layers in prop_oneof![3 => 0u32..=40, 1 => 0u32..=u32::MAX - 16],
+        groups in any::<(u8, u8)>(),
+        pick in any::<(u32, u32)>(),
+        a in traits_in(Just(Phase::Scatter)),
+        b in traits_in(Just(Phase::Scatter)),
+    ) {
+        prop_assume!(cfg.layer_levels >= 2);
+        let layers = u32::from(cfg.layer_levels) + extra_layers;
+        let ll = u64::from(cfg.layer_levels);
+        let (gx, gy) = (u64::from(groups.0) % ll, u64::from(groups.1) % (ll - 1));
+        // Two distinct groups, front one first (every group is populated: layers >= ll).
+        let gy = if gy >= gx { gy + 1 } else { gy };
+        let (gf, gb) = (gx.min(gy), gx.max(gy));
+        let (ff, fn_) = group_range(gf, layers, cfg.layer_levels);
+        let (bf, bn) = group_range(gb, layers, cfg.layer_levels);
+        let front = ff + pick.0 % (fn_ - ff);
+        let back = bf + pick.1 % (bn - bf);
+        prop_assert!(level(front, layers, cfg.layer_levels) > level(back, layers, cfg.layer_levels));
+        let ta = ChunkTraits { phase, layer: front, layers, ..a };
+        let tb = ChunkTraits { phase, layer: back, layers, ..b };
+        let (ca, cb) = (classify(&cfg, &ta), classify(&cfg, &tb));
+        prop_assert!(ca >= cb, "front {:?} -> {:?} below back {:?} -> {:?}", ta, ca, tb, cb);
+    }
+
+    /// The sharpest form of the level rule: the last layer of a level with its
+    /// smallest chunk against the first layer of the next level back with its
+    /// largest chunk.
+    #[test]
+    fn adjacent_levels_extreme_magnitudes(
+        cfg in valid_config(),
+        phase in phase(),
+        extra_layers in 0u32..=64,
+        g in any::<u8>(),
+        chunks_a in count(),
+        chunks_b in count(),
+    ) {
+        prop_assume!(cfg.layer_levels >= 2);
+        let layers = u32::from(cfg.layer_levels) + extra_layers;
+        let g = 1 + u64::from(g) % (u64::from(cfg.layer_levels) - 1);
+        let (first, _) = group_range(g, layers, cfg.layer_levels);
+        let ta = ChunkTraits { phase, layer: first - 1, layers, magnitude_rank: chunks_a - 1, chunks: chunks_a };
+        let tb = ChunkTraits { phase, layer: first, layers, magnitude_rank: 0, chunks: chunks_b };
+        prop_assert!(classify(&cfg, &ta) >= classify(&cfg, &tb), "{:?} vs {:?}", ta, tb);
+    }
+
+    /// Layer order on raw indices is monotone in the weak sense: for layers
+    /// `x < y`, with equal magnitudes the front one never ranks below; when
+    /// their levels differ it never ranks below whatever the magnitudes; when
+    /// they share a level, layer position is a tie and the class depends on
+    /// the magnitude alone.
+    #[test]
+    fn raw_layer_order_weakly_monotone(
         cfg in valid_config(),
         phase in phase(),
         layers in prop_oneof![3 => 2u32..=40, 1 => 2u32..=u32::MAX],
@@ -145,31 +237,23 @@ proptest! {
         let (x, y) = (pick.0 % layers, pick.1 % layers);
         prop_assume!(x != y);
         let (front, back) = (x.min(y), x.max(y));
+        let same_mag = (
+            classify(&cfg, &ChunkTraits { phase, layer: front, layers, ..a }),
+            classify(&cfg, &ChunkTraits { phase, layer: back, layers, ..a }),
+        );
         let ta = ChunkTraits { phase, layer: front, layers, ..a };
         let tb = ChunkTraits { phase, layer: back, layers, ..b };
         let (ca, cb) = (classify(&cfg, &ta), classify(&cfg, &tb));
-        prop_assert!(ca >= cb, "front {:?} -> {:?} below back {:?} -> {:?}", ta, ca, tb, cb);
+        if level(front, layers, cfg.layer_levels) == level(back, layers, cfg.layer_levels) {
+            prop_assert_eq!(same_mag.0, same_mag.1, "same level, same magnitude: {:?} vs {:?}", ta, tb);
+        } else {
+            prop_assert!(same_mag.0 >= same_mag.1);
+            prop_assert!(ca >= cb, "front {:?} -> {:?} below back {:?} -> {:?}", ta, ca, tb, cb);
+        }
     }
 
-    /// Adjacent layers with opposite magnitude extremes: the sharpest form of
-    /// the layer rule (front layer's smallest chunk vs next layer's largest).
-    #[test]
-    fn adjacent_layers_extreme_magnitudes(
-        cfg in valid_config(),
-        phase in phase(),
-        layers in 2u32..=64,
-        layer in any::<u32>(),
-        chunks_a in count(),
-        chunks_b in count(),
-    ) {
-        let layer = layer % (layers - 1);
-        let ta = ChunkTraits { phase, layer, layers, magnitude_rank: chunks_a - 1, chunks: chunks_a };
-        let tb = ChunkTraits { phase, layer: layer + 1, layers, magnitude_rank: 0, chunks: chunks_b };
-        prop_assert!(classify(&cfg, &ta) >= classify(&cfg, &tb), "{:?} vs {:?}", ta, tb);
-    }
-
-    /// Magnitude last: same phase and layer, a larger chunk (smaller rank) never
-    /// ranks below a smaller one.
+    /// Magnitude within a layer: same phase and layer, a larger chunk (smaller
+    /// rank) never ranks below a smaller one.
     #[test]
     fn larger_magnitude_never_below_smaller(
         cfg in valid_config(),
@@ -181,6 +265,39 @@ proptest! {
         let cb = classify(&cfg, &ChunkTraits { magnitude_rank: big, ..t });
         let cs = classify(&cfg, &ChunkTraits { magnitude_rank: small, ..t });
         prop_assert!(cb >= cs, "rank {} -> {:?} below rank {} -> {:?} ({:?})", big, cb, small, cs, t);
+    }
+
+    /// Magnitude within a layer level: two chunks of (possibly) different layers
+    /// of the same level, from tensors of (possibly) different chunk counts —
+    /// the one with the larger magnitude (smaller relative rank `rank/chunks`)
+    /// never ranks below the other, whatever their raw layer order.
+    #[test]
+    fn larger_magnitude_never_below_smaller_within_level(
+        cfg in valid_config(),
+        phase in phase(),
+        layers in count(),
+        pick in any::<(u32, u32)>(),
+        a in traits_in(Just(Phase::Scatter)),
+        b in traits_in(Just(Phase::Scatter)),
+    ) {
+        let x = pick.0 % layers;
+        let g = u64::from(x) * u64::from(cfg.layer_levels) / u64::from(layers);
+        let (first, next) = group_range(g, layers, cfg.layer_levels);
+        prop_assert!(first <= x && x < next, "group range {:?} misses layer {}", (first, next), x);
+        let y = first + pick.1 % (next - first);
+        prop_assert_eq!(level(x, layers, cfg.layer_levels), level(y, layers, cfg.layer_levels));
+        let ta = ChunkTraits { phase, layer: x, layers, ..a };
+        let tb = ChunkTraits { phase, layer: y, layers, ..b };
+        // Relative ranks a.r/a.c vs b.r/b.c, compared exactly.
+        let lhs = u64::from(ta.magnitude_rank) * u64::from(tb.chunks);
+        let rhs = u64::from(tb.magnitude_rank) * u64::from(ta.chunks);
+        let (ca, cb) = (classify(&cfg, &ta), classify(&cfg, &tb));
+        if lhs <= rhs {
+            prop_assert!(ca >= cb, "larger {:?} -> {:?} below smaller {:?} -> {:?}", ta, ca, tb, cb);
+        }
+        if rhs <= lhs {
+            prop_assert!(cb >= ca, "larger {:?} -> {:?} below smaller {:?} -> {:?}", tb, cb, ta, ca);
+        }
     }
 
     /// Band ends: the front layer's largest chunk gets the band's top class
@@ -227,13 +344,22 @@ proptest! {
         }
     }
 
-    /// With one layer per layer level and one chunk per magnitude level, every
-    /// class of the band is used (the spread over the band has no holes).
+    /// With at least as many composite levels as band classes and every level
+    /// populated (at least one layer per layer level, at least one chunk per
+    /// magnitude level), every class of the band is used: the spread over the
+    /// band has no holes.
     #[test]
-    fn every_band_class_used_when_resolution_allows(cfg in valid_config(), phase in phase()) {
+    fn every_band_class_used_when_resolution_allows(
+        cfg in valid_config(),
+        phase in phase(),
+        extra_layers in prop_oneof![Just(0u32), 0u32..=24],
+        extra_chunks in prop_oneof![Just(0u32), 0u32..=24],
+    ) {
         let (lo, hi) = band(&cfg, phase);
-        let (layers, chunks) = (u32::from(cfg.layer_levels), u32::from(cfg.magnitude_levels));
-        prop_assume!(layers * chunks >= band_width((lo, hi)));
+        let layers = u32::from(cfg.layer_levels) + extra_layers;
+        let chunks = u32::from(cfg.magnitude_levels) + extra_chunks;
+        let levels = u32::from(cfg.layer_levels) * u32::from(cfg.magnitude_levels);
+        prop_assume!(levels >= band_width((lo, hi)));
         let mut seen = ClassSet::EMPTY;
         for layer in 0..layers {
             for magnitude_rank in 0..chunks {

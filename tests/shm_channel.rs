@@ -301,3 +301,33 @@ fn rings_wrap_many_times_across_processes() {
     assert_eq!(stats.completions, STRESS_OPS);
     assert_eq!((stats.rejected(), stats.ring_corruptions, stats.completions_dropped), (0, 0, 0));
 }
+
+#[test]
+fn a_refused_user_is_turned_away_before_the_handshake_and_hooks_see_the_registration() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.handshake_timeout = Duration::from_secs(5);
+    let me = rustix::process::getuid().as_raw();
+    cfg.policy = PeerPolicy { uids: vec![me.wrapping_add(1)], gids: vec![], hook: None };
+    let mut server = dlcp::shm::ShmServer::bind(cfg.clone()).unwrap();
+    // Connects and says nothing: refused at once, not after the 5 s handshake timeout.
+    let _silent = std::os::unix::net::UnixStream::connect(server.socket_path()).unwrap();
+    assert!(server.wait_acceptable(Some(WAIT)).unwrap());
+    let t0 = std::time::Instant::now();
+    assert!(matches!(server.accept(), Err(dlcp::shm::AcceptError::PolicyDenied { .. })));
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    assert_eq!(server.stats().policy_denied, 1);
+    drop(server);
+
+    // A hook refusing one job id: other jobs attach.
+    cfg.policy = PeerPolicy::same_user();
+    cfg.policy.hook =
+        Some(std::sync::Arc::new(|_: &dlcp::shm::PeerCred, r: &dlcp::shm::Registration| r.job_id != 13));
+    let d = TestDaemon::start(cfg);
+    assert!(matches!(
+        Client::attach(&d.path, 13, 0, 1),
+        Err(AttachError::Rejected(RejectReason::PolicyDenied))
+    ));
+    let mut ok = Client::attach(&d.path, 14, 0, 1).unwrap();
+    round_trip(&mut ok, 11, &[5]);
+}

@@ -209,9 +209,14 @@ impl Client {
         let stream = UnixStream::connect(socket_path).map_err(AttachError::Connect)?;
         stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(AttachError::Io)?;
         let reg = Registration { job_id, local_rank, local_world };
-        io::Write::write_all(&mut &stream, &reg.encode()).map_err(AttachError::Io)?;
+        // MSG_NOSIGNAL: a daemon that refuses us early closes the socket; that must be
+        // an error here (then we read its reply), never a SIGPIPE in a C/Python host.
+        let sent = control::send_with_fds(stream.as_fd(), &reg.encode(), &[]);
         let mut buf = [0u8; REPLY_LEN];
-        let fds = control::recv_with_fds(stream.as_fd(), &mut buf).map_err(AttachError::Io)?;
+        let fds = match control::recv_with_fds(stream.as_fd(), &mut buf) {
+            Ok(fds) => fds,
+            Err(e) => return Err(AttachError::Io(sent.err().unwrap_or(e))),
+        };
         let (attachment_id, geometry) = match Reply::decode(&buf)? {
             Reply::Accepted { attachment_id, geometry } => (attachment_id, geometry),
             Reply::Rejected(why) => return Err(AttachError::Rejected(why)),

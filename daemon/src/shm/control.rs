@@ -379,8 +379,13 @@ impl PeerPolicy {
 
     /// Whether `peer` registering `reg` may attach.
     pub fn allows(&self, peer: &PeerCred, reg: &Registration) -> bool {
-        (self.uids.contains(&peer.uid) || self.gids.contains(&peer.gid))
-            && self.hook.as_ref().is_none_or(|h| h(peer, reg))
+        self.allows_peer(peer) && self.hook.as_ref().is_none_or(|h| h(peer, reg))
+    }
+
+    /// The uid/gid rule alone: checked as soon as a peer connects, before reading
+    /// anything from it, so a refused user cannot even occupy the handshake.
+    pub fn allows_peer(&self, peer: &PeerCred) -> bool {
+        self.uids.contains(&peer.uid) || self.gids.contains(&peer.gid)
     }
 }
 

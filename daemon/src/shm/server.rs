@@ -309,12 +309,16 @@ impl ShmServer {
         stream.set_nonblocking(false).map_err(hs)?;
         stream.set_read_timeout(Some(self.cfg.handshake_timeout)).map_err(hs)?;
         stream.set_write_timeout(Some(self.cfg.handshake_timeout)).map_err(hs)?;
-        let mut req = [0u8; REGISTER_LEN];
-        io::Read::read_exact(&mut &stream, &mut req).map_err(hs)?;
         let reject = |why: RejectReason| {
             // Best effort: the trainer learns why; failures here change nothing.
             let _ = control::send_with_fds(stream.as_fd(), &Reply::Rejected(why).encode(), &[]);
         };
+        if !self.cfg.policy.allows_peer(&peer) {
+            reject(RejectReason::PolicyDenied);
+            return Err(AcceptError::PolicyDenied { peer });
+        }
+        let mut req = [0u8; REGISTER_LEN];
+        io::Read::read_exact(&mut &stream, &mut req).map_err(hs)?;
         let registration = match Registration::decode(&req) {
             Ok(r) => r,
             Err(source) => {

@@ -12,7 +12,10 @@ fn example_path() -> PathBuf {
 /// Load the example next to a generated `job.secret` (it names the file relatively).
 fn load_example() -> (Config, String) {
     let text = std::fs::read_to_string(example_path()).unwrap();
-    let dir = std::env::temp_dir().join(format!("dlcp-deploy-example-{}", std::process::id()));
+    // One directory per call: tests run in parallel threads of one process.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("dlcp-deploy-example-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("job.secret"), [0x5a; 32]).unwrap();
     let path = dir.join("dlcp.toml");

@@ -53,6 +53,27 @@ fn child_main() {
             }
             println!("CHILD:DONE");
         }
+        "reclaim" => {
+            // Alone in this process: fds and mappings are exact. (The client attached
+            // above holds one segment; its fds and mapping stay.)
+            let dir = tempfile::tempdir().unwrap();
+            let mut server = dlcp::shm::ShmServer::bind(config(dir.path())).unwrap();
+            let (fds0, maps0) = (shm_common::open_fds(), shm_common::segment_mappings());
+            for i in 0..20 {
+                let (att, mut c) = shm_common::attach_one(&mut server, 1, 0, 1);
+                assert_eq!(shm_common::segment_mappings(), maps0 + 2, "daemon and client map segment {i}");
+                assert!(shm_common::open_fds() >= fds0 + 8);
+                assert_eq!(server.live_attachments(), 1);
+                let t = c.alloc("x", 8).unwrap();
+                c.submit(&t, Default::default()).unwrap();
+                drop(c);
+                drop(att);
+            }
+            assert_eq!(server.live_attachments(), 0);
+            assert_eq!(shm_common::segment_mappings(), maps0, "every segment unmapped");
+            assert_eq!(shm_common::open_fds(), fds0, "every memfd, eventfd and socket closed");
+            println!("CHILD:DONE");
+        }
         "hang" => {
             // An op the daemon holds (in flight), then wait to be SIGKILLed.
             let t = client.alloc("held", 1024).unwrap();
@@ -330,4 +351,13 @@ fn a_refused_user_is_turned_away_before_the_handshake_and_hooks_see_the_registra
     ));
     let mut ok = Client::attach(&d.path, 14, 0, 1).unwrap();
     round_trip(&mut ok, 11, &[5]);
+}
+
+#[test]
+fn dropped_attachments_release_every_fd_and_mapping() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(config(dir.path()));
+    let mut child = ChildGuard::spawn("child_main", "reclaim", &d.path);
+    child.expect_line("DONE");
+    assert!(child.wait_success());
 }

@@ -69,6 +69,31 @@ pub fn pair(cfg: ServerConfig, job: u64) -> (ShmServer, Attachment, Client) {
     (server, att, client)
 }
 
+/// Attaches one client to an already bound server (client in a helper thread).
+pub fn attach_one(server: &mut ShmServer, job: u64, rank: u32, world: u32) -> (Attachment, Client) {
+    let path = server.socket_path().to_owned();
+    let t = std::thread::spawn(move || Client::attach(&path, job, rank, world));
+    let deadline = Instant::now() + WAIT;
+    let att = loop {
+        assert!(Instant::now() < deadline, "no connection");
+        server.wait_acceptable(Some(WAIT)).unwrap();
+        if let Some(a) = server.accept().unwrap() {
+            break a;
+        }
+    };
+    (att, t.join().unwrap().unwrap())
+}
+
+/// Open fds of this process.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Mappings of dlcp segments in this process.
+pub fn segment_mappings() -> usize {
+    std::fs::read_to_string("/proc/self/maps").unwrap().lines().filter(|l| l.contains("dlcp-seg-")).count()
+}
+
 /// Events the test daemon reports.
 #[derive(Debug)]
 pub enum Event {

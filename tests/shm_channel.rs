@@ -74,6 +74,41 @@ fn child_main() {
             assert_eq!(shm_common::open_fds(), fds0, "every memfd, eventfd and socket closed");
             println!("CHILD:DONE");
         }
+        "garbage" => {
+            // A hostile trainer process: garbage straight into the submission ring,
+            // a wild ring index, an attempt to shrink the segment; then honest work.
+            let arena = client.geometry().arena_size;
+            let good = dlcp::shm::SubmitDesc {
+                len_elems: 16,
+                layers: 1,
+                dtype: dlcp::shm::Dtype::F32 as u16,
+                opcode: dlcp::shm::layout::Opcode::AllReduce as u16,
+                ..Default::default()
+            };
+            let garbage = [
+                dlcp::shm::SubmitDesc { arena_offset: arena, ..good },
+                dlcp::shm::SubmitDesc { arena_offset: u64::MAX - 63, ..good },
+                dlcp::shm::SubmitDesc { len_elems: u64::MAX / 2, ..good },
+                dlcp::shm::SubmitDesc { dtype: 42, ..good },
+                dlcp::shm::SubmitDesc { tensor_id: u32::MAX, ..good },
+            ];
+            for g in &garbage {
+                client.submit_raw(g).unwrap();
+                let c = client.wait_completion(WAIT).unwrap();
+                assert_eq!(c.status, dlcp::shm::Status::InvalidDescriptor);
+            }
+            let fd = client.memfd();
+            assert_eq!(rustix::fs::ftruncate(fd, 0), Err(rustix::io::Errno::PERM));
+            client.debug_store_sq_tail(1 << 30);
+            client.debug_ring_doorbell().unwrap();
+            println!("CHILD:CORRUPTED");
+            // Wait for the parent to see the corruption before repairing it.
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).unwrap();
+            client.debug_restore_sq_tail();
+            round_trip(&mut client, 12, &[100, 5000]);
+            println!("CHILD:DONE");
+        }
         "hang" => {
             // An op the daemon holds (in flight), then wait to be SIGKILLed.
             let t = client.alloc("held", 1024).unwrap();
@@ -360,4 +395,49 @@ fn dropped_attachments_release_every_fd_and_mapping() {
     let mut child = ChildGuard::spawn("child_main", "reclaim", &d.path);
     child.expect_line("DONE");
     assert!(child.wait_success());
+}
+
+#[test]
+fn a_hostile_trainer_process_is_rejected_counted_and_the_daemon_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = TestDaemon::start(config(dir.path()));
+    let mut bystander = Client::attach(&d.path, 0x5151, 0, 2).unwrap();
+    let mut child = ChildGuard::spawn("child_main", "garbage", &d.path);
+    let hostile = d.expect("attach", |e| match e {
+        Event::Attached { id, peer, .. } if peer.pid == child.pid() => Some(*id),
+        _ => None,
+    });
+    child.expect_line("CORRUPTED");
+    let mut codes = Vec::new();
+    d.expect("corruption", |e| match e {
+        Event::Rejected { id, code } if *id == hostile => {
+            codes.push(*code);
+            None
+        }
+        Event::Corrupted { id } if *id == hostile => Some(()),
+        _ => None,
+    });
+    use dlcp::shm::DescError as E;
+    let out_of_arena = E::OutOfArena { offset: 0, end: 0, arena_size: 0 }.code();
+    let overflow = E::LengthOverflow { offset: 0, len_elems: 0 }.code();
+    let dtype = E::UnknownDtype(0).code();
+    let id = E::TensorIdOutOfRange { id: 0, max: 0 }.code();
+    assert_eq!(codes, vec![out_of_arena, overflow, overflow, dtype, id]);
+    // The bystander is served while the hostile trainer's ring is broken.
+    round_trip(&mut bystander, 13, &[1000]);
+    {
+        use std::io::Write;
+        let stdin = child.child.stdin.as_mut().unwrap();
+        stdin.write_all(b"go\n").unwrap();
+    }
+    child.expect_line("DONE");
+    assert!(child.wait_success());
+    let stats = d.expect("detach", |e| match e {
+        Event::Detached { id, stats, .. } if *id == hostile => Some(*stats),
+        _ => None,
+    });
+    assert_eq!(stats.rejected(), 5);
+    assert_eq!(stats.rejected_by_code[overflow as usize], 2);
+    assert!(stats.ring_corruptions >= 1);
+    assert_eq!(stats.submissions, 2, "honest work after the repair was served");
 }

@@ -273,6 +273,7 @@ impl ChildGuard {
             .args([entry, "--exact", "--nocapture", "--test-threads=1"])
             .env("DLCP_SHM_CHILD", mode)
             .env("DLCP_SHM_SOCK", socket)
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -128,9 +128,11 @@ fn expected(seen: &Seen, dropped: &BTreeSet<u32>, allowed: u32) -> Vec<u32> {
 
 #[test]
 fn repairs_exactly_what_the_budget_requires_highest_class_first() {
-    for (layer, budget) in [(3u32, 50_000u32), (3, 10_000), (0, 100_000), (3, 0)] {
-        // Drop every 7th chunk (about 14%) of the first pass.
-        let dropped: BTreeSet<u32> = (0..400).filter(|c| c % 7 == 3).collect();
+    // (layer, budget, drop every k-th chunk): 14% dropped against budgets of
+    // 0–10%, and 2% dropped against 5%, where only the required chunks among
+    // the dropped ones may be repaired.
+    for (layer, budget, every) in [(3u32, 50_000u32, 7u32), (3, 10_000, 7), (0, 100_000, 7), (3, 0, 7), (3, 50_000, 50)] {
+        let dropped: BTreeSet<u32> = (0..400).filter(|c| c % every == 3).collect();
         let (seen, n) = run(budget, dropped.clone(), layer);
         let dropped: BTreeSet<u32> = dropped.into_iter().filter(|c| *c < n).collect();
         let allowed = allowed_missing(n, budget);
@@ -141,7 +143,7 @@ fn repairs_exactly_what_the_budget_requires_highest_class_first() {
         assert_eq!(got, want, "layer {layer} budget {budget}: repaired set differs (n {n}, allowed {allowed})");
         assert_eq!(seen.repairs.len(), want.len(), "layer {layer} budget {budget}: a chunk was repaired twice");
         let classes: BTreeSet<u8> = dropped.iter().map(|c| seen.first[c].0).collect();
-        assert!(classes.len() >= 3, "dropped chunks span classes {classes:?}: ordering untested");
+        assert!(classes.len() >= 2, "dropped chunks span classes {classes:?}: ordering untested");
         assert!(dropped.iter().any(|c| seen.first[c].1), "no required chunk was dropped: untested");
         assert!(budget == 0 || want.len() < dropped.len(), "budget {budget} allowed nothing to stay missing");
     }

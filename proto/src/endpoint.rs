@@ -1273,7 +1273,7 @@ impl Endpoint {
                 if r.closed_at.is_none() {
                     if let Some(at) = settle_until(r, now, self.cfg.timers.close_grace, h.chunk_index) {
                         r.grace.get_or_insert(at);
-                    r.awaited = Some(h.chunk_index);
+                        r.awaited = Some(h.chunk_index);
                         return;
                     }
                     let segs = if r.got.is_full() { 1 } else { Bitmap::segment_count(r.n, chunk_bytes) };

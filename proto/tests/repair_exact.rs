@@ -80,8 +80,24 @@ fn run(budget_ppm: u32, drop: BTreeSet<u32>, layer: u32) -> (Seen, u32) {
     let s2 = seen.clone();
     sim.set_trace(Some(Box::new(move |rec| {
         let p = Packet::new_checked(rec.datagram).unwrap();
-        if std::env::var_os("DBG").is_some() && (p.raw_type() != 1 || p.flags().contains(Flags::REPAIR)) && rec.event != TraceEvent::Enqueued && p.raw_type() != 5 {
-            eprintln!("{:>8} {:?} {}->{} ty{} ph{} ci{} seq{} fl{:x} cl{}", rec.time.as_nanos(), rec.event, rec.src, rec.dst, p.raw_type(), p.raw_phase(), p.chunk_index(), p.seq(), p.flags().0, p.raw_class());
+        if std::env::var_os("DBG").is_some()
+            && (p.raw_type() != 1 || p.flags().contains(Flags::REPAIR))
+            && rec.event != TraceEvent::Enqueued
+            && p.raw_type() != 5
+        {
+            eprintln!(
+                "{:>8} {:?} {}->{} ty{} ph{} ci{} seq{} fl{:x} cl{}",
+                rec.time.as_nanos(),
+                rec.event,
+                rec.src,
+                rec.dst,
+                p.raw_type(),
+                p.raw_phase(),
+                p.chunk_index(),
+                p.seq(),
+                p.flags().0,
+                p.raw_class()
+            );
         }
         if rec.event != TraceEvent::Sent || rec.src != 1 || rec.dst != 0 {
             return;
@@ -99,9 +115,14 @@ fn run(budget_ppm: u32, drop: BTreeSet<u32>, layer: u32) -> (Seen, u32) {
     let x = inputs(17, world, 40_000);
     let o = OpOptions { layer, layers: 4, budget_ppm, ..OpOptions::default() };
     for r in 0..world {
-        sim.node_mut(r).inner.start_allreduce(Instant::ZERO, OpId { seq: 1, tensor: 1 }, x[r as usize].clone(), o).unwrap();
+        sim.node_mut(r)
+            .inner
+            .start_allreduce(Instant::ZERO, OpId { seq: 1, tensor: 1 }, x[r as usize].clone(), o)
+            .unwrap();
     }
-    sim.run_until(Instant::ZERO + Duration::from_secs(1), |s| (0..world).all(|r| s.node(r).inner.ops_in_flight() == 0));
+    sim.run_until(Instant::ZERO + Duration::from_secs(1), |s| {
+        (0..world).all(|r| s.node(r).inner.ops_in_flight() == 0)
+    });
     let n = seen.borrow().first.len() as u32;
     drop_unused(&mut sim);
     (std::mem::take(&mut *seen.borrow_mut()), n)
@@ -110,7 +131,14 @@ fn run(budget_ppm: u32, drop: BTreeSet<u32>, layer: u32) -> (Seen, u32) {
 fn drop_unused(sim: &mut Sim<Lossy>) {
     for r in 0..2 {
         while let Some(ev) = sim.node_mut(r).inner.poll_event() {
-            assert!(matches!(ev, dlcp_proto::endpoint::Event::OpComplete { .. } | dlcp_proto::endpoint::Event::PeerUp { .. }), "{ev:?}");
+            assert!(
+                matches!(
+                    ev,
+                    dlcp_proto::endpoint::Event::OpComplete { .. }
+                        | dlcp_proto::endpoint::Event::PeerUp { .. }
+                ),
+                "{ev:?}"
+            );
         }
     }
 }
@@ -131,7 +159,9 @@ fn repairs_exactly_what_the_budget_requires_highest_class_first() {
     // (layer, budget, drop every k-th chunk): 14% dropped against budgets of
     // 0–10%, and 2% dropped against 5%, where only the required chunks among
     // the dropped ones may be repaired.
-    for (layer, budget, every) in [(3u32, 50_000u32, 7u32), (3, 10_000, 7), (0, 100_000, 7), (3, 0, 7), (3, 50_000, 50)] {
+    for (layer, budget, every) in
+        [(3u32, 50_000u32, 7u32), (3, 10_000, 7), (0, 100_000, 7), (3, 0, 7), (3, 50_000, 50)]
+    {
         let dropped: BTreeSet<u32> = (0..400).filter(|c| c % every == 3).collect();
         let (seen, n) = run(budget, dropped.clone(), layer);
         let dropped: BTreeSet<u32> = dropped.into_iter().filter(|c| *c < n).collect();
@@ -140,8 +170,15 @@ fn repairs_exactly_what_the_budget_requires_highest_class_first() {
         let mut got = seen.repairs.clone();
         got.sort();
         got.dedup();
-        assert_eq!(got, want, "layer {layer} budget {budget}: repaired set differs (n {n}, allowed {allowed})");
-        assert_eq!(seen.repairs.len(), want.len(), "layer {layer} budget {budget}: a chunk was repaired twice");
+        assert_eq!(
+            got, want,
+            "layer {layer} budget {budget}: repaired set differs (n {n}, allowed {allowed})"
+        );
+        assert_eq!(
+            seen.repairs.len(),
+            want.len(),
+            "layer {layer} budget {budget}: a chunk was repaired twice"
+        );
         let classes: BTreeSet<u8> = dropped.iter().map(|c| seen.first[c].0).collect();
         assert!(classes.len() >= 2, "dropped chunks span classes {classes:?}: ordering untested");
         assert!(dropped.iter().any(|c| seen.first[c].1), "no required chunk was dropped: untested");

@@ -9,6 +9,7 @@
 //!   real protocol core on the deterministic network simulator.
 #![deny(unsafe_code)]
 
+pub mod datapath;
 pub mod demo;
 pub mod shm;
 

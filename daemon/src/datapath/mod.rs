@@ -1,0 +1,84 @@
+//! Datapaths: how dlcpd moves datagrams between its protocol core and the wire.
+//!
+//! The event loop drives [`dlcp_proto::endpoint::Endpoint`] and hands every
+//! datagram it produces to a [`Datapath`], together with the datagram's priority
+//! class; the datapath marks the class's DSCP and sends. Received datagrams come
+//! back with their source address. Two implementations: [`socket`] (ordinary UDP
+//! sockets, always built) and DPDK (where libdpdk is present; see `dlcp-ffi`).
+
+use std::io;
+use std::net::SocketAddr;
+
+use dlcp_proto::priority::Class;
+
+pub mod socket;
+
+/// Per-class and total counters of a datapath.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DatapathStats {
+    /// Datagrams handed to the kernel/NIC per class.
+    pub tx_packets: [u64; 8],
+    /// Bytes handed to the kernel/NIC per class.
+    pub tx_bytes: [u64; 8],
+    /// Datagrams received.
+    pub rx_packets: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Sends refused because the socket/queue was full (retried later).
+    pub tx_would_block: u64,
+    /// Send errors other than would-block (e.g. unreachable), per errno, summed.
+    pub tx_errors: u64,
+    /// Receive errors other than would-block.
+    pub rx_errors: u64,
+    /// Datagrams received that were truncated (larger than the receive buffer).
+    pub rx_truncated: u64,
+    /// Send system calls (sendmsg/sendmmsg).
+    pub tx_syscalls: u64,
+    /// Receive system calls (recvmsg/recvmmsg).
+    pub rx_syscalls: u64,
+}
+
+/// Outcome of [`Datapath::send`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOutcome {
+    /// Accepted (queued for the wire, or sent).
+    Sent,
+    /// The queue for this class is full: keep the datagram and retry when the
+    /// datapath is writable again (see [`Datapath::wants_writable`]).
+    WouldBlock,
+}
+
+/// Moves datagrams between the event loop and the network. Non-blocking:
+/// no method waits.
+pub trait Datapath {
+    /// A human-readable name with the reason it was chosen, e.g.
+    /// `"socket (udp 10.0.0.1:7700, 8 class sockets, GSO off)"`.
+    fn describe(&self) -> String;
+
+    /// The local address peers send to.
+    fn local_addr(&self) -> SocketAddr;
+
+    /// Queue or send one datagram to `dst`, marked with `class`'s DSCP.
+    /// Errors other than would-block are counted and reported as `Ok(Sent)`
+    /// after logging (a lost datagram is the protocol's business); `Err` is
+    /// returned only for failures that make the datapath unusable.
+    fn send(&mut self, dst: SocketAddr, class: Class, datagram: &[u8]) -> io::Result<SendOutcome>;
+
+    /// Push batched datagrams to the kernel/NIC (e.g. one `sendmmsg`).
+    fn flush(&mut self) -> io::Result<()>;
+
+    /// Receive every datagram available now (up to an internal batch limit per
+    /// call), calling `f(source, bytes)` for each. Returns how many were delivered.
+    fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize>;
+
+    /// True if a send returned [`SendOutcome::WouldBlock`] and the loop should
+    /// wait for writability before sending more.
+    fn wants_writable(&self) -> bool;
+
+    /// Register the datapath's file descriptors with a mio registry, using
+    /// tokens from `first_token` upward; returns how many tokens it used.
+    fn register(&mut self, registry: &mio::Registry, first_token: usize) -> io::Result<usize>;
+
+    /// Counters.
+    fn stats(&self) -> DatapathStats;
+}

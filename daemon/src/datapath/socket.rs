@@ -1,0 +1,1 @@
+//! The socket datapath (being written).

@@ -11,6 +11,7 @@
 
 pub mod datapath;
 pub mod demo;
+pub mod service;
 pub mod shm;
 
 pub use dlcp_config as config;

@@ -14,13 +14,20 @@ use dlcp::demo::{self, DemoOptions};
     long_about = "dlcpd all-reduces gradient shards between training hosts over a custom UDP \
                   protocol with priority classes carried in DSCP, completing as soon as enough \
                   has arrived within a bounded loss budget.\n\n\
-                  This build runs the protocol core in a simulation (`demo`) and validates \
-                  configuration files (`check-config`); the network service on sockets and DPDK \
-                  follows."
+                  Run the node service with `dlcpd --config FILE`; try the protocol on a simulated \
+                  cluster with `dlcpd demo`; validate a file with `dlcpd check-config FILE`."
 )]
 struct Cli {
+    /// Run as the node service with this configuration file (foreground; logs to
+    /// stderr at `log.level`, or as `RUST_LOG` says).
+    #[arg(long, short, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Testing aid: drop this percentage of received datagrams before the
+    /// protocol sees them (seeded by rank), to exercise bounded loss without root.
+    #[arg(long, value_name = "PCT", hide = true, default_value_t = 0.0)]
+    debug_rx_loss: f64,
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
@@ -62,10 +69,57 @@ struct DemoArgs {
     seed: u64,
 }
 
+fn run_service(path: &std::path::Path, rx_loss_pct: f64) -> ExitCode {
+    let cfg = match dlcp::config::Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let level = std::env::var("RUST_LOG").unwrap_or_else(|_| cfg.log.level.as_str().to_string());
+    env_logger::Builder::new().parse_filters(&level).init();
+    log::info!("dlcpd {} — {}", dlcp::VERSION, dlcp::datapath_support());
+    if !(0.0..=100.0).contains(&rx_loss_pct) {
+        eprintln!("dlcpd: --debug-rx-loss {rx_loss_pct} out of range (allowed: 0 ..= 100)");
+        return ExitCode::from(2);
+    }
+    let datapath = match dlcp::datapath::open(&cfg) {
+        Ok(d) => d,
+        Err(e) => {
+            log::error!("{}: datapath: {e}", path.display());
+            return ExitCode::from(1);
+        }
+    };
+    let mut svc = match dlcp::service::Service::new(cfg, datapath) {
+        Ok(s) => s,
+        Err(e) => {
+            log::error!("{}: {e}", path.display());
+            return ExitCode::from(1);
+        }
+    };
+    svc.set_receive_loss((rx_loss_pct * 1e4).round() as u32, 0x5eed);
+    match svc.run(|_| false) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log::error!("{e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
-    match cli.command {
+    let command = match (cli.command, cli.config) {
+        (Some(c), _) => c,
+        (None, Some(path)) => return run_service(&path, cli.debug_rx_loss),
+        (None, None) => {
+            eprintln!("dlcpd: give --config FILE to run the service, or a subcommand (see --help)");
+            return ExitCode::from(2);
+        }
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    match command {
         Command::Demo(a) => {
             let opts = DemoOptions {
                 hosts: a.hosts,

@@ -82,3 +82,25 @@ pub trait Datapath {
     /// Counters.
     fn stats(&self) -> DatapathStats;
 }
+
+/// Open the datapath the configuration asks for (`datapath.kind`). DPDK is not
+/// built yet: `auto` logs why and uses sockets; `dpdk` fails with that reason.
+pub fn open(cfg: &dlcp_config::Config) -> Result<Box<dyn Datapath>, String> {
+    use dlcp_config::schema::DatapathKind;
+    match cfg.datapath.kind {
+        DatapathKind::Dpdk => {
+            return Err(format!(
+                "datapath.kind = \"dpdk\" but this build has no DPDK datapath ({})",
+                dlcp_ffi::DPDK_PROBE
+            ));
+        }
+        DatapathKind::Auto => {
+            log::info!(
+                "datapath auto: using sockets (no DPDK datapath in this build: {})",
+                dlcp_ffi::DPDK_PROBE
+            );
+        }
+        DatapathKind::Socket => {}
+    }
+    socket::open(cfg).map(|d| Box::new(d) as Box<dyn Datapath>)
+}

@@ -87,3 +87,110 @@ fn four_daemons_two_trainers_each_reliable_is_bit_exact() {
         assert_eq!(s["service"]["trainers_attached"], u64::from(TRAINERS));
     }
 }
+
+/// A host's input: its trainers' contributions summed in local-rank order.
+fn host_input(h: u32, i: usize) -> Vec<f32> {
+    let n = SIZES[i];
+    let mut local = data(trainer_seed(h, 0, i), n);
+    for k in 1..TRAINERS {
+        for (a, b) in local.iter_mut().zip(data(trainer_seed(h, k, i), n)) {
+            *a += b;
+        }
+    }
+    local
+}
+
+/// Rebuild an owner's report from `dlcpctl report --json`.
+fn report_from_json(v: &serde_json::Value) -> dlcp::proto::endpoint::OpReport {
+    use dlcp::proto::bitmap::Bitmap;
+    use dlcp::proto::endpoint::{OpId, OpReport, TransferReport};
+    use dlcp::proto::time::Instant;
+    use dlcp::proto::wire::Phase;
+    let bits = |n: u32, list: &serde_json::Value, set: bool| {
+        let mut b = if set { Bitmap::new(n) } else { Bitmap::full(n) };
+        for x in list.as_array().unwrap() {
+            let i = x.as_u64().unwrap() as u32;
+            if set {
+                b.set(i);
+            } else {
+                b.clear(i);
+            }
+        }
+        b
+    };
+    let own_chunks = v["own_chunks"].as_u64().unwrap() as u32;
+    OpReport {
+        id: OpId { seq: v["op"].as_u64().unwrap(), tensor: v["tensor"].as_u64().unwrap() as u32 },
+        started: Instant::ZERO,
+        finished: Instant::ZERO,
+        scatter: v["scatter"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                let n = t["chunks"].as_u64().unwrap() as u32;
+                TransferReport {
+                    peer: t["peer"].as_u64().unwrap() as u32,
+                    phase: Phase::Scatter,
+                    chunks: n,
+                    delivered: bits(n, &t["missing"], false),
+                    mask: None,
+                    repaired: 0,
+                    deadline_fired: false,
+                    first_at: None,
+                    closed_at: Instant::ZERO,
+                }
+            })
+            .collect(),
+        gather: Vec::new(),
+        own_mask: bits(own_chunks, &v["own_mask"], true),
+        own_chunks,
+        repairs_sent: 0,
+        deadline_fired: false,
+    }
+}
+
+fn dlcpctl_report(c: &Cluster, h: u32, op: u64, tensor: u32) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
+        .arg("--socket")
+        .arg(&c.daemons[h as usize].socket)
+        .args(["report", &op.to_string(), &tensor.to_string(), "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "dlcpctl report: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn receive_loss_1pct_budget_1pct_matches_recomputation_and_ranks_agree() {
+    let c = Cluster::start(&Options { hosts: HOSTS, rx_loss_pct: 1.0, ..Options::default() });
+    let results = run_ops(&c, 10_000);
+    let mut lossy_ops = 0;
+    for i in 0..SIZES.len() {
+        // Op sequence numbers are the client's: 1, 2, 3, … in submission order.
+        let reports: Vec<_> = (0..HOSTS).map(|h| dlcpctl_report(&c, h, i as u64 + 1, i as u32)).collect();
+        for (h, r) in reports.iter().enumerate() {
+            for t in r["scatter"].as_array().unwrap().iter().chain(r["gather"].as_array().unwrap()) {
+                let f = t["delivered_fraction"].as_f64().unwrap();
+                assert!(f >= 0.99, "host {h} op {i}: a transfer delivered only {f}: {t}");
+            }
+        }
+        let owners: Vec<_> = reports.iter().map(report_from_json).collect();
+        lossy_ops += usize::from(owners.iter().any(|o| o.scatter.iter().any(|t| !t.delivered.is_full())));
+        let inputs: Vec<Vec<f32>> = (0..HOSTS).map(|h| host_input(h, i)).collect();
+        let ins: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        let refs: Vec<_> = owners.iter().collect();
+        let opts = dlcp::proto::endpoint::OpOptions { budget_ppm: 10_000, ..Default::default() };
+        let want: Vec<u32> =
+            dlcp::proto::oracle::recompute(&ins, &refs, opts, 1392 / 4).iter().map(|x| x.to_bits()).collect();
+        for (t, r) in results.iter().enumerate() {
+            let got: Vec<u32> = r[i].0.iter().map(|x| x.to_bits()).collect();
+            assert!(got == want, "trainer {t} op {i}: result differs from the recomputation");
+            assert!(r[i].1 >= 990_000, "trainer {t} op {i}: delivered {} ppm", r[i].1);
+        }
+    }
+    assert!(lossy_ops > 0, "1% receive loss never left a chunk missing: the test proves nothing");
+    let dropped: u64 =
+        (0..HOSTS).map(|h| c.stats(h).unwrap()["service"]["rx_debug_dropped"].as_u64().unwrap()).sum();
+    assert!(dropped > 0, "the receive-loss knob dropped nothing");
+}

@@ -94,6 +94,8 @@ pub struct ServiceCounters {
     pub rx_wrong_source: u64,
     /// Datagrams from addresses that are no peer.
     pub rx_unknown_source: u64,
+    /// Datagrams dropped on purpose by the `--debug-rx-loss` test knob.
+    pub rx_debug_dropped: u64,
 }
 
 /// One completed op, for `stats`.
@@ -158,6 +160,7 @@ pub struct Service {
     admin: mio::net::UnixListener,
     admin_path: std::path::PathBuf,
     rx_drop: Option<(u32, dlcp_proto::sim::Rng)>,
+    reports: BTreeMap<OpId, Box<dlcp_proto::endpoint::OpReport>>,
 }
 
 /// Path of the admin socket that `dlcpctl` talks to: the control socket's path
@@ -279,6 +282,7 @@ impl Service {
             admin,
             admin_path,
             rx_drop: None,
+            reports: BTreeMap::new(),
         })
     }
 
@@ -310,15 +314,54 @@ impl Service {
             let mut buf = [0u8; 64];
             let n = s.read(&mut buf).unwrap_or(0);
             let req = String::from_utf8_lossy(&buf[..n]).trim().to_string();
-            let reply = match req.as_str() {
-                "stats" => self.stats_json(),
-                "status" => self.status_json(),
-                other => {
-                    serde_json::json!({ "error": format!("unknown request {other:?} (allowed: stats, status)") })
-                }
+            let words: Vec<&str> = req.split_whitespace().collect();
+            let reply = match words.as_slice() {
+                ["stats"] => self.stats_json(),
+                ["status"] => self.status_json(),
+                ["report", op, tensor] => match (op.parse(), tensor.parse()) {
+                    (Ok(seq), Ok(tensor)) => self.report_json(OpId { seq, tensor }),
+                    _ => serde_json::json!({ "error": "usage: report OP TENSOR" }),
+                },
+                _ => serde_json::json!({
+                    "error": format!("unknown request {req:?} (allowed: stats, status, report OP TENSOR)")
+                }),
             };
             let _ = s.write_all(reply.to_string().as_bytes());
         }
+    }
+
+    /// What arrived from whom for a recently completed op (the last 1024 are
+    /// kept): per reduce-scatter sender the missing chunks of this rank's shard,
+    /// per gather owner the agreed mask, and this rank's own mask.
+    pub fn report_json(&self, id: OpId) -> serde_json::Value {
+        let Some(r) = self.reports.get(&id) else {
+            return serde_json::json!({
+                "error": format!("no report for op {} tensor {} (unknown, failed, or too old)", id.seq, id.tensor)
+            });
+        };
+        let transfer = |t: &dlcp_proto::endpoint::TransferReport| {
+            serde_json::json!({
+                "peer": t.peer,
+                "chunks": t.chunks,
+                "missing": t.delivered.iter_zeros().collect::<Vec<_>>(),
+                "mask": t.mask.as_ref().map(|m| m.iter_ones().collect::<Vec<_>>()),
+                "repaired": t.repaired,
+                "deadline_fired": t.deadline_fired,
+                "delivered_fraction": t.delivered_fraction(),
+            })
+        };
+        serde_json::json!({
+            "op": id.seq,
+            "tensor": id.tensor,
+            "rank": self.cfg.rank(),
+            "duration_us": r.duration().as_micros() as u64,
+            "own_chunks": r.own_chunks,
+            "own_mask": r.own_mask.iter_ones().collect::<Vec<_>>(),
+            "scatter": r.scatter.iter().map(transfer).collect::<Vec<_>>(),
+            "gather": r.gather.iter().map(transfer).collect::<Vec<_>>(),
+            "repairs_sent": r.repairs_sent,
+            "deadline_fired": r.deadline_fired,
+        })
     }
 
     /// Version, datapath, peers and trainers, as JSON (for `dlcpctl status`).
@@ -728,6 +771,10 @@ impl Service {
                         error: None,
                     });
                     self.complete_all(&op, Status::Ok, ppm, report.repairs_sent, dur, Some(&result));
+                    if self.reports.len() >= 1024 {
+                        self.reports.pop_first();
+                    }
+                    self.reports.insert(id, report);
                 }
                 Event::OpFailed { id, error } => {
                     self.counters.ops_failed += 1;
@@ -773,6 +820,7 @@ impl Service {
             if let Some((ppm, rng)) = rx_drop.as_mut()
                 && rng.below(1_000_000) < u64::from(*ppm)
             {
+                counters.rx_debug_dropped += 1;
                 return;
             }
             // The claimed sender must send from its configured address; the MAC

@@ -33,6 +33,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What arrived from whom for one recent op (missing chunks per sender, masks).
+    Report {
+        /// Op sequence number.
+        op: u64,
+        /// Tensor id.
+        tensor: u32,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn query(socket: &Path, request: &str) -> Result<serde_json::Value, String> {
@@ -67,10 +77,15 @@ fn query(socket: &Path, request: &str) -> Result<serde_json::Value, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let (req, json) = match cli.command {
-        Command::Status { json } => ("status", json),
-        Command::Stats { json } => ("stats", json),
+        Command::Status { json } => ("status".to_string(), json),
+        Command::Stats { json } => ("stats".to_string(), json),
+        Command::Report { op, tensor, json } => (format!("report {op} {tensor}"), json),
     };
-    match query(&cli.socket, req) {
+    match query(&cli.socket, &req) {
+        Ok(v) if v.get("error").is_some() => {
+            eprintln!("dlcpctl: {}", v["error"].as_str().unwrap_or("error"));
+            ExitCode::from(1)
+        }
         Ok(v) if json => {
             println!("{v}");
             ExitCode::SUCCESS

@@ -1,0 +1,161 @@
+/*
+ * dlcp.h — C API of the dlcp trainer client (libdlcp_client.so / libdlcp_client.a).
+ *
+ * A trainer attaches to the local dlcpd over its Unix control socket, allocates
+ * named f32 tensors in a shared-memory arena, writes gradients straight into them
+ * (dlcp_tensor_data), submits allreduce operations and waits for completions; the
+ * reduced result replaces the tensor's contents in place.
+ *
+ *     dlcp_client *c;
+ *     dlcp_tensor g;
+ *     if (dlcp_attach("/run/dlcp/dlcpd.sock", job, local_rank, local_world, &c) != DLCP_OK)
+ *         fprintf(stderr, "%s\n", dlcp_last_error(NULL));
+ *     dlcp_alloc(c, "layer3.grad", n, &g);
+ *     float *grad = dlcp_tensor_data(c, g);   // write the gradient here, once
+ *     ...
+ *     dlcp_completion done;
+ *     int rc = dlcp_allreduce(c, g, 3, 12, 10000, 0, 30000, &done);
+ *     if (rc != DLCP_OK) fprintf(stderr, "%s\n", dlcp_last_error(c));
+ *     // grad[] now holds the reduced values
+ *     dlcp_detach(c);
+ *
+ * Conventions:
+ *  - Every function returning int returns DLCP_OK (0) or a negative DLCP_ERR_*
+ *    code; dlcp_last_error() then says what happened. No function aborts or
+ *    unwinds into the caller on bad input.
+ *  - A dlcp_client* is an opaque token the library never dereferences: NULL,
+ *    garbage and detached handles give DLCP_ERR_NULL_ARG / DLCP_ERR_BAD_HANDLE.
+ *    Handle values are never reused within a process.
+ *  - Output pointers must point to writable storage of their type (NULL gives
+ *    DLCP_ERR_NULL_ARG unless documented as optional). String arguments must be
+ *    NUL-terminated; names must be UTF-8.
+ *  - A handle may be used from several threads; calls on one handle are
+ *    serialised (a thread blocked in dlcp_wait delays the others).
+ *  - Tensor handles are assigned in allocation order (0, 1, 2, ...) and double
+ *    as the tensor id on the wire: allocate tensors in the same order on every rank.
+ *
+ * Link: cc prog.c -I client/include -L target/release -ldlcp_client -Wl,-rpath,<dir>
+ *   or  cc prog.c -I client/include target/release/libdlcp_client.a -lpthread -ldl -lm -lgcc_s
+ */
+#ifndef DLCP_H
+#define DLCP_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Error codes: every failing call returns one of these (negative) values. */
+enum dlcp_error {
+    DLCP_OK = 0,
+    DLCP_ERR_NULL_ARG = -1,     /* a required pointer argument is NULL */
+    DLCP_ERR_BAD_HANDLE = -2,   /* not a live dlcp_client (detached or never attached) */
+    DLCP_ERR_INVALID_ARG = -3,  /* unknown tensor, bad name, layer >= layers, unknown flags, ... */
+    DLCP_ERR_CONNECT = -4,      /* cannot connect to the control socket (is dlcpd running?) */
+    DLCP_ERR_REJECTED = -5,     /* the daemon refused the attachment (rank in use, world mismatch, policy) */
+    DLCP_ERR_PROTOCOL = -6,     /* invalid handshake or segment (client/daemon version skew?) */
+    DLCP_ERR_ARENA_FULL = -7,   /* no room in the shared arena */
+    DLCP_ERR_NAME_IN_USE = -8,  /* a tensor of that name already exists */
+    DLCP_ERR_BUSY = -9,         /* too many ops in flight / submission ring full: wait first */
+    DLCP_ERR_TENSOR_BUSY = -10, /* the tensor has an op in flight: wait for its completion */
+    DLCP_ERR_TIMEOUT = -11,     /* no completion within the timeout (the op may still complete) */
+    DLCP_ERR_DAEMON_GONE = -12, /* the daemon closed the control socket: ops in flight are lost */
+    DLCP_ERR_OP_FAILED = -13,   /* the op completed with a status other than DLCP_STATUS_OK */
+    DLCP_ERR_IO = -14,          /* I/O error on a doorbell or the control socket */
+    DLCP_ERR_CORRUPTED = -15,   /* the shared rings are corrupted */
+    DLCP_ERR_INTERNAL = -16     /* a bug in the library (a panic was caught); detach and report */
+};
+
+/* Completion status (dlcp_completion.status). */
+enum dlcp_status {
+    DLCP_STATUS_OK = 0,                 /* the result is in the tensor */
+    DLCP_STATUS_INVALID_DESCRIPTOR = 1, /* the daemon rejected the submission; detail = rule violated */
+    DLCP_STATUS_TIMEOUT = 2,            /* a peer stayed silent past the hard timeout; tensor unchanged */
+    DLCP_STATUS_PEER_DOWN = 3,          /* a peer (or a local trainer of the job) is gone */
+    DLCP_STATUS_SHUTDOWN = 4            /* the daemon is shutting down */
+};
+
+/* Submission flags (dlcp_submit / dlcp_allreduce `flags`). */
+#define DLCP_FLAG_RESCALE 0x1u    /* after a partial delivery, rescale by the delivered count */
+#define DLCP_FLAG_FILL_LOCAL 0x2u /* fill what is missing with the local value instead of zero */
+
+/* Opaque client handle. */
+typedef struct dlcp_client dlcp_client;
+
+/* Tensor handle, from dlcp_alloc. */
+typedef uint32_t dlcp_tensor;
+
+/* A completed operation (48 bytes). */
+typedef struct dlcp_completion {
+    uint64_t op_seq;        /* as returned by dlcp_submit */
+    uint64_t cookie;        /* 0 for ops submitted through this API */
+    uint64_t duration_ns;   /* time the daemon spent on the op */
+    dlcp_tensor tensor;     /* the tensor */
+    uint32_t status;        /* enum dlcp_status */
+    uint32_t detail;        /* status detail (INVALID_DESCRIPTOR: which rule) */
+    uint32_t delivered_ppm; /* fraction of the tensor delivered, parts per million */
+    uint32_t repairs;       /* packets repaired */
+    uint32_t reserved;      /* zero */
+} dlcp_completion;
+
+/* Attach as local rank `local_rank` of `local_world` trainers of job `job_id`.
+ * On success *out is a new handle; on failure *out is NULL (if out is not NULL)
+ * and dlcp_last_error(NULL) says why. Waits at most 5 s for the daemon. */
+int dlcp_attach(const char *socket_path, uint64_t job_id, uint32_t local_rank, uint32_t local_world,
+                dlcp_client **out);
+
+/* Detach: the daemon reclaims the segment and every dlcp_tensor_data pointer
+ * becomes invalid. NULL is a no-op (DLCP_OK); a dead handle gives DLCP_ERR_BAD_HANDLE. */
+int dlcp_detach(dlcp_client *c);
+
+/* Allocate a named f32 tensor of len_elems elements in the shared arena. */
+int dlcp_alloc(dlcp_client *c, const char *name, uint64_t len_elems, dlcp_tensor *out_tensor);
+
+/* Length of a tensor in elements. */
+int dlcp_tensor_len(dlcp_client *c, dlcp_tensor tensor, uint64_t *out_len);
+
+/* The tensor's elements, in the shared arena: the one place a trainer writes its
+ * gradient (in place, no copy). NULL on error (see dlcp_last_error(c)).
+ * Valid until dlcp_detach(c). Do NOT read or write it between dlcp_submit of this
+ * tensor and the receipt of its completion: the daemon owns it then. */
+float *dlcp_tensor_data(dlcp_client *c, dlcp_tensor tensor);
+
+/* Submit an allreduce (sum) of `tensor`: layer < layers, loss budget in ppm
+ * (0 = reliable), DLCP_FLAG_* bits. *out_op_seq (optional, may be NULL) gets the
+ * op's sequence number. The result replaces the tensor when the op completes. */
+int dlcp_submit(dlcp_client *c, dlcp_tensor tensor, uint32_t layer, uint32_t layers, uint32_t budget_ppm,
+                uint32_t flags, uint64_t *out_op_seq);
+
+/* Wait for the next completion of any op. timeout_ms < 0: no limit; 0: poll.
+ * DLCP_OK means *out holds a completion: check out->status. */
+int dlcp_wait(dlcp_client *c, int64_t timeout_ms, dlcp_completion *out);
+
+/* Wait for the completion of op `op_seq`; completions of other ops that arrive
+ * meanwhile are kept for dlcp_wait. */
+int dlcp_wait_op(dlcp_client *c, uint64_t op_seq, int64_t timeout_ms, dlcp_completion *out);
+
+/* Submit + wait. DLCP_OK only if the op completed with DLCP_STATUS_OK;
+ * DLCP_ERR_OP_FAILED if it completed otherwise. *out (optional) gets the completion. */
+int dlcp_allreduce(dlcp_client *c, dlcp_tensor tensor, uint32_t layer, uint32_t layers, uint32_t budget_ppm,
+                   uint32_t flags, int64_t timeout_ms, dlcp_completion *out);
+
+/* Static description of an error code (never NULL). */
+const char *dlcp_strerror(int code);
+
+/* Static name of a completion status: "ok", "timeout", ... (never NULL). */
+const char *dlcp_status_str(uint32_t status);
+
+/* Message of the last failed call on handle c, or for c == NULL of the last
+ * failed call on this thread (e.g. dlcp_attach). "" if none. Never NULL; valid
+ * until the next dlcp_* call on this thread — copy it if you need it longer. */
+const char *dlcp_last_error(dlcp_client *c);
+
+/* Library version, e.g. "0.1.0" (static). */
+const char *dlcp_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DLCP_H */

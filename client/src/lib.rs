@@ -1,0 +1,611 @@
+//! # dlcp-client — what trainers link
+//!
+//! A trainer process attaches to the local `dlcpd` over its Unix control socket,
+//! allocates named f32 tensors in a shared-memory arena, writes gradients into
+//! them, submits allreduce operations and waits for their completions; the
+//! reduced result replaces the tensor's contents in place. The ring and atomic
+//! code is the channel of [`dlcp::shm`]; this crate wraps it for three audiences:
+//!
+//! - **Rust**: [`Client`] (this module);
+//! - **C**: the ABI in [`capi`], declared by `client/include/dlcp.h`, built as
+//!   `libdlcp_client.so` (cdylib) and `libdlcp_client.a` (staticlib);
+//! - **Python**: `client/python/dlcp`, pure Python over the C ABI with ctypes;
+//!   its tensors are numpy arrays that *are* the shared buffers (no copy).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use dlcp_client::{Client, Options};
+//!
+//! let mut c = Client::attach("/run/dlcp/dlcpd.sock", 0x10b, 0, 1)?;
+//! let grad = c.alloc("layer3.grad", 4096)?;
+//! c.write(grad, &vec![0.5; 4096])?;
+//! let report = c.allreduce(grad, Options::layer(3, 12).budget_ppm(10_000), Duration::from_secs(30))?;
+//! println!("{} ppm delivered in {:?}", report.delivered_ppm, report.duration);
+//! let reduced = c.read(grad)?;
+//! # Ok::<(), dlcp_client::Error>(())
+//! ```
+//!
+//! ## Tensor ids
+//!
+//! [`TensorId`]s are handed out in allocation order (0, 1, 2, …) and are also the
+//! tensor id on the wire, which must name the same tensor on every rank: allocate
+//! your tensors in the same order on every rank (same code ⇒ same order).
+//!
+//! ## In-flight rules
+//!
+//! Between [`Client::submit`] and the op's completion the daemon owns the
+//! tensor's buffer: do not read or write it (the client refuses a second submit
+//! of the same tensor with [`Error::TensorBusy`]). A completion that arrives while
+//! [`Client::wait_for`] waits for another op is kept and returned by the next
+//! [`Client::wait`] / [`Client::try_completion`].
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code)]
+pub mod capi;
+#[allow(unsafe_code)]
+mod view;
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::CStr;
+use std::io;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use dlcp::shm;
+pub use dlcp::shm::layout::{FLAG_FILL_LOCAL, FLAG_RESCALE, KNOWN_FLAGS};
+pub use dlcp::shm::{AttachError, ClientError, Completion, Geometry, Status};
+use thiserror::Error;
+
+use crate::view::ArenaView;
+
+/// Longest single wait handed to the channel (its deadline arithmetic must not overflow).
+const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Handle of a tensor allocated by [`Client::alloc`]; also its tensor id on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(pub u32);
+
+/// A tensor allocated in the arena.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Its handle / wire id.
+    pub id: TensorId,
+    /// Name given at allocation.
+    pub name: String,
+    /// Length in f32 elements.
+    pub len_elems: u64,
+    /// Byte offset in the arena (64-byte aligned).
+    pub arena_offset: u64,
+}
+
+/// Per-operation parameters of [`Client::submit`] / [`Client::allreduce`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// Layer index of the tensor, `< layers` (priority input: front layers first).
+    pub layer: u32,
+    /// Number of layers of the model, `>= 1`.
+    pub layers: u32,
+    /// Loss budget in parts per million; 0 = reliable (bit-exact).
+    pub budget_ppm: u32,
+    /// [`FLAG_RESCALE`] / [`FLAG_FILL_LOCAL`] bits.
+    pub flags: u32,
+    /// Opaque value echoed in the completion.
+    pub cookie: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { layer: 0, layers: 1, budget_ppm: 0, flags: 0, cookie: 0 }
+    }
+}
+
+impl Options {
+    /// Reliable op on layer `layer` of a `layers`-layer model.
+    pub fn layer(layer: u32, layers: u32) -> Options {
+        Options { layer, layers, ..Options::default() }
+    }
+
+    /// With a loss budget in parts per million (10_000 = 1%).
+    pub fn budget_ppm(self, budget_ppm: u32) -> Options {
+        Options { budget_ppm, ..self }
+    }
+
+    /// With `FLAG_*` bits.
+    pub fn flags(self, flags: u32) -> Options {
+        Options { flags, ..self }
+    }
+
+    /// With a cookie echoed in the completion.
+    pub fn cookie(self, cookie: u64) -> Options {
+        Options { cookie, ..self }
+    }
+}
+
+/// What a successful allreduce reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Report {
+    /// The op's sequence number.
+    pub op_seq: u64,
+    /// The tensor reduced.
+    pub tensor: TensorId,
+    /// Fraction of the tensor that arrived, ppm (1_000_000 = all of it).
+    pub delivered_ppm: u32,
+    /// Packets repaired for this op.
+    pub repairs: u32,
+    /// Time the daemon spent on it.
+    pub duration: Duration,
+}
+
+/// Stable numeric error codes, shared by the Rust [`Error::code`], the C ABI
+/// (`DLCP_ERR_*` in `dlcp.h`, always negative) and the Python exceptions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(i32)]
+pub enum ErrorCode {
+    /// A required pointer argument is NULL.
+    NullArg = -1,
+    /// The `dlcp_client*` is not a live handle (detached, or never attached).
+    BadHandle = -2,
+    /// An argument is invalid (unknown tensor, non-UTF-8 name, layer >= layers, unknown flags, ...).
+    InvalidArg = -3,
+    /// Cannot connect to the daemon's control socket.
+    Connect = -4,
+    /// The daemon refused the attachment (rank in use, world size mismatch, policy, resources).
+    Rejected = -5,
+    /// The attach handshake or the segment was invalid (version skew or a bug).
+    Protocol = -6,
+    /// No room in the arena for the tensor.
+    ArenaFull = -7,
+    /// A tensor of that name already exists.
+    NameInUse = -8,
+    /// Too many operations in flight, or the submission ring is full: wait for a completion.
+    Busy = -9,
+    /// The tensor already has an operation in flight: wait for its completion.
+    TensorBusy = -10,
+    /// No completion within the timeout (the op may still complete later).
+    Timeout = -11,
+    /// The daemon closed the control socket: it is gone, every op in flight is lost.
+    DaemonGone = -12,
+    /// The operation completed with a non-OK status (see the completion's status and detail).
+    OpFailed = -13,
+    /// An I/O error on a doorbell or the control socket.
+    Io = -14,
+    /// The shared ring indices are impossible: the segment is corrupted.
+    Corrupted = -15,
+    /// A bug in the library (a panic was caught); detach and report it.
+    Internal = -16,
+}
+
+impl ErrorCode {
+    /// Every code, in numeric order (-1, -2, ...).
+    pub const ALL: [ErrorCode; 16] = [
+        ErrorCode::NullArg,
+        ErrorCode::BadHandle,
+        ErrorCode::InvalidArg,
+        ErrorCode::Connect,
+        ErrorCode::Rejected,
+        ErrorCode::Protocol,
+        ErrorCode::ArenaFull,
+        ErrorCode::NameInUse,
+        ErrorCode::Busy,
+        ErrorCode::TensorBusy,
+        ErrorCode::Timeout,
+        ErrorCode::DaemonGone,
+        ErrorCode::OpFailed,
+        ErrorCode::Io,
+        ErrorCode::Corrupted,
+        ErrorCode::Internal,
+    ];
+
+    /// The C name (`DLCP_ERR_*`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorCode::NullArg => "DLCP_ERR_NULL_ARG",
+            ErrorCode::BadHandle => "DLCP_ERR_BAD_HANDLE",
+            ErrorCode::InvalidArg => "DLCP_ERR_INVALID_ARG",
+            ErrorCode::Connect => "DLCP_ERR_CONNECT",
+            ErrorCode::Rejected => "DLCP_ERR_REJECTED",
+            ErrorCode::Protocol => "DLCP_ERR_PROTOCOL",
+            ErrorCode::ArenaFull => "DLCP_ERR_ARENA_FULL",
+            ErrorCode::NameInUse => "DLCP_ERR_NAME_IN_USE",
+            ErrorCode::Busy => "DLCP_ERR_BUSY",
+            ErrorCode::TensorBusy => "DLCP_ERR_TENSOR_BUSY",
+            ErrorCode::Timeout => "DLCP_ERR_TIMEOUT",
+            ErrorCode::DaemonGone => "DLCP_ERR_DAEMON_GONE",
+            ErrorCode::OpFailed => "DLCP_ERR_OP_FAILED",
+            ErrorCode::Io => "DLCP_ERR_IO",
+            ErrorCode::Corrupted => "DLCP_ERR_CORRUPTED",
+            ErrorCode::Internal => "DLCP_ERR_INTERNAL",
+        }
+    }
+
+    /// A one-line description (what `dlcp_strerror` returns).
+    pub fn message(self) -> &'static CStr {
+        match self {
+            ErrorCode::NullArg => c"a required pointer argument is NULL",
+            ErrorCode::BadHandle => c"not a live dlcp_client handle (detached or never attached)",
+            ErrorCode::InvalidArg => c"invalid argument",
+            ErrorCode::Connect => c"cannot connect to the daemon's control socket (is dlcpd running?)",
+            ErrorCode::Rejected => c"the daemon refused the attachment",
+            ErrorCode::Protocol => c"invalid attach handshake or segment (client/daemon version skew?)",
+            ErrorCode::ArenaFull => c"no room in the shared arena for the tensor",
+            ErrorCode::NameInUse => c"a tensor of that name already exists",
+            ErrorCode::Busy => c"too many operations in flight; wait for a completion first",
+            ErrorCode::TensorBusy => c"the tensor has an operation in flight; wait for its completion first",
+            ErrorCode::Timeout => c"no completion within the timeout",
+            ErrorCode::DaemonGone => {
+                c"the daemon closed the control socket; all operations in flight are lost"
+            }
+            ErrorCode::OpFailed => c"the operation completed with a non-OK status",
+            ErrorCode::Io => c"I/O error on a doorbell or the control socket",
+            ErrorCode::Corrupted => c"the shared rings are corrupted",
+            ErrorCode::Internal => c"internal error in the dlcp client library (a bug)",
+        }
+    }
+
+    /// The code for a raw value, if it is one.
+    pub fn from_raw(raw: i32) -> Option<ErrorCode> {
+        ErrorCode::ALL.into_iter().find(|c| *c as i32 == raw)
+    }
+}
+
+/// Why a client call failed. [`Error::code`] gives its stable [`ErrorCode`].
+#[derive(Debug, Error)]
+pub enum Error {
+    /// Attaching failed (connect, refused, bad handshake or segment).
+    #[error("attach failed: {0}")]
+    Attach(#[from] AttachError),
+    /// The extra mapping for in-place access could not be made.
+    #[error("attach failed: cannot map the segment for in-place access: {0}")]
+    Map(io::Error),
+    /// The channel reported an error.
+    #[error(transparent)]
+    Channel(#[from] ClientError),
+    /// No tensor with this id.
+    #[error("no tensor with id {0} (allocate it with alloc first)")]
+    UnknownTensor(u32),
+    /// The tensor has an op in flight.
+    #[error("tensor {name:?} already has op {op_seq} in flight; wait for its completion before reusing it")]
+    TensorBusy {
+        /// Tensor name.
+        name: String,
+        /// The op in flight.
+        op_seq: u64,
+    },
+    /// An argument the daemon would reject anyway.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The op completed, but not with [`Status::Ok`].
+    #[error("op {} on tensor {} completed with status {}", .completion.op_seq, .completion.tensor_id, describe_status(.completion))]
+    OpFailed {
+        /// The completion (status, detail).
+        completion: Completion,
+    },
+}
+
+impl Error {
+    /// The stable code of this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::Attach(AttachError::Connect(_)) => ErrorCode::Connect,
+            Error::Attach(AttachError::Rejected(_)) => ErrorCode::Rejected,
+            Error::Attach(_) | Error::Map(_) => ErrorCode::Protocol,
+            Error::Channel(e) => match e {
+                ClientError::ArenaFull { .. } => ErrorCode::ArenaFull,
+                ClientError::ZeroLength => ErrorCode::InvalidArg,
+                ClientError::NameInUse(_) => ErrorCode::NameInUse,
+                ClientError::UnknownTensor(_) | ClientError::LengthMismatch { .. } => ErrorCode::InvalidArg,
+                ClientError::TooManyInFlight(_) | ClientError::RingFull => ErrorCode::Busy,
+                ClientError::Ring(_) => ErrorCode::Corrupted,
+                ClientError::Timeout(_) => ErrorCode::Timeout,
+                ClientError::DaemonGone => ErrorCode::DaemonGone,
+                ClientError::Io(_) => ErrorCode::Io,
+            },
+            Error::UnknownTensor(_) | Error::InvalidArgument(_) => ErrorCode::InvalidArg,
+            Error::TensorBusy { .. } => ErrorCode::TensorBusy,
+            Error::OpFailed { .. } => ErrorCode::OpFailed,
+        }
+    }
+}
+
+/// Name of a raw status (`"ok"`, `"invalid_descriptor"`, ...), as in `dlcp.h`.
+pub fn status_name(status: Status) -> &'static str {
+    match status {
+        Status::Ok => "ok",
+        Status::InvalidDescriptor => "invalid_descriptor",
+        Status::Timeout => "timeout",
+        Status::PeerDown => "peer_down",
+        Status::Shutdown => "shutdown",
+        Status::Unknown(_) => "unknown",
+    }
+}
+
+/// What a [`Status::InvalidDescriptor`] detail code means (the daemon's `DescError::code`).
+pub fn descriptor_error_name(detail: u32) -> &'static str {
+    match detail {
+        1 => "reserved bytes not zero",
+        2 => "unknown opcode",
+        3 => "unknown dtype",
+        4 => "unknown flag bits",
+        5 => "empty tensor",
+        6 => "length overflows",
+        7 => "misaligned arena offset",
+        8 => "tensor outside the arena",
+        9 => "tensor id above the daemon's limit",
+        10 => "layer count out of range",
+        11 => "layer not below the layer count",
+        12 => "loss budget above the daemon's cap",
+        _ => "unknown descriptor error",
+    }
+}
+
+fn describe_status(c: &Completion) -> String {
+    match c.status {
+        Status::InvalidDescriptor => {
+            format!("invalid_descriptor (detail {}: {})", c.detail, descriptor_error_name(c.detail))
+        }
+        Status::Unknown(raw) => format!("unknown status {raw} (detail {})", c.detail),
+        s => format!("{} (detail {})", status_name(s), c.detail),
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    info: TensorInfo,
+    inner: shm::Tensor,
+    in_flight: Option<u64>,
+}
+
+/// A trainer's attachment to the local daemon.
+///
+/// Dropping it detaches: the daemon sees the control socket close and reclaims
+/// the segment; pointers from [`Client::data_ptr`] become invalid.
+#[derive(Debug)]
+pub struct Client {
+    // Field order: the view is unmapped before the channel closes.
+    view: ArenaView,
+    inner: shm::Client,
+    tensors: Vec<Option<Entry>>,
+    by_name: HashMap<String, TensorId>,
+    /// op_seq → tensor, for ops submitted and not yet completed.
+    ops: HashMap<u64, TensorId>,
+    /// Completions received while waiting for another op.
+    ready: VecDeque<Completion>,
+}
+
+impl Client {
+    /// Connects to the daemon's control socket at `socket_path`, registers as
+    /// `local_rank` of `local_world` trainers of job `job_id` on this host, and maps
+    /// the segment the daemon hands back. Waits at most 5 s for the daemon.
+    pub fn attach(
+        socket_path: impl AsRef<Path>,
+        job_id: u64,
+        local_rank: u32,
+        local_world: u32,
+    ) -> Result<Client, Error> {
+        if local_world == 0 || local_rank >= local_world {
+            return Err(Error::InvalidArgument(format!(
+                "local rank {local_rank} is not below the local world size {local_world}"
+            )));
+        }
+        let inner = shm::Client::attach(socket_path, job_id, local_rank, local_world)?;
+        let view = ArenaView::map(inner.memfd(), &inner.geometry()).map_err(Error::Map)?;
+        Ok(Client {
+            view,
+            inner,
+            tensors: Vec::new(),
+            by_name: HashMap::new(),
+            ops: HashMap::new(),
+            ready: VecDeque::new(),
+        })
+    }
+
+    /// The segment geometry (ring capacities, arena size).
+    pub fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+
+    /// The daemon's id for this attachment.
+    pub fn attachment_id(&self) -> u64 {
+        self.inner.attachment_id()
+    }
+
+    /// Operations submitted whose completion has not been received yet.
+    pub fn in_flight(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Allocates a named f32 tensor of `len_elems` elements in the shared arena.
+    /// Its contents start as whatever the arena held (zero for a fresh segment).
+    pub fn alloc(&mut self, name: &str, len_elems: u64) -> Result<TensorId, Error> {
+        let id = u32::try_from(self.tensors.len())
+            .map_err(|_| Error::InvalidArgument("too many tensors allocated".into()))?;
+        let inner = self.inner.alloc(name, len_elems)?;
+        let info =
+            TensorInfo { id: TensorId(id), name: name.to_owned(), len_elems, arena_offset: inner.offset };
+        self.by_name.insert(name.to_owned(), info.id);
+        self.tensors.push(Some(Entry { info, inner, in_flight: None }));
+        Ok(TensorId(id))
+    }
+
+    /// Frees a tensor (refused while an op on it is in flight). Its id is not reused;
+    /// pointers from [`Client::data_ptr`] to it must not be used any more.
+    pub fn free(&mut self, id: TensorId) -> Result<(), Error> {
+        let e = self.entry(id)?;
+        if let Some(op_seq) = e.in_flight {
+            return Err(Error::TensorBusy { name: e.info.name.clone(), op_seq });
+        }
+        let name = e.info.name.clone();
+        self.inner.free(&name)?;
+        self.by_name.remove(&name);
+        self.tensors[id.0 as usize] = None;
+        Ok(())
+    }
+
+    /// The tensor with this id.
+    pub fn tensor(&self, id: TensorId) -> Option<&TensorInfo> {
+        self.tensors.get(id.0 as usize)?.as_ref().map(|e| &e.info)
+    }
+
+    /// The id of the tensor with this name.
+    pub fn lookup(&self, name: &str) -> Option<TensorId> {
+        self.by_name.get(name).copied()
+    }
+
+    fn entry(&self, id: TensorId) -> Result<&Entry, Error> {
+        self.tensors.get(id.0 as usize).and_then(Option::as_ref).ok_or(Error::UnknownTensor(id.0))
+    }
+
+    fn idle_entry(&self, id: TensorId) -> Result<&Entry, Error> {
+        let e = self.entry(id)?;
+        match e.in_flight {
+            Some(op_seq) => Err(Error::TensorBusy { name: e.info.name.clone(), op_seq }),
+            None => Ok(e),
+        }
+    }
+
+    /// Copies `data` into the tensor's buffer (refused while an op is in flight).
+    pub fn write(&self, id: TensorId, data: &[f32]) -> Result<(), Error> {
+        let e = self.idle_entry(id)?;
+        Ok(self.inner.write(&e.inner, data)?)
+    }
+
+    /// Copies the tensor's buffer out (refused while an op is in flight).
+    pub fn read(&self, id: TensorId) -> Result<Vec<f32>, Error> {
+        let e = self.idle_entry(id)?;
+        Ok(self.inner.read(&e.inner)?)
+    }
+
+    /// Raw pointer to the tensor's `len_elems` f32 in the shared arena, for
+    /// in-place access from C or Python (Rust code should prefer [`write`](Self::write)
+    /// and [`read`](Self::read)).
+    ///
+    /// Contract for whoever dereferences it: the pointer is valid until the client
+    /// is dropped (or the tensor freed); the memory must not be read or written
+    /// between [`submit`](Self::submit) of this tensor and the receipt of its
+    /// completion (the daemon writes the result there); never form a Rust `&[f32]`
+    /// over it while an op is in flight.
+    pub fn data_ptr(&self, id: TensorId) -> Result<NonNull<f32>, Error> {
+        let e = self.entry(id)?;
+        self.view
+            .f32_ptr(e.info.arena_offset, e.info.len_elems)
+            .ok_or_else(|| Error::InvalidArgument(format!("tensor {} lies outside the arena", e.info.name)))
+    }
+
+    /// Submits an allreduce of tensor `id`; returns its op_seq. When its
+    /// completion arrives (with [`Status::Ok`]) the result has replaced the
+    /// tensor's contents.
+    pub fn submit(&mut self, id: TensorId, o: Options) -> Result<u64, Error> {
+        if o.layers == 0 || o.layer >= o.layers {
+            return Err(Error::InvalidArgument(format!(
+                "layer {} is not below the layer count {}",
+                o.layer, o.layers
+            )));
+        }
+        if o.flags & !KNOWN_FLAGS != 0 {
+            return Err(Error::InvalidArgument(format!("unknown flag bits {:#x}", o.flags & !KNOWN_FLAGS)));
+        }
+        let inner = self.idle_entry(id)?.inner.clone();
+        let opts = shm::SubmitOptions {
+            tensor_id: id.0,
+            layer: o.layer,
+            layers: o.layers,
+            budget_ppm: o.budget_ppm,
+            flags: o.flags,
+            cookie: o.cookie,
+        };
+        let op_seq = self.inner.submit(&inner, opts)?;
+        self.ops.insert(op_seq, id);
+        if let Some(Some(e)) = self.tensors.get_mut(id.0 as usize) {
+            e.in_flight = Some(op_seq);
+        }
+        Ok(op_seq)
+    }
+
+    fn received(&mut self, c: &Completion) {
+        if let Some(id) = self.ops.remove(&c.op_seq)
+            && let Some(Some(e)) = self.tensors.get_mut(id.0 as usize)
+            && e.in_flight == Some(c.op_seq)
+        {
+            e.in_flight = None;
+        }
+    }
+
+    /// A completion if one is ready (never blocks).
+    pub fn try_completion(&mut self) -> Result<Option<Completion>, Error> {
+        if let Some(c) = self.ready.pop_front() {
+            return Ok(Some(c));
+        }
+        let c = self.inner.try_completion()?;
+        if let Some(c) = &c {
+            self.received(c);
+        }
+        Ok(c)
+    }
+
+    /// Sleeps (no spinning) until any completion arrives, or fails with
+    /// [`ErrorCode::Timeout`] after `timeout`, or [`ErrorCode::DaemonGone`].
+    /// The completion may carry a non-OK status; [`allreduce`](Self::allreduce)
+    /// turns that into [`Error::OpFailed`].
+    pub fn wait(&mut self, timeout: Duration) -> Result<Completion, Error> {
+        if let Some(c) = self.ready.pop_front() {
+            return Ok(c);
+        }
+        let c = self.inner.wait_completion(timeout.min(MAX_WAIT))?;
+        self.received(&c);
+        Ok(c)
+    }
+
+    /// Sleeps until the completion of op `op_seq` arrives; other completions that
+    /// arrive meanwhile are kept for [`wait`](Self::wait) / [`try_completion`](Self::try_completion).
+    pub fn wait_for(&mut self, op_seq: u64, timeout: Duration) -> Result<Completion, Error> {
+        if let Some(i) = self.ready.iter().position(|c| c.op_seq == op_seq) {
+            return Ok(self.ready.remove(i).expect("index from position"));
+        }
+        if !self.ops.contains_key(&op_seq) {
+            return Err(Error::InvalidArgument(format!("op {op_seq} is not in flight")));
+        }
+        let timeout = timeout.min(MAX_WAIT);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let c = match self.inner.wait_completion(left) {
+                Ok(c) => c,
+                Err(ClientError::Timeout(_)) => return Err(ClientError::Timeout(timeout).into()),
+                Err(e) => return Err(e.into()),
+            };
+            self.received(&c);
+            if c.op_seq == op_seq {
+                return Ok(c);
+            }
+            self.ready.push_back(c);
+        }
+    }
+
+    /// Submits an allreduce of tensor `id` and waits for it: `Ok` only if it
+    /// completed with [`Status::Ok`], with the result in the tensor's buffer.
+    /// On [`ErrorCode::Timeout`] the op is still in flight (the tensor stays busy
+    /// until its completion is received).
+    pub fn allreduce(&mut self, id: TensorId, o: Options, timeout: Duration) -> Result<Report, Error> {
+        let op_seq = self.submit(id, o)?;
+        let c = self.wait_for(op_seq, timeout)?;
+        report(id, c)
+    }
+}
+
+/// The report of a completion, or [`Error::OpFailed`] if its status is not OK.
+pub fn report(id: TensorId, c: Completion) -> Result<Report, Error> {
+    if c.status != Status::Ok {
+        return Err(Error::OpFailed { completion: c });
+    }
+    Ok(Report {
+        op_seq: c.op_seq,
+        tensor: id,
+        delivered_ppm: c.delivered_ppm,
+        repairs: c.repairs,
+        duration: c.duration,
+    })
+}
+
+/// The library version (crate version).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,94 @@
+/*
+ * Compiled against client/include/dlcp.h and linked with libdlcp_client (shared
+ * or static) by tests/c_link.rs, then run against the fake reducer, which doubles
+ * every tensor. Exits 0 and prints "C ABI OK" when every check passes.
+ */
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dlcp.h"
+
+_Static_assert(sizeof(dlcp_completion) == 48, "dlcp_completion is 48 bytes");
+_Static_assert(offsetof(dlcp_completion, op_seq) == 0, "op_seq");
+_Static_assert(offsetof(dlcp_completion, cookie) == 8, "cookie");
+_Static_assert(offsetof(dlcp_completion, duration_ns) == 16, "duration_ns");
+_Static_assert(offsetof(dlcp_completion, tensor) == 24, "tensor");
+_Static_assert(offsetof(dlcp_completion, status) == 28, "status");
+_Static_assert(offsetof(dlcp_completion, detail) == 32, "detail");
+_Static_assert(offsetof(dlcp_completion, delivered_ppm) == 36, "delivered_ppm");
+_Static_assert(offsetof(dlcp_completion, repairs) == 40, "repairs");
+_Static_assert(offsetof(dlcp_completion, reserved) == 44, "reserved");
+_Static_assert(sizeof(dlcp_tensor) == 4, "dlcp_tensor");
+
+static int failures = 0;
+#define CHECK(cond)                                                                  \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+            failures++;                                                              \
+        }                                                                            \
+    } while (0)
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s SOCKET\n", argv[0]);
+        return 2;
+    }
+    CHECK(strcmp(dlcp_strerror(DLCP_OK), "success") == 0);
+    CHECK(strcmp(dlcp_strerror(DLCP_ERR_TIMEOUT), "no completion within the timeout") == 0);
+    CHECK(strcmp(dlcp_strerror(12345), "unknown dlcp error code") == 0);
+    CHECK(strcmp(dlcp_status_str(DLCP_STATUS_PEER_DOWN), "peer_down") == 0);
+    CHECK(strlen(dlcp_version()) > 0);
+
+    dlcp_client *c = (dlcp_client *)0x1;
+    CHECK(dlcp_attach("/nonexistent/dlcpd.sock", 1, 0, 1, &c) == DLCP_ERR_CONNECT);
+    CHECK(c == NULL);
+    CHECK(strstr(dlcp_last_error(NULL), "cannot connect") != NULL);
+    CHECK(dlcp_attach(argv[1], 42, 0, 1, NULL) == DLCP_ERR_NULL_ARG);
+    CHECK(dlcp_attach(argv[1], 42, 0, 1, &c) == DLCP_OK);
+    if (!c) return 1;
+
+    enum { N = 1000 };
+    dlcp_tensor t = 99, t2;
+    CHECK(dlcp_alloc(c, "grad", N, &t) == DLCP_OK);
+    CHECK(t == 0);
+    CHECK(dlcp_alloc(c, "grad", N, &t2) == DLCP_ERR_NAME_IN_USE);
+    CHECK(strstr(dlcp_last_error(c), "grad") != NULL);
+    uint64_t len = 0;
+    CHECK(dlcp_tensor_len(c, t, &len) == DLCP_OK && len == N);
+    float *g = dlcp_tensor_data(c, t);
+    CHECK(g != NULL);
+    CHECK(dlcp_tensor_data(c, 7) == NULL);
+    if (!g) return 1;
+    for (int i = 0; i < N; i++) g[i] = 0.25f * (float)i - 3.0f;
+
+    uint64_t seq = 0;
+    CHECK(dlcp_submit(c, t, 0, 2, 10000, DLCP_FLAG_RESCALE, &seq) == DLCP_OK);
+    CHECK(dlcp_submit(c, t, 0, 2, 0, 0, NULL) == DLCP_ERR_TENSOR_BUSY);
+    dlcp_completion done;
+    memset(&done, 0xff, sizeof done);
+    CHECK(dlcp_wait(c, 10000, &done) == DLCP_OK);
+    CHECK(done.op_seq == seq && done.tensor == t && done.status == DLCP_STATUS_OK);
+    CHECK(done.delivered_ppm == 999000 && done.repairs == 3 && done.reserved == 0);
+    int bad = 0;
+    for (int i = 0; i < N; i++) bad += g[i] != 2.0f * (0.25f * (float)i - 3.0f);
+    CHECK(bad == 0);
+
+    CHECK(dlcp_allreduce(c, t, 1, 2, 0, 0, 10000, &done) == DLCP_OK);
+    CHECK(g[5] == 4.0f * (0.25f * 5.0f - 3.0f));
+    CHECK(dlcp_allreduce(c, t, 2, 2, 0, 0, 10000, NULL) == DLCP_ERR_INVALID_ARG);
+    CHECK(strstr(dlcp_last_error(c), "layer 2 is not below the layer count 2") != NULL);
+    CHECK(dlcp_wait(c, 0, &done) == DLCP_ERR_TIMEOUT);
+
+    CHECK(dlcp_detach(c) == DLCP_OK);
+    CHECK(dlcp_detach(c) == DLCP_ERR_BAD_HANDLE);
+    CHECK(dlcp_alloc(c, "x", 1, &t2) == DLCP_ERR_BAD_HANDLE);
+    CHECK(dlcp_detach(NULL) == DLCP_OK);
+    if (failures) {
+        fprintf(stderr, "%d checks failed\n", failures);
+        return 1;
+    }
+    printf("C ABI OK\n");
+    return 0;
+}

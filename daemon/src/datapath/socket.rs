@@ -1,1 +1,1107 @@
-//! The socket datapath (being written).
+//! The socket datapath: kernel UDP sockets, one per priority class.
+//!
+//! # Design
+//!
+//! **Nine sockets, one port.** A receive socket is bound first to the configured
+//! address; then one non-blocking send socket per class (8) is bound to the
+//! *same* address and port with `SO_REUSEPORT`. Each class socket carries its
+//! class's DSCP as a socket option (`IP_TOS` = DSCP << 2, or `IPV6_TCLASS`), set
+//! *before* `SO_PRIORITY` because setting the TOS resets the priority. So:
+//!
+//! - (a) every datagram leaves from the configured port, whatever its class —
+//!   peers identify each other by address and port;
+//! - (b) a datagram's DSCP is its class's, fixed per socket: no per-packet cmsg
+//!   can be forgotten, and a GSO super-packet is one class by construction;
+//! - (c) each class has its own kernel send buffer and its own user-space queue,
+//!   so a low class that fills its buffer (would-block) cannot hold up a higher
+//!   class (DESIGN.md §4: one socket alternating TOS equalises classes under
+//!   congestion), and [`flush`](Datapath::flush) serves the queues strictly
+//!   highest class first.
+//!
+//! **Receive steering.** With several sockets in one `SO_REUSEPORT` group the
+//! kernel would spread *incoming* datagrams over all of them by a hash of the
+//! 4-tuple. A one-instruction classic BPF program (`ret #0`) attached with
+//! `SO_ATTACH_REUSEPORT_CBPF` to the receive socket *before* it is bound steers
+//! every incoming datagram to socket 0 of the group, which is the receive socket
+//! (it is bound first and lives as long as the datapath). Attaching before bind
+//! also makes the receive socket's bind exclusive: a socket that already owns a
+//! reuseport group conflicts with every existing socket on the port, so the
+//! datapath never joins a stranger's group (not even for an ephemeral port 0).
+//! The class sockets then join the group. If the kernel refuses the program
+//! (Linux < 4.5), the datapath still works but [`recv`](Datapath::recv) reads
+//! all nine sockets. Anything in the group may still be joined later by another
+//! socket of the *same user* (the kernel's reuseport rule); with steering it
+//! receives nothing.
+//!
+//! Unconnected UDP sockets ignore ICMP errors (no `IP_RECVERR`), so an
+//! unreachable peer does not poison the sockets with `ECONNREFUSED`.
+//!
+//! **Sending.** [`send`](Datapath::send) copies the datagram into its class's
+//! queue; [`flush`](Datapath::flush) pushes every queue to its socket with
+//! `sendmmsg` (`batch` messages per call), class 7 first. With GSO on, a run of
+//! equal-size datagrams of one class to one destination (optionally ended by one
+//! shorter datagram) becomes one `UDP_SEGMENT` message of at most
+//! `gso_max_segments` segments (and at most one 64 KiB UDP payload), so a low
+//! class never has a long super-packet ahead of a high class. If the kernel
+//! refuses a GSO message (`EINVAL`, `EIO`, `ENOPROTOOPT`, `EOPNOTSUPP`,
+//! `EMSGSIZE`), GSO is switched off for the rest of the datapath's life, the
+//! refusal is logged once and counted ([`SocketStats::gso_fallbacks`]), and
+//! the same datagrams are sent again without it: nothing is lost.
+//!
+//! **Would-block contract** (precisely):
+//!
+//! - `send` returns `Ok(Sent)` when the datagram was copied into its class's
+//!   queue (the caller may reuse its buffer). Accepted datagrams of one class
+//!   leave in the order they were accepted, each exactly once, unless the
+//!   kernel rejects one with a hard error (counted in `tx_errors`, logged at
+//!   debug, dropped — never retried).
+//! - `send` returns `Ok(WouldBlock)` only when the class's queue is full
+//!   (`batch × gso_max_segments` datagrams, or `batch` without GSO) *and* a
+//!   flush of all classes could not make room because the class's kernel send
+//!   buffer is full. The datagram was **not** taken: nothing of it is queued;
+//!   the caller keeps it and offers it again later. Other classes are unaffected.
+//! - [`wants_writable`](Datapath::wants_writable) is true while any class holds
+//!   queued datagrams its socket refused with `EWOULDBLOCK`; the caller then
+//!   waits for a writable event on a class socket (registered edge-triggered)
+//!   and calls `flush`, which clears it once those queues drained.
+//! - Datagrams still queued when the datapath is dropped get one best-effort
+//!   flush; whatever the kernel still refuses then is lost.
+//! - Call `flush` at the end of every event-loop turn: `send` itself only
+//!   reaches the kernel when a queue is full.
+//!
+//! **Receiving.** `recvmmsg` into `batch` buffers of `max_datagram` bytes;
+//! a datagram larger than that (`MSG_TRUNC`) is counted in `rx_truncated` and
+//! dropped, never delivered cut short. UDP GRO is not used (the kernel splits any
+//! GSO packet that reaches a socket without `UDP_GRO`). One `recv` call reads until
+//! the kernel has nothing more or `8 × batch` datagrams were taken;
+//! [`SocketDatapath::rx_drained`] tells which, so an edge-triggered loop can
+//! call again.
+//!
+//! IPv4 and IPv6: the bind address decides. An IPv6 datapath sends to an IPv4
+//! destination as a v4-mapped address (works when bound to `::` with dual
+//! stack), sets `IP_TOS` as well as `IPV6_TCLASS` in that case, and reports
+//! v4-mapped sources as IPv4 addresses.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr, SocketAddrV6};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+
+use dlcp_proto::priority::Class;
+use log::{debug, warn};
+use mio::unix::SourceFd;
+use mio::{Interest, Registry, Token};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use super::{Datapath, DatapathStats, SendOutcome};
+
+/// Largest `gso_max_segments` accepted (the kernel's `UDP_MAX_SEGMENTS` on
+/// older kernels; newer ones allow 128).
+pub const MAX_GSO_SEGMENTS: usize = 64;
+/// Largest `batch` accepted.
+pub const MAX_BATCH: usize = 1024;
+/// Largest UDP payload over IPv4 (65535 − 20 − 8).
+pub const MAX_UDP_PAYLOAD_V4: usize = 65_507;
+/// Largest UDP payload over IPv6 without jumbograms (65535 − 8).
+pub const MAX_UDP_PAYLOAD_V6: usize = 65_527;
+/// Receive rounds (`recvmmsg` calls of `batch`) per [`Datapath::recv`] call.
+const RX_ROUNDS: usize = 8;
+/// Number of classes.
+const CLASSES: usize = Class::COUNT;
+
+/// Settings of a [`SocketDatapath`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SocketConfig {
+    /// Local address and port (IPv4 or IPv6); port 0 picks a free port.
+    pub bind: SocketAddr,
+    /// DSCP (0 ..= 63) per class; the TOS/traffic-class byte is `dscp << 2`.
+    pub dscp: [u8; CLASSES],
+    /// `SO_PRIORITY` per class (values above 6 need `CAP_NET_ADMIN`; failing
+    /// to set one is logged and counted, not fatal).
+    pub so_priority: [u32; CLASSES],
+    /// `SO_SNDBUF` of each class socket in bytes; 0 keeps the kernel default.
+    pub send_buffer_bytes: usize,
+    /// `SO_RCVBUF` of the receive socket in bytes; 0 keeps the kernel default.
+    pub recv_buffer_bytes: usize,
+    /// Messages per `sendmmsg`/`recvmmsg` call, 1 ..= [`MAX_BATCH`].
+    pub batch: usize,
+    /// Use UDP GSO (`UDP_SEGMENT`) when the kernel has it.
+    pub gso: bool,
+    /// Segments per GSO message, 1 ..= [`MAX_GSO_SEGMENTS`].
+    pub gso_max_segments: usize,
+    /// Largest datagram sent or received (UDP payload bytes), 1 ..=
+    /// [`MAX_UDP_PAYLOAD_V4`] (IPv4) or [`MAX_UDP_PAYLOAD_V6`] (IPv6).
+    pub max_datagram: usize,
+}
+
+impl SocketConfig {
+    /// The defaults of `dlcp.toml` (`[priority]` DSCP and `SO_PRIORITY` maps,
+    /// `[datapath.socket]`, MTU 1500) for `bind`.
+    pub fn new(bind: SocketAddr) -> SocketConfig {
+        let d = dlcp_config::SocketDatapath::default();
+        let overhead = if bind.is_ipv6() {
+            dlcp_config::schema::IPV6_UDP_OVERHEAD
+        } else {
+            dlcp_config::schema::IPV4_UDP_OVERHEAD
+        };
+        SocketConfig {
+            bind,
+            dscp: dlcp_config::schema::DEFAULT_DSCP,
+            so_priority: dlcp_config::schema::DEFAULT_SO_PRIORITY.map(u32::from),
+            send_buffer_bytes: d.send_buffer_bytes as usize,
+            recv_buffer_bytes: d.recv_buffer_bytes as usize,
+            batch: d.batch as usize,
+            gso: d.gso,
+            gso_max_segments: d.gso_max_segments as usize,
+            max_datagram: (dlcp_config::schema::DEFAULT_MTU - overhead) as usize,
+        }
+    }
+
+    /// The settings a loaded daemon configuration asks for: bind address,
+    /// `[priority]` maps, `[datapath.socket]`, and the largest datagram that
+    /// fits `network.mtu`.
+    pub fn from_config(cfg: &dlcp_config::Config) -> SocketConfig {
+        let bind = cfg.bind_addr();
+        let s = &cfg.datapath.socket;
+        let overhead = if bind.is_ipv6() {
+            dlcp_config::schema::IPV6_UDP_OVERHEAD
+        } else {
+            dlcp_config::schema::IPV4_UDP_OVERHEAD
+        };
+        SocketConfig {
+            bind,
+            dscp: cfg.priority.dscp,
+            so_priority: cfg.priority.so_priority.map(u32::from),
+            send_buffer_bytes: s.send_buffer_bytes as usize,
+            recv_buffer_bytes: s.recv_buffer_bytes as usize,
+            batch: s.batch as usize,
+            gso: s.gso,
+            gso_max_segments: s.gso_max_segments as usize,
+            max_datagram: cfg.network.mtu.saturating_sub(overhead) as usize,
+        }
+    }
+
+    /// The largest UDP payload of the bind address's family.
+    fn max_payload(&self) -> usize {
+        if self.bind.is_ipv6() { MAX_UDP_PAYLOAD_V6 } else { MAX_UDP_PAYLOAD_V4 }
+    }
+
+    /// Checks every value is in range.
+    pub fn validate(&self) -> Result<(), DatapathError> {
+        let bad = |field: &'static str, reason: String| Err(DatapathError::InvalidConfig { field, reason });
+        if let Some(c) = self.dscp.iter().position(|&d| d > 63) {
+            return bad("dscp", format!("class {c}: DSCP {} is above 63", self.dscp[c]));
+        }
+        if !(1..=MAX_BATCH).contains(&self.batch) {
+            return bad("batch", format!("{} is not in 1 ..= {MAX_BATCH}", self.batch));
+        }
+        if !(1..=MAX_GSO_SEGMENTS).contains(&self.gso_max_segments) {
+            return bad(
+                "gso_max_segments",
+                format!("{} is not in 1 ..= {MAX_GSO_SEGMENTS}", self.gso_max_segments),
+            );
+        }
+        if !(1..=self.max_payload()).contains(&self.max_datagram) {
+            return bad(
+                "max_datagram",
+                format!("{} is not in 1 ..= {}", self.max_datagram, self.max_payload()),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Opens the socket datapath a loaded daemon configuration asks for
+/// ([`SocketConfig::from_config`]); the error is the [`DatapathError`]'s message.
+pub fn open(cfg: &dlcp_config::Config) -> Result<SocketDatapath, String> {
+    SocketDatapath::new(SocketConfig::from_config(cfg)).map_err(|e| e.to_string())
+}
+
+/// Why a [`SocketDatapath`] could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum DatapathError {
+    /// A [`SocketConfig`] value is out of range: fix the configuration.
+    #[error("invalid socket datapath setting `{field}`: {reason}")]
+    InvalidConfig {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The bind address cannot be bound: another process holds the port, or
+    /// the address is not configured on this host.
+    #[error("cannot bind UDP {addr}: {source} (port in use, or address not on this host?)")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The kernel's error.
+        #[source]
+        source: io::Error,
+    },
+    /// A socket could not be created or configured (e.g. out of file
+    /// descriptors, or the kernel lacks IPv6).
+    #[error("socket datapath on {addr}: cannot {what}: {source}")]
+    Socket {
+        /// The bind address.
+        addr: SocketAddr,
+        /// The step that failed.
+        what: String,
+        /// The kernel's error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Counters and state specific to the socket datapath (beyond
+/// [`DatapathStats`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SocketStats {
+    /// Classes whose `SO_PRIORITY` could not be set (e.g. `EPERM` above 6
+    /// without `CAP_NET_ADMIN`).
+    pub so_priority_failures: u64,
+    /// The kernel accepted `UDP_SEGMENT` at start-up and the config asked for GSO.
+    pub gso_available: bool,
+    /// GSO is in use now (false after a fallback).
+    pub gso_active: bool,
+    /// Times the kernel refused a GSO message and GSO was switched off.
+    pub gso_fallbacks: u64,
+    /// GSO messages (super-packets) handed to the kernel.
+    pub gso_sends: u64,
+    /// Datagrams carried in GSO messages.
+    pub gso_segments: u64,
+    /// Incoming datagrams are steered to the receive socket by a reuseport BPF
+    /// program (else every socket is read).
+    pub rx_steered: bool,
+    /// Datagrams queued per class, not yet handed to the kernel.
+    pub tx_queued: [usize; CLASSES],
+}
+
+/// One queued datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pending {
+    /// Destination, already in the socket's family (v4-mapped on IPv6).
+    dst: SocketAddr,
+    /// Offset of the payload in the queue's buffer.
+    off: usize,
+    /// Payload length.
+    len: usize,
+}
+
+/// A class's user-space queue: payloads back to back, in acceptance order.
+#[derive(Debug, Default)]
+struct ClassQueue {
+    buf: Vec<u8>,
+    items: Vec<Pending>,
+    /// The socket refused the head with would-block; cleared when drained.
+    blocked: bool,
+    /// Testing: this many send attempts fail with would-block first.
+    inject_would_block: u32,
+}
+
+impl ClassQueue {
+    fn push(&mut self, dst: SocketAddr, data: &[u8]) {
+        let off = self.buf.len();
+        self.buf.extend_from_slice(data);
+        self.items.push(Pending { dst, off, len: data.len() });
+    }
+
+    /// Forgets the first `n` items (sent or dropped), moving the rest to the front.
+    fn consume(&mut self, n: usize) {
+        if n >= self.items.len() {
+            self.items.clear();
+            self.buf.clear();
+            return;
+        }
+        if n == 0 {
+            return;
+        }
+        let cut = self.items[n].off;
+        self.buf.drain(..cut);
+        self.items.drain(..n);
+        for it in &mut self.items {
+            it.off -= cut;
+        }
+    }
+}
+
+/// One message of a `sendmmsg` call: `count` consecutive queue items starting
+/// at `first`, sent as one GSO message of segment size `segment` when
+/// `count > 1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Group {
+    first: usize,
+    count: usize,
+    segment: usize,
+    bytes: usize,
+}
+
+/// Splits `items[start..]` into at most `batch` messages. With `gso =
+/// Some((max_segments, max_payload))`, consecutive datagrams to one
+/// destination of one size (plus at most one shorter, last one) share a
+/// message, up to `max_segments` of them and `max_payload` bytes.
+fn plan(items: &[Pending], start: usize, batch: usize, gso: Option<(usize, usize)>, out: &mut Vec<Group>) {
+    out.clear();
+    let mut i = start;
+    while out.len() < batch && i < items.len() {
+        let first = items[i];
+        let mut count = 1;
+        let mut bytes = first.len;
+        if let Some((max_segments, max_payload)) = gso
+            && first.len > 0
+        {
+            while count < max_segments && i + count < items.len() {
+                let next = items[i + count];
+                if next.dst != first.dst
+                    || next.len == 0
+                    || next.len > first.len
+                    || bytes + next.len > max_payload
+                {
+                    break;
+                }
+                count += 1;
+                bytes += next.len;
+                if next.len < first.len {
+                    break; // a shorter datagram can only be the last segment
+                }
+            }
+        }
+        let segment = if count > 1 { first.len } else { 0 };
+        out.push(Group { first: i, count, segment, bytes });
+        i += count;
+    }
+}
+
+/// Errors with which a kernel refuses a GSO message it would send without GSO.
+fn is_gso_refusal(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINVAL | libc::EIO | libc::ENOPROTOOPT | libc::EOPNOTSUPP | libc::EMSGSIZE)
+    )
+}
+
+/// What a receive call learned about one datagram.
+#[derive(Debug, Clone, Copy, Default)]
+struct RxMeta {
+    len: usize,
+    truncated: bool,
+    src: Option<SocketAddr>,
+}
+
+/// The socket datapath: see the [module documentation](self).
+#[derive(Debug)]
+pub struct SocketDatapath {
+    cfg: SocketConfig,
+    local: SocketAddr,
+    rx: Socket,
+    /// Send socket per class (index = class).
+    tx: Vec<Socket>,
+    queues: Vec<ClassQueue>,
+    gso_max_payload: usize,
+    stats: DatapathStats,
+    extra: SocketStats,
+    rx_buf: Vec<u8>,
+    rx_meta: Vec<RxMeta>,
+    rx_drained: bool,
+    groups: Vec<Group>,
+    oversize_logged: bool,
+}
+
+impl SocketDatapath {
+    /// Creates the receive socket and the eight class sockets, all bound to
+    /// `cfg.bind` (see the [module documentation](self)).
+    pub fn new(cfg: SocketConfig) -> Result<SocketDatapath, DatapathError> {
+        cfg.validate()?;
+        let addr = cfg.bind;
+        let v6 = addr.is_ipv6();
+        let domain = if v6 { Domain::IPV6 } else { Domain::IPV4 };
+        let fail = |what: &str| {
+            let what = what.to_string();
+            move |source| DatapathError::Socket { addr, what, source }
+        };
+
+        let rx = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))
+            .map_err(fail("create the receive socket"))?;
+        rx.set_reuse_port(true).map_err(fail("set SO_REUSEPORT"))?;
+        let steered = match sys::attach_steering(rx.as_fd()) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(
+                    "socket datapath {addr}: reuseport steering unavailable ({e}); reading every class socket"
+                );
+                false
+            }
+        };
+        rx.set_nonblocking(true).map_err(fail("make the receive socket non-blocking"))?;
+        if cfg.recv_buffer_bytes > 0 {
+            rx.set_recv_buffer_size(cfg.recv_buffer_bytes).map_err(fail("set SO_RCVBUF"))?;
+        }
+        rx.bind(&addr.into()).map_err(|source| DatapathError::Bind { addr, source })?;
+        let local = rx
+            .local_addr()
+            .map_err(fail("read the bound address"))?
+            .as_socket()
+            .ok_or_else(|| fail("read the bound address")(io::Error::other("not an IP address")))?;
+
+        let mut extra = SocketStats { rx_steered: steered, ..SocketStats::default() };
+        let mut tx = Vec::with_capacity(CLASSES);
+        for c in 0..CLASSES {
+            let s = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))
+                .map_err(fail(&format!("create the class {c} socket")))?;
+            s.set_reuse_port(true).map_err(fail("set SO_REUSEPORT"))?;
+            s.set_nonblocking(true).map_err(fail("make a class socket non-blocking"))?;
+            if cfg.send_buffer_bytes > 0 {
+                s.set_send_buffer_size(cfg.send_buffer_bytes).map_err(fail("set SO_SNDBUF"))?;
+            }
+            let tos = u32::from(cfg.dscp[c]) << 2;
+            if v6 {
+                s.set_tclass_v6(tos).map_err(fail(&format!("set IPV6_TCLASS {tos:#x} for class {c}")))?;
+                if addr.ip().is_unspecified() {
+                    // Dual stack: IPv4 destinations leave with IP_TOS.
+                    if let Err(e) = s.set_tos_v4(tos) {
+                        debug!("socket datapath {addr}: IP_TOS on an IPv6 socket: {e}");
+                    }
+                }
+            } else {
+                s.set_tos_v4(tos).map_err(fail(&format!("set IP_TOS {tos:#x} for class {c}")))?;
+            }
+            // After the TOS: setting IP_TOS resets SO_PRIORITY.
+            if let Err(e) = s.set_priority(cfg.so_priority[c]) {
+                extra.so_priority_failures += 1;
+                if extra.so_priority_failures == 1 {
+                    warn!(
+                        "socket datapath {local}: cannot set SO_PRIORITY {} for class {c}: {e} \
+                         (values above 6 need CAP_NET_ADMIN); further failures logged at debug",
+                        cfg.so_priority[c]
+                    );
+                } else {
+                    debug!("socket datapath {local}: SO_PRIORITY {} for class {c}: {e}", cfg.so_priority[c]);
+                }
+            }
+            s.bind(&local.into()).map_err(|source| DatapathError::Bind { addr: local, source })?;
+            tx.push(s);
+        }
+
+        extra.gso_available = cfg.gso && cfg.gso_max_segments > 1 && sys::probe_gso(domain);
+        extra.gso_active = extra.gso_available;
+        let gso_max_payload = cfg.max_payload();
+        let rx_buf = vec![0; cfg.batch * cfg.max_datagram];
+        let rx_meta = vec![RxMeta::default(); cfg.batch];
+        Ok(SocketDatapath {
+            cfg,
+            local,
+            rx,
+            tx,
+            queues: (0..CLASSES).map(|_| ClassQueue::default()).collect(),
+            gso_max_payload,
+            stats: DatapathStats::default(),
+            extra,
+            rx_buf,
+            rx_meta,
+            rx_drained: true,
+            groups: Vec::new(),
+            oversize_logged: false,
+        })
+    }
+
+    /// The configuration the datapath was created with (port 0 not resolved;
+    /// see [`Datapath::local_addr`]).
+    pub fn config(&self) -> &SocketConfig {
+        &self.cfg
+    }
+
+    /// Counters and state beyond [`DatapathStats`].
+    pub fn socket_stats(&self) -> SocketStats {
+        let mut s = self.extra.clone();
+        for (c, q) in self.queues.iter().enumerate() {
+            s.tx_queued[c] = q.items.len();
+        }
+        s
+    }
+
+    /// True if the last [`Datapath::recv`] stopped because the kernel had no
+    /// more datagrams (false: it stopped at its per-call limit; call again).
+    pub fn rx_drained(&self) -> bool {
+        self.rx_drained
+    }
+
+    /// The send socket of `class` (for inspection, e.g. `getsockopt`). Token
+    /// `first_token + 1 + class` in [`Datapath::register`].
+    pub fn class_socket(&self, class: Class) -> BorrowedFd<'_> {
+        self.tx[class.index()].as_fd()
+    }
+
+    /// The receive socket. Token `first_token` in [`Datapath::register`].
+    pub fn rx_socket(&self) -> BorrowedFd<'_> {
+        self.rx.as_fd()
+    }
+
+    /// Removes the sockets from a mio registry (dropping the datapath also
+    /// removes them, by closing them).
+    pub fn deregister(&mut self, registry: &Registry) -> io::Result<()> {
+        registry.deregister(&mut SourceFd(&self.rx.as_raw_fd()))?;
+        for s in &self.tx {
+            registry.deregister(&mut SourceFd(&s.as_raw_fd()))?;
+        }
+        Ok(())
+    }
+
+    /// Testing hook: the next `attempts` sends of `class` to the kernel fail
+    /// with would-block without a system call. A loopback UDP send buffer never
+    /// fills (the loopback driver releases each packet's buffer charge as it
+    /// transmits), so this is how tests reach the would-block path.
+    #[doc(hidden)]
+    pub fn inject_would_block(&mut self, class: Class, attempts: u32) {
+        self.queues[class.index()].inject_would_block = attempts;
+    }
+
+    /// Queue capacity of a class, in datagrams.
+    fn queue_cap(&self) -> usize {
+        if self.extra.gso_active { self.cfg.batch * self.cfg.gso_max_segments } else { self.cfg.batch }
+    }
+
+    /// `dst` in the sockets' family, if it can be reached from it.
+    fn normalise(&self, dst: SocketAddr) -> Option<SocketAddr> {
+        match (self.local, dst) {
+            (SocketAddr::V4(_), SocketAddr::V4(_)) | (SocketAddr::V6(_), SocketAddr::V6(_)) => Some(dst),
+            (SocketAddr::V6(_), SocketAddr::V4(d)) => {
+                Some(SocketAddr::V6(SocketAddrV6::new(d.ip().to_ipv6_mapped(), d.port(), 0, 0)))
+            }
+            (SocketAddr::V4(_), SocketAddr::V6(d)) => {
+                d.ip().to_ipv4_mapped().map(|ip| SocketAddr::new(IpAddr::V4(ip), d.port()))
+            }
+        }
+    }
+
+    /// Flushes every class, highest first.
+    fn flush_all(&mut self) {
+        for c in (0..CLASSES).rev() {
+            if !self.queues[c].items.is_empty() {
+                self.flush_class(c);
+            }
+        }
+    }
+
+    /// Hands class `c`'s queue to its socket until it is empty or the socket
+    /// would block.
+    fn flush_class(&mut self, c: usize) {
+        let mut head = 0;
+        let mut groups = std::mem::take(&mut self.groups);
+        let blocked = loop {
+            let q = &mut self.queues[c];
+            if head == q.items.len() {
+                break false;
+            }
+            let gso = self.extra.gso_active.then_some((self.cfg.gso_max_segments, self.gso_max_payload));
+            plan(&q.items, head, self.cfg.batch, gso, &mut groups);
+            let result = if q.inject_would_block > 0 {
+                q.inject_would_block -= 1;
+                Err(io::Error::from(io::ErrorKind::WouldBlock))
+            } else {
+                self.stats.tx_syscalls += 1;
+                let dsts: Vec<SockAddr> =
+                    groups.iter().map(|g| SockAddr::from(q.items[g.first].dst)).collect();
+                let msgs: Vec<sys::TxMsg<'_>> = groups
+                    .iter()
+                    .zip(&dsts)
+                    .map(|(g, dst)| {
+                        let off = q.items[g.first].off;
+                        sys::TxMsg { dst, data: &q.buf[off..off + g.bytes], segment: g.segment as u16 }
+                    })
+                    .collect();
+                sys::send_batch(self.tx[c].as_fd(), &msgs)
+            };
+            match result {
+                Ok(0) => break true, // cannot happen with messages to send; do not spin
+                Ok(k) => {
+                    for g in &groups[..k.min(groups.len())] {
+                        self.stats.tx_packets[c] += g.count as u64;
+                        self.stats.tx_bytes[c] += g.bytes as u64;
+                        if g.count > 1 {
+                            self.extra.gso_sends += 1;
+                            self.extra.gso_segments += g.count as u64;
+                        }
+                    }
+                    let last = groups[k.min(groups.len()) - 1];
+                    head = last.first + last.count;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if groups[0].count > 1 && is_gso_refusal(&e) => {
+                    self.extra.gso_active = false;
+                    self.extra.gso_fallbacks += 1;
+                    warn!(
+                        "socket datapath {}: the kernel refused a UDP GSO send ({e}); GSO off, sending plain datagrams",
+                        self.local
+                    );
+                }
+                Err(e) => {
+                    let g = groups[0];
+                    self.stats.tx_errors += g.count as u64;
+                    debug!(
+                        "socket datapath {}: class {c} send of {} datagram(s) to {} failed: {e}",
+                        self.local, g.count, q.items[g.first].dst
+                    );
+                    head = g.first + g.count;
+                }
+            }
+        };
+        self.groups = groups;
+        let q = &mut self.queues[c];
+        q.consume(head);
+        q.blocked = blocked && !q.items.is_empty();
+    }
+}
+
+impl Datapath for SocketDatapath {
+    fn describe(&self) -> String {
+        format!(
+            "socket (udp {}, 8 class sockets + 1 receive socket, receive {}, GSO {}, batch {})",
+            self.local,
+            if self.extra.rx_steered { "steered by reuseport BPF" } else { "from every socket" },
+            if self.extra.gso_active {
+                format!("on (max {} segments)", self.cfg.gso_max_segments)
+            } else if self.cfg.gso && self.extra.gso_fallbacks > 0 {
+                "off (kernel refused it)".to_string()
+            } else if self.cfg.gso && self.cfg.gso_max_segments > 1 {
+                "off (kernel lacks UDP_SEGMENT)".to_string()
+            } else {
+                "off".to_string()
+            },
+            self.cfg.batch
+        )
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    fn send(&mut self, dst: SocketAddr, class: Class, datagram: &[u8]) -> io::Result<SendOutcome> {
+        let c = class.index();
+        if datagram.len() > self.cfg.max_datagram {
+            self.stats.tx_errors += 1;
+            if !self.oversize_logged {
+                self.oversize_logged = true;
+                warn!(
+                    "socket datapath {}: dropped a {}-byte datagram above max_datagram {} (further ones counted only)",
+                    self.local,
+                    datagram.len(),
+                    self.cfg.max_datagram
+                );
+            }
+            return Ok(SendOutcome::Sent);
+        }
+        let Some(dst) = self.normalise(dst) else {
+            self.stats.tx_errors += 1;
+            debug!("socket datapath {}: cannot reach {dst} from this address family", self.local);
+            return Ok(SendOutcome::Sent);
+        };
+        if self.queues[c].items.len() >= self.queue_cap() {
+            self.flush_all();
+            if self.queues[c].items.len() >= self.queue_cap() {
+                self.stats.tx_would_block += 1;
+                return Ok(SendOutcome::WouldBlock);
+            }
+        }
+        self.queues[c].push(dst, datagram);
+        Ok(SendOutcome::Sent)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.flush_all();
+        Ok(())
+    }
+
+    fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+        let limit = self.cfg.batch * RX_ROUNDS;
+        let slot = self.cfg.max_datagram;
+        let mut taken = 0;
+        let mut delivered = 0;
+        let sockets = if self.extra.rx_steered { 1 } else { 1 + CLASSES };
+        self.rx_drained = true;
+        for k in 0..sockets {
+            let fd = if k == 0 { self.rx.as_fd() } else { self.tx[k - 1].as_fd() };
+            loop {
+                if taken >= limit {
+                    self.rx_drained = false;
+                    return Ok(delivered);
+                }
+                self.stats.rx_syscalls += 1;
+                let n = match sys::recv_batch(fd, &mut self.rx_buf, slot, &mut self.rx_meta) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        self.stats.rx_errors += 1;
+                        debug!("socket datapath {}: receive failed: {e}", self.local);
+                        break;
+                    }
+                };
+                taken += n;
+                for (i, m) in self.rx_meta[..n].iter().enumerate() {
+                    if m.truncated {
+                        self.stats.rx_truncated += 1;
+                        continue;
+                    }
+                    let Some(src) = m.src else {
+                        self.stats.rx_errors += 1;
+                        continue;
+                    };
+                    let src = match src {
+                        SocketAddr::V6(s) => match s.ip().to_ipv4_mapped() {
+                            Some(ip) => SocketAddr::new(IpAddr::V4(ip), s.port()),
+                            None => src,
+                        },
+                        v4 => v4,
+                    };
+                    self.stats.rx_packets += 1;
+                    self.stats.rx_bytes += m.len as u64;
+                    delivered += 1;
+                    f(src, &self.rx_buf[i * slot..i * slot + m.len]);
+                }
+                if n < self.cfg.batch {
+                    break; // recvmmsg stopped early: the socket is drained
+                }
+            }
+        }
+        Ok(delivered)
+    }
+
+    fn wants_writable(&self) -> bool {
+        self.queues.iter().any(|q| q.blocked)
+    }
+
+    fn register(&mut self, registry: &Registry, first_token: usize) -> io::Result<usize> {
+        registry.register(&mut SourceFd(&self.rx.as_raw_fd()), Token(first_token), Interest::READABLE)?;
+        let interest =
+            if self.extra.rx_steered { Interest::WRITABLE } else { Interest::READABLE | Interest::WRITABLE };
+        for (c, s) in self.tx.iter().enumerate() {
+            registry.register(&mut SourceFd(&s.as_raw_fd()), Token(first_token + 1 + c), interest)?;
+        }
+        Ok(1 + CLASSES)
+    }
+
+    fn stats(&self) -> DatapathStats {
+        self.stats.clone()
+    }
+}
+
+impl Drop for SocketDatapath {
+    fn drop(&mut self) {
+        self.flush_all();
+    }
+}
+
+/// The raw system calls socket2 does not cover. Each function is safe to call:
+/// the pointers handed to the kernel are built inside from live references.
+mod sys {
+    use std::io;
+    use std::mem;
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+    use std::os::fd::{AsRawFd, BorrowedFd};
+
+    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+    use super::RxMeta;
+
+    /// `SO_ATTACH_REUSEPORT_CBPF` (asm-generic value; not exported by `libc`
+    /// for this target).
+    #[cfg(not(any(target_arch = "sparc", target_arch = "sparc64")))]
+    const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
+    #[cfg(any(target_arch = "sparc", target_arch = "sparc64"))]
+    const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 0x35;
+
+    /// One outgoing message.
+    pub(super) struct TxMsg<'a> {
+        pub dst: &'a SockAddr,
+        pub data: &'a [u8],
+        /// GSO segment size; 0 sends `data` as one datagram.
+        pub segment: u16,
+    }
+
+    /// Room for one `cmsghdr` carrying a `u16` (`CMSG_SPACE(2)`), aligned for it.
+    #[repr(C, align(8))]
+    #[derive(Clone, Copy)]
+    struct GsoControl([u8; 32]);
+
+    /// `setsockopt(fd, level, name, value)`.
+    #[allow(unsafe_code)]
+    fn setsockopt<T>(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
+        // SAFETY: `value` is a live reference to `size_of::<T>()` readable bytes
+        // for the whole call, and the kernel only reads them; `fd` is open.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                level,
+                name,
+                (value as *const T).cast(),
+                mem::size_of::<T>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    }
+
+    /// Attaches `ret #0` as the reuseport program of `fd`'s group (created if
+    /// `fd` is not bound yet): every datagram goes to the group's first socket.
+    pub(super) fn attach_steering(fd: BorrowedFd<'_>) -> io::Result<()> {
+        let mut program =
+            [libc::sock_filter { code: (libc::BPF_RET | libc::BPF_K) as u16, jt: 0, jf: 0, k: 0 }];
+        let fprog = libc::sock_fprog { len: program.len() as u16, filter: program.as_mut_ptr() };
+        setsockopt(fd, libc::SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &fprog)
+    }
+
+    /// True if the kernel accepts `UDP_SEGMENT` (tried on a throwaway socket).
+    pub(super) fn probe_gso(domain: Domain) -> bool {
+        let Ok(s) = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP)) else { return false };
+        let size: libc::c_int = 1200;
+        use std::os::fd::AsFd;
+        setsockopt(s.as_fd(), libc::SOL_UDP, libc::UDP_SEGMENT, &size).is_ok()
+    }
+
+    /// One `sendmmsg` of `msgs`; returns how many messages the kernel took.
+    #[allow(unsafe_code)]
+    pub(super) fn send_batch(fd: BorrowedFd<'_>, msgs: &[TxMsg<'_>]) -> io::Result<usize> {
+        let mut iovs: Vec<libc::iovec> = msgs
+            .iter()
+            .map(|m| libc::iovec { iov_base: m.data.as_ptr().cast_mut().cast(), iov_len: m.data.len() })
+            .collect();
+        let mut controls = vec![GsoControl([0; 32]); msgs.len()];
+        let iov_base = iovs.as_mut_ptr();
+        let control_base = controls.as_mut_ptr();
+        let mut hdrs: Vec<libc::mmsghdr> = Vec::with_capacity(msgs.len());
+        for (i, m) in msgs.iter().enumerate() {
+            // SAFETY: all-zero bytes are a valid `mmsghdr` (null pointers, zero lengths).
+            let mut h: libc::mmsghdr = unsafe { mem::zeroed() };
+            h.msg_hdr.msg_name = m.dst.as_ptr().cast_mut().cast();
+            h.msg_hdr.msg_namelen = m.dst.len();
+            h.msg_hdr.msg_iov = iov_base.wrapping_add(i);
+            h.msg_hdr.msg_iovlen = 1;
+            if m.segment > 0 {
+                let control = control_base.wrapping_add(i);
+                h.msg_hdr.msg_control = control.cast();
+                // SAFETY: CMSG_SPACE only computes a size.
+                h.msg_hdr.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as _;
+                debug_assert!(h.msg_hdr.msg_controllen as usize <= mem::size_of::<GsoControl>());
+                // SAFETY: `msg_control` points to `controls[i]`, a live, zeroed,
+                // 8-aligned buffer of at least `msg_controllen` bytes, so
+                // CMSG_FIRSTHDR returns a pointer to its start, and CMSG_DATA
+                // points 2 bytes inside it (written unaligned).
+                unsafe {
+                    let cmsg = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+                    (*cmsg).cmsg_level = libc::SOL_UDP;
+                    (*cmsg).cmsg_type = libc::UDP_SEGMENT;
+                    (*cmsg).cmsg_len = libc::CMSG_LEN(2) as _;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), m.segment);
+                }
+            }
+            hdrs.push(h);
+        }
+        // SAFETY: `hdrs` holds `msgs.len()` initialised headers whose name, iovec
+        // and control pointers point into `msgs` (borrowed for this call),
+        // `iovs` and `controls` (alive until the end of this function and not
+        // moved after the pointers were taken); the kernel only reads them and
+        // writes each `msg_len` inside `hdrs`.
+        let rc = unsafe { libc::sendmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr(), hdrs.len() as libc::c_uint, 0) };
+        if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(rc as usize) }
+    }
+
+    /// One `recvmmsg` into `bufs` split in slots of `slot` bytes (as many
+    /// messages as `meta` has entries); fills `meta` for each message
+    /// received and returns how many.
+    #[allow(unsafe_code)]
+    pub(super) fn recv_batch(
+        fd: BorrowedFd<'_>,
+        bufs: &mut [u8],
+        slot: usize,
+        meta: &mut [RxMeta],
+    ) -> io::Result<usize> {
+        let n = meta.len().min(bufs.len() / slot);
+        let mut iovs: Vec<libc::iovec> = bufs
+            .chunks_exact_mut(slot)
+            .take(n)
+            .map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() })
+            .collect();
+        // SAFETY: all-zero bytes are a valid `sockaddr_storage`.
+        let mut names: Vec<libc::sockaddr_storage> = vec![unsafe { mem::zeroed() }; n];
+        let iov_base = iovs.as_mut_ptr();
+        let name_base = names.as_mut_ptr();
+        let mut hdrs: Vec<libc::mmsghdr> = (0..n)
+            .map(|i| {
+                // SAFETY: all-zero bytes are a valid `mmsghdr`.
+                let mut h: libc::mmsghdr = unsafe { mem::zeroed() };
+                h.msg_hdr.msg_name = name_base.wrapping_add(i).cast();
+                h.msg_hdr.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                h.msg_hdr.msg_iov = iov_base.wrapping_add(i);
+                h.msg_hdr.msg_iovlen = 1;
+                h
+            })
+            .collect();
+        // SAFETY: each header's name and iovec point to `names[i]` and
+        // `iovs[i]`, whose buffer is the distinct slot `i` of `bufs`
+        // (exclusively borrowed); all live until the end of this function and
+        // are not moved after the pointers were taken. The kernel writes at
+        // most `msg_namelen` bytes of name and `slot` bytes of data per message.
+        let rc = unsafe {
+            libc::recvmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr(), n as libc::c_uint, 0, std::ptr::null_mut())
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let got = rc as usize;
+        for (i, h) in hdrs[..got].iter().enumerate() {
+            meta[i] = RxMeta {
+                len: (h.msg_len as usize).min(slot),
+                truncated: h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+                src: parse_name(&names[i], h.msg_hdr.msg_namelen),
+            };
+        }
+        Ok(got)
+    }
+
+    /// The IP address in a `sockaddr_storage` the kernel filled with `len` bytes.
+    #[allow(unsafe_code)]
+    fn parse_name(name: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+        let len = len as usize;
+        match libc::c_int::from(name.ss_family) {
+            libc::AF_INET if len >= mem::size_of::<libc::sockaddr_in>() => {
+                // SAFETY: the kernel wrote a `sockaddr_in` (family AF_INET, length
+                // checked); `sockaddr_storage` is large and aligned enough for it.
+                let a: libc::sockaddr_in =
+                    unsafe { std::ptr::read((name as *const libc::sockaddr_storage).cast()) };
+                Some(SocketAddr::new(
+                    IpAddr::V4(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr))),
+                    u16::from_be(a.sin_port),
+                ))
+            }
+            libc::AF_INET6 if len >= mem::size_of::<libc::sockaddr_in6>() => {
+                // SAFETY: as above, for a `sockaddr_in6` (family AF_INET6).
+                let a: libc::sockaddr_in6 =
+                    unsafe { std::ptr::read((name as *const libc::sockaddr_storage).cast()) };
+                Some(SocketAddr::V6(SocketAddrV6::new(
+                    Ipv6Addr::from(a.sin6_addr.s6_addr),
+                    u16::from_be(a.sin6_port),
+                    a.sin6_flowinfo,
+                    a.sin6_scope_id,
+                )))
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, SocketAddrV4};
+
+    fn item(port: u16, off: usize, len: usize) -> Pending {
+        Pending { dst: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)), off, len }
+    }
+
+    fn items(spec: &[(u16, usize)]) -> Vec<Pending> {
+        let mut off = 0;
+        spec.iter()
+            .map(|&(port, len)| {
+                let it = item(port, off, len);
+                off += len;
+                it
+            })
+            .collect()
+    }
+
+    #[test]
+    fn plan_without_gso_is_one_message_per_datagram() {
+        let v = items(&[(1, 100); 5]);
+        let mut g = Vec::new();
+        plan(&v, 0, 3, None, &mut g);
+        assert_eq!(
+            g.iter().map(|g| (g.first, g.count, g.segment)).collect::<Vec<_>>(),
+            vec![(0, 1, 0), (1, 1, 0), (2, 1, 0)]
+        );
+        plan(&v, 3, 3, None, &mut g);
+        assert_eq!(g.len(), 2);
+    }
+
+    #[test]
+    fn plan_groups_equal_sizes_per_destination_and_caps_segments() {
+        // 5 × 100 to port 1, a short tail of 40, then 3 × 100 to port 2, then 200 to port 2.
+        let v = items(&[
+            (1, 100),
+            (1, 100),
+            (1, 100),
+            (1, 100),
+            (1, 100),
+            (1, 40),
+            (2, 100),
+            (2, 100),
+            (2, 100),
+            (2, 200),
+        ]);
+        let mut g = Vec::new();
+        plan(&v, 0, 10, Some((4, 65_507)), &mut g);
+        let got: Vec<_> = g.iter().map(|g| (g.first, g.count, g.segment, g.bytes)).collect();
+        assert_eq!(got, vec![(0, 4, 100, 400), (4, 2, 100, 140), (6, 3, 100, 300), (9, 1, 0, 200)]);
+    }
+
+    #[test]
+    fn plan_respects_payload_limit_and_zero_length() {
+        let v = items(&[(1, 30_000), (1, 30_000), (1, 30_000), (1, 0), (1, 0)]);
+        let mut g = Vec::new();
+        plan(&v, 0, 10, Some((64, 65_507)), &mut g);
+        let got: Vec<_> = g.iter().map(|g| (g.first, g.count)).collect();
+        assert_eq!(got, vec![(0, 2), (2, 1), (3, 1), (4, 1)]);
+    }
+
+    #[test]
+    fn plan_stops_at_batch() {
+        let v = items(&[(1, 10), (2, 10), (3, 10), (4, 10)]);
+        let mut g = Vec::new();
+        plan(&v, 1, 2, Some((16, 65_507)), &mut g);
+        assert_eq!(g.iter().map(|g| g.first).collect::<Vec<_>>(), vec![1, 2]);
+    }
+
+    #[test]
+    fn queue_consume_keeps_order_and_offsets() {
+        let mut q = ClassQueue::default();
+        let a = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9));
+        q.push(a, b"one");
+        q.push(a, b"two!");
+        q.push(a, b"three");
+        q.consume(1);
+        assert_eq!(q.items.len(), 2);
+        let it = q.items[1];
+        assert_eq!(&q.buf[it.off..it.off + it.len], b"three");
+        q.consume(5);
+        assert!(q.items.is_empty() && q.buf.is_empty());
+    }
+
+    #[test]
+    fn validate_rejects_out_of_range() {
+        let base = SocketConfig::new("127.0.0.1:0".parse().unwrap());
+        assert!(base.validate().is_ok());
+        for bad in [
+            SocketConfig { batch: 0, ..base.clone() },
+            SocketConfig { batch: MAX_BATCH + 1, ..base.clone() },
+            SocketConfig { gso_max_segments: 0, ..base.clone() },
+            SocketConfig { gso_max_segments: 65, ..base.clone() },
+            SocketConfig { max_datagram: 0, ..base.clone() },
+            SocketConfig { max_datagram: MAX_UDP_PAYLOAD_V4 + 1, ..base.clone() },
+            SocketConfig { dscp: [64, 0, 0, 0, 0, 0, 0, 0], ..base.clone() },
+        ] {
+            let e = bad.validate().unwrap_err();
+            assert!(matches!(e, DatapathError::InvalidConfig { .. }), "{e}");
+        }
+        let v6 = SocketConfig {
+            max_datagram: MAX_UDP_PAYLOAD_V6,
+            ..SocketConfig::new("[::1]:0".parse().unwrap())
+        };
+        assert!(v6.validate().is_ok());
+    }
+
+    #[test]
+    fn gso_refusal_errnos() {
+        for e in [libc::EINVAL, libc::EIO, libc::ENOPROTOOPT, libc::EOPNOTSUPP, libc::EMSGSIZE] {
+            assert!(is_gso_refusal(&io::Error::from_raw_os_error(e)));
+        }
+        assert!(!is_gso_refusal(&io::Error::from_raw_os_error(libc::EHOSTUNREACH)));
+        assert!(!is_gso_refusal(&io::Error::from(io::ErrorKind::WouldBlock)));
+    }
+}

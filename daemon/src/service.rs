@@ -557,17 +557,23 @@ impl Service {
     fn remove_trainer(&mut self, slot: usize) {
         let Some(s) = self.slots.get_mut(slot).and_then(Option::take) else { return };
         let id = s.att.id();
+        let rank = s.att.registration().local_rank as usize;
         let _ = self.poll.registry().deregister(&mut SourceFd(&s.att.control_fd().as_raw_fd()));
         let _ = self.poll.registry().deregister(&mut SourceFd(&s.att.doorbell_fd().as_raw_fd()));
         self.counters.trainers_gone += 1;
         drop(s);
-        // Local ops still waiting for the gone trainer can never start: fail them
-        // for the other local trainers.
+        // Local ops not started yet that hold the gone trainer's contribution, or
+        // still wait for its local rank, can never start: fail them for the other
+        // local trainers. (A replacement trainer continues with new ops.)
         let doomed: Vec<OpId> = self
             .local_ops
             .iter()
             .filter(|(_, op)| {
-                op.started_at.is_none() && op.contributions.iter().flatten().any(|c| c.attachment == id)
+                op.started_at.is_none()
+                    && op
+                        .contributions
+                        .get(rank)
+                        .is_some_and(|c| c.as_ref().is_none_or(|c| c.attachment == id))
             })
             .map(|(k, _)| *k)
             .collect();

@@ -329,6 +329,19 @@ impl Client {
         Ok(out)
     }
 
+    /// Set the op sequence number the next [`Client::submit`] uses. Every trainer
+    /// of a job must submit the same sequence of ops; after a failed op (or when a
+    /// replacement trainer joins a running job) the trainers agree on where to
+    /// continue and say so here.
+    pub fn set_next_op_seq(&mut self, seq: u64) {
+        self.next_seq = seq;
+    }
+
+    /// The op sequence number the next [`Client::submit`] will use.
+    pub fn next_op_seq(&self) -> u64 {
+        self.next_seq
+    }
+
     /// Submits an allreduce of `t`; returns its op_seq. The result replaces the
     /// tensor's contents when the completion arrives.
     pub fn submit(&mut self, t: &Tensor, o: SubmitOptions) -> Result<u64, ClientError> {

@@ -1,0 +1,242 @@
+//! Faults end to end: a trainer killed mid-op, hostile descriptors and
+//! datagrams, SIGTERM, a peer daemon killed and restarted. Nothing may hang,
+//! crash the daemon, or go uncounted.
+
+mod daemon_common;
+
+use std::net::UdpSocket;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use daemon_common::*;
+use dlcp::shm::{Client, Status, SubmitOptions};
+
+const N: usize = 10_000;
+
+/// Entry point of the child trainer process (a no-op in the normal test run).
+#[test]
+fn child_trainer_entry() {
+    let Ok(socket) = std::env::var("DLCP_CHILD_SOCKET") else { return };
+    let rank: u32 = std::env::var("DLCP_CHILD_RANK").unwrap().parse().unwrap();
+    let _cl = Client::attach(&socket, u64::from(JOB), rank, 2).expect("child attach");
+    println!("ATTACHED");
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+fn spawn_child_trainer(socket: &std::path::Path, rank: u32) -> std::process::Child {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_trainer_entry", "--nocapture", "--test-threads=1"])
+        .env("DLCP_CHILD_SOCKET", socket)
+        .env("DLCP_CHILD_RANK", rank.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let out = child.stdout.take().unwrap();
+    let mut lines = std::io::BufReader::new(out).lines();
+    let t0 = Instant::now();
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.contains("ATTACHED") => break,
+            Some(_) => {}
+            None => panic!("child trainer exited before attaching"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "child trainer did not attach");
+    }
+    child
+}
+
+fn submit_and_wait(
+    cl: &mut Client,
+    seq: u64,
+    tensor: u32,
+    x: &[f32],
+    timeout: Duration,
+) -> (Status, Vec<f32>) {
+    let t = cl.alloc(&format!("op{seq}"), x.len() as u64).unwrap();
+    cl.write(&t, x).unwrap();
+    cl.set_next_op_seq(seq);
+    cl.submit(&t, SubmitOptions { tensor_id: tensor, budget_ppm: 0, ..Default::default() }).unwrap();
+    let done = cl.wait_completion(timeout).expect("a completion, not a hang");
+    let out = cl.read(&t).unwrap();
+    cl.free(&t.name).unwrap();
+    (done.status, out)
+}
+
+#[test]
+fn killed_trainer_fails_its_ops_cleanly_and_a_new_trainer_can_attach() {
+    let hard = Duration::from_millis(1500);
+    let mut c = Cluster::start(&Options { hosts: 2, hard_timeout_ms: 1500, ..Options::default() });
+    let s0 = c.daemons[0].socket.clone();
+    let s1 = c.daemons[1].socket.clone();
+    // Host 0: trainer 0 here, trainer 1 a child process that attaches and is killed
+    // before it submits. Host 1: two trainers here.
+    let mut child = spawn_child_trainer(&s0, 1);
+    let x = data(1, N);
+    let h1: Vec<_> = (0..2)
+        .map(|k| {
+            let s1 = s1.clone();
+            let x = x.clone();
+            std::thread::spawn(move || {
+                let mut cl = Client::attach(&s1, u64::from(JOB), k, 2).unwrap();
+                let first = submit_and_wait(&mut cl, 1, 0, &x, Duration::from_secs(30)).0;
+                // Op 2 runs after host 0's replacement trainer joins.
+                let second = submit_and_wait(&mut cl, 2, 0, &x, Duration::from_secs(30));
+                (first, second)
+            })
+        })
+        .collect();
+    let mut t0 = Client::attach(&s0, u64::from(JOB), 0, 2).unwrap();
+    let tensor = t0.alloc("op1", N as u64).unwrap();
+    t0.write(&tensor, &x).unwrap();
+    t0.set_next_op_seq(1);
+    t0.submit(&tensor, SubmitOptions::default()).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let started = Instant::now();
+    let done = t0.wait_completion(Duration::from_secs(30)).expect("completion after the other trainer died");
+    assert_eq!(done.status, Status::PeerDown, "{done:?}");
+    assert!(started.elapsed() < Duration::from_secs(2), "failure took {:?}", started.elapsed());
+    t0.free("op1").unwrap();
+    // A replacement trainer attaches as local rank 1; op 2 succeeds everywhere.
+    let mut t1 = Client::attach(&s0, u64::from(JOB), 1, 2).expect("a new trainer can attach");
+    let r = std::thread::spawn(move || submit_and_wait(&mut t1, 2, 0, &data(1, N), Duration::from_secs(30)));
+    let (st0, out0) = submit_and_wait(&mut t0, 2, 0, &x, Duration::from_secs(30));
+    let (st1, out1) = r.join().unwrap();
+    assert_eq!((st0, st1), (Status::Ok, Status::Ok));
+    for h in h1 {
+        let (first, (second, out)) = h.join().unwrap();
+        // Host 1's op 1 could not complete without host 0: an error within the hard timeout.
+        assert_eq!(first, Status::Timeout);
+        assert_eq!(second, Status::Ok);
+        assert!(out == out0 && out == out1, "ranks disagree on op 2");
+    }
+    let want: Vec<f32> = x.iter().map(|v| (v + v) + (v + v)).collect();
+    assert!(out0.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+    let s = c.stats(0).unwrap();
+    // The killed child, and the replacement trainer whose thread has ended.
+    assert_eq!(s["service"]["trainers_gone"], 2, "{s}");
+    assert!(s["service"]["ops_failed"].as_u64().unwrap() >= 1);
+    let _ = hard;
+    c.kill(0, 15);
+    assert_eq!(
+        c.wait_exit(0, Duration::from_secs(10)).map(|s| s.code()),
+        Some(Some(0)),
+        "SIGTERM must exit 0"
+    );
+}
+
+#[test]
+fn garbage_descriptors_and_random_datagrams_are_counted_and_service_continues() {
+    let c = Cluster::start(&Options { hosts: 2, ..Options::default() });
+    // Random datagrams, and datagrams that look like dlcp but carry a bad tag.
+    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut x = 0x1234_5678_9abc_def0u64;
+    for i in 0..2000u32 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let len = 1 + (x % 1500) as usize;
+        let mut d: Vec<u8> = (0..len).map(|j| (x >> (j % 56)) as u8).collect();
+        if i % 2 == 0 && len > 80 {
+            d[0] = 0xD1;
+            d[1] = 0xC9;
+            d[2] = 1;
+        }
+        udp.send_to(&d, ("127.0.0.1", c.ports[(i % 2) as usize])).unwrap();
+    }
+    // Garbage descriptors straight into host 0's submission ring.
+    let mut bad = Client::attach(&c.daemons[0].socket, u64::from(JOB), 0, 1).unwrap();
+    // (offset, length): length overflow, offset at the end of the address space, offset far past the arena.
+    for (i, (offset, len)) in [(0u64, u64::MAX / 4), (u64::MAX - 8, 16), (1 << 40, 1)].into_iter().enumerate()
+    {
+        let d = dlcp::shm::SubmitDesc {
+            op_seq: 100 + i as u64,
+            cookie: 0,
+            arena_offset: offset,
+            len_elems: len,
+            tensor_id: 7,
+            layer: 0,
+            layers: 1,
+            budget_ppm: 0,
+            flags: 0,
+            dtype: 0,
+            opcode: 1,
+            reserved: [0; 8],
+        };
+        bad.submit_raw(&d).unwrap();
+        let done = bad.wait_completion(Duration::from_secs(10)).unwrap();
+        assert_eq!(done.status, Status::InvalidDescriptor, "{done:?}");
+    }
+    drop(bad);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut rejected = 0;
+    for h in 0..2 {
+        let s = c.stats(h).unwrap();
+        let r = &s["protocol"]["rejected"];
+        rejected += r["malformed"].as_u64().unwrap() + r["bad_tag"].as_u64().unwrap();
+        rejected += s["service"]["rx_unknown_source"].as_u64().unwrap();
+    }
+    assert!(rejected >= 1900, "random datagrams not all counted: {rejected}");
+    let s0 = c.stats(0).unwrap();
+    assert!(s0["service"]["submissions_rejected"].as_u64().unwrap() >= 3, "{s0}");
+    // And the daemons still reduce correctly.
+    let x = data(9, N);
+    let hs: Vec<_> = (0..2)
+        .map(|h| {
+            let sock = c.daemons[h].socket.clone();
+            let x = x.clone();
+            std::thread::spawn(move || {
+                let mut cl = Client::attach(&sock, u64::from(JOB), 0, 1).unwrap();
+                submit_and_wait(&mut cl, 1, 3, &x, Duration::from_secs(30))
+            })
+        })
+        .collect();
+    for h in hs {
+        let (st, out) = h.join().unwrap();
+        assert_eq!(st, Status::Ok);
+        assert!(out.iter().zip(&x).all(|(a, b)| a.to_bits() == (b + b).to_bits()));
+    }
+}
+
+#[test]
+fn killed_peer_daemon_fails_ops_within_the_hard_timeout_and_its_restart_rejoins() {
+    let hard = Duration::from_millis(1500);
+    let mut c = Cluster::start(&Options { hosts: 3, hard_timeout_ms: 1500, ..Options::default() });
+    let x = data(5, N);
+    let run = |c: &Cluster, hosts: &[usize], seq: u64| {
+        let hs: Vec<_> = hosts
+            .iter()
+            .map(|&h| {
+                let sock = c.daemons[h].socket.clone();
+                let x = x.clone();
+                std::thread::spawn(move || {
+                    let mut cl = Client::attach(&sock, u64::from(JOB), 0, 1).unwrap();
+                    let t0 = Instant::now();
+                    let r = submit_and_wait(&mut cl, seq, 0, &x, Duration::from_secs(30));
+                    (r, t0.elapsed())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    };
+    assert!(run(&c, &[0, 1, 2], 1).iter().all(|((st, _), _)| *st == Status::Ok));
+    // Rank 2's daemon dies (SIGKILL): ops on the others fail within the hard timeout.
+    c.kill(2, 9);
+    c.wait_exit(2, Duration::from_secs(5)).expect("killed");
+    for ((st, _), took) in run(&c, &[0, 1], 2) {
+        assert_eq!(st, Status::Timeout);
+        assert!(took < hard + Duration::from_millis(1500), "error took {took:?}");
+    }
+    // It restarts with a new generation; new ops across all hosts succeed.
+    std::thread::sleep(Duration::from_millis(150));
+    c.spawn(2, 0.0);
+    c.wait_ready(2);
+    std::thread::sleep(Duration::from_millis(300));
+    let res = run(&c, &[0, 1, 2], 3);
+    for ((st, out), _) in &res {
+        assert_eq!(*st, Status::Ok);
+        assert!(out.iter().zip(&x).all(|(a, b)| a.to_bits() == ((b + b) + b).to_bits()));
+    }
+}

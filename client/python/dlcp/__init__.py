@@ -1,0 +1,569 @@
+"""dlcp — Python client of the dlcp transport daemon (``dlcpd``).
+
+A trainer attaches to the local daemon, asks for named gradient tensors — numpy
+arrays that *are* the daemon's shared-memory buffers, so a gradient is written
+once, in place — and allreduces them; the reduced result appears in the same
+array::
+
+    import numpy as np
+    import dlcp
+
+    with dlcp.attach("/run/dlcp/dlcpd.sock", job=0x10B, local_rank=0, local_world=1) as c:
+        g = c.tensor("layer3.grad", 4096)      # float32 view of the shared arena
+        g[:] = compute_gradient()              # written once, no copy
+        report = c.allreduce(g, layer=3, layers=12, budget=0.01)
+        # g now holds the reduced gradient
+        print(report.delivered, report.duration)
+
+This package is pure Python over the C ABI of ``libdlcp_client.so`` (ctypes);
+the ring operations and their atomics stay in that Rust library. The library is
+found, in order, at ``$DLCP_LIB``, next to this package, or in
+``target/{release,debug}/`` of the source tree (or ``$CARGO_TARGET_DIR``).
+
+Rules: do not read or write a tensor between :meth:`Client.submit` and the
+receipt of its completion (``allreduce`` does both for you); allocate tensors in
+the same order on every rank (their ids go on the wire). Errors raise
+:class:`DlcpError` subclasses that name the operation and say what happened.
+
+Tested with Debian's ``/usr/bin/python3`` and ``python3-numpy``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from math import prod
+from pathlib import Path
+from typing import Dict, Optional, Tuple, Union
+
+import numpy as np
+
+__all__ = [
+    "attach",
+    "Client",
+    "Report",
+    "Completion",
+    "DlcpError",
+    "InvalidArgumentError",
+    "ClosedError",
+    "AttachError",
+    "ConnectError",
+    "RejectedError",
+    "ProtocolError",
+    "ArenaFullError",
+    "NameInUseError",
+    "BusyError",
+    "TensorBusyError",
+    "DlcpTimeoutError",
+    "DaemonGoneError",
+    "OpFailedError",
+    "DlcpIOError",
+    "InternalError",
+    "FLAG_RESCALE",
+    "FLAG_FILL_LOCAL",
+    "DEFAULT_SOCKET",
+    "load_library",
+]
+
+#: The daemon's default control socket (``control.socket_path``).
+DEFAULT_SOCKET = "/run/dlcp/dlcpd.sock"
+#: After a partial delivery, rescale by the delivered count.
+FLAG_RESCALE = 0x1
+#: Fill what is missing with the local value instead of zero.
+FLAG_FILL_LOCAL = 0x2
+
+# ---------------------------------------------------------------------------
+# Errors (codes mirror enum dlcp_error in client/include/dlcp.h)
+# ---------------------------------------------------------------------------
+
+
+class DlcpError(Exception):
+    """A dlcp call failed.
+
+    Attributes: ``op`` (the operation, e.g. ``"allreduce"``), ``code`` (the
+    negative ``DLCP_ERR_*`` value), ``name`` (its C name) and ``reason`` (the
+    library's message saying what happened).
+    """
+
+    def __init__(self, op: str, code: int, reason: str):
+        self.op = op
+        self.code = code
+        self.name = _ERROR_NAMES.get(code, "DLCP_ERR_UNKNOWN")
+        self.reason = reason
+        super().__init__(f"{op}: {reason} [{self.name}]")
+
+
+class InvalidArgumentError(DlcpError, ValueError):
+    """An argument is invalid (unknown tensor, bad name, layer >= layers, ...)."""
+
+
+class ClosedError(DlcpError):
+    """The client is closed (or its handle is not live)."""
+
+
+class AttachError(DlcpError, ConnectionError):
+    """Attaching to the daemon failed."""
+
+
+class ConnectError(AttachError):
+    """No daemon answers on the control socket (is dlcpd running? right path?)."""
+
+
+class RejectedError(AttachError):
+    """The daemon refused the attachment (rank in use, world size mismatch, policy)."""
+
+
+class ProtocolError(AttachError):
+    """The attach handshake or the shared segment was invalid (version skew?)."""
+
+
+class ArenaFullError(DlcpError, MemoryError):
+    """No room left in the shared arena for the tensor."""
+
+
+class NameInUseError(DlcpError):
+    """A tensor of that name already exists with another size."""
+
+
+class BusyError(DlcpError):
+    """Too many operations in flight; wait for a completion first."""
+
+
+class TensorBusyError(BusyError):
+    """The tensor has an operation in flight; wait for its completion first."""
+
+
+class DlcpTimeoutError(DlcpError, TimeoutError):
+    """No completion within the timeout (the operation may still complete)."""
+
+
+class DaemonGoneError(DlcpError, ConnectionError):
+    """The daemon closed the control socket; every operation in flight is lost."""
+
+
+class OpFailedError(DlcpError):
+    """The operation completed with a status other than ``"ok"``.
+
+    ``completion`` holds the :class:`Completion` (``status``, ``detail``).
+    """
+
+    def __init__(self, op: str, code: int, reason: str, completion: "Completion"):
+        super().__init__(op, code, reason)
+        self.completion = completion
+        self.status = completion.status
+
+
+class DlcpIOError(DlcpError, OSError):
+    """I/O error on a doorbell or the control socket, or corrupted shared rings."""
+
+
+class InternalError(DlcpError):
+    """A bug in the dlcp library; detach and report it."""
+
+
+_ERRORS = {
+    -1: ("DLCP_ERR_NULL_ARG", InvalidArgumentError),
+    -2: ("DLCP_ERR_BAD_HANDLE", ClosedError),
+    -3: ("DLCP_ERR_INVALID_ARG", InvalidArgumentError),
+    -4: ("DLCP_ERR_CONNECT", ConnectError),
+    -5: ("DLCP_ERR_REJECTED", RejectedError),
+    -6: ("DLCP_ERR_PROTOCOL", ProtocolError),
+    -7: ("DLCP_ERR_ARENA_FULL", ArenaFullError),
+    -8: ("DLCP_ERR_NAME_IN_USE", NameInUseError),
+    -9: ("DLCP_ERR_BUSY", BusyError),
+    -10: ("DLCP_ERR_TENSOR_BUSY", TensorBusyError),
+    -11: ("DLCP_ERR_TIMEOUT", DlcpTimeoutError),
+    -12: ("DLCP_ERR_DAEMON_GONE", DaemonGoneError),
+    -13: ("DLCP_ERR_OP_FAILED", OpFailedError),
+    -14: ("DLCP_ERR_IO", DlcpIOError),
+    -15: ("DLCP_ERR_CORRUPTED", DlcpIOError),
+    -16: ("DLCP_ERR_INTERNAL", InternalError),
+}
+_ERROR_NAMES = {code: name for code, (name, _) in _ERRORS.items()}
+_STATUS_NAMES = {0: "ok", 1: "invalid_descriptor", 2: "timeout", 3: "peer_down", 4: "shutdown"}
+
+# ---------------------------------------------------------------------------
+# The shared library
+# ---------------------------------------------------------------------------
+
+
+class _CCompletion(ctypes.Structure):
+    """``dlcp_completion`` (48 bytes)."""
+
+    _fields_ = [
+        ("op_seq", ctypes.c_uint64),
+        ("cookie", ctypes.c_uint64),
+        ("duration_ns", ctypes.c_uint64),
+        ("tensor", ctypes.c_uint32),
+        ("status", ctypes.c_uint32),
+        ("detail", ctypes.c_uint32),
+        ("delivered_ppm", ctypes.c_uint32),
+        ("repairs", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+    ]
+
+
+assert ctypes.sizeof(_CCompletion) == 48
+
+_lib: Optional[ctypes.CDLL] = None
+
+
+def _candidates():
+    env = os.environ.get("DLCP_LIB")
+    if env:
+        return [Path(env)]
+    here = Path(__file__).resolve().parent
+    out = [here / "libdlcp_client.so"]
+    roots = []
+    if os.environ.get("CARGO_TARGET_DIR"):
+        roots.append(Path(os.environ["CARGO_TARGET_DIR"]))
+    roots.append(here.parents[2] / "target")  # client/python/dlcp -> repository root
+    for root in roots:
+        out += [root / "release" / "libdlcp_client.so", root / "debug" / "libdlcp_client.so"]
+    return out
+
+
+def load_library(path: Union[str, os.PathLike, None] = None) -> ctypes.CDLL:
+    """Loads ``libdlcp_client.so`` (once) and declares its functions.
+
+    ``path`` overrides the search ($DLCP_LIB, next to the package, target/).
+    Raises ``OSError`` naming every place looked at if it is not found.
+    """
+    global _lib
+    if _lib is not None and path is None:
+        return _lib
+    tried = [Path(path)] if path is not None else _candidates()
+    found = next((p for p in tried if p.is_file()), None)
+    if found is None:
+        raise OSError(
+            "libdlcp_client.so not found; looked at: "
+            + ", ".join(str(p) for p in tried)
+            + " (build it with `cargo build --release -p dlcp-client` or set DLCP_LIB)"
+        )
+    lib = ctypes.CDLL(str(found))
+    h, c_int, u32, u64, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int64
+    sigs = {
+        "dlcp_attach": (c_int, [ctypes.c_char_p, u64, u32, u32, ctypes.POINTER(ctypes.c_void_p)]),
+        "dlcp_detach": (c_int, [h]),
+        "dlcp_alloc": (c_int, [h, ctypes.c_char_p, u64, ctypes.POINTER(u32)]),
+        "dlcp_tensor_len": (c_int, [h, u32, ctypes.POINTER(u64)]),
+        "dlcp_tensor_data": (ctypes.c_void_p, [h, u32]),
+        "dlcp_submit": (c_int, [h, u32, u32, u32, u32, u32, ctypes.POINTER(u64)]),
+        "dlcp_wait": (c_int, [h, i64, ctypes.POINTER(_CCompletion)]),
+        "dlcp_wait_op": (c_int, [h, u64, i64, ctypes.POINTER(_CCompletion)]),
+        "dlcp_allreduce": (c_int, [h, u32, u32, u32, u32, u32, i64, ctypes.POINTER(_CCompletion)]),
+        "dlcp_strerror": (ctypes.c_char_p, [c_int]),
+        "dlcp_status_str": (ctypes.c_char_p, [u32]),
+        "dlcp_last_error": (ctypes.c_char_p, [h]),
+        "dlcp_version": (ctypes.c_char_p, []),
+    }
+    for name, (restype, argtypes) in sigs.items():
+        f = getattr(lib, name)
+        f.restype, f.argtypes = restype, argtypes
+    if path is None:
+        _lib = lib
+    return lib
+
+
+def _last_error(lib: ctypes.CDLL, handle) -> str:
+    raw = lib.dlcp_last_error(handle) or b""
+    msg = raw.decode("utf-8", "replace")
+    # Drop the C function's name ("dlcp_alloc: ..."): the exception names the Python op.
+    head, sep, rest = msg.partition(": ")
+    return rest if sep and head.startswith("dlcp_") else msg
+
+
+def _raise(lib: ctypes.CDLL, handle, op: str, rc: int, completion: "Optional[Completion]" = None):
+    reason = _last_error(lib, handle) or (lib.dlcp_strerror(rc) or b"").decode()
+    name, cls = _ERRORS.get(rc, ("DLCP_ERR_UNKNOWN", DlcpError))
+    if cls is OpFailedError and completion is not None:
+        raise OpFailedError(op, rc, reason, completion)
+    raise cls(op, rc, reason)
+
+
+def _timeout_ms(timeout: Optional[float]) -> int:
+    if timeout is None:
+        return -1
+    if timeout < 0:
+        raise InvalidArgumentError("timeout", -3, f"timeout must be >= 0 seconds or None, not {timeout}")
+    return int(round(timeout * 1000))
+
+
+def _budget_ppm(budget: float) -> int:
+    if not 0.0 <= budget <= 1.0:
+        raise InvalidArgumentError("budget", -3, f"budget is a fraction in [0, 1] (0.01 = 1%), not {budget}")
+    return int(round(budget * 1_000_000))
+
+
+# ---------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A completed operation, as delivered by :meth:`Client.wait`."""
+
+    op_seq: int
+    tensor: str  #: tensor name
+    status: str  #: "ok", "invalid_descriptor", "timeout", "peer_down", "shutdown", "unknown"
+    detail: int  #: status detail (for invalid_descriptor: which rule)
+    delivered_ppm: int
+    repairs: int
+    duration: float  #: seconds the daemon spent
+
+    @property
+    def ok(self) -> bool:
+        """True if the result is in the tensor."""
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a successful :meth:`Client.allreduce` reports."""
+
+    op_seq: int
+    tensor: str  #: tensor name
+    delivered_ppm: int  #: parts per million of the tensor that arrived
+    repairs: int  #: packets repaired
+    duration: float  #: seconds the daemon spent
+
+    @property
+    def delivered(self) -> float:
+        """Fraction of the tensor that arrived (1.0 = all of it)."""
+        return self.delivered_ppm / 1_000_000
+
+
+# ---------------------------------------------------------------------------
+# Client
+# ---------------------------------------------------------------------------
+
+
+class _Handle:
+    """Owns the C handle; detaches when the last reference (client or view) goes."""
+
+    def __init__(self, lib: ctypes.CDLL, ptr: int):
+        self.lib = lib
+        self.ptr = ptr
+
+    def __del__(self):
+        lib, self.lib = self.lib, None
+        if lib is not None:
+            try:
+                lib.dlcp_detach(self.ptr)
+            except Exception:  # interpreter shutdown: nothing useful to do
+                pass
+
+
+class _Buffer:
+    """Exposes one tensor's arena memory to numpy (``__array_interface__``) and
+    keeps the handle — hence the mapping — alive as long as any view exists."""
+
+    def __init__(self, addr: int, shape: Tuple[int, ...], handle: _Handle):
+        self.__array_interface__ = {
+            "shape": shape,
+            "typestr": np.dtype(np.float32).str,
+            "data": (addr, False),
+            "version": 3,
+        }
+        self._handle = handle
+
+
+@dataclass
+class _Tensor:
+    tid: int
+    name: str
+    n: int
+    addr: int
+
+
+class Client:
+    """A trainer's attachment to the local daemon. Create with :func:`attach`.
+
+    Use as a context manager or call :meth:`close`. Methods are not meant to be
+    called concurrently from several threads (the C library serialises them).
+    """
+
+    def __init__(self, lib: ctypes.CDLL, ptr: int, socket: str, job: int, local_rank: int, local_world: int):
+        self._lib = lib
+        self._h: Optional[_Handle] = _Handle(lib, ptr)
+        self.socket, self.job, self.local_rank, self.local_world = socket, job, local_rank, local_world
+        self._by_name: Dict[str, _Tensor] = {}
+        self._by_id: Dict[int, _Tensor] = {}
+
+    def __repr__(self) -> str:
+        state = "closed" if self._h is None else f"{len(self._by_name)} tensors"
+        return f"<dlcp.Client job={self.job:#x} rank={self.local_rank}/{self.local_world} {state}>"
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._h is None
+
+    def close(self) -> None:
+        """Detaches from the daemon. Idempotent.
+
+        Tensor views stay valid memory: if some are still alive, the actual detach
+        happens when the last of them is garbage-collected.
+        """
+        self._h = None
+
+    def _ptr(self, op: str) -> int:
+        if self._h is None:
+            raise ClosedError(op, -2, "the client is closed")
+        return self._h.ptr
+
+    def _check(self, op: str, rc: int) -> None:
+        if rc != 0:
+            _raise(self._lib, self._ptr(op), op, rc)
+
+    def tensor(self, name: str, shape: Union[int, Tuple[int, ...]]) -> np.ndarray:
+        """A float32 array of ``shape`` that is a view of tensor ``name`` in the
+        shared arena (allocated on first use; asking again with the same size gives
+        another view of the same memory). Write the gradient into it in place
+        (``g[:] = grad``, ``np.copyto(g, grad)``, or compute into it with ``out=g``);
+        after :meth:`allreduce` it holds the result. Do not touch it while an op on
+        it is in flight. Tensor ids follow allocation order: allocate tensors in
+        the same order on every rank.
+        """
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+        n = prod(shape)
+        ptr = self._ptr("tensor")
+        t = self._by_name.get(name)
+        if t is None:
+            if n <= 0:
+                raise InvalidArgumentError("tensor", -3, f"tensor {name!r} needs at least one element, not {n}")
+            tid = ctypes.c_uint32()
+            self._check("tensor", self._lib.dlcp_alloc(ptr, name.encode(), n, ctypes.byref(tid)))
+            addr = self._lib.dlcp_tensor_data(ptr, tid.value)
+            if not addr:
+                _raise(self._lib, ptr, "tensor", -3)
+            t = _Tensor(tid.value, name, n, addr)
+            self._by_name[name] = t
+            self._by_id[t.tid] = t
+        elif t.n != n:
+            raise NameInUseError("tensor", -8, f"tensor {name!r} already exists with {t.n} elements, not {n}")
+        return np.asarray(_Buffer(t.addr, shape, self._h))
+
+    def _tensor_of(self, op: str, array) -> _Tensor:
+        if isinstance(array, str):
+            t = self._by_name.get(array)
+            if t is None:
+                raise InvalidArgumentError(op, -3, f"no tensor named {array!r}")
+            return t
+        if not isinstance(array, np.ndarray):
+            raise InvalidArgumentError(op, -3, f"expected a tensor view from Client.tensor(), got {type(array).__name__}")
+        addr = array.__array_interface__["data"][0]
+        t = next((t for t in self._by_name.values() if t.addr == addr), None)
+        if t is None or array.size != t.n or array.dtype != np.float32 or not array.flags.c_contiguous:
+            raise InvalidArgumentError(
+                op,
+                -3,
+                "array is not a whole view of a dlcp tensor: get one with Client.tensor(name, n) and write the"
+                " gradient into it (g[:] = grad) instead of passing a separate array",
+            )
+        return t
+
+    def _completion(self, c: _CCompletion) -> Completion:
+        t = self._by_id.get(c.tensor)
+        return Completion(
+            op_seq=c.op_seq,
+            tensor=t.name if t else f"#{c.tensor}",
+            status=_STATUS_NAMES.get(c.status, "unknown"),
+            detail=c.detail,
+            delivered_ppm=c.delivered_ppm,
+            repairs=c.repairs,
+            duration=c.duration_ns / 1e9,
+        )
+
+    def submit(self, array, layer: int = 0, layers: int = 1, budget: float = 0.01, flags: int = 0) -> int:
+        """Submits an allreduce (sum) of a tensor (a view from :meth:`tensor`, or
+        its name) without waiting; returns the op's sequence number. ``budget`` is
+        the tolerated loss fraction (0.01 = 1%, 0 = reliable). Wait with
+        :meth:`wait` before touching the tensor again."""
+        t = self._tensor_of("submit", array)
+        seq = ctypes.c_uint64()
+        ptr = self._ptr("submit")
+        rc = self._lib.dlcp_submit(ptr, t.tid, layer, layers, _budget_ppm(budget), flags, ctypes.byref(seq))
+        self._check("submit", rc)
+        return seq.value
+
+    def wait(self, op_seq: Optional[int] = None, timeout: Optional[float] = 60.0) -> Completion:
+        """Waits for the completion of op ``op_seq`` (or of any op if None) for at
+        most ``timeout`` seconds (None: no limit; 0: poll). Returns the
+        :class:`Completion`, whatever its status; raises
+        :class:`DlcpTimeoutError` or :class:`DaemonGoneError`."""
+        ptr = self._ptr("wait")
+        c = _CCompletion()
+        if op_seq is None:
+            rc = self._lib.dlcp_wait(ptr, _timeout_ms(timeout), ctypes.byref(c))
+        else:
+            rc = self._lib.dlcp_wait_op(ptr, op_seq, _timeout_ms(timeout), ctypes.byref(c))
+        self._check("wait", rc)
+        return self._completion(c)
+
+    def allreduce(
+        self,
+        array,
+        layer: int = 0,
+        layers: int = 1,
+        budget: float = 0.01,
+        timeout: Optional[float] = 60.0,
+        flags: int = 0,
+    ) -> Report:
+        """Allreduces (sums) a tensor in place and returns a :class:`Report`.
+
+        ``array`` is a view from :meth:`tensor` (or the tensor's name); the result
+        replaces its contents. ``layer``/``layers`` give the tensor's layer index
+        (priority: front layers first); ``budget`` is the tolerated loss fraction
+        (0.01 = 1%, 0 = bit-exact); ``timeout`` in seconds (None: no limit).
+        Raises :class:`OpFailedError` if the op completed with a non-OK status,
+        :class:`DlcpTimeoutError` (the op is then still in flight), or another
+        :class:`DlcpError` subclass.
+        """
+        t = self._tensor_of("allreduce", array)
+        ptr = self._ptr("allreduce")
+        c = _CCompletion()
+        rc = self._lib.dlcp_allreduce(
+            ptr, t.tid, layer, layers, _budget_ppm(budget), flags, _timeout_ms(timeout), ctypes.byref(c)
+        )
+        if rc != 0:
+            _raise(self._lib, ptr, "allreduce", rc, self._completion(c) if rc == -13 else None)
+        return Report(
+            op_seq=c.op_seq,
+            tensor=t.name,
+            delivered_ppm=c.delivered_ppm,
+            repairs=c.repairs,
+            duration=c.duration_ns / 1e9,
+        )
+
+
+def attach(
+    socket: Union[str, os.PathLike, None] = None,
+    job: int = 0,
+    local_rank: int = 0,
+    local_world: int = 1,
+) -> Client:
+    """Attaches to the local daemon as ``local_rank`` of ``local_world`` trainers
+    of job ``job`` on this host. ``socket`` defaults to ``$DLCP_SOCKET`` or
+    :data:`DEFAULT_SOCKET`. Raises :class:`ConnectError` if no daemon answers,
+    :class:`RejectedError` if it refuses (e.g. the rank is taken)."""
+    lib = load_library()
+    path = os.fspath(socket) if socket is not None else os.environ.get("DLCP_SOCKET", DEFAULT_SOCKET)
+    out = ctypes.c_void_p()
+    rc = lib.dlcp_attach(os.fsencode(path), job, local_rank, local_world, ctypes.byref(out))
+    if rc != 0:
+        _raise(lib, None, "attach", rc)
+    return Client(lib, out.value, path, job, local_rank, local_world)
+
+
+def version() -> str:
+    """Version of the loaded ``libdlcp_client``."""
+    return load_library().dlcp_version().decode()

@@ -1,0 +1,167 @@
+"""Tests of the dlcp Python package, run as a real trainer process.
+
+Needs a server on $DLCP_TEST_SOCKET that behaves like the Rust tests' fake
+reducer (client/tests/common/mod.rs): every op doubles the tensor and reports
+999000 ppm delivered and 3 repairs; budget 99_999 ppm is never completed;
+budget 99_998 ppm completes with status peer_down. Run by client/tests/python.rs:
+
+    DLCP_LIB=.../libdlcp_client.so DLCP_TEST_SOCKET=... PYTHONPATH=client/python \\
+        /usr/bin/python3 client/python/tests/test_client.py -v
+"""
+
+import ctypes
+import itertools
+import os
+import unittest
+
+import numpy as np
+
+import dlcp
+
+SOCKET = os.environ["DLCP_TEST_SOCKET"]
+HOLD = 0.099999  # budget the fake reducer never completes
+PEER_DOWN = 0.099998  # budget the fake reducer completes with peer_down
+_jobs = itertools.count(1000)
+
+
+def fresh(**kw):
+    """A client on its own job id (ranks of finished tests may still be held)."""
+    return dlcp.attach(SOCKET, job=next(_jobs), **kw)
+
+
+def data(n, seed):
+    rng = np.random.default_rng(seed)
+    # Multiples of 1/1024: non-integer, and doubling is exact.
+    return (rng.integers(-(1 << 20), 1 << 20, n) / 1024.0 + 1 / 2048).astype(np.float32)
+
+
+class ViewTest(unittest.TestCase):
+    def test_tensor_is_a_view_of_the_shared_arena_and_allreduce_writes_in_place(self):
+        with fresh() as c:
+            g = c.tensor("grad", 1000)
+            self.assertEqual((g.dtype, g.shape), (np.float32, (1000,)))
+            self.assertFalse(g.flags.owndata, "a view, not a copy")
+            self.assertTrue(g.flags.writeable and g.flags.c_contiguous)
+            addr = g.__array_interface__["data"][0]
+            self.assertEqual(addr, c._by_name["grad"].addr, "points at dlcp_tensor_data")
+            self.assertEqual(addr % 64, 0)
+            x = data(1000, 1)
+            g[:] = x  # written once, straight into shared memory
+            # The same bytes seen through a raw pointer: no hidden buffer in between.
+            self.assertEqual(ctypes.c_float.from_address(addr + 4 * 7).value, x[7])
+            r = c.allreduce(g, layer=1, layers=2, budget=0.01)
+            np.testing.assert_array_equal(g, 2 * x)  # the result, in the same array
+            self.assertEqual((r.tensor, r.delivered_ppm, r.repairs), ("grad", 999000, 3))
+            self.assertAlmostEqual(r.delivered, 0.999)
+            self.assertGreater(r.duration, 0)
+            # Asking again gives another view of the same memory.
+            g2 = c.tensor("grad", 1000)
+            self.assertTrue(np.shares_memory(g, g2))
+            g2[3] = 42.5
+            self.assertEqual(g[3], 42.5)
+            c.allreduce("grad")  # by name
+            self.assertEqual(g[3], 85.0)
+
+    def test_shapes_and_several_tensors_pipelined(self):
+        with fresh() as c:
+            ws = [c.tensor(f"w{i}", (4, 8 + i)) for i in range(3)]
+            for i, w in enumerate(ws):
+                self.assertEqual(w.shape, (4, 8 + i))
+                w[...] = data(w.size, i).reshape(w.shape)
+            xs = [w.copy() for w in ws]
+            seqs = [c.submit(w, layer=i, layers=3, budget=0) for i, w in enumerate(ws)]
+            self.assertEqual(len(set(seqs)), 3)
+            done = c.wait(seqs[2])
+            self.assertEqual((done.op_seq, done.tensor, done.status, done.ok), (seqs[2], "w2", "ok", True))
+            others = sorted(c.wait().op_seq for _ in range(2))
+            self.assertEqual(others, seqs[:2])
+            for w, x in zip(ws, xs):
+                np.testing.assert_array_equal(w, 2 * x)
+            with self.assertRaises(dlcp.DlcpTimeoutError):
+                c.wait(timeout=0)
+
+    def test_views_outlive_close_and_detach_follows_the_last_view(self):
+        c = fresh()
+        g = c.tensor("g", 16)
+        g[:] = 1.5
+        c.close()
+        self.assertTrue(c.closed)
+        c.close()  # idempotent
+        g[0] = 2.5  # still mapped: the detach waits for the last view
+        self.assertEqual(float(g.sum()), 2.5 + 15 * 1.5)
+        with self.assertRaises(dlcp.ClosedError):
+            c.tensor("h", 4)
+        with self.assertRaises(dlcp.ClosedError):
+            c.allreduce(g)
+        del g  # now the handle goes and the daemon sees the detach
+
+
+class ErrorTest(unittest.TestCase):
+    def test_attach_errors(self):
+        with self.assertRaises(dlcp.ConnectError) as e:
+            dlcp.attach("/nonexistent/dlcpd.sock")
+        self.assertIsInstance(e.exception, ConnectionError)
+        self.assertEqual(e.exception.op, "attach")
+        self.assertEqual(e.exception.name, "DLCP_ERR_CONNECT")
+        self.assertIn("is dlcpd running?", str(e.exception))
+        job = next(_jobs)
+        with dlcp.attach(SOCKET, job, 0, 2):
+            with self.assertRaises(dlcp.RejectedError) as e:
+                dlcp.attach(SOCKET, job, 0, 2)
+            self.assertIn("already attached", e.exception.reason)
+        with self.assertRaises(dlcp.InvalidArgumentError):
+            dlcp.attach(SOCKET, job, 3, 2)
+
+    def test_argument_errors(self):
+        with fresh() as c:
+            g = c.tensor("g", 8)
+            with self.assertRaises(dlcp.NameInUseError):
+                c.tensor("g", 9)
+            with self.assertRaises(dlcp.ArenaFullError) as e:
+                c.tensor("huge", 1 << 30)
+            self.assertIsInstance(e.exception, MemoryError)
+            self.assertIn("largest free", e.exception.reason)
+            with self.assertRaises(dlcp.InvalidArgumentError):
+                c.tensor("empty", 0)
+            with self.assertRaises(dlcp.InvalidArgumentError) as e:
+                c.allreduce(np.zeros(8, np.float32))  # not a view of the arena
+            self.assertIsInstance(e.exception, ValueError)
+            self.assertIn("Client.tensor", str(e.exception))
+            with self.assertRaises(dlcp.InvalidArgumentError):
+                c.allreduce(g[:4])  # part of a tensor
+            with self.assertRaises(dlcp.InvalidArgumentError):
+                c.allreduce("nope")
+            with self.assertRaises(dlcp.InvalidArgumentError) as e:
+                c.allreduce(g, layer=5, layers=5)
+            self.assertIn("layer 5 is not below the layer count 5", str(e.exception))
+            self.assertEqual(e.exception.op, "allreduce")
+            with self.assertRaises(ValueError):
+                c.allreduce(g, budget=1.5)
+            with self.assertRaises(dlcp.InvalidArgumentError):
+                c.allreduce(g, flags=0x100)
+
+    def test_failed_and_timed_out_ops(self):
+        with fresh() as c:
+            g = c.tensor("g", 32)
+            x = data(32, 9)
+            g[:] = x
+            with self.assertRaises(dlcp.OpFailedError) as e:
+                c.allreduce(g, budget=PEER_DOWN)
+            self.assertEqual(e.exception.status, "peer_down")
+            self.assertEqual(e.exception.completion.tensor, "g")
+            self.assertIn("peer_down", str(e.exception))
+            np.testing.assert_array_equal(g, x)  # untouched
+            with self.assertRaises(dlcp.DlcpTimeoutError) as e:
+                c.allreduce(g, budget=HOLD, timeout=0.05)
+            self.assertIsInstance(e.exception, TimeoutError)
+            with self.assertRaises(dlcp.TensorBusyError) as e:
+                c.allreduce(g)
+            self.assertIn("in flight", e.exception.reason)
+
+    def test_library_is_loaded_from_dlcp_lib(self):
+        self.assertTrue(dlcp.version())
+        self.assertEqual(os.path.realpath(dlcp._lib._name), os.path.realpath(os.environ["DLCP_LIB"]))
+
+
+if __name__ == "__main__":
+    unittest.main()

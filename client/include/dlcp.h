@@ -140,6 +140,16 @@ int dlcp_wait_op(dlcp_client *c, uint64_t op_seq, int64_t timeout_ms, dlcp_compl
 int dlcp_allreduce(dlcp_client *c, dlcp_tensor tensor, uint32_t layer, uint32_t layers, uint32_t budget_ppm,
                    uint32_t flags, int64_t timeout_ms, dlcp_completion *out);
 
+/* The op sequence number the next dlcp_submit will use (1 after attach). The
+ * daemon matches an op across trainers by (op_seq, tensor): every trainer of a job
+ * must submit the same sequence of ops. */
+int dlcp_next_op_seq(dlcp_client *c, uint64_t *out_seq);
+
+/* Set the op sequence number the next dlcp_submit uses: after a failed op, or when
+ * a replacement trainer joins a running job, the trainers agree where to continue.
+ * DLCP_ERR_INVALID_ARG if an op in flight has a sequence number >= seq. */
+int dlcp_set_next_op_seq(dlcp_client *c, uint64_t seq);
+
 /* Static description of an error code (never NULL). */
 const char *dlcp_strerror(int code);
 

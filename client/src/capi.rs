@@ -396,6 +396,25 @@ pub extern "C" fn dlcp_allreduce(
     }))
 }
 
+/// Stores the op sequence number the next submit will use in `*out_seq`.
+#[unsafe(no_mangle)]
+pub extern "C" fn dlcp_next_op_seq(c: *mut dlcp_client, out_seq: *mut u64) -> c_int {
+    code_of(guard("dlcp_next_op_seq", c, || {
+        check_out(out_seq, "out_seq")?;
+        let seq = with_client(c, |cl| Ok(cl.next_op_seq()))?;
+        store(out_seq, seq);
+        Ok(())
+    }))
+}
+
+/// Sets the op sequence number the next submit uses (every trainer of a job must
+/// submit the same sequence of ops; after a failure they agree where to continue).
+/// `DLCP_ERR_INVALID_ARG` if an op in flight has a sequence number `>= seq`.
+#[unsafe(no_mangle)]
+pub extern "C" fn dlcp_set_next_op_seq(c: *mut dlcp_client, seq: u64) -> c_int {
+    code_of(guard("dlcp_set_next_op_seq", c, || with_client(c, |cl| Ok(cl.set_next_op_seq(seq)?))))
+}
+
 /// Static description of an error code (any int; never NULL).
 #[unsafe(no_mangle)]
 pub extern "C" fn dlcp_strerror(code: c_int) -> *const c_char {

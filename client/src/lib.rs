@@ -415,6 +415,28 @@ impl Client {
         self.ops.len()
     }
 
+    /// The op sequence number the next [`submit`](Self::submit) uses (1 after attach).
+    ///
+    /// The daemon matches an op across trainers by (op_seq, tensor id): every
+    /// trainer of a job must submit the same sequence of ops.
+    pub fn next_op_seq(&self) -> u64 {
+        self.inner.next_op_seq()
+    }
+
+    /// Sets the op sequence number the next [`submit`](Self::submit) uses: after a
+    /// failed op, or when a replacement trainer joins a running job, the trainers
+    /// agree on where to continue and say so here. Refused if an op in flight has
+    /// a sequence number `>= seq` (the two would collide).
+    pub fn set_next_op_seq(&mut self, seq: u64) -> Result<(), Error> {
+        if let Some(s) = self.ops.keys().copied().filter(|&s| s >= seq).max() {
+            return Err(Error::InvalidArgument(format!(
+                "op {s} is still in flight: the next op_seq must be above it, not {seq}"
+            )));
+        }
+        self.inner.set_next_op_seq(seq);
+        Ok(())
+    }
+
     /// Allocates a named f32 tensor of `len_elems` elements in the shared arena.
     /// Its contents start as whatever the arena held (zero for a fresh segment).
     pub fn alloc(&mut self, name: &str, len_elems: u64) -> Result<TensorId, Error> {

@@ -95,6 +95,9 @@ fn null_pointers_give_null_arg_with_a_message() {
     assert_eq!(dlcp_wait(null_mut(), 0, &mut done), E_NULL);
     assert_eq!(dlcp_wait_op(null_mut(), 1, 0, &mut done), E_NULL);
     assert_eq!(dlcp_allreduce(null_mut(), 0, 0, 1, 0, 0, 0, null_mut()), E_NULL);
+    assert_eq!(dlcp_next_op_seq(null_mut(), &mut n), E_NULL);
+    assert_eq!(dlcp_set_next_op_seq(null_mut(), 5), E_NULL);
+    assert_eq!(dlcp_next_op_seq(c, null_mut()), E_NULL);
     assert_eq!(dlcp_detach(null_mut()), DLCP_OK, "detach(NULL) is a no-op like free(NULL)");
     // NULL arguments on a live handle: refused before anything happens.
     assert_eq!(dlcp_alloc(c, null(), 4, &mut t), E_NULL);
@@ -132,6 +135,8 @@ fn garbage_and_detached_handles_give_bad_handle() {
         assert_eq!(dlcp_wait(h, 0, &mut done), E_HANDLE);
         assert_eq!(dlcp_wait_op(h, 1, 0, &mut done), E_HANDLE);
         assert_eq!(dlcp_allreduce(h, 0, 0, 1, 0, 0, 0, null_mut()), E_HANDLE);
+        assert_eq!(dlcp_next_op_seq(h, &mut n), E_HANDLE);
+        assert_eq!(dlcp_set_next_op_seq(h, 5), E_HANDLE);
         assert_eq!(dlcp_detach(h), E_HANDLE);
     }
     // A new attachment gets a new handle value, never the detached one.
@@ -176,6 +181,11 @@ fn bad_arguments_and_failed_ops_give_their_codes_and_messages() {
     assert_eq!(rc, ErrorCode::Timeout as c_int);
     assert_eq!(dlcp_submit(c, t, 0, 1, 0, 0, null_mut()), ErrorCode::TensorBusy as c_int);
     assert!(last(c).contains("in flight"), "{}", last(c));
+    let mut next = 0u64;
+    assert_eq!(dlcp_next_op_seq(c, &mut next), DLCP_OK);
+    assert_eq!(dlcp_set_next_op_seq(c, next - 1), E_ARG, "onto the held op");
+    assert!(last(c).contains("still in flight"), "{}", last(c));
+    assert_eq!(dlcp_set_next_op_seq(c, next + 10), DLCP_OK);
     assert_eq!(dlcp_detach(c), DLCP_OK);
     // Attach failures: per-thread last error.
     let mut h = 0x1234 as *mut dlcp_client;

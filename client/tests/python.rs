@@ -66,7 +66,7 @@ fn python_package_tests_pass_in_a_separate_process() {
     assert!(out.status.success(), "python tests failed:\n{t}");
     assert!(t.contains("\nOK"), "{t}");
     assert!(!t.contains("skipped"), "{t}");
-    assert_eq!(fake.served(), 5, "ops the fake reducer doubled for the Python trainer");
+    assert_eq!(fake.served(), 6, "ops the fake reducer doubled for the Python trainer");
     eprintln!("{t}");
 }
 

@@ -181,3 +181,24 @@ fn error_codes_are_distinct_negative_and_described() {
     assert_eq!(ErrorCode::from_raw(0), None);
     assert_eq!(ErrorCode::from_raw(-17), None);
 }
+
+#[test]
+fn op_seq_can_be_set_but_never_onto_an_op_in_flight() {
+    let fake = FakeReducer::start();
+    let mut c = Client::attach(fake.socket(), 8, 0, 1).unwrap();
+    let t = c.alloc("t", 16).unwrap();
+    let u = c.alloc("u", 16).unwrap();
+    assert_eq!(c.next_op_seq(), 1);
+    c.set_next_op_seq(50).unwrap();
+    assert_eq!(c.allreduce(t, Options::default(), WAIT).unwrap().op_seq, 50);
+    assert_eq!(c.next_op_seq(), 51);
+    let held = c.submit(t, Options::default().budget_ppm(HOLD_BUDGET_PPM)).unwrap();
+    assert_eq!(held, 51);
+    for bad in [1, 51] {
+        let e = c.set_next_op_seq(bad).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::InvalidArg);
+        assert!(e.to_string().contains("op 51 is still in flight"), "{e}");
+    }
+    c.set_next_op_seq(60).unwrap();
+    assert_eq!(c.allreduce(u, Options::default(), WAIT).unwrap().op_seq, 60);
+}

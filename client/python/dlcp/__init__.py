@@ -253,6 +253,8 @@ def load_library(path: Union[str, os.PathLike, None] = None) -> ctypes.CDLL:
         "dlcp_wait": (c_int, [h, i64, ctypes.POINTER(_CCompletion)]),
         "dlcp_wait_op": (c_int, [h, u64, i64, ctypes.POINTER(_CCompletion)]),
         "dlcp_allreduce": (c_int, [h, u32, u32, u32, u32, u32, i64, ctypes.POINTER(_CCompletion)]),
+        "dlcp_next_op_seq": (c_int, [h, ctypes.POINTER(u64)]),
+        "dlcp_set_next_op_seq": (c_int, [h, u64]),
         "dlcp_strerror": (ctypes.c_char_p, [c_int]),
         "dlcp_status_str": (ctypes.c_char_p, [u32]),
         "dlcp_last_error": (ctypes.c_char_p, [h]),
@@ -423,6 +425,22 @@ class Client:
     def _check(self, op: str, rc: int) -> None:
         if rc != 0:
             _raise(self._lib, self._ptr(op), op, rc)
+
+    @property
+    def next_op_seq(self) -> int:
+        """The op sequence number the next submit uses (1 after attach).
+
+        The daemon matches an op across trainers by (op_seq, tensor): every trainer
+        of a job must submit the same sequence of ops. After a failed op, or when a
+        replacement trainer joins a running job, the trainers agree where to
+        continue and set it (refused if an op in flight has a number >= it)."""
+        out = ctypes.c_uint64()
+        self._check("next_op_seq", self._lib.dlcp_next_op_seq(self._ptr("next_op_seq"), ctypes.byref(out)))
+        return out.value
+
+    @next_op_seq.setter
+    def next_op_seq(self, seq: int) -> None:
+        self._check("next_op_seq", self._lib.dlcp_set_next_op_seq(self._ptr("next_op_seq"), seq))
 
     def tensor(self, name: str, shape: Union[int, Tuple[int, ...]]) -> np.ndarray:
         """A float32 array of ``shape`` that is a view of tensor ``name`` in the

@@ -157,6 +157,14 @@ class ErrorTest(unittest.TestCase):
             with self.assertRaises(dlcp.TensorBusyError) as e:
                 c.allreduce(g)
             self.assertIn("in flight", e.exception.reason)
+            # The held op keeps its number: the sequence may only move past it.
+            held = c.next_op_seq - 1
+            with self.assertRaises(dlcp.InvalidArgumentError) as e:
+                c.next_op_seq = held
+            self.assertIn(f"op {held} is still in flight", e.exception.reason)
+            c.next_op_seq = held + 100
+            h = c.tensor("h", 4)
+            self.assertEqual(c.allreduce(h).op_seq, held + 100)
 
     def test_library_is_loaded_from_dlcp_lib(self):
         self.assertTrue(dlcp.version())

@@ -81,6 +81,11 @@ int main(int argc, char **argv) {
     CHECK(strstr(dlcp_last_error(c), "layer 2 is not below the layer count 2") != NULL);
     CHECK(dlcp_wait(c, 0, &done) == DLCP_ERR_TIMEOUT);
 
+    uint64_t next = 0;
+    CHECK(dlcp_next_op_seq(c, &next) == DLCP_OK && next == 3);
+    CHECK(dlcp_set_next_op_seq(c, 100) == DLCP_OK);
+    CHECK(dlcp_allreduce(c, t, 0, 1, 0, 0, 10000, &done) == DLCP_OK && done.op_seq == 100);
+    CHECK(dlcp_next_op_seq(c, NULL) == DLCP_ERR_NULL_ARG);
     CHECK(dlcp_detach(c) == DLCP_OK);
     CHECK(dlcp_detach(c) == DLCP_ERR_BAD_HANDLE);
     CHECK(dlcp_alloc(c, "x", 1, &t2) == DLCP_ERR_BAD_HANDLE);

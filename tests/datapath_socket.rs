@@ -158,6 +158,24 @@ fn every_class_and_size_ipv6() {
 }
 
 #[test]
+fn ipv4_mapped_ipv6_socket_talks_to_ipv4() {
+    // An IPv6 datapath bound to ::ffff:127.0.0.1 sends to IPv4 peers as
+    // v4-mapped addresses, reports them as IPv4, and marks IP_TOS.
+    let mapped: SocketAddr = "[::ffff:127.0.0.1]:0".parse().unwrap();
+    let mut a = SocketDatapath::new(config(mapped)).unwrap();
+    let mut b = SocketDatapath::new(config(v4())).unwrap();
+    let a_v4 = SocketAddr::new("127.0.0.1".parse().unwrap(), a.local_addr().port());
+    let msgs = mixed_classes(64, 500);
+    let got = transfer(&mut a, &mut b, &msgs, 32);
+    assert_exact(&msgs, &got, a_v4);
+    // b sends to a's v4-mapped IPv6 address; a reports b as IPv4.
+    let got = transfer(&mut b, &mut a, &msgs, 32);
+    assert_exact(&msgs, &got, b.local_addr());
+    let r = TosReceiver::new(v4());
+    send_and_check_tos(&mut a, &r, &msgs, 32);
+}
+
+#[test]
 fn zero_length_datagrams_pass() {
     let mut a = SocketDatapath::new(config(v4())).unwrap();
     let mut b = SocketDatapath::new(config(v4())).unwrap();

@@ -79,8 +79,8 @@
 //!
 //! IPv4 and IPv6: the bind address decides. An IPv6 datapath sends to an IPv4
 //! destination as a v4-mapped address (works when bound to `::` with dual
-//! stack), sets `IP_TOS` as well as `IPV6_TCLASS` in that case, and reports
-//! v4-mapped sources as IPv4 addresses.
+//! stack, or to a v4-mapped address), sets `IP_TOS` as well as `IPV6_TCLASS`
+//! for those, and reports v4-mapped sources as IPv4 addresses.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};
@@ -454,11 +454,10 @@ impl SocketDatapath {
             let tos = u32::from(cfg.dscp[c]) << 2;
             if v6 {
                 s.set_tclass_v6(tos).map_err(fail(&format!("set IPV6_TCLASS {tos:#x} for class {c}")))?;
-                if addr.ip().is_unspecified() {
-                    // Dual stack: IPv4 destinations leave with IP_TOS.
-                    if let Err(e) = s.set_tos_v4(tos) {
-                        debug!("socket datapath {addr}: IP_TOS on an IPv6 socket: {e}");
-                    }
+                // IPv4 destinations (dual stack, or a v4-mapped bind address)
+                // leave with IP_TOS, not IPV6_TCLASS.
+                if let Err(e) = s.set_tos_v4(tos) {
+                    debug!("socket datapath {addr}: IP_TOS on an IPv6 socket: {e}");
                 }
             } else {
                 s.set_tos_v4(tos).map_err(fail(&format!("set IP_TOS {tos:#x} for class {c}")))?;

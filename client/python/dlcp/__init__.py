@@ -261,7 +261,13 @@ def load_library(path: Union[str, os.PathLike, None] = None) -> ctypes.CDLL:
         "dlcp_version": (ctypes.c_char_p, []),
     }
     for name, (restype, argtypes) in sigs.items():
-        f = getattr(lib, name)
+        try:
+            f = getattr(lib, name)
+        except AttributeError:
+            raise OSError(
+                f"{found} lacks {name}: it is older than this dlcp package; rebuild it"
+                " (`cargo build --release -p dlcp-client`) or point DLCP_LIB at a current one"
+            ) from None
         f.restype, f.argtypes = restype, argtypes
     if path is None:
         _lib = lib

@@ -22,7 +22,7 @@ stage() {
 }
 
 # Debian packages the build and tests need.
-APT_PACKAGES=(build-essential pkg-config ca-certificates git)
+APT_PACKAGES=(build-essential pkg-config ca-certificates git python3 python3-numpy)
 
 install_deps() {
   local missing=()
@@ -49,7 +49,15 @@ install_deps() {
 fmt_check() { cargo fmt --all -- --check; }
 clippy() { cargo clippy --workspace --all-targets --locked -- -D warnings; }
 build() { cargo build --workspace --release --locked; }
-unit_and_sim_tests() { cargo test --workspace --locked; }
+# Unit tests, property tests and the protocol simulations (everything but the
+# daemon package's end-to-end tests).
+unit_and_sim_tests() {
+  cargo test --workspace --locked --exclude dlcp
+  cargo test -p dlcp --locked --lib --bins
+}
+# End-to-end tests of the daemon package (real dlcpd processes, trainers, UDP on
+# loopback, shared memory): release build, one test at a time (2 cores).
+e2e_tests() { cargo test -p dlcp --locked --release --tests -- --test-threads=1; }
 demo() {
   ./target/release/dlcpd --version
   ./target/release/dlcpd demo --iters 3 --loss 1
@@ -60,6 +68,7 @@ stage fmt fmt_check
 stage clippy clippy
 stage build-release build
 stage test unit_and_sim_tests
+stage e2e e2e_tests
 stage demo demo
 
 echo

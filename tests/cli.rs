@@ -104,9 +104,33 @@ fn check_config_reports_a_missing_file() {
 }
 
 #[test]
-fn demo_runs_and_verifies_under_loss() {
+fn demo_runs_real_daemons_and_verifies_under_receive_loss() {
     let out = dlcpd()
-        .args(["demo", "--iters", "2", "--size", "2", "--loss", "2", "--budget", "1"])
+        .args(["demo", "--hosts", "3", "--iters", "2", "--size", "1", "--loss", "2", "--budget", "5"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("iter    2/2"), "{stdout}");
+    assert!(stdout.contains("every trainer byte-identical"), "{stdout}");
+    assert!(stdout.contains("ops completed / failed      8 / 0"), "{stdout}");
+}
+
+#[test]
+fn demo_reliable_is_bit_exact() {
+    let out = dlcpd()
+        .args(["demo", "--hosts", "2", "--iters", "2", "--size", "1", "--budget", "0"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("bit-exact against the reference sum"), "{stdout}");
+}
+
+#[test]
+fn simulate_runs_and_verifies_under_loss() {
+    let out = dlcpd()
+        .args(["simulate", "--iters", "2", "--size", "2", "--loss", "2", "--budget", "1"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

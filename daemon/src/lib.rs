@@ -5,14 +5,19 @@
 //! the daemon's pieces; the protocol logic lives in [`dlcp_proto`] (sans-IO) and
 //! the configuration schema in [`dlcp_config`].
 //!
-//! - [`demo`]: the `dlcpd demo` job — N ranks doing allreduce rounds through the
-//!   real protocol core on the deterministic network simulator.
+//! - [`service`]: the event loop of `dlcpd --config FILE`.
+//! - [`shm`]: the shared-memory channel to trainers.
+//! - [`datapath`]: UDP sockets (and, later, DPDK) under the protocol.
+//! - [`demo`]: `dlcpd demo` — N daemons on loopback with synthetic trainers.
+//! - [`simulate`]: `dlcpd simulate` — the protocol core on the deterministic
+//!   network simulator.
 #![deny(unsafe_code)]
 
 pub mod datapath;
 pub mod demo;
 pub mod service;
 pub mod shm;
+pub mod simulate;
 
 pub use dlcp_config as config;
 pub use dlcp_proto as proto;

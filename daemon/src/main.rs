@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use dlcp::demo::{self, DemoOptions};
+use dlcp::simulate::{self, SimOptions};
 
 #[derive(Parser)]
 #[command(
@@ -15,7 +16,7 @@ use dlcp::demo::{self, DemoOptions};
                   protocol with priority classes carried in DSCP, completing as soon as enough \
                   has arrived within a bounded loss budget.\n\n\
                   Run the node service with `dlcpd --config FILE`; try the protocol on a simulated \
-                  cluster with `dlcpd demo`; validate a file with `dlcpd check-config FILE`."
+                  cluster with `dlcpd demo` (real daemons on loopback) or `dlcpd simulate`; validate a file with `dlcpd check-config FILE`."
 )]
 struct Cli {
     /// Run as the node service with this configuration file (foreground; logs to
@@ -32,13 +33,40 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run N simulated hosts doing allreduce rounds through the real protocol core, then print a summary table.
-    Demo(DemoArgs),
+    /// Start N daemons on loopback with K synthetic trainers each on shared memory, run allreduce rounds, print a table.
+    Demo(LoopbackArgs),
+    /// Run N hosts through the protocol core on the deterministic network simulator (virtual time), print a table.
+    Simulate(DemoArgs),
     /// Validate a configuration file; print the effective configuration, or one `file:line:col: field: message` line.
     CheckConfig {
         /// The TOML file to check.
         file: PathBuf,
     },
+}
+
+#[derive(Args)]
+struct LoopbackArgs {
+    /// Number of daemons (hosts).
+    #[arg(long, default_value_t = 4)]
+    hosts: u32,
+    /// Synthetic trainers per daemon (local ranks; their tensors are reduced locally first).
+    #[arg(long, default_value_t = 2)]
+    trainers_per_host: u32,
+    /// Megabytes of f32 gradients per iteration, split over --layers tensors.
+    #[arg(long, default_value_t = 8.0)]
+    size: f64,
+    /// Percentage of received datagrams each daemon drops (shows bounded loss without root).
+    #[arg(long, default_value_t = 0.0)]
+    loss: f64,
+    /// Loss budget per transfer, percent (0 = reliable and bit-exact, at most 10).
+    #[arg(long, default_value_t = 1.0)]
+    budget: f64,
+    /// Allreduce iterations.
+    #[arg(long, default_value_t = 10)]
+    iters: u32,
+    /// Tensors (layer buckets) per iteration, front layer first.
+    #[arg(long, default_value_t = 4)]
+    layers: u32,
 }
 
 #[derive(Args)]
@@ -118,18 +146,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     match command {
         Command::Demo(a) => {
             let opts = DemoOptions {
                 hosts: a.hosts,
+                trainers: a.trainers_per_host,
                 size_mb: a.size,
                 loss_pct: a.loss,
                 budget_pct: a.budget,
                 iters: a.iters,
                 layers: a.layers,
-                link_gbps: a.link_gbps,
-                seed: a.seed,
             };
             if let Err(e) = opts.validate() {
                 eprintln!("dlcpd demo: {e}");
@@ -144,6 +171,34 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("dlcpd demo: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Simulate(a) => {
+            let opts = SimOptions {
+                hosts: a.hosts,
+                size_mb: a.size,
+                loss_pct: a.loss,
+                budget_pct: a.budget,
+                iters: a.iters,
+                layers: a.layers,
+                link_gbps: a.link_gbps,
+                seed: a.seed,
+            };
+            if let Err(e) = opts.validate() {
+                eprintln!("dlcpd simulate: {e}");
+                return ExitCode::from(2);
+            }
+            println!("dlcpd {} — {}", dlcp::VERSION, dlcp::datapath_support());
+            match simulate::run(&opts, &mut std::io::stdout()) {
+                Ok(summary) if summary.verified => ExitCode::SUCCESS,
+                Ok(_) => {
+                    eprintln!("dlcpd simulate: verification FAILED (see above)");
+                    ExitCode::FAILURE
+                }
+                Err(e) => {
+                    eprintln!("dlcpd simulate: {e}");
                     ExitCode::FAILURE
                 }
             }

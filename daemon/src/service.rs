@@ -43,6 +43,7 @@ use crate::shm::{Attachment, Liveness, ServerConfig, ShmServer, Status, Submissi
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
 const ADMIN: Token = Token(2);
+const TIMER: Token = Token(3);
 const DATAPATH_BASE: usize = 16;
 const ATTACH_BASE: usize = 1 << 16;
 /// Longest sleep between housekeeping passes.
@@ -161,6 +162,53 @@ pub struct Service {
     admin_path: std::path::PathBuf,
     rx_drop: Option<(u32, dlcp_proto::sim::Rng)>,
     reports: BTreeMap<OpId, Box<dlcp_proto::endpoint::OpReport>>,
+    adapt: Option<RateAdapter>,
+    /// A timerfd for sub-millisecond wakeups (epoll's own timeout has
+    /// millisecond resolution, too coarse for pacing and probe timers).
+    timer: std::os::fd::OwnedFd,
+}
+
+/// Loss-driven pacing (AIMD): every window, the share of this daemon's data
+/// datagrams that receivers asked to have repaired is the loss signal. Above
+/// 0.5% the rate is cut to 70%; otherwise it grows by 2% of the maximum, up to
+/// `pacing.rate_mbps`. A flood therefore cannot persist, and a clean path runs
+/// at the configured rate.
+#[derive(Debug, Clone)]
+struct RateAdapter {
+    max: u64,
+    min: u64,
+    window: StdDuration,
+    last: StdInstant,
+    last_tx: u64,
+    last_repairs: u64,
+    cuts: u64,
+}
+
+impl RateAdapter {
+    fn step(&mut self, endpoint: &mut Endpoint, now: Instant) {
+        if self.last.elapsed() < self.window {
+            return;
+        }
+        self.last = StdInstant::now();
+        let s = endpoint.stats();
+        let tx: u64 = s.tx_packets[..7].iter().sum();
+        let (dtx, drep) = (tx - self.last_tx, s.repairs_sent - self.last_repairs);
+        self.last_tx = tx;
+        self.last_repairs = s.repairs_sent;
+        if dtx == 0 {
+            return;
+        }
+        let rate = endpoint.pacing_rate().max(self.min);
+        let new = if drep * 200 > dtx {
+            self.cuts += 1;
+            (rate * 7 / 10).max(self.min)
+        } else {
+            (rate + self.max / 50).min(self.max)
+        };
+        if new != rate {
+            endpoint.set_pacing_rate(now, new);
+        }
+    }
 }
 
 /// Path of the admin socket that `dlcpctl` talks to: the control socket's path
@@ -189,7 +237,9 @@ pub fn endpoint_config(cfg: &Config, generation: u32) -> EndpointConfig {
     e.classifier = cfg.classifier();
     e.timers = timers(cfg);
     e.pacing_rate = cfg.pacing.rate_bytes_per_sec().unwrap_or(0);
-    e.pacing_burst = u64::from(cfg.pacing.burst_bytes);
+    // At least 100 µs of traffic per bucket, so the loop is not woken for every
+    // datagram at high rates.
+    e.pacing_burst = u64::from(cfg.pacing.burst_bytes).max(e.pacing_rate / 10_000);
     e.early_buffer_bytes = usize::try_from(cfg.shm.early_buffer_bytes).unwrap_or(usize::MAX);
     e
 }
@@ -249,6 +299,12 @@ impl Service {
             std::fs::set_permissions(&admin_path, std::fs::Permissions::from_mode(cfg.control.mode()))?;
         }
         poll.registry().register(&mut admin, ADMIN, Interest::READABLE)?;
+        let timer = rustix::time::timerfd_create(
+            rustix::time::TimerfdClockId::Monotonic,
+            rustix::time::TimerfdFlags::NONBLOCK | rustix::time::TimerfdFlags::CLOEXEC,
+        )
+        .map_err(io::Error::from)?;
+        poll.registry().register(&mut SourceFd(&timer.as_raw_fd()), TIMER, Interest::READABLE)?;
         let peers: Vec<SocketAddr> = cfg.peers.iter().map(|p| p.socket_addr()).collect();
         let peer_rank = peers.iter().enumerate().map(|(r, a)| (*a, r as u32)).collect();
         let _ = &mut shm;
@@ -283,7 +339,26 @@ impl Service {
             admin_path,
             rx_drop: None,
             reports: BTreeMap::new(),
-        })
+            adapt: None,
+            timer,
+        }
+        .with_rate_adaptation())
+    }
+
+    fn with_rate_adaptation(mut self) -> Service {
+        let max = self.cfg.pacing.rate_bytes_per_sec().unwrap_or(0);
+        if self.cfg.pacing.adapt && max > 0 {
+            self.adapt = Some(RateAdapter {
+                max,
+                min: (max / 100).max(125_000),
+                window: StdDuration::from_millis(5),
+                last: StdInstant::now(),
+                last_tx: 0,
+                last_repairs: 0,
+                cuts: 0,
+            });
+        }
+        self
     }
 
     /// Test and demo knob: drop each received datagram with probability
@@ -405,13 +480,29 @@ impl Service {
                 Some(t) => (t - now).min(HOUSEKEEPING),
                 None => HOUSEKEEPING,
             };
-            let wait = if self.pending_tx.is_some() || self.endpoint.queued() > 0 {
-                // Paced or blocked on the socket: come back soon.
+            let wait = if self.pending_tx.is_some() {
+                // Blocked on the socket: writability wakes us; check back soon anyway.
                 wait.min(StdDuration::from_millis(1))
             } else {
                 wait
             };
-            match self.poll.poll(&mut events, Some(wait)) {
+            // Arm the timerfd for the exact wait; epoll's timeout (rounded up to
+            // milliseconds) is only the fallback.
+            if !wait.is_zero() {
+                let spec = rustix::time::Itimerspec {
+                    it_interval: rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 },
+                    it_value: rustix::time::Timespec {
+                        tv_sec: wait.as_secs() as i64,
+                        tv_nsec: i64::from(wait.subsec_nanos()).max(1),
+                    },
+                };
+                let _ = rustix::time::timerfd_settime(
+                    &self.timer,
+                    rustix::time::TimerfdTimerFlags::empty(),
+                    &spec,
+                );
+            }
+            match self.poll.poll(&mut events, Some(wait + StdDuration::from_millis(1))) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e.into()),
@@ -421,6 +512,10 @@ impl Service {
                 match ev.token() {
                     LISTENER => self.accept_trainers(),
                     ADMIN => self.serve_admin(),
+                    TIMER => {
+                        let mut b = [0u8; 8];
+                        let _ = rustix::io::read(&self.timer, &mut b);
+                    }
                     SIGNALS => self.on_signals(),
                     Token(t) if (DATAPATH_BASE..DATAPATH_BASE + self.datapath_tokens).contains(&t) => {
                         if ev.is_readable() {
@@ -442,6 +537,9 @@ impl Service {
             // consumed earlier; receive is cheap when nothing is there.
             self.receive(now);
             self.endpoint.handle_timeout(now);
+            if let Some(a) = self.adapt.as_mut() {
+                a.step(&mut self.endpoint, now);
+            }
             self.deliver_events();
             self.transmit(now);
             if stop(self) {
@@ -922,6 +1020,8 @@ impl Service {
             "world": self.cfg.world_size(),
             "datapath": self.datapath.describe(),
             "trainers": self.trainers(),
+            "pacing_rate_bytes_per_sec": self.endpoint.pacing_rate(),
+            "pacing_rate_cuts": self.adapt.as_ref().map(|a| a.cuts),
             "service": self.counters,
             "protocol": {
                 "tx_packets_per_class": s.tx_packets, "tx_bytes_per_class": s.tx_bytes,

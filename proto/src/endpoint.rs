@@ -795,6 +795,18 @@ impl Endpoint {
         self.queues.iter().map(VecDeque::len).sum()
     }
 
+    /// Change only the pacing rate (bytes per second, 0 = unpaced), from `now`.
+    /// Used by the daemon's loss-driven rate adaptation.
+    pub fn set_pacing_rate(&mut self, now: Instant, rate: u64) {
+        self.cfg.pacing_rate = rate;
+        self.pacer.set_rate(now, rate);
+    }
+
+    /// Current pacing rate in bytes per second (0 = unpaced).
+    pub fn pacing_rate(&self) -> u64 {
+        self.cfg.pacing_rate
+    }
+
     /// Change tunables that take effect for new ops and new packets: loss-free
     /// settings like the classifier, timers and pacing rate.
     pub fn set_tunables(
@@ -934,7 +946,7 @@ impl Endpoint {
         if let Some((_, early)) = self.early.remove(&id) {
             for d in early {
                 self.early_bytes -= d.len();
-                self.handle_datagram(now, &d);
+                self.handle_datagram_impl(now, &d, true);
             }
         }
         self.check_complete(id);
@@ -943,6 +955,11 @@ impl Endpoint {
 
     /// Process one received datagram. Never panics; every rejection is counted.
     pub fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) {
+        self.handle_datagram_impl(now, datagram, false);
+    }
+
+    /// `replay`: a datagram buffered before its op started, already counted.
+    fn handle_datagram_impl(&mut self, now: Instant, datagram: &[u8], replay: bool) {
         self.now = now;
         let (h, payload) = match wire::decode(&self.cfg.key, datagram) {
             Ok(x) => x,
@@ -971,10 +988,12 @@ impl Endpoint {
             self.stats.rejected.stale_generation += 1;
             return;
         }
-        let ci = h.class.index();
-        self.stats.rx_packets[ci] += 1;
-        self.stats.rx_bytes[ci] += datagram.len() as u64;
-        self.stats.rx_packets_peer[h.src as usize] += 1;
+        if !replay {
+            let ci = h.class.index();
+            self.stats.rx_packets[ci] += 1;
+            self.stats.rx_bytes[ci] += datagram.len() as u64;
+            self.stats.rx_packets_peer[h.src as usize] += 1;
+        }
         if h.ty == PacketType::Hello {
             return;
         }

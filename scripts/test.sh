@@ -57,7 +57,12 @@ unit_and_sim_tests() {
 }
 # End-to-end tests of the daemon package (real dlcpd processes, trainers, UDP on
 # loopback, shared memory): release build, one test at a time (2 cores).
-e2e_tests() { cargo test -p dlcp --locked --release --tests -- --test-threads=1; }
+# The Python trainer test needs libdlcp_client.so of the same profile; CI makes
+# a missing Python/numpy a failure instead of a skip.
+e2e_tests() {
+  cargo build -p dlcp-client --release --locked
+  DLCP_REQUIRE_PYTHON=1 cargo test -p dlcp --locked --release --tests -- --test-threads=1
+}
 demo() {
   ./target/release/dlcpd --version
   ./target/release/dlcpd demo --iters 3 --loss 1

@@ -11,15 +11,38 @@ use dlcp::shm::{Client, Status, SubmitOptions};
 const HOSTS: u32 = 4;
 const TRAINERS: u32 = 2;
 
-/// Element counts from 1 KiB to 4 MiB of f32 (odd sizes included).
-const SIZES: [usize; 6] = [256, 1000, 4099, 65_536, 250_001, 1 << 20];
+/// 20 ops, element counts from 1 KiB to 64 MiB of f32 (odd sizes included).
+const SIZES: [usize; 20] = [
+    256,
+    1000,
+    4099,
+    65_536,
+    250_001,
+    1 << 20,
+    256,
+    1000,
+    4099,
+    65_536,
+    250_001,
+    1 << 20,
+    77,
+    3,
+    12_345,
+    999_999,
+    2 << 20,
+    4 << 20,
+    1 << 24,
+    256,
+];
+/// The ops of the lossy test (its reports are checked one by one).
+const LOSSY_OPS: usize = 8;
 
 fn trainer_seed(host: u32, local: u32, op: usize) -> u64 {
     (u64::from(host) << 32) | (u64::from(local) << 16) | op as u64
 }
 
 /// Run `SIZES` ops with every trainer on every host; return each trainer's results.
-fn run_ops(c: &Cluster, budget_ppm: u32) -> Vec<Vec<(Vec<f32>, u32)>> {
+fn run_ops(c: &Cluster, budget_ppm: u32, ops: usize) -> Vec<Vec<(Vec<f32>, u32)>> {
     let mut handles = Vec::new();
     for h in 0..HOSTS {
         for k in 0..TRAINERS {
@@ -27,7 +50,7 @@ fn run_ops(c: &Cluster, budget_ppm: u32) -> Vec<Vec<(Vec<f32>, u32)>> {
             handles.push(std::thread::spawn(move || {
                 let mut cl = Client::attach(&socket, u64::from(JOB), k, TRAINERS).expect("attach");
                 let mut out = Vec::new();
-                for (i, &n) in SIZES.iter().enumerate() {
+                for (i, &n) in SIZES.iter().enumerate().take(ops) {
                     let t = cl.alloc(&format!("t{i}"), n as u64).expect("alloc");
                     cl.write(&t, &data(trainer_seed(h, k, i), n)).expect("write");
                     let opts = SubmitOptions {
@@ -72,7 +95,7 @@ fn reference(i: usize) -> Vec<f32> {
 #[test]
 fn four_daemons_two_trainers_each_reliable_is_bit_exact() {
     let c = Cluster::start(&Options { hosts: HOSTS, ..Options::default() });
-    let results = run_ops(&c, 0);
+    let results = run_ops(&c, 0, SIZES.len());
     for (i, _) in SIZES.iter().enumerate() {
         let want: Vec<u32> = reference(i).iter().map(|x| x.to_bits()).collect();
         for (t, r) in results.iter().enumerate() {
@@ -164,9 +187,9 @@ fn dlcpctl_report(c: &Cluster, h: u32, op: u64, tensor: u32) -> serde_json::Valu
 #[test]
 fn receive_loss_1pct_budget_1pct_matches_recomputation_and_ranks_agree() {
     let c = Cluster::start(&Options { hosts: HOSTS, rx_loss_pct: 1.0, ..Options::default() });
-    let results = run_ops(&c, 10_000);
+    let results = run_ops(&c, 10_000, LOSSY_OPS);
     let mut lossy_ops = 0;
-    for i in 0..SIZES.len() {
+    for i in 0..LOSSY_OPS {
         // Op sequence numbers are the client's: 1, 2, 3, … in submission order.
         let reports: Vec<_> = (0..HOSTS).map(|h| dlcpctl_report(&c, h, i as u64 + 1, i as u32)).collect();
         for (h, r) in reports.iter().enumerate() {
@@ -193,4 +216,50 @@ fn receive_loss_1pct_budget_1pct_matches_recomputation_and_ranks_agree() {
     let dropped: u64 =
         (0..HOSTS).map(|h| c.stats(h).unwrap()["service"]["rx_debug_dropped"].as_u64().unwrap()).sum();
     assert!(dropped > 0, "the receive-loss knob dropped nothing");
+}
+
+#[test]
+fn loss_driven_pacing_cuts_the_rate_under_loss_and_results_stay_exact() {
+    let o = Options {
+        hosts: 2,
+        rx_loss_pct: 10.0,
+        extra: "[pacing]\nrate_mbps = 8000\nadapt = true\n".into(),
+        ..Options::default()
+    };
+    let c = Cluster::start(&o);
+    let x: Vec<f32> = data(77, 1 << 20);
+    let hs: Vec<_> = (0..2)
+        .map(|h| {
+            let sock = c.daemons[h].socket.clone();
+            let x = x.clone();
+            std::thread::spawn(move || {
+                let mut cl = Client::attach(&sock, u64::from(JOB), 0, 1).unwrap();
+                let t = cl.alloc("g", x.len() as u64).unwrap();
+                let mut outs = Vec::new();
+                for _ in 0..3 {
+                    cl.write(&t, &x).unwrap();
+                    cl.submit(&t, SubmitOptions { budget_ppm: 0, ..Default::default() }).unwrap();
+                    let d = cl.wait_completion(Duration::from_secs(60)).unwrap();
+                    assert_eq!(d.status, Status::Ok);
+                    outs.push(cl.read(&t).unwrap());
+                }
+                outs
+            })
+        })
+        .collect();
+    for h in hs {
+        for out in h.join().unwrap() {
+            assert!(
+                out.iter().zip(&x).all(|(a, b)| a.to_bits() == (b + b).to_bits()),
+                "reliable mode not exact"
+            );
+        }
+    }
+    for h in 0..2 {
+        let s = c.stats(h).unwrap();
+        let cuts = s["pacing_rate_cuts"].as_u64().expect("adaptation enabled");
+        let rate = s["pacing_rate_bytes_per_sec"].as_u64().unwrap();
+        assert!(cuts > 0, "host {h}: 10% loss never cut the rate: {s}");
+        assert!(rate < 8_000_000_000 / 8, "host {h}: rate {rate} still at the maximum");
+    }
 }

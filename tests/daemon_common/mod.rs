@@ -51,7 +51,7 @@ pub fn config_text(rank: u32, ports: &[u16], socket: &Path, o: &Options) -> Stri
         t += &format!("[[peers]]\nrank = {r}\naddress = \"127.0.0.1\"\nport = {p}\n\n");
     }
     t += &format!(
-        "[network]\nheartbeat_interval_ms = 100\npeer_timeout_ms = 1000\n\n[loss]\nhard_timeout_ms = {}\n\n[control]\nsocket_path = \"{}\"\nsocket_mode = \"0600\"\n\n[shm]\narena_bytes = 268435456\nmax_tensor_bytes = 134217728\n\n[log]\nlevel = \"info\"\n{}\n",
+        "[network]\nheartbeat_interval_ms = 100\npeer_timeout_ms = 1000\n\n[loss]\nhard_timeout_ms = {}\n\n[control]\nsocket_path = \"{}\"\nsocket_mode = \"0600\"\n\n[shm]\narena_bytes = 134217728\nmax_tensor_bytes = 134217728\n\n[log]\nlevel = \"info\"\n{}\n",
         o.hard_timeout_ms,
         socket.display(),
         o.extra

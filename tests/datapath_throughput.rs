@@ -1,5 +1,5 @@
 //! Loopback throughput of the socket datapath on one thread (sender and
-//! receiver alternate, so one core does both sides), with and without GSO.
+//! receiver alternate, so one core does both sides): plain, GSO, GSO + GRO.
 //! Ignored by default; run with
 //! `cargo test --release --test datapath_throughput -- --ignored --nocapture`.
 
@@ -9,9 +9,9 @@ use dlcp::datapath::socket::{SocketConfig, SocketDatapath};
 use dlcp::datapath::{Datapath, SendOutcome};
 use dlcp::proto::priority::Class;
 
-fn run(gso: bool, size: usize, classes: usize) -> (f64, u64, u64) {
+fn run(gso: bool, gro: bool, size: usize, classes: usize) -> (f64, u64, u64) {
     let bind = "127.0.0.1:0".parse().unwrap();
-    let cfg = SocketConfig { gso, max_datagram: 9000, ..SocketConfig::new(bind) };
+    let cfg = SocketConfig { gso, gro, max_datagram: 9000, ..SocketConfig::new(bind) };
     let mut a = SocketDatapath::new(cfg.clone()).unwrap();
     let mut b = SocketDatapath::new(cfg).unwrap();
     let dst = b.local_addr();
@@ -33,7 +33,7 @@ fn run(gso: bool, size: usize, classes: usize) -> (f64, u64, u64) {
     let secs = start.elapsed().as_secs_f64();
     let st = a.stats();
     eprintln!(
-        "gso {gso:5} size {size:5} classes {classes}: sent {sent}, received {received} ({:.1}%), \
+        "gso {gso:5} gro {gro:5} size {size:5} classes {classes}: sent {sent}, received {received} ({:.1}%), \
          {:.0} datagrams/s received, {:.2} Gbit/s, tx_syscalls {}, rx_syscalls {}",
         100.0 * received as f64 / sent as f64,
         received as f64 / secs,
@@ -49,8 +49,9 @@ fn run(gso: bool, size: usize, classes: usize) -> (f64, u64, u64) {
 fn loopback_throughput() {
     for size in [1200, 8972] {
         for classes in [1, 8] {
-            run(false, size, classes);
-            run(true, size, classes);
+            run(false, false, size, classes);
+            run(true, false, size, classes);
+            run(true, true, size, classes);
         }
     }
 }

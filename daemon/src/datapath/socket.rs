@@ -69,11 +69,16 @@
 //! - Call `flush` at the end of every event-loop turn: `send` itself only
 //!   reaches the kernel when a queue is full.
 //!
-//! **Receiving.** `recvmmsg` into `batch` buffers of `max_datagram` bytes;
-//! a datagram larger than that (`MSG_TRUNC`) is counted in `rx_truncated` and
-//! dropped, never delivered cut short. UDP GRO is not used (the kernel splits any
-//! GSO packet that reaches a socket without `UDP_GRO`). One `recv` call reads until
-//! the kernel has nothing more or `8 × batch` datagrams were taken;
+//! **Receiving.** `recvmmsg` into `batch` buffers. Without GRO each buffer
+//! holds `max_datagram` bytes and a larger datagram (`MSG_TRUNC`) is counted
+//! in `rx_truncated` and dropped, never delivered cut short. With `gro` (and a
+//! kernel that accepts `UDP_GRO`), each buffer holds a full 64 KiB UDP payload:
+//! the kernel may hand over several datagrams of one sender coalesced, with
+//! their segment size in a `UDP_GRO` control message; they are split back at
+//! that size (the last one may be shorter) before delivery, and any datagram
+//! above `max_datagram` is still counted in `rx_truncated` and dropped. One
+//! `recv` call reads until the kernel has nothing more or `8 × batch`
+//! datagrams were taken;
 //! [`SocketDatapath::rx_drained`] tells which, so an edge-triggered loop can
 //! call again.
 //!
@@ -131,6 +136,9 @@ pub struct SocketConfig {
     /// Largest datagram sent or received (UDP payload bytes), 1 ..=
     /// [`MAX_UDP_PAYLOAD_V4`] (IPv4) or [`MAX_UDP_PAYLOAD_V6`] (IPv6).
     pub max_datagram: usize,
+    /// Receive with UDP GRO (`UDP_GRO`) when the kernel has it: fewer receive
+    /// calls, at the cost of 64 KiB receive buffers (`batch` of them).
+    pub gro: bool,
 }
 
 impl SocketConfig {
@@ -153,6 +161,7 @@ impl SocketConfig {
             gso: d.gso,
             gso_max_segments: d.gso_max_segments as usize,
             max_datagram: (dlcp_config::schema::DEFAULT_MTU - overhead) as usize,
+            gro: true,
         }
     }
 
@@ -177,6 +186,7 @@ impl SocketConfig {
             gso: s.gso,
             gso_max_segments: s.gso_max_segments as usize,
             max_datagram: cfg.network.mtu.saturating_sub(overhead) as usize,
+            gro: true,
         }
     }
 
@@ -268,6 +278,10 @@ pub struct SocketStats {
     pub gso_sends: u64,
     /// Datagrams carried in GSO messages.
     pub gso_segments: u64,
+    /// UDP GRO is on for the sockets read.
+    pub gro_active: bool,
+    /// Coalesced receives (a `UDP_GRO` control message with several datagrams).
+    pub gro_packets: u64,
     /// Incoming datagrams are steered to the receive socket by a reuseport BPF
     /// program (else every socket is read).
     pub rx_steered: bool,
@@ -384,6 +398,15 @@ struct RxMeta {
     len: usize,
     truncated: bool,
     src: Option<SocketAddr>,
+    /// GRO segment size (0: one datagram).
+    segment: usize,
+}
+
+/// The datagrams in a received buffer of `len` bytes coalesced at `segment`
+/// bytes (0: not coalesced): ranges of `segment` bytes, the last one shorter.
+fn segments(len: usize, segment: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let step = if segment == 0 || segment >= len { len.max(1) } else { segment };
+    (0..len.max(1)).step_by(step).map(move |start| start..(start + step).min(len))
 }
 
 /// The socket datapath: see the [module documentation](self).
@@ -399,6 +422,8 @@ pub struct SocketDatapath {
     stats: DatapathStats,
     extra: SocketStats,
     rx_buf: Vec<u8>,
+    /// Bytes per receive buffer: `max_datagram`, or 64 KiB with GRO.
+    rx_slot: usize,
     rx_meta: Vec<RxMeta>,
     rx_drained: bool,
     groups: Vec<Group>,
@@ -481,8 +506,26 @@ impl SocketDatapath {
 
         extra.gso_available = cfg.gso && cfg.gso_max_segments > 1 && sys::probe_gso(domain);
         extra.gso_active = extra.gso_available;
+        if cfg.gro {
+            let read: Vec<&Socket> =
+                if steered { vec![&rx] } else { std::iter::once(&rx).chain(&tx).collect() };
+            extra.gro_active = true;
+            for s in read {
+                if let Err(e) = sys::enable_gro(s.as_fd()) {
+                    debug!("socket datapath {local}: UDP_GRO unavailable: {e}");
+                    extra.gro_active = false;
+                }
+            }
+            if !extra.gro_active {
+                for s in std::iter::once(&rx).chain(&tx) {
+                    let _ = sys::disable_gro(s.as_fd());
+                }
+            }
+        }
         let gso_max_payload = cfg.max_payload();
-        let rx_buf = vec![0; cfg.batch * cfg.max_datagram];
+        // With GRO a buffer must hold any coalesced packet: a whole UDP payload.
+        let rx_slot = if extra.gro_active { 1 << 16 } else { cfg.max_datagram };
+        let rx_buf = vec![0; cfg.batch * rx_slot];
         let rx_meta = vec![RxMeta::default(); cfg.batch];
         Ok(SocketDatapath {
             cfg,
@@ -494,6 +537,7 @@ impl SocketDatapath {
             stats: DatapathStats::default(),
             extra,
             rx_buf,
+            rx_slot,
             rx_meta,
             rx_drained: true,
             groups: Vec::new(),
@@ -653,7 +697,7 @@ impl SocketDatapath {
 impl Datapath for SocketDatapath {
     fn describe(&self) -> String {
         format!(
-            "socket (udp {}, 8 class sockets + 1 receive socket, receive {}, GSO {}, batch {})",
+            "socket (udp {}, 8 class sockets + 1 receive socket, receive {}, GSO {}, GRO {}, batch {})",
             self.local,
             if self.extra.rx_steered { "steered by reuseport BPF" } else { "from every socket" },
             if self.extra.gso_active {
@@ -665,6 +709,7 @@ impl Datapath for SocketDatapath {
             } else {
                 "off".to_string()
             },
+            if self.extra.gro_active { "on" } else { "off" },
             self.cfg.batch
         )
     }
@@ -711,7 +756,7 @@ impl Datapath for SocketDatapath {
 
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
         let limit = self.cfg.batch * RX_ROUNDS;
-        let slot = self.cfg.max_datagram;
+        let slot = self.rx_slot;
         let mut taken = 0;
         let mut delivered = 0;
         let sockets = if self.extra.rx_steered { 1 } else { 1 + CLASSES };
@@ -734,13 +779,14 @@ impl Datapath for SocketDatapath {
                         break;
                     }
                 };
-                taken += n;
                 for (i, m) in self.rx_meta[..n].iter().enumerate() {
                     if m.truncated {
+                        taken += 1;
                         self.stats.rx_truncated += 1;
                         continue;
                     }
                     let Some(src) = m.src else {
+                        taken += 1;
                         self.stats.rx_errors += 1;
                         continue;
                     };
@@ -751,10 +797,21 @@ impl Datapath for SocketDatapath {
                         },
                         v4 => v4,
                     };
-                    self.stats.rx_packets += 1;
-                    self.stats.rx_bytes += m.len as u64;
-                    delivered += 1;
-                    f(src, &self.rx_buf[i * slot..i * slot + m.len]);
+                    if m.segment > 0 && m.len > m.segment {
+                        self.extra.gro_packets += 1;
+                    }
+                    let buf = &self.rx_buf[i * slot..i * slot + m.len];
+                    for r in segments(m.len, m.segment) {
+                        taken += 1;
+                        if r.len() > self.cfg.max_datagram {
+                            self.stats.rx_truncated += 1;
+                            continue;
+                        }
+                        self.stats.rx_packets += 1;
+                        self.stats.rx_bytes += r.len() as u64;
+                        delivered += 1;
+                        f(src, &buf[r]);
+                    }
                 }
                 if n < self.cfg.batch {
                     break; // recvmmsg stopped early: the socket is drained
@@ -847,6 +904,16 @@ mod sys {
         setsockopt(fd, libc::SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &fprog)
     }
 
+    /// Turns on `UDP_GRO` (coalesced receive with a segment-size cmsg).
+    pub(super) fn enable_gro(fd: BorrowedFd<'_>) -> io::Result<()> {
+        setsockopt(fd, libc::SOL_UDP, libc::UDP_GRO, &(1 as libc::c_int))
+    }
+
+    /// Turns `UDP_GRO` off again.
+    pub(super) fn disable_gro(fd: BorrowedFd<'_>) -> io::Result<()> {
+        setsockopt(fd, libc::SOL_UDP, libc::UDP_GRO, &(0 as libc::c_int))
+    }
+
     /// True if the kernel accepts `UDP_SEGMENT` (tried on a throwaway socket).
     pub(super) fn probe_gso(domain: Domain) -> bool {
         let Ok(s) = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP)) else { return false };
@@ -920,8 +987,10 @@ mod sys {
             .collect();
         // SAFETY: all-zero bytes are a valid `sockaddr_storage`.
         let mut names: Vec<libc::sockaddr_storage> = vec![unsafe { mem::zeroed() }; n];
+        let mut controls = vec![RxControl([0; 64]); n];
         let iov_base = iovs.as_mut_ptr();
         let name_base = names.as_mut_ptr();
+        let control_base = controls.as_mut_ptr();
         let mut hdrs: Vec<libc::mmsghdr> = (0..n)
             .map(|i| {
                 // SAFETY: all-zero bytes are a valid `mmsghdr`.
@@ -930,14 +999,17 @@ mod sys {
                 h.msg_hdr.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
                 h.msg_hdr.msg_iov = iov_base.wrapping_add(i);
                 h.msg_hdr.msg_iovlen = 1;
+                h.msg_hdr.msg_control = control_base.wrapping_add(i).cast();
+                h.msg_hdr.msg_controllen = mem::size_of::<RxControl>() as _;
                 h
             })
             .collect();
-        // SAFETY: each header's name and iovec point to `names[i]` and
-        // `iovs[i]`, whose buffer is the distinct slot `i` of `bufs`
-        // (exclusively borrowed); all live until the end of this function and
-        // are not moved after the pointers were taken. The kernel writes at
-        // most `msg_namelen` bytes of name and `slot` bytes of data per message.
+        // SAFETY: each header's name, iovec and control point to `names[i]`,
+        // `iovs[i]` (whose buffer is the distinct slot `i` of `bufs`, exclusively
+        // borrowed) and `controls[i]`; all live until the end of this function
+        // and are not moved after the pointers were taken. The kernel writes at
+        // most `msg_namelen` bytes of name, `slot` bytes of data and
+        // `msg_controllen` bytes of control per message.
         let rc = unsafe {
             libc::recvmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr(), n as libc::c_uint, 0, std::ptr::null_mut())
         };
@@ -950,9 +1022,38 @@ mod sys {
                 len: (h.msg_len as usize).min(slot),
                 truncated: h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
                 src: parse_name(&names[i], h.msg_hdr.msg_namelen),
+                segment: gro_segment(&h.msg_hdr),
             };
         }
         Ok(got)
+    }
+
+    /// Room for the control messages of one received datagram (only `UDP_GRO`,
+    /// an `int`, is enabled), aligned for `cmsghdr`.
+    #[repr(C, align(8))]
+    #[derive(Clone, Copy)]
+    struct RxControl([u8; 64]);
+
+    /// The segment size of a `UDP_GRO` control message in `msg`, or 0.
+    #[allow(unsafe_code)]
+    fn gro_segment(msg: &libc::msghdr) -> usize {
+        let mut segment = 0;
+        // SAFETY: `msg` was just filled by recvmmsg: `msg_control` points to a
+        // live `RxControl` and `msg_controllen` is what the kernel wrote into it
+        // (at most its size), so CMSG_FIRSTHDR/CMSG_NXTHDR stay inside it and
+        // return null at its end; the data of a UDP_GRO message is an `int`
+        // (read unaligned).
+        unsafe {
+            let mut cmsg = libc::CMSG_FIRSTHDR(msg);
+            while !cmsg.is_null() {
+                if (*cmsg).cmsg_level == libc::SOL_UDP && (*cmsg).cmsg_type == libc::UDP_GRO {
+                    let v = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
+                    segment = usize::try_from(v).unwrap_or(0);
+                }
+                cmsg = libc::CMSG_NXTHDR(msg, cmsg);
+            }
+        }
+        segment
     }
 
     /// The IP address in a `sockaddr_storage` the kernel filled with `len` bytes.
@@ -1093,6 +1194,19 @@ mod tests {
             ..SocketConfig::new("[::1]:0".parse().unwrap())
         };
         assert!(v6.validate().is_ok());
+    }
+
+    #[test]
+    fn gro_segments_split_with_a_short_tail() {
+        let v = |len, seg| segments(len, seg).collect::<Vec<_>>();
+        assert_eq!(v(0, 0), vec![0..0]);
+        assert_eq!(v(0, 100), vec![0..0]);
+        assert_eq!(v(250, 0), vec![0..250]);
+        assert_eq!(v(250, 250), vec![0..250]);
+        assert_eq!(v(250, 400), vec![0..250]);
+        assert_eq!(v(250, 100), vec![0..100, 100..200, 200..250]);
+        assert_eq!(v(300, 100), vec![0..100, 100..200, 200..300]);
+        assert_eq!(v(3, 1), vec![0..1, 1..2, 2..3]);
     }
 
     #[test]

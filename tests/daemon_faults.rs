@@ -240,3 +240,71 @@ fn killed_peer_daemon_fails_ops_within_the_hard_timeout_and_its_restart_rejoins(
         assert!(out.iter().zip(&x).all(|(a, b)| a.to_bits() == ((b + b) + b).to_bits()));
     }
 }
+
+#[test]
+fn sigterm_drains_an_op_in_flight_then_exits_zero() {
+    let mut c = Cluster::start(&Options { hosts: 2, ..Options::default() });
+    let x = data(3, N);
+    let s0 = c.daemons[0].socket.clone();
+    let x0 = x.clone();
+    let t0 = std::thread::spawn(move || {
+        let mut cl = Client::attach(&s0, u64::from(JOB), 0, 1).unwrap();
+        submit_and_wait(&mut cl, 1, 0, &x0, Duration::from_secs(30))
+    });
+    // Daemon 0 has the op in flight (waiting for host 1) when SIGTERM arrives.
+    let t = Instant::now();
+    while c.stats(0).unwrap()["protocol"]["ops_in_flight"].as_u64() != Some(1) {
+        assert!(t.elapsed() < Duration::from_secs(20), "the op never started on daemon 0");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    c.kill(0, 15);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(c.wait_exit(0, Duration::from_millis(10)).is_none(), "exited without draining its op");
+    let mut cl = Client::attach(&c.daemons[1].socket, u64::from(JOB), 0, 1).unwrap();
+    let (st1, out1) = submit_and_wait(&mut cl, 1, 0, &x, Duration::from_secs(30));
+    let (st0, out0) = t0.join().unwrap();
+    assert_eq!((st0, st1), (Status::Ok, Status::Ok));
+    assert!(out0 == out1);
+    let st = c.wait_exit(0, Duration::from_secs(10)).expect("drained daemon exits");
+    assert_eq!(st.code(), Some(0));
+}
+
+#[test]
+fn a_peer_daemon_down_at_start_up_is_not_fatal() {
+    let mut c = Cluster::start(&Options { hosts: 2, late: vec![1], ..Options::default() });
+    let x = data(4, N);
+    let s0 = c.daemons[0].socket.clone();
+    let x0 = x.clone();
+    let t0 = std::thread::spawn(move || {
+        let mut cl = Client::attach(&s0, u64::from(JOB), 0, 1).unwrap();
+        submit_and_wait(&mut cl, 1, 0, &x0, Duration::from_secs(30))
+    });
+    // Host 1's daemon comes up half a second later; the op still completes.
+    std::thread::sleep(Duration::from_millis(500));
+    c.spawn(1, 0.0);
+    c.wait_ready(1);
+    let mut cl = Client::attach(&c.daemons[1].socket, u64::from(JOB), 0, 1).unwrap();
+    let (st1, out1) = submit_and_wait(&mut cl, 1, 0, &x, Duration::from_secs(30));
+    let (st0, out0) = t0.join().unwrap();
+    assert_eq!((st0, st1), (Status::Ok, Status::Ok));
+    assert!(out0 == out1 && out0.iter().zip(&x).all(|(a, b)| a.to_bits() == (b + b).to_bits()));
+    let s = c.stats(0).unwrap();
+    assert_eq!(s["service"]["ops_completed"], 1, "{s}");
+    // `dlcpctl status` shows the peer up, with its generation.
+    let out = Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
+        .arg("--socket")
+        .arg(&c.daemons[0].socket)
+        .args(["status", "--json"])
+        .output()
+        .unwrap();
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(st["peers"][1]["up"], true, "{st}");
+    assert!(st["peers"][1]["generation"].as_u64().is_some(), "{st}");
+    // ...and helpfully fails against no daemon.
+    let out = Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
+        .args(["--socket", "/nonexistent/d.sock", "status"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is dlcpd running"), "{out:?}");
+}

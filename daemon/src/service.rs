@@ -447,6 +447,7 @@ impl Service {
                     "rank": r,
                     "address": self.peers[r as usize].to_string(),
                     "generation": self.endpoint.peer_generation(r),
+                    "up": r == self.cfg.rank() || self.endpoint.peer_up(r),
                     "self": r == self.cfg.rank(),
                 })
             })

@@ -785,6 +785,12 @@ impl Endpoint {
         self.ops.len()
     }
 
+    /// Whether `rank` has been heard from within the peer timeout (false for
+    /// this rank itself and for ranks never heard from).
+    pub fn peer_up(&self, rank: u32) -> bool {
+        self.peers.get(rank as usize).is_some_and(|p| p.up)
+    }
+
     /// The last generation seen from `rank`, if any.
     pub fn peer_generation(&self, rank: u32) -> Option<u32> {
         self.peers.get(rank as usize).and_then(|p| p.generation)

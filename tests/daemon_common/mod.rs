@@ -35,11 +35,13 @@ pub struct Options {
     pub hard_timeout_ms: u32,
     pub extra: String,
     pub rx_loss_pct: f64,
+    /// Ranks not started by `Cluster::start` (start them later with `spawn`).
+    pub late: Vec<u32>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { hosts: 4, hard_timeout_ms: 3000, extra: String::new(), rx_loss_pct: 0.0 }
+        Options { hosts: 4, hard_timeout_ms: 3000, extra: String::new(), rx_loss_pct: 0.0, late: Vec::new() }
     }
 }
 
@@ -70,9 +72,11 @@ impl Cluster {
             std::fs::write(&config, config_text(r, &c.ports, &socket, o)).unwrap();
             let log = c.dir.path().join(format!("d{r}.log"));
             c.daemons.push(Daemon { rank: r, config, socket, child: None, log });
-            c.spawn(r, o.rx_loss_pct);
+            if !o.late.contains(&r) {
+                c.spawn(r, o.rx_loss_pct);
+            }
         }
-        for r in 0..o.hosts {
+        for r in (0..o.hosts).filter(|r| !o.late.contains(r)) {
             c.wait_ready(r);
         }
         c

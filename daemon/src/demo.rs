@@ -154,7 +154,7 @@ fn config_text(rank: u32, ports: &[u16], socket: &std::path::Path, arena: u64) -
         t += &format!("[[peers]]\nrank = {r}\naddress = \"127.0.0.1\"\nport = {p}\n\n");
     }
     t += &format!(
-        "[network]\nheartbeat_interval_ms = 200\n\n[pacing]\nrate_mbps = 20000\nadapt = true\n\n[loss]\nhard_timeout_ms = 10000\n\n\
+        "[network]\nheartbeat_interval_ms = 200\n\n[pacing]\nrate_mbps = 0\n\n[loss]\nhard_timeout_ms = 10000\n\n\
          [control]\nsocket_path = \"{}\"\nsocket_mode = \"0600\"\n\n\
          [shm]\narena_bytes = {arena}\nmax_tensor_bytes = {arena}\nearly_buffer_bytes = {arena}\n\n[log]\nlevel = \"warn\"\n",
         socket.display()

@@ -518,10 +518,11 @@ impl Service {
                         let _ = rustix::io::read(&self.timer, &mut b);
                     }
                     SIGNALS => self.on_signals(),
-                    Token(t) if (DATAPATH_BASE..DATAPATH_BASE + self.datapath_tokens).contains(&t) => {
-                        if ev.is_readable() {
-                            self.receive(now);
-                        }
+                    Token(t)
+                        if (DATAPATH_BASE..DATAPATH_BASE + self.datapath_tokens).contains(&t)
+                            && ev.is_readable() =>
+                    {
+                        self.receive(now);
                     }
                     Token(t) if t >= ATTACH_BASE => {
                         let slot = (t - ATTACH_BASE) / 2;
@@ -559,14 +560,12 @@ impl Service {
     fn on_signals(&mut self) {
         for sig in self.signals.pending() {
             match sig {
-                SIGTERM | SIGINT => {
-                    if self.draining.is_none() {
-                        log::info!(
-                            "signal {sig}: draining {} ops in flight, accepting no new ones",
-                            self.endpoint.ops_in_flight() + self.local_ops.len()
-                        );
-                        self.draining = Some(StdInstant::now());
-                    }
+                SIGTERM | SIGINT if self.draining.is_none() => {
+                    log::info!(
+                        "signal {sig}: draining {} ops in flight, accepting no new ones",
+                        self.endpoint.ops_in_flight() + self.local_ops.len()
+                    );
+                    self.draining = Some(StdInstant::now());
                 }
                 SIGHUP => log::warn!("SIGHUP: configuration reload is not implemented yet; ignoring"),
                 _ => {}
@@ -930,19 +929,15 @@ impl Service {
             }
             // The claimed sender must send from its configured address; the MAC
             // then proves the rest.
-            match wire::Packet::new_checked(bytes) {
-                Ok(p) => {
-                    let src = p.src() as usize;
-                    if peers.get(src).is_some_and(|a| *a != from) {
-                        if peer_rank.contains_key(&from) {
-                            counters.rx_wrong_source += 1;
-                        } else {
-                            counters.rx_unknown_source += 1;
-                        }
-                        return;
-                    }
+            if let Ok(p) = wire::Packet::new_checked(bytes)
+                && peers.get(p.src() as usize).is_some_and(|a| *a != from)
+            {
+                if peer_rank.contains_key(&from) {
+                    counters.rx_wrong_source += 1;
+                } else {
+                    counters.rx_unknown_source += 1;
                 }
-                Err(_) => {}
+                return;
             }
             endpoint.handle_datagram(now, bytes);
         };

@@ -528,6 +528,27 @@ fn gro_counts_oversized_segments_as_truncated() {
 }
 
 #[test]
+fn flush_serves_highest_class_first() {
+    let mut a = SocketDatapath::new(SocketConfig { batch: 8, ..config(v4()) }).unwrap();
+    let mut b = SocketDatapath::new(config(v4())).unwrap();
+    // Queued lowest class first; one flush must put class 7 on the wire first.
+    let mut msgs = Vec::new();
+    for c in 0..8 {
+        for i in 0..6 {
+            let d = datagram(c, i, 200);
+            assert_eq!(a.send(b.local_addr(), class(c), &d).unwrap(), SendOutcome::Sent);
+            msgs.push((c, d));
+        }
+    }
+    a.flush().unwrap();
+    let mut got = Vec::new();
+    drain(&mut b, &mut got, msgs.len());
+    assert_exact(&msgs, &got, a.local_addr());
+    let order: Vec<u8> = got.iter().map(|(_, d)| d[0]).collect();
+    assert!(order.windows(2).all(|w| w[0] >= w[1]), "arrival order of classes: {order:?}");
+}
+
+#[test]
 fn would_block_contract() {
     let cfg = SocketConfig { batch: 4, gso: false, send_buffer_bytes: 4096, ..config(v4()) };
     let mut a = SocketDatapath::new(cfg).unwrap();

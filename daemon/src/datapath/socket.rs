@@ -18,6 +18,13 @@
 //!   congestion), and [`flush`](Datapath::flush) serves the queues strictly
 //!   highest class first.
 //!
+//! Why not one socket with a per-packet `IP_TOS` control message and software
+//! queues: the kernel send buffer would still be shared, so a low-class burst
+//! that fills it makes the next high-class send would-block too (the trap of
+//! DESIGN.md §4, moved into the kernel), and a per-packet `SO_PRIORITY` needs a
+//! control message only recent kernels accept. The price of socket-per-class
+//! is one `sendmmsg` per non-empty class per flush (at most 8).
+//!
 //! **Receive steering.** With several sockets in one `SO_REUSEPORT` group the
 //! kernel would spread *incoming* datagrams over all of them by a hash of the
 //! 4-tuple. A one-instruction classic BPF program (`ret #0`) attached with
@@ -68,6 +75,9 @@
 //!   flush; whatever the kernel still refuses then is lost.
 //! - Call `flush` at the end of every event-loop turn: `send` itself only
 //!   reaches the kernel when a queue is full.
+//! - A loopback UDP socket never returns `EWOULDBLOCK` (the loopback driver
+//!   releases each packet's send-buffer charge as it transmits), so the tests
+//!   reach this path through [`SocketDatapath::inject_would_block`].
 //!
 //! **Receiving.** `recvmmsg` into `batch` buffers. Without GRO each buffer
 //! holds `max_datagram` bytes and a larger datagram (`MSG_TRUNC`) is counted
@@ -78,9 +88,9 @@
 //! that size (the last one may be shorter) before delivery, and any datagram
 //! above `max_datagram` is still counted in `rx_truncated` and dropped. One
 //! `recv` call reads until the kernel has nothing more or `8 × batch`
-//! datagrams were taken;
-//! [`SocketDatapath::rx_drained`] tells which, so an edge-triggered loop can
-//! call again.
+//! datagrams were taken; [`SocketDatapath::rx_drained`] tells which, so an
+//! edge-triggered loop can call again. (A return of 0 after only truncated or
+//! unparsable datagrams can leave more queued; the next arrival re-arms the edge.)
 //!
 //! IPv4 and IPv6: the bind address decides. An IPv6 datapath sends to an IPv4
 //! destination as a v4-mapped address (works when bound to `::` with dual

@@ -941,9 +941,10 @@ impl Service {
             }
             endpoint.handle_datagram(now, bytes);
         };
-        loop {
+        // Bounded, so a flood cannot starve timers, trainers and transmit.
+        for _ in 0..64 {
             match datapath.recv(&mut f) {
-                Ok(0) => break,
+                Ok(0) if !datapath.rx_pending() => break,
                 Ok(_) => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => {

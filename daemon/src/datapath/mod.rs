@@ -71,6 +71,13 @@ pub trait Datapath {
     /// call), calling `f(source, bytes)` for each. Returns how many were delivered.
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize>;
 
+    /// True if the last [`Datapath::recv`] stopped at its per-call limit rather
+    /// than because nothing was left: call it again before waiting for readiness
+    /// (edge-triggered registrations will not report the rest).
+    fn rx_pending(&self) -> bool {
+        false
+    }
+
     /// True if a send returned [`SendOutcome::WouldBlock`] and the loop should
     /// wait for writability before sending more.
     fn wants_writable(&self) -> bool;

@@ -705,6 +705,10 @@ impl SocketDatapath {
 }
 
 impl Datapath for SocketDatapath {
+    fn rx_pending(&self) -> bool {
+        !self.rx_drained
+    }
+
     fn describe(&self) -> String {
         format!(
             "socket (udp {}, 8 class sockets + 1 receive socket, receive {}, GSO {}, GRO {}, batch {})",

@@ -229,11 +229,30 @@ fn killed_peer_daemon_fails_ops_within_the_hard_timeout_and_its_restart_rejoins(
         assert_eq!(st, Status::Timeout);
         assert!(took < hard + Duration::from_millis(1500), "error took {took:?}");
     }
+    // Heartbeats have stopped: after the peer timeout (1 s) rank 0 shows rank 2 down.
+    let status = |c: &Cluster| -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
+            .arg("--socket")
+            .arg(&c.daemons[0].socket)
+            .args(["status", "--json"])
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let t = Instant::now();
+    while status(&c)["peers"][2]["up"] != false {
+        assert!(t.elapsed() < Duration::from_secs(5), "rank 2 never marked down: {}", status(&c));
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // It restarts with a new generation; new ops across all hosts succeed.
     std::thread::sleep(Duration::from_millis(150));
     c.spawn(2, 0.0);
     c.wait_ready(2);
-    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    while status(&c)["peers"][2]["up"] != true {
+        assert!(t.elapsed() < Duration::from_secs(5), "restarted rank 2 never marked up: {}", status(&c));
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let res = run(&c, &[0, 1, 2], 3);
     for ((st, out), _) in &res {
         assert_eq!(*st, Status::Ok);

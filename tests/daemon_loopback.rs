@@ -263,3 +263,34 @@ fn loss_driven_pacing_cuts_the_rate_under_loss_and_results_stay_exact() {
         assert!(rate < 8_000_000_000 / 8, "host {h}: rate {rate} still at the maximum");
     }
 }
+
+#[test]
+fn ipv6_daemons_are_bit_exact() {
+    if std::net::UdpSocket::bind("[::1]:0").is_err() {
+        eprintln!("\n!!! SKIPPED: ::1 is not available on this machine; IPv6 daemons not tested !!!\n");
+        return;
+    }
+    let c = Cluster::start(&Options { hosts: 3, ipv6: true, ..Options::default() });
+    let x = data(66, 100_003);
+    let hs: Vec<_> = (0..3)
+        .map(|h| {
+            let sock = c.daemons[h].socket.clone();
+            let x = x.clone();
+            std::thread::spawn(move || {
+                let mut cl = Client::attach(&sock, u64::from(JOB), 0, 1).unwrap();
+                let t = cl.alloc("v6", x.len() as u64).unwrap();
+                cl.write(&t, &x).unwrap();
+                cl.submit(&t, SubmitOptions::default()).unwrap();
+                let d = cl.wait_completion(Duration::from_secs(30)).unwrap();
+                assert_eq!(d.status, Status::Ok);
+                cl.read(&t).unwrap()
+            })
+        })
+        .collect();
+    for h in hs {
+        let out = h.join().unwrap();
+        assert!(out.iter().zip(&x).all(|(a, b)| a.to_bits() == ((b + b) + b).to_bits()));
+    }
+    let s = c.stats(0).unwrap();
+    assert!(s["datapath"].as_str().unwrap().contains("::1"), "{s}");
+}

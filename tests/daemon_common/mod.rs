@@ -25,8 +25,9 @@ pub struct Cluster {
 }
 
 /// Free UDP ports on 127.0.0.1 (bound then released; the window is tiny).
-fn free_ports(n: usize) -> Vec<u16> {
-    let socks: Vec<UdpSocket> = (0..n).map(|_| UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
+fn free_ports(n: usize, ipv6: bool) -> Vec<u16> {
+    let any = if ipv6 { "[::1]:0" } else { "127.0.0.1:0" };
+    let socks: Vec<UdpSocket> = (0..n).map(|_| UdpSocket::bind(any).unwrap()).collect();
     socks.iter().map(|s| s.local_addr().unwrap().port()).collect()
 }
 
@@ -37,11 +38,20 @@ pub struct Options {
     pub rx_loss_pct: f64,
     /// Ranks not started by `Cluster::start` (start them later with `spawn`).
     pub late: Vec<u32>,
+    /// Use ::1 instead of 127.0.0.1.
+    pub ipv6: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { hosts: 4, hard_timeout_ms: 3000, extra: String::new(), rx_loss_pct: 0.0, late: Vec::new() }
+        Options {
+            hosts: 4,
+            hard_timeout_ms: 3000,
+            extra: String::new(),
+            rx_loss_pct: 0.0,
+            late: Vec::new(),
+            ipv6: false,
+        }
     }
 }
 
@@ -50,7 +60,8 @@ pub fn config_text(rank: u32, ports: &[u16], socket: &Path, o: &Options) -> Stri
         "[node]\nrank = {rank}\njob_id = {JOB}\njob_secret = \"loopback test secret 0123456789\"\ngeneration = \"auto\"\n\n"
     );
     for (r, p) in ports.iter().enumerate() {
-        t += &format!("[[peers]]\nrank = {r}\naddress = \"127.0.0.1\"\nport = {p}\n\n");
+        let addr = if o.ipv6 { "::1" } else { "127.0.0.1" };
+        t += &format!("[[peers]]\nrank = {r}\naddress = \"{addr}\"\nport = {p}\n\n");
     }
     t += &format!(
         "[network]\nheartbeat_interval_ms = 100\npeer_timeout_ms = 1000\n\n[loss]\nhard_timeout_ms = {}\n\n[control]\nsocket_path = \"{}\"\nsocket_mode = \"0600\"\n\n[shm]\narena_bytes = 134217728\nmax_tensor_bytes = 134217728\n\n[log]\nlevel = \"info\"\n{}\n",
@@ -64,7 +75,7 @@ pub fn config_text(rank: u32, ports: &[u16], socket: &Path, o: &Options) -> Stri
 impl Cluster {
     pub fn start(o: &Options) -> Cluster {
         let dir = tempfile::Builder::new().prefix("dlcp-e2e-").tempdir().unwrap();
-        let ports = free_ports(o.hosts as usize);
+        let ports = free_ports(o.hosts as usize, o.ipv6);
         let mut c = Cluster { dir, daemons: Vec::new(), ports };
         for r in 0..o.hosts {
             let socket = c.dir.path().join(format!("d{r}.sock"));

@@ -412,6 +412,11 @@ impl Client {
             }
             let ready = poll_readable(&[self.complete_bell.as_fd(), self.stream.as_fd()], Some(left))?;
             if ready[1] && self.daemon_gone() {
+                // A daemon that drains and exits posts its last completions
+                // just before closing: collect them first.
+                if let Some(c) = self.try_completion()? {
+                    return Ok(c);
+                }
                 return Err(ClientError::DaemonGone);
             }
         }

@@ -1116,16 +1116,7 @@ impl Endpoint {
                     return;
                 };
                 let range = layout.chunk(me, h.chunk_index);
-                if h.chunk_count != r.n || h.chunk_index >= r.n || payload.len() != range.len() * 4 {
-                    self.stats.rejected.mismatch += 1;
-                    return;
-                }
-                if r.closed_at.is_some() {
-                    self.stats.rejected.late += 1;
-                    return;
-                }
-                if !r.got.set(h.chunk_index) {
-                    self.stats.rejected.duplicate += 1;
+                if !admit_chunk(r, h, payload.len(), range.len(), &mut self.stats.rejected) {
                     return;
                 }
                 op.last_progress = now;
@@ -1253,16 +1244,7 @@ impl Endpoint {
                     return;
                 };
                 let range = layout.chunk(owner, h.chunk_index);
-                if h.chunk_count != r.n || h.chunk_index >= r.n || payload.len() != range.len() * 4 {
-                    self.stats.rejected.mismatch += 1;
-                    return;
-                }
-                if r.closed_at.is_some() {
-                    self.stats.rejected.late += 1;
-                    return;
-                }
-                if !r.got.set(h.chunk_index) {
-                    self.stats.rejected.duplicate += 1;
+                if !admit_chunk(r, h, payload.len(), range.len(), &mut self.stats.rejected) {
                     return;
                 }
                 op.last_progress = now;
@@ -2114,6 +2096,30 @@ impl Endpoint {
         let n = wire::encode_in_place(&self.cfg.key, &h, buf, |_| {}).ok()?;
         Some(self.count_tx(item.peer, Class::CONTROL, n))
     }
+}
+
+/// Checks a DATA chunk against its receive transfer (layout, closed, already
+/// there) and marks it arrived; every refusal is counted.
+fn admit_chunk(
+    r: &mut RecvState,
+    h: &Header,
+    payload_len: usize,
+    chunk_elems: usize,
+    rej: &mut RejectCounters,
+) -> bool {
+    if h.chunk_count != r.n || h.chunk_index >= r.n || payload_len != chunk_elems * 4 {
+        rej.mismatch += 1;
+        return false;
+    }
+    if r.closed_at.is_some() {
+        rej.late += 1;
+        return false;
+    }
+    if !r.got.set(h.chunk_index) {
+        rej.duplicate += 1;
+        return false;
+    }
+    true
 }
 
 fn accept_data_header(

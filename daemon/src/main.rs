@@ -15,8 +15,9 @@ use dlcp::simulate::{self, SimOptions};
     long_about = "dlcpd all-reduces gradient shards between training hosts over a custom UDP \
                   protocol with priority classes carried in DSCP, completing as soon as enough \
                   has arrived within a bounded loss budget.\n\n\
-                  Run the node service with `dlcpd --config FILE`; try the protocol on a simulated \
-                  cluster with `dlcpd demo` (real daemons on loopback) or `dlcpd simulate`; validate a file with `dlcpd check-config FILE`."
+                  Run the node service with `dlcpd --config FILE`; see it work with `dlcpd demo` \
+                  (real daemons on loopback) or `dlcpd simulate` (the protocol core on a simulated \
+                  network); validate a file with `dlcpd check-config FILE`."
 )]
 struct Cli {
     /// Run as the node service with this configuration file (foreground; logs to

@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Tests of scripts/testbed.sh (the emulated cluster). Needs root, iproute2,
+# nftables, iperf3, iputils-ping, python3; skipped with a loud message (exit 0)
+# where network namespaces are unavailable.
+#
+# Usage: scripts/testbed_test.sh [CASE...]      (default: every case)
+# Cases: lifecycle connectivity priority loss bad_args
+# Each case runs in its own process under a 60 s timeout, against a testbed of
+# its own prefix (dlcptbt), torn down before and after, even when it fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TB=$PWD/scripts/testbed.sh
+export DLCPTB_PREFIX=dlcptbt
+P=$DLCPTB_PREFIX
+ALL_CASES=(lifecycle connectivity priority loss bad_args)
+CASE_TIMEOUT=60
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+note() { echo "  $*"; }
+
+# Packets / drops of htb class $2 on switch port $1.
+class_sent() { ip netns exec "$P-sw" tc -s class show dev "$1" | awk -v id="$2" '$1 == "class" { on = ($3 == id) } on && $1 == "Sent" { print $4; exit }'; }
+class_dropped() { ip netns exec "$P-sw" tc -s class show dev "$1" | awk -v id="$2" '$1 == "class" { on = ($3 == id) } on && $1 == "Sent" { d = $7; sub(",", "", d); print d; exit }'; }
+# Drops of the root htb qdisc of switch port $1 (all classes).
+qdisc_dropped() { ip netns exec "$P-sw" tc -s qdisc show dev "$1" | awk '$1 == "qdisc" { on = ($2 == "htb") } on && $1 == "Sent" { d = $7; sub(",", "", d); print d; exit }'; }
+nft_packets() { ip netns exec "$1" nft list counter inet "$P" "$2" | awk '$1 == "packets" { print $2 }'; }
+
+# ---------------------------------------------------------------------------
+case_lifecycle() {
+  local netns_before link_before backlog_before
+  netns_before=$(ip netns list)
+  link_before=$(ip -br link)
+  backlog_before=$(sysctl -n net.core.netdev_max_backlog)
+  "$TB" up --hosts 3 --rate 100 --loss 1
+  [ "$(ip netns list | grep -c "^$P-")" -eq 4 ] || fail "expected 4 namespaces after up, got: $(ip netns list)"
+  [ "$(sysctl -n net.core.netdev_max_backlog)" -ge 20000 ] || fail "netdev_max_backlog not raised"
+  [ "$(ip -br link)" = "$link_before" ] || fail "up changed the root namespace's links"
+  # up again over a running testbed: removes it first, same result.
+  "$TB" up --hosts 3
+  [ "$(ip netns list | grep -c "^$P-")" -eq 4 ] || fail "second up: expected 4 namespaces"
+  local st
+  st=$("$TB" status)
+  echo "$st" | grep -q "^testbed $P: up" || fail "status does not say up: $st"
+  echo "$st" | grep -q "10.77.0.3/24" || fail "status lacks host addresses: $st"
+  echo "$st" | grep -q "port p2" || fail "status lacks switch port p2: $st"
+  st=$("$TB" status -v)
+  echo "$st" | grep -q "class htb 1:16" || fail "status -v lacks raw tc classes"
+  "$TB" down
+  "$TB" down # safe twice
+  [ "$(ip netns list)" = "$netns_before" ] || fail "ip netns list differs after down: $(ip netns list)"
+  [ "$(ip -br link)" = "$link_before" ] || fail "ip link differs after down"
+  [ "$(sysctl -n net.core.netdev_max_backlog)" = "$backlog_before" ] || fail "netdev_max_backlog not restored"
+  [ ! -e "/run/dlcptb/$P" ] || fail "state dir left behind"
+  "$TB" status | grep -q "down" || fail "status after down does not say down"
+  note "netns, root links and netdev_max_backlog ($backlog_before) as before"
+}
+
+# ---------------------------------------------------------------------------
+case_connectivity() {
+  "$TB" up --hosts 4 --mtu 9000
+  local i j
+  for i in 0 1 2 3; do
+    for j in 0 1 2 3; do
+      [ "$i" = "$j" ] && continue
+      ip netns exec "$P-h$i" ping -q -c 1 -W 2 "10.77.0.$((j + 1))" >/dev/null \
+        || fail "ping h$i -> 10.77.0.$((j + 1)) failed"
+    done
+    ip netns exec "$P-h$i" ping -q -c 1 -W 2 "fd77::$(( (i + 1) % 4 + 1 ))" >/dev/null \
+      || fail "ping -6 h$i -> fd77::$(( (i + 1) % 4 + 1 )) failed"
+  done
+  # Jumbo frames pass unfragmented (MTU 9000 everywhere).
+  ip netns exec "$P-h0" ping -q -c 1 -W 2 -M do -s 8972 10.77.0.2 >/dev/null || fail "9000-byte ping h0 -> h1 failed"
+  # Hosts are isolated from the root namespace's addresses.
+  [ "$(ip netns exec "$P-h0" ip -br addr show dev eth0 | grep -c 10.77.0.1/24)" -eq 1 ] || fail "h0 address"
+  note "12 IPv4 pairs, 4 IPv6 pairs, jumbo ping: ok"
+}
+
+# ---------------------------------------------------------------------------
+# Two UDP flows into host 1 through a 50 Mbit/s port: 20 Mbit/s at DSCP 46
+# (dlcp class 6) from h0, 80 Mbit/s best effort (class 0) from h2.
+case_priority() {
+  "$TB" up --hosts 3 --rate 50
+  ip netns exec "$P-h1" iperf3 -s -p 5201 -1 -D
+  ip netns exec "$P-h1" iperf3 -s -p 5202 -1 -D
+  sleep 0.5
+  local hi lo
+  ip netns exec "$P-h0" timeout 20 iperf3 -u -c 10.77.0.2 -p 5201 --tos 0xb8 -b 20M -l 1400 -t 3 >"$WORK/hi.txt" 2>&1 &
+  hi=$!
+  ip netns exec "$P-h2" timeout 20 iperf3 -u -c 10.77.0.2 -p 5202 --tos 0 -b 80M -l 1400 -t 3 >"$WORK/lo.txt" 2>&1 &
+  lo=$!
+  wait "$hi" || { cat "$WORK/hi.txt"; fail "iperf3 (DSCP 46) failed"; }
+  wait "$lo" || { cat "$WORK/lo.txt"; fail "iperf3 (best effort) failed"; }
+  local hs hd ls ld pd
+  hs=$(class_sent p1 1:16); hd=$(class_dropped p1 1:16)
+  ls=$(class_sent p1 1:10); ld=$(class_dropped p1 1:10)
+  pd=$(qdisc_dropped p1)
+  "$TB" status | sed -n '/port p1/,/^$/p'
+  note "class 6 (DSCP 46): sent $hs dropped $hd; class 0 (DSCP 0): sent $ls dropped $ld"
+  # The port really was congested.
+  [ "$ld" -gt 1000 ] || fail "best-effort class dropped only $ld packets: no congestion"
+  # 20 Mbit/s for 3 s of 1400-byte datagrams is ~5300: the high class got through ...
+  [ "$hs" -gt 4500 ] || fail "high class sent only $hs packets"
+  [ $(( hd * 100 )) -le "$hs" ] || fail "high class dropped $hd of $((hs + hd)) (> 1%)"
+  # ... and the low class took the loss (it offered 80 into the 30 left).
+  [ $(( ld * 100 )) -ge $(( (ls + ld) * 30 )) ] || fail "low class dropped only $ld of $((ls + ld)) (< 30%)"
+  # The port's qdisc counts the same drops.
+  [ "$pd" -eq $(( ld + hd )) ] || fail "port qdisc drops $pd != class drops $ld + $hd"
+  # The classes nobody sent to stayed quiet (filters map exactly).
+  local c
+  for c in 1 2 3 4 5; do
+    [ "$(class_sent p1 "1:1$c")" -le 5 ] || fail "class $c saw traffic: $(class_sent p1 "1:1$c")"
+  done
+}
+
+# ---------------------------------------------------------------------------
+# 5% random loss on host input: a few thousand datagrams h0 -> h1.
+case_loss() {
+  "$TB" up --hosts 2 --loss 5
+  local n=4000
+  ip netns exec "$P-h0" timeout 20 python3 -c "
+import socket, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range($n):
+    s.sendto(b'x' * 200, ('10.77.0.2', 9))
+    if i % 200 == 199: time.sleep(0.002)
+" || fail "sender failed"
+  sleep 0.2
+  local seen dropped
+  seen=$(nft_packets "$P-h1" seen)
+  dropped=$(nft_packets "$P-h1" dropped)
+  "$TB" status | grep -A2 "== $P-h1"
+  note "host 1 input: seen $seen dropped $dropped"
+  [ "$seen" -ge "$n" ] || fail "h1 saw only $seen of $n datagrams"
+  # 5% of 4000: mean 200, sd ~14; accept 3.5% .. 6.5% (> 4 sd).
+  [ $(( dropped * 1000 )) -ge $(( seen * 35 )) ] || fail "dropped $dropped of $seen (< 3.5%)"
+  [ $(( dropped * 1000 )) -le $(( seen * 65 )) ] || fail "dropped $dropped of $seen (> 6.5%)"
+  # The other direction's host saw its own loss rule too (ICMP port unreachables).
+  [ -n "$(nft_packets "$P-h0" seen)" ] || fail "h0 has no loss counter"
+}
+
+# ---------------------------------------------------------------------------
+case_bad_args() {
+  local a out
+  for a in "--hosts 1" "--hosts x" "--rate 0" "--loss 101" "--loss abc" "--mtu 100" \
+           "--dscp 1,2,3" "--dscp 0,10,18,26,34,40,46,64" "--rate-ports 0" "--bogus"; do
+    # shellcheck disable=SC2086
+    if out=$("$TB" up $a 2>&1); then fail "up $a succeeded"; fi
+    echo "$out" | grep -q "error:" || fail "up $a: no clear error: $out"
+  done
+  [ -z "$(ip netns list | grep "^$P-" || true)" ] || fail "a rejected up left namespaces"
+  "$TB" --help | grep -q "Usage:" || fail "--help"
+  if "$TB" frobnicate 2>/dev/null; then fail "unknown command accepted"; fi
+  note "10 bad argument sets rejected with an error, nothing created"
+}
+
+# ---------------------------------------------------------------------------
+run_case() {
+  WORK=$(mktemp -d /tmp/dlcptbt.XXXXXX)
+  trap '"$TB" down >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
+  trap 'exit 143' TERM INT
+  "$TB" down >/dev/null 2>&1
+  "case_$1"
+}
+
+if [ "${1:-}" = __case ]; then
+  run_case "$2"
+  exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "######## SKIPPED testbed tests: not root (network namespaces need CAP_SYS_ADMIN) ########"
+  exit 0
+fi
+if ! ip netns add "$P-probe" 2>/dev/null; then
+  echo "######## SKIPPED testbed tests: 'ip netns add' failed (no network namespaces here) ########"
+  exit 0
+fi
+ip netns del "$P-probe"
+for tool in tc nft iperf3 ping python3 timeout; do
+  command -v "$tool" >/dev/null || fail "$tool not found (apt-get install iproute2 nftables iperf3 iputils-ping python3)"
+done
+
+cases=("$@")
+[ ${#cases[@]} -gt 0 ] || cases=("${ALL_CASES[@]}")
+failed=()
+for c in "${cases[@]}"; do
+  declare -F "case_$c" >/dev/null || fail "unknown case '$c' (cases: ${ALL_CASES[*]})"
+  echo "--- testbed: $c"
+  t0=$(date +%s)
+  if timeout -k 5 "$CASE_TIMEOUT" bash "$0" __case "$c"; then
+    echo "--- ok: $c ($(( $(date +%s) - t0 ))s)"
+  else
+    echo "--- FAILED: $c ($(( $(date +%s) - t0 ))s)"
+    failed+=("$c")
+  fi
+  "$TB" down >/dev/null 2>&1 || true
+done
+left=$(ip netns list | grep "^$P-" || true)
+[ -z "$left" ] || { echo "FAIL: namespaces left behind: $left"; exit 1; }
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "testbed tests FAILED: ${failed[*]}"
+  exit 1
+fi
+echo "testbed tests: all ${#cases[@]} passed"

@@ -59,7 +59,8 @@ Topology (defaults in brackets):
             testbed passes one host input, so end-to-end loss = PCT.
   --mtu     MTU of every veth and the bridge [1500].
   --queue   leaf pfifo limit in packets [50].
-  Offloads (tso gso gro) are off on every veth (ethtool), RPS pins the receive
+  Offloads (tso gso gro tx-udp-segmentation tx-gso-list) are off on every veth
+  (ethtool), so queues, counters and loss act on wire-sized packets, RPS pins the receive
   processing of each veth to one CPU (no reordering), net.core.netdev_max_backlog
   is raised to $BACKLOG while up. State (settings, saved sysctl) in $STATE.
 
@@ -200,7 +201,11 @@ setup_port() {
 offloads_off() {
   local ns=$1 dev=$2
   if command -v ethtool >/dev/null; then
-    run ip netns exec "$ns" ethtool -K "$dev" tso off gso off gro off >/dev/null
+    # tx-udp-segmentation and tx-gso-list too: with only "gso off", UDP GSO
+    # super-packets (dlcpd sends them) cross the veth and the bridge whole, and
+    # a pfifo limit of N packets would hold N x 64 KiB.
+    run ip netns exec "$ns" ethtool -K "$dev" tso off gso off gro off \
+      tx-udp-segmentation off tx-gso-list off >/dev/null
   fi
 }
 

@@ -325,7 +325,7 @@ EOF
   UP_DONE=1
   trap - EXIT
   log "up: $HOSTS hosts ($SUBNET4.1..$SUBNET4.$HOSTS, $SUBNET6::1..), switch $SW," \
-    "rate ${RATE:-none} Mbit/s on ${RATE_PORTS:-all} ports, loss ${LOSS:-0}%, mtu $MTU, queue $QUEUE"
+    "rate ${RATE:-none} Mbit/s on ports ${RATE_PORTS:-all}, loss ${LOSS:-0}%, mtu $MTU, queue $QUEUE"
 }
 
 # ---------------------------------------------------------------------------
@@ -412,6 +412,8 @@ cmd_exec() {
   h=${h#h}
   is_uint "$h" || die "exec: host must be a number or h<number>, got '$h'"
   [ $# -gt 0 ] || die "exec: no command"
+  ip netns list | awk '{print $1}' | grep -qx "$(host_ns "$h")" \
+    || die "exec: no namespace $(host_ns "$h") (is the testbed up? hosts: $(our_namespaces | grep -- -h | tr '\n' ' '))"
   exec ip netns exec "$(host_ns "$h")" "$@"
 }
 

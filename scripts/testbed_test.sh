@@ -4,7 +4,7 @@
 # where network namespaces are unavailable.
 #
 # Usage: scripts/testbed_test.sh [CASE...]      (default: every case)
-# Cases: lifecycle connectivity priority loss bad_args
+# Cases: lifecycle connectivity priority loss bad_args failed_up
 # Each case runs in its own process under a 60 s timeout, against a testbed of
 # its own prefix (dlcptbt), torn down before and after, even when it fails.
 set -euo pipefail
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 TB=${TESTBED_SH:-$PWD/scripts/testbed.sh}   # override to test a modified copy
 export DLCPTB_PREFIX=dlcptbt
 P=$DLCPTB_PREFIX
-ALL_CASES=(lifecycle connectivity priority loss bad_args)
+ALL_CASES=(lifecycle connectivity priority loss bad_args failed_up)
 CASE_TIMEOUT=60
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -163,6 +163,24 @@ case_bad_args() {
   "$TB" --help | grep -q "Usage:" || fail "--help"
   if "$TB" frobnicate 2>/dev/null; then fail "unknown command accepted"; fi
   note "10 bad argument sets rejected with an error, nothing created"
+}
+
+# ---------------------------------------------------------------------------
+# An up that fails half-way (a failing ethtool first in PATH) removes what it
+# made and restores the sysctl.
+case_failed_up() {
+  local backlog_before netns_before out
+  backlog_before=$(sysctl -n net.core.netdev_max_backlog)
+  netns_before=$(ip netns list)
+  mkdir -p "$WORK/bin"
+  printf '#!/bin/sh\necho "injected ethtool failure" >&2\nexit 3\n' >"$WORK/bin/ethtool"
+  chmod +x "$WORK/bin/ethtool"
+  if out=$(PATH="$WORK/bin:$PATH" "$TB" up --hosts 3 2>&1); then fail "up with a failing ethtool succeeded"; fi
+  echo "$out" | grep -q "error: command failed (exit 3): .*ethtool" || fail "no clear error: $out"
+  echo "$out" | grep -q "tearing down" || fail "no teardown: $out"
+  [ "$(ip netns list)" = "$netns_before" ] || fail "failed up left namespaces: $(ip netns list)"
+  [ "$(sysctl -n net.core.netdev_max_backlog)" = "$backlog_before" ] || fail "failed up left netdev_max_backlog raised"
+  note "failed up: error reported, namespaces and sysctl restored"
 }
 
 # ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ STATE=$STATE_ROOT/$PREFIX
 SW=$PREFIX-sw
 BR=br0
 SUBNET4=10.77.0
-SUBNET6=fd77:0:0:0
+SUBNET6=fd77
 DEFAULT_DSCP=0,10,18,26,34,40,46,48
 BACKLOG=20000
 
@@ -30,9 +30,9 @@ Usage:
   $PROG up [--hosts N] [--rate MBIT] [--rate-ports LIST] [--loss PCT]
            [--mtu M] [--queue PKTS] [--dscp D0,..,D7]
   $PROG down
-  $PROG status [-v]              settings, addresses, loss counters, per-class
-                               counters of each switch port (-v: raw tc -s too)
-  $PROG exec HOST CMD...       run CMD in host namespace HOST (0, 1, .. or h0, h1, ..)
+  $PROG status [-v]            settings, addresses, loss counters, per-class
+                             counters of each switch port (-v: raw tc -s too)
+  $PROG exec HOST CMD...      run CMD in host namespace HOST (0, 1, .. or h0, h1, ..)
   $PROG --help
 
 Topology (defaults in brackets):

@@ -22,7 +22,8 @@ stage() {
 }
 
 # Debian packages the build and tests need.
-APT_PACKAGES=(build-essential pkg-config ca-certificates git python3 python3-numpy)
+APT_PACKAGES=(build-essential pkg-config ca-certificates git python3 python3-numpy
+              iproute2 nftables tcpdump iperf3 ethtool iputils-ping)
 
 install_deps() {
   local missing=()
@@ -74,6 +75,9 @@ stage clippy clippy
 stage build-release build
 stage test unit_and_sim_tests
 stage e2e e2e_tests
+# The emulated cluster: namespaces, a bridge switch with DSCP priority queues,
+# loss (as root; skipped loudly otherwise).
+stage testbed ./scripts/testbed_test.sh
 stage demo demo
 
 echo

@@ -1,0 +1,324 @@
+//! The emulated cluster of `scripts/testbed.sh` for end-to-end tests: the
+//! testbed under a test's own name prefix, real `dlcpd` in the host
+//! namespaces with generated configs, `dlcpctl` helpers, and teardown (daemons
+//! killed, `testbed.sh down`) on drop, even when the test fails.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const JOB: u32 = 7;
+pub const PORT: u16 = 7702;
+
+/// Run `scripts/testbed.sh ARGS` with `DLCPTB_PREFIX=prefix`.
+pub fn testbed(prefix: &str, args: &[&str]) -> Output {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/testbed.sh");
+    let out = Command::new(&script)
+        .args(args)
+        .env("DLCPTB_PREFIX", prefix)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    eprintln!(
+        "testbed.sh {}: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Namespaces usable here? (root and `ip netns add` works.)
+pub fn namespaces_available(prefix: &str) -> Result<(), String> {
+    let uid = Command::new("id").arg("-u").output().map_err(|e| e.to_string())?;
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        return Err("not root".into());
+    }
+    let probe = format!("{prefix}-probe");
+    let add = Command::new("ip").args(["netns", "add", &probe]).output().map_err(|e| e.to_string())?;
+    if !add.status.success() {
+        return Err(format!("ip netns add failed: {}", String::from_utf8_lossy(&add.stderr)));
+    }
+    let _ = Command::new("ip").args(["netns", "del", &probe]).status();
+    Ok(())
+}
+
+/// The testbed and its daemons; all torn down on drop.
+pub struct Bed {
+    pub prefix: &'static str,
+    pub hosts: usize,
+    pub dir: tempfile::TempDir,
+    pub daemons: Vec<Option<Child>>,
+    pub others: Vec<Child>,
+    pub sockets: Vec<PathBuf>,
+    pub hard_timeout_ms: u32,
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        for c in self.daemons.iter_mut().flatten().chain(self.others.iter_mut()) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            for h in 0..self.hosts {
+                let log = std::fs::read_to_string(self.dir.path().join(format!("d{h}.log")));
+                eprintln!("---- dlcpd {h} log ----\n{}", log.unwrap_or_default());
+            }
+        }
+        // Also kills anything still running inside the namespaces.
+        testbed(self.prefix, &["down"]);
+    }
+}
+
+impl Bed {
+    /// Bring up the testbed (`up --hosts N ARGS`) and one daemon per host;
+    /// `None` (after a loud message) where namespaces are unavailable.
+    pub fn start(prefix: &'static str, hosts: usize, args: &[&str], hard_timeout_ms: u32) -> Option<Bed> {
+        if let Err(why) = namespaces_available(prefix) {
+            eprintln!("\n!!!!!!!! SKIPPED testbed test: network namespaces unavailable ({why}) !!!!!!!!\n");
+            return None;
+        }
+        testbed(prefix, &["down"]);
+        let dir = tempfile::Builder::new().prefix("dlcp-testbed-").tempdir().unwrap();
+        let sockets = (0..hosts).map(|h| dir.path().join(format!("d{h}.sock"))).collect();
+        let mut bed = Bed {
+            prefix,
+            hosts,
+            dir,
+            daemons: (0..hosts).map(|_| None).collect(),
+            others: Vec::new(),
+            sockets,
+            hard_timeout_ms,
+        };
+        let n = hosts.to_string();
+        let mut a = vec!["up", "--hosts", &n];
+        a.extend_from_slice(args);
+        let up = testbed(prefix, &a);
+        assert!(up.status.success(), "testbed up {a:?} failed");
+        for h in 0..hosts {
+            bed.spawn(h);
+        }
+        for h in 0..hosts {
+            bed.wait_ready(h);
+        }
+        Some(bed)
+    }
+
+    pub fn ns(&self, h: usize) -> String {
+        format!("{}-h{h}", self.prefix)
+    }
+
+    fn config(&self, rank: usize) -> String {
+        let mut t = format!(
+            "[node]\nrank = {rank}\njob_id = {JOB}\njob_secret = \"testbed e2e test secret 0123456789\"\ngeneration = \"auto\"\n\n"
+        );
+        for r in 0..self.hosts {
+            t += &format!("[[peers]]\nrank = {r}\naddress = \"10.77.0.{}\"\nport = {PORT}\n\n", r + 1);
+        }
+        t += &format!(
+            "[network]\nheartbeat_interval_ms = 100\npeer_timeout_ms = 1000\n\n[loss]\nhard_timeout_ms = {}\n\n[control]\nsocket_path = \"{}\"\nsocket_mode = \"0600\"\n\n[shm]\narena_bytes = 67108864\nmax_tensor_bytes = 67108864\n\n[log]\nlevel = \"info\"\n",
+            self.hard_timeout_ms,
+            self.sockets[rank].display()
+        );
+        t
+    }
+
+    /// Start (or restart) host `h`'s daemon in its namespace.
+    pub fn spawn(&mut self, h: usize) {
+        let cfg = self.dir.path().join(format!("d{h}.toml"));
+        std::fs::write(&cfg, self.config(h)).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("d{h}.log")))
+            .unwrap();
+        // `ip netns exec` execs dlcpd: the child's pid is the daemon's.
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns(h), env!("CARGO_BIN_EXE_dlcpd"), "--config"])
+            .arg(&cfg)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.daemons[h] = Some(child);
+    }
+
+    pub fn wait_ready(&self, h: usize) {
+        let t0 = Instant::now();
+        while self.ctl(h, &["stats", "--json"]).is_err() {
+            assert!(t0.elapsed() < Duration::from_secs(20), "dlcpd {h} did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL host `h`'s daemon (by pid) and reap it.
+    pub fn kill9(&mut self, h: usize) {
+        let mut c = self.daemons[h].take().expect("daemon running");
+        let st = Command::new("kill").arg("-9").arg(c.id().to_string()).status().unwrap();
+        assert!(st.success(), "kill -9 {} failed", c.id());
+        let _ = c.wait();
+    }
+
+    /// `dlcpctl --socket <h> ARGS` parsed as JSON.
+    pub fn ctl(&self, h: usize, args: &[&str]) -> Result<serde_json::Value, String> {
+        let out = Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
+            .arg("--socket")
+            .arg(&self.sockets[h])
+            .args(args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
+    }
+
+    pub fn stats(&self, h: usize) -> serde_json::Value {
+        self.ctl(h, &["stats", "--json"]).unwrap_or_else(|e| panic!("dlcpctl stats on host {h}: {e}"))
+    }
+
+    pub fn status(&self, h: usize) -> serde_json::Value {
+        self.ctl(h, &["status", "--json"]).unwrap_or_else(|e| panic!("dlcpctl status on host {h}: {e}"))
+    }
+
+    pub fn report(&self, h: usize, op: u64, tensor: u32) -> serde_json::Value {
+        let v = self
+            .ctl(h, &["report", &op.to_string(), &tensor.to_string(), "--json"])
+            .unwrap_or_else(|e| panic!("dlcpctl report {op} {tensor} on host {h}: {e}"));
+        assert!(v.get("error").is_none(), "host {h} op {op} tensor {tensor}: {v}");
+        v
+    }
+
+    /// The testbed's nftables loss counters `(seen, dropped)` summed over hosts.
+    pub fn loss_counters(&self) -> (u64, u64) {
+        let (mut seen, mut dropped) = (0, 0);
+        for h in 0..self.hosts {
+            for (name, acc) in [("seen", &mut seen), ("dropped", &mut dropped)] {
+                let out = Command::new("ip")
+                    .args(["netns", "exec", &self.ns(h), "nft", "list", "counter", "inet", self.prefix, name])
+                    .output()
+                    .unwrap();
+                let text = String::from_utf8_lossy(&out.stdout);
+                let w: Vec<&str> = text.split_whitespace().collect();
+                if let Some(i) = w.iter().position(|x| *x == "packets") {
+                    *acc += w[i + 1].parse::<u64>().unwrap_or(0);
+                }
+            }
+        }
+        (seen, dropped)
+    }
+}
+
+/// Rebuild an owner's report from `dlcpctl report --json` (as in daemon_loopback.rs).
+pub fn report_from_json(v: &serde_json::Value) -> dlcp::proto::endpoint::OpReport {
+    use dlcp::proto::bitmap::Bitmap;
+    use dlcp::proto::endpoint::{OpId, OpReport, TransferReport};
+    use dlcp::proto::time::Instant;
+    use dlcp::proto::wire::Phase;
+    let bits = |n: u32, list: &serde_json::Value, set: bool| {
+        let mut b = if set { Bitmap::new(n) } else { Bitmap::full(n) };
+        for x in list.as_array().unwrap() {
+            let i = x.as_u64().unwrap() as u32;
+            if set {
+                b.set(i);
+            } else {
+                b.clear(i);
+            }
+        }
+        b
+    };
+    let own_chunks = v["own_chunks"].as_u64().unwrap() as u32;
+    OpReport {
+        id: OpId { seq: v["op"].as_u64().unwrap(), tensor: v["tensor"].as_u64().unwrap() as u32 },
+        started: Instant::ZERO,
+        finished: Instant::ZERO,
+        scatter: v["scatter"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                let n = t["chunks"].as_u64().unwrap() as u32;
+                TransferReport {
+                    peer: t["peer"].as_u64().unwrap() as u32,
+                    phase: Phase::Scatter,
+                    chunks: n,
+                    delivered: bits(n, &t["missing"], false),
+                    mask: None,
+                    repaired: 0,
+                    deadline_fired: false,
+                    first_at: None,
+                    closed_at: Instant::ZERO,
+                }
+            })
+            .collect(),
+        gather: Vec::new(),
+        own_mask: bits(own_chunks, &v["own_mask"], true),
+        own_chunks,
+        repairs_sent: 0,
+        deadline_fired: false,
+    }
+}
+
+/// Deterministic non-integer test data (as daemon_common's).
+pub fn data(seed: u64, len: usize) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0 + 0.001
+        })
+        .collect()
+}
+
+/// Seed of host `h`'s input to op `i`.
+pub fn seed(h: usize, i: usize) -> u64 {
+    ((h as u64) << 32) | i as u64
+}
+
+/// One trainer per host runs `sizes.len()` allreduce ops in sequence (tensor
+/// `i` = op seq `i + 1`, input `data(seed(h, i), n)`); returns each host's
+/// (result, completion) per op. Panics (naming host and op) on a non-Ok status.
+pub fn run_ops(bed: &Bed, sizes: &[usize], budget_ppm: u32) -> Vec<Vec<(Vec<f32>, dlcp::shm::Completion)>> {
+    use dlcp::shm::{Client, Status, SubmitOptions};
+    let handles: Vec<_> = (0..bed.hosts)
+        .map(|h| {
+            let socket = bed.sockets[h].clone();
+            let sizes = sizes.to_vec();
+            std::thread::spawn(move || {
+                let mut cl = Client::attach(&socket, u64::from(JOB), 0, 1).expect("attach");
+                let mut out = Vec::new();
+                for (i, &n) in sizes.iter().enumerate() {
+                    let t = cl.alloc(&format!("t{i}"), n as u64).expect("alloc");
+                    cl.write(&t, &data(seed(h, i), n)).expect("write");
+                    let o = SubmitOptions {
+                        tensor_id: i as u32,
+                        layer: 0,
+                        layers: 1,
+                        budget_ppm,
+                        ..Default::default()
+                    };
+                    cl.submit(&t, o).expect("submit");
+                    let done = cl.wait_completion(Duration::from_secs(20)).unwrap_or_else(|e| {
+                        panic!("host {h} op {i} ({n} elems): no completion within 20 s: {e:?}")
+                    });
+                    assert_eq!(done.status, Status::Ok, "host {h} op {i} ({n} elems) failed: {done:?}");
+                    out.push((cl.read(&t).expect("read"), done));
+                    cl.free(&t.name).expect("free");
+                }
+                out
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("a trainer failed (see its panic above)")).collect()
+}
+
+/// p50 and max of durations.
+pub fn p50_max(d: &[Duration]) -> (Duration, Duration) {
+    let mut v = d.to_vec();
+    v.sort();
+    (v[v.len() / 2], *v.last().unwrap())
+}

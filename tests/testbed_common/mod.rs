@@ -52,6 +52,8 @@ pub struct Bed {
     pub others: Vec<Child>,
     pub sockets: Vec<PathBuf>,
     pub hard_timeout_ms: u32,
+    /// Appended to every daemon's config (e.g. a `[pacing]` section).
+    pub extra: String,
 }
 
 impl Drop for Bed {
@@ -75,6 +77,17 @@ impl Bed {
     /// Bring up the testbed (`up --hosts N ARGS`) and one daemon per host;
     /// `None` (after a loud message) where namespaces are unavailable.
     pub fn start(prefix: &'static str, hosts: usize, args: &[&str], hard_timeout_ms: u32) -> Option<Bed> {
+        Bed::start_with(prefix, hosts, args, hard_timeout_ms, "")
+    }
+
+    /// `start`, with `extra` appended to every daemon's config.
+    pub fn start_with(
+        prefix: &'static str,
+        hosts: usize,
+        args: &[&str],
+        hard_timeout_ms: u32,
+        extra: &str,
+    ) -> Option<Bed> {
         if let Err(why) = namespaces_available(prefix) {
             eprintln!("\n!!!!!!!! SKIPPED testbed test: network namespaces unavailable ({why}) !!!!!!!!\n");
             return None;
@@ -90,6 +103,7 @@ impl Bed {
             others: Vec::new(),
             sockets,
             hard_timeout_ms,
+            extra: extra.into(),
         };
         let n = hosts.to_string();
         let mut a = vec!["up", "--hosts", &n];
@@ -117,9 +131,10 @@ impl Bed {
             t += &format!("[[peers]]\nrank = {r}\naddress = \"10.77.0.{}\"\nport = {PORT}\n\n", r + 1);
         }
         t += &format!(
-            "[network]\nheartbeat_interval_ms = 100\npeer_timeout_ms = 1000\n\n[loss]\nhard_timeout_ms = {}\n\n[control]\nsocket_path = \"{}\"\nsocket_mode = \"0600\"\n\n[shm]\narena_bytes = 67108864\nmax_tensor_bytes = 67108864\n\n[log]\nlevel = \"info\"\n",
+            "[network]\nheartbeat_interval_ms = 100\npeer_timeout_ms = 1000\n\n[loss]\nhard_timeout_ms = {}\n\n[control]\nsocket_path = \"{}\"\nsocket_mode = \"0600\"\n\n[shm]\narena_bytes = 67108864\nmax_tensor_bytes = 67108864\n\n[log]\nlevel = \"info\"\n{}\n",
             self.hard_timeout_ms,
-            self.sockets[rank].display()
+            self.sockets[rank].display(),
+            self.extra
         );
         t
     }

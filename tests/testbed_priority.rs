@@ -1,0 +1,191 @@
+//! Priority under congestion on the emulated cluster of `scripts/testbed.sh`:
+//! host 1's switch port is a 200 Mbit/s bottleneck; the daemons' traffic into
+//! host 1 competes with iperf3 UDP best-effort cross traffic (DSCP 0) from
+//! host 2. Asserts that the port really dropped packets (htb counters), that
+//! every higher class lost a smaller fraction than class 0 (best effort, where
+//! the cross traffic and dlcp's lowest class queue),
+//! and that of a front and a back tensor submitted at the same moment (the
+//! back one first), the front one completes first (completion order and the
+//! daemons' report durations). Results stay exact (budget 0).
+//!
+//! Needs root, network namespaces and iperf3; prints a loud SKIPPED message
+//! and passes where namespaces are unavailable.
+
+mod testbed_common;
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use dlcp::shm::{Client, Status, SubmitOptions};
+use testbed_common::*;
+
+const PREFIX: &str = "dlcptbq";
+const HOSTS: usize = 3;
+const N: usize = 1 << 19;
+const ROUNDS: usize = 3;
+/// Each daemon's send rate: two senders into host 1 stay below its port rate,
+/// so the congestion comes from the best-effort cross traffic.
+const PACING_MBPS: u32 = 70;
+
+/// (sent packets, dropped packets) of htb class `1:1<c>` on switch port `dev`.
+fn htb_classes(dev: &str) -> BTreeMap<u8, (u64, u64)> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &format!("{PREFIX}-sw"), "tc", "-s", "class", "show", "dev", dev])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut m = BTreeMap::new();
+    let mut cur: Option<u8> = None;
+    for line in text.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if w.first() == Some(&"class") {
+            cur = w.get(2).and_then(|id| id.strip_prefix("1:1")).and_then(|c| c.parse().ok());
+        } else if w.first() == Some(&"Sent")
+            && let Some(c) = cur
+        {
+            // "Sent B bytes P pkt (dropped D, overlimits O requeues R)"
+            m.insert(c, (w[3].parse().unwrap(), w[6].trim_end_matches(',').parse().unwrap()));
+        }
+    }
+    m
+}
+
+fn frac(m: &BTreeMap<u8, (u64, u64)>, classes: &[u8]) -> (u64, u64, f64) {
+    let (s, d) = classes.iter().filter_map(|c| m.get(c)).fold((0, 0), |(s, d), &(a, b)| (s + a, d + b));
+    (s, d, if s + d == 0 { 0.0 } else { d as f64 / (s + d) as f64 })
+}
+
+#[test]
+fn bottleneck_with_cross_traffic_front_layer_loses_less_and_completes_first() {
+    let pacing = format!("[pacing]\nrate_mbps = {PACING_MBPS}\n");
+    let args = ["--rate", "200", "--rate-ports", "1"];
+    let Some(mut bed) = Bed::start_with(PREFIX, HOSTS, &args, 10_000, &pacing) else { return };
+    // Cross traffic: best effort UDP from host 2 into host 1, above the port rate.
+    let server = Command::new("ip")
+        .args(["netns", "exec", &bed.ns(1), "iperf3", "-s", "-p", "5301", "-1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("iperf3 (apt-get install iperf3)");
+    bed.others.push(server);
+    std::thread::sleep(Duration::from_millis(300));
+    let before = htb_classes("p1");
+    let client = Command::new("ip")
+        .args(["netns", "exec", &bed.ns(2), "iperf3", "-u", "-c", "10.77.0.2", "-p", "5301", "--tos", "0"])
+        .args(["-b", "300M", "-l", "1400", "-t", "15"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    bed.others.push(client);
+    std::thread::sleep(Duration::from_millis(500));
+
+    // Every round, every host submits the back layer's tensor, then at once
+    // the front layer's (layers = 2: layer 0 is the front).
+    let hs: Vec<_> = (0..HOSTS)
+        .map(|h| {
+            let s = bed.sockets[h].clone();
+            std::thread::spawn(move || {
+                let mut cl = Client::attach(&s, u64::from(JOB), 0, 1).expect("attach");
+                let mut rounds = Vec::new();
+                for r in 0..ROUNDS {
+                    let back = cl.alloc(&format!("back{r}"), N as u64).unwrap();
+                    let front = cl.alloc(&format!("front{r}"), N as u64).unwrap();
+                    cl.write(&back, &data(seed(h, 2 * r), N)).unwrap();
+                    cl.write(&front, &data(seed(h, 2 * r + 1), N)).unwrap();
+                    let o = |tensor_id, layer| SubmitOptions {
+                        tensor_id,
+                        layer,
+                        layers: 2,
+                        budget_ppm: 0,
+                        ..Default::default()
+                    };
+                    let sb = cl.submit(&back, o(2 * r as u32, 1)).unwrap();
+                    let sf = cl.submit(&front, o(2 * r as u32 + 1, 0)).unwrap();
+                    let mut order = Vec::new();
+                    for _ in 0..2 {
+                        let d = cl.wait_completion(Duration::from_secs(20)).expect("a completion");
+                        assert_eq!(d.status, Status::Ok, "host {h} round {r}: {d:?}");
+                        order.push(d.op_seq);
+                    }
+                    let (ob, of) = (cl.read(&back).unwrap(), cl.read(&front).unwrap());
+                    cl.free(&back.name).unwrap();
+                    cl.free(&front.name).unwrap();
+                    rounds.push((sb, sf, order, ob, of));
+                }
+                rounds
+            })
+        })
+        .collect();
+    let results: Vec<_> = hs.into_iter().map(|h| h.join().expect("trainer thread")).collect();
+    let after = htb_classes("p1");
+    let delta: BTreeMap<u8, (u64, u64)> = after
+        .iter()
+        .map(|(c, &(s, d))| {
+            let (s0, d0) = before.get(c).copied().unwrap_or((0, 0));
+            (*c, (s - s0, d - d0))
+        })
+        .collect();
+
+    eprintln!("switch port p1 (200 Mbit/s into host 1), per htb class during the run:");
+    eprintln!("  class  sent_pkts  dropped  drop%");
+    for (c, (s, d)) in &delta {
+        let f = if s + d == 0 { 0.0 } else { 100.0 * *d as f64 / (s + d) as f64 };
+        eprintln!("  {c:>5}  {s:>9}  {d:>7}  {f:>5.2}");
+    }
+    let mut front_first = 0;
+    for (h, rounds) in results.iter().enumerate() {
+        for (r, (sb, sf, order, ob, of)) in rounds.iter().enumerate() {
+            let rb = bed.report(h, *sb, 2 * r as u32);
+            let rf = bed.report(h, *sf, 2 * r as u32 + 1);
+            let (db, df) = (rb["duration_us"].as_u64().unwrap(), rf["duration_us"].as_u64().unwrap());
+            eprintln!(
+                "host {h} round {r}: completion order {order:?} (back {sb}, front {sf}); durations back {db} us, front {df} us"
+            );
+            front_first += usize::from(order[0] == *sf && df < db);
+            for (name, got, base) in [("back", ob, 2 * r), ("front", of, 2 * r + 1)] {
+                let mut want = data(seed(0, base), N);
+                for k in 1..HOSTS {
+                    want.iter_mut().zip(data(seed(k, base), N)).for_each(|(a, b)| *a += b);
+                }
+                assert!(
+                    got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "host {h} round {r}: {name} tensor not exact under congestion (budget 0)"
+                );
+            }
+        }
+    }
+    let (_, port_drops, _) = frac(&delta, &[0, 1, 2, 3, 4, 5, 6, 7]);
+    assert!(
+        port_drops > 0,
+        "the bottleneck port dropped nothing: no congestion, the test proves nothing: {delta:?}"
+    );
+    let (_, _, low) = frac(&delta, &[0]);
+    assert!(low > 0.0, "class 0 (best effort + dlcp's lowest class) lost nothing: {delta:?}");
+    for c in 1..=7u8 {
+        let (sent, dropped, f) = frac(&delta, &[c]);
+        assert!(sent > 0, "no packets of class {c} crossed the port: {delta:?}");
+        assert!(
+            f < low,
+            "class {c} lost {dropped} of {} ({:.2}%), not less than class 0 ({:.2}%): {delta:?}",
+            sent + dropped,
+            100.0 * f,
+            100.0 * low
+        );
+    }
+    let (fs, fd, ff) = frac(&delta, &[2, 3, 5, 6]);
+    let (bs, bd, bf) = frac(&delta, &[0, 1, 4]);
+    eprintln!(
+        "front layer classes 2,3,5,6: {fd} of {} dropped ({:.2}%); back layer classes 0,1,4 (+ cross traffic in 0): {bd} of {} ({:.2}%)",
+        fs + fd,
+        100.0 * ff,
+        bs + bd,
+        100.0 * bf
+    );
+    assert_eq!(
+        front_first,
+        HOSTS * ROUNDS,
+        "the front layer's tensor did not always complete first (completion order and report durations above)"
+    );
+}

@@ -1135,7 +1135,11 @@ impl Endpoint {
                     self.stats.rejected.mismatch += 1;
                     return;
                 }
-                op.last_progress = now;
+                // Progress means new information: a repeated PROBE is not (a
+                // peer probing forever must not keep a stuck op alive).
+                if r.first_at.is_none() {
+                    op.last_progress = now;
+                }
                 r.required = Some(h.required);
                 r.budget_ppm = h.budget_ppm.min(MAX_BUDGET_PPM);
                 r.probe_seq = r.probe_seq.max(h.seq);
@@ -1179,7 +1183,6 @@ impl Endpoint {
                     self.stats.rejected.mismatch += 1;
                     return;
                 }
-                op.last_progress = now;
                 if phase == Phase::Gather
                     && let Some(mask) = &op.gmask
                 {
@@ -1197,6 +1200,7 @@ impl Endpoint {
                 }
                 // The receiver answers: probing starts from the base timeout again.
                 st.backoff = 0;
+                let known = st.have.count_ones();
                 if h.flags.contains(Flags::COMPLETE) {
                     for i in 0..st.n {
                         st.have.set(i);
@@ -1208,6 +1212,11 @@ impl Endpoint {
                     st.have.merge_segment(h.chunk_index, payload);
                     let bits = (chunk_bytes * 8) as u32;
                     st.segs_seen.set(h.chunk_index / bits);
+                }
+                // Only news is progress: an unchanged bitmap (a receiver nudging
+                // an owner that waits for a dead rank) must not defer the hard timeout.
+                if st.have.count_ones() != known {
+                    op.last_progress = now;
                 }
                 if st.stage == Stage::Probing && st.segs_seen.is_full() && !st.done {
                     match phase {
@@ -1274,7 +1283,9 @@ impl Endpoint {
                     self.stats.rejected.mismatch += 1;
                     return;
                 }
-                op.last_progress = now;
+                if r.first_at.is_none() {
+                    op.last_progress = now;
+                }
                 r.probe_seq = r.probe_seq.max(h.seq);
                 arm_deadline(r, now, &self.deadlines[1]);
                 if r.closed_at.is_none() {

@@ -438,3 +438,37 @@ fn restarted_peer_fails_live_ops_then_rejoins_with_new_generation() {
     let want = bits(&reference_sum(&x));
     assert!(res.iter().all(|(v, _)| bits(v) == want));
 }
+
+/// A rank dying at any point of an op — during reduce-scatter, between the
+/// phases, or in the middle of the all-gather — must end the op on every other
+/// rank with an error within the hard timeout: nudges and probes exchanged
+/// among the survivors are not progress.
+#[test]
+fn a_rank_dying_at_any_phase_ends_the_op_within_the_hard_timeout() {
+    use dlcp_proto::endpoint::Event;
+    let world = 4;
+    let hard = timers().hard_timeout;
+    let x = inputs(63, world, 20_000);
+    for kill_at_us in [10u64, 40, 70, 100, 130, 160, 190, 220] {
+        let mut c = Cluster::new(world, NetConfig::default().with_seed(kill_at_us));
+        let id = OpId { seq: 1, tensor: 0 };
+        let now = c.sim.now();
+        for r in 0..world {
+            c.sim.node_mut(r).start_allreduce(now, id, x[r as usize].clone(), opts(0)).unwrap();
+        }
+        c.sim.run_until(now + Duration::from_micros(kill_at_us), |_| false);
+        c.sim.set_silent(3, true);
+        let t1 = c.sim.now();
+        c.run(SECOND * 5);
+        for r in 0..3u32 {
+            let mut ended = false;
+            while let Some(ev) = c.sim.node_mut(r).poll_event() {
+                ended |=
+                    matches!(ev, Event::OpFailed { id: i, .. } | Event::OpComplete { id: i, .. } if i == id);
+            }
+            assert!(ended, "killed at {kill_at_us} µs: rank {r} never ended the op");
+        }
+        let took = c.sim.now() - t1;
+        assert!(took <= hard + Duration::from_millis(20), "killed at {kill_at_us} µs: ended after {took:?}");
+    }
+}

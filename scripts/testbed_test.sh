@@ -134,7 +134,7 @@ import socket, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 for i in range($n):
     s.sendto(b'x' * 200, ('10.77.0.2', 9))
-    if i % 200 == 199: time.sleep(0.002)
+    if i % 50 == 49: time.sleep(0.002)
 " || fail "sender failed"
   sleep 0.2
   local seen dropped
@@ -142,7 +142,9 @@ for i in range($n):
   dropped=$(nft_packets "$P-h1" dropped)
   "$TB" status | grep -A2 "== $P-h1"
   note "host 1 input: seen $seen dropped $dropped"
-  [ "$seen" -ge "$n" ] || fail "h1 saw only $seen of $n datagrams"
+  # The loss rule sits on h1's input: a few datagrams may also be lost before it
+  # (queues, backlog) on a busy 2-core machine; the rate is measured on what it saw.
+  [ "$seen" -ge $((n * 98 / 100)) ] || fail "h1 saw only $seen of $n datagrams"
   # 5% of 4000: mean 200, sd ~14; accept 3.5% .. 6.5% (> 4 sd).
   [ $(( dropped * 1000 )) -ge $(( seen * 35 )) ] || fail "dropped $dropped of $seen (< 3.5%)"
   [ $(( dropped * 1000 )) -le $(( seen * 65 )) ] || fail "dropped $dropped of $seen (> 6.5%)"

@@ -123,56 +123,6 @@ fn host_input(h: u32, i: usize) -> Vec<f32> {
     local
 }
 
-/// Rebuild an owner's report from `dlcpctl report --json`.
-fn report_from_json(v: &serde_json::Value) -> dlcp::proto::endpoint::OpReport {
-    use dlcp::proto::bitmap::Bitmap;
-    use dlcp::proto::endpoint::{OpId, OpReport, TransferReport};
-    use dlcp::proto::time::Instant;
-    use dlcp::proto::wire::Phase;
-    let bits = |n: u32, list: &serde_json::Value, set: bool| {
-        let mut b = if set { Bitmap::new(n) } else { Bitmap::full(n) };
-        for x in list.as_array().unwrap() {
-            let i = x.as_u64().unwrap() as u32;
-            if set {
-                b.set(i);
-            } else {
-                b.clear(i);
-            }
-        }
-        b
-    };
-    let own_chunks = v["own_chunks"].as_u64().unwrap() as u32;
-    OpReport {
-        id: OpId { seq: v["op"].as_u64().unwrap(), tensor: v["tensor"].as_u64().unwrap() as u32 },
-        started: Instant::ZERO,
-        finished: Instant::ZERO,
-        scatter: v["scatter"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| {
-                let n = t["chunks"].as_u64().unwrap() as u32;
-                TransferReport {
-                    peer: t["peer"].as_u64().unwrap() as u32,
-                    phase: Phase::Scatter,
-                    chunks: n,
-                    delivered: bits(n, &t["missing"], false),
-                    mask: None,
-                    repaired: 0,
-                    deadline_fired: false,
-                    first_at: None,
-                    closed_at: Instant::ZERO,
-                }
-            })
-            .collect(),
-        gather: Vec::new(),
-        own_mask: bits(own_chunks, &v["own_mask"], true),
-        own_chunks,
-        repairs_sent: 0,
-        deadline_fired: false,
-    }
-}
-
 fn dlcpctl_report(c: &Cluster, h: u32, op: u64, tensor: u32) -> serde_json::Value {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
         .arg("--socket")
@@ -198,7 +148,7 @@ fn receive_loss_1pct_budget_1pct_matches_recomputation_and_ranks_agree() {
                 assert!(f >= 0.99, "host {h} op {i}: a transfer delivered only {f}: {t}");
             }
         }
-        let owners: Vec<_> = reports.iter().map(report_from_json).collect();
+        let owners: Vec<_> = reports.iter().map(dlcp::service::report_from_json).collect();
         lossy_ops += usize::from(owners.iter().any(|o| o.scatter.iter().any(|t| !t.delivered.is_full())));
         let inputs: Vec<Vec<f32>> = (0..HOSTS).map(|h| host_input(h, i)).collect();
         let ins: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();

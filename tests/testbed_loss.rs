@@ -39,7 +39,7 @@ fn one_pct_loss_on_every_link_budget_one_pct_matches_recomputation() {
             }
             durations.push(Duration::from_micros(r["duration_us"].as_u64().unwrap()));
         }
-        let owners: Vec<_> = reports.iter().map(report_from_json).collect();
+        let owners: Vec<_> = reports.iter().map(dlcp::service::report_from_json).collect();
         lossy_ops += usize::from(owners.iter().any(|o| o.scatter.iter().any(|t| !t.delivered.is_full())));
         let inputs: Vec<Vec<f32>> = (0..HOSTS).map(|h| data(seed(h, i), n)).collect();
         let ins: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();

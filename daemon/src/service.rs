@@ -220,6 +220,60 @@ pub fn admin_path(control: &std::path::Path) -> std::path::PathBuf {
     p.into()
 }
 
+/// The inverse of `Service::report_json` (what `dlcpctl report --json` prints):
+/// rebuild the parts of an owner's [`OpReport`](dlcp_proto::endpoint::OpReport)
+/// that [`dlcp_proto::oracle::recompute`] needs — per sender the delivered
+/// chunks of the owner's shard, and the owner's own mask. Timing fields are zero.
+/// Panics on JSON that `report_json` did not produce (it is for tests and tools).
+pub fn report_from_json(v: &serde_json::Value) -> dlcp_proto::endpoint::OpReport {
+    use dlcp_proto::bitmap::Bitmap;
+    use dlcp_proto::endpoint::{OpId, OpReport, TransferReport};
+    use dlcp_proto::time::Instant;
+    use dlcp_proto::wire::Phase;
+    let bits = |n: u32, list: &serde_json::Value, set: bool| {
+        let mut b = if set { Bitmap::new(n) } else { Bitmap::full(n) };
+        for x in list.as_array().unwrap() {
+            let i = x.as_u64().unwrap() as u32;
+            if set {
+                b.set(i);
+            } else {
+                b.clear(i);
+            }
+        }
+        b
+    };
+    let own_chunks = v["own_chunks"].as_u64().unwrap() as u32;
+    OpReport {
+        id: OpId { seq: v["op"].as_u64().unwrap(), tensor: v["tensor"].as_u64().unwrap() as u32 },
+        started: Instant::ZERO,
+        finished: Instant::ZERO,
+        scatter: v["scatter"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                let n = t["chunks"].as_u64().unwrap() as u32;
+                TransferReport {
+                    peer: t["peer"].as_u64().unwrap() as u32,
+                    phase: Phase::Scatter,
+                    chunks: n,
+                    delivered: bits(n, &t["missing"], false),
+                    mask: None,
+                    repaired: 0,
+                    deadline_fired: false,
+                    first_at: None,
+                    closed_at: Instant::ZERO,
+                }
+            })
+            .collect(),
+        gather: Vec::new(),
+        own_mask: bits(own_chunks, &v["own_mask"], true),
+        own_chunks,
+        repairs_sent: 0,
+        deadline_fired: false,
+    }
+}
+
 /// Derive a generation from the wall clock: tenths of a second since
 /// 2026-01-01, plus one, so a daemon restarted a moment later announces a larger
 /// generation (good for 13 years).

@@ -226,56 +226,6 @@ impl Bed {
     }
 }
 
-/// Rebuild an owner's report from `dlcpctl report --json` (as in daemon_loopback.rs).
-pub fn report_from_json(v: &serde_json::Value) -> dlcp::proto::endpoint::OpReport {
-    use dlcp::proto::bitmap::Bitmap;
-    use dlcp::proto::endpoint::{OpId, OpReport, TransferReport};
-    use dlcp::proto::time::Instant;
-    use dlcp::proto::wire::Phase;
-    let bits = |n: u32, list: &serde_json::Value, set: bool| {
-        let mut b = if set { Bitmap::new(n) } else { Bitmap::full(n) };
-        for x in list.as_array().unwrap() {
-            let i = x.as_u64().unwrap() as u32;
-            if set {
-                b.set(i);
-            } else {
-                b.clear(i);
-            }
-        }
-        b
-    };
-    let own_chunks = v["own_chunks"].as_u64().unwrap() as u32;
-    OpReport {
-        id: OpId { seq: v["op"].as_u64().unwrap(), tensor: v["tensor"].as_u64().unwrap() as u32 },
-        started: Instant::ZERO,
-        finished: Instant::ZERO,
-        scatter: v["scatter"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| {
-                let n = t["chunks"].as_u64().unwrap() as u32;
-                TransferReport {
-                    peer: t["peer"].as_u64().unwrap() as u32,
-                    phase: Phase::Scatter,
-                    chunks: n,
-                    delivered: bits(n, &t["missing"], false),
-                    mask: None,
-                    repaired: 0,
-                    deadline_fired: false,
-                    first_at: None,
-                    closed_at: Instant::ZERO,
-                }
-            })
-            .collect(),
-        gather: Vec::new(),
-        own_mask: bits(own_chunks, &v["own_mask"], true),
-        own_chunks,
-        repairs_sent: 0,
-        deadline_fired: false,
-    }
-}
-
 /// Deterministic non-integer test data (as daemon_common's).
 pub fn data(seed: u64, len: usize) -> Vec<f32> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -336,4 +286,85 @@ pub fn p50_max(d: &[Duration]) -> (Duration, Duration) {
     let mut v = d.to_vec();
     v.sort();
     (v[v.len() / 2], *v.last().unwrap())
+}
+
+/// The second half of the peer-failure tests: the survivors mark `victim` down,
+/// it is restarted (a new generation, newer than `gen_before`), everyone marks it
+/// up again, and three new ops of `n` elements, numbered from `last_seq + 10` on
+/// every host, are exact sums everywhere.
+pub fn restart_and_rejoin(
+    bed: &mut Bed,
+    hosts: usize,
+    victim: usize,
+    gen_before: Option<u64>,
+    last_seq: u64,
+    n: usize,
+) {
+    use dlcp::shm::{Client, Status, SubmitOptions};
+    // The peers mark the victim down, then it restarts with a new generation.
+    let t = Instant::now();
+    while (0..hosts).filter(|&h| h != victim).any(|h| bed.status(h)["peers"][victim]["up"] != false) {
+        assert!(t.elapsed() < Duration::from_secs(5), "host {victim} never marked down: {}", bed.status(0));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bed.spawn(victim);
+    bed.wait_ready(victim);
+    let t = Instant::now();
+    while (0..hosts).filter(|&h| h != victim).any(|h| bed.status(h)["peers"][victim]["up"] != true) {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "restarted host {victim} never marked up: {}",
+            bed.status(0)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let gen_after = bed.status(0)["peers"][victim]["generation"].as_u64();
+    assert!(
+        gen_after > gen_before,
+        "restart did not bring a new generation: {gen_before:?} -> {gen_after:?}"
+    );
+    // New ops, numbered alike on all hosts, succeed everywhere and are exact.
+    let next = last_seq + 10;
+    let x: Vec<Vec<f32>> = (0..hosts).map(|h| data(seed(h, 9999), n)).collect();
+    let hs: Vec<_> = (0..hosts)
+        .map(|h| {
+            let s = bed.sockets[h].clone();
+            let x = x[h].clone();
+            std::thread::spawn(move || {
+                let mut cl = Client::attach(&s, u64::from(JOB), 0, 1).expect("attach after restart");
+                cl.set_next_op_seq(next);
+                let mut outs = Vec::new();
+                for k in 0..3u32 {
+                    let t = cl.alloc(&format!("after{k}"), n as u64).unwrap();
+                    cl.write(&t, &x).unwrap();
+                    cl.submit(&t, SubmitOptions { tensor_id: 2 + k, budget_ppm: 0, ..Default::default() })
+                        .unwrap();
+                    let d =
+                        cl.wait_completion(Duration::from_secs(10)).expect("a completion after the restart");
+                    assert_eq!(
+                        d.status,
+                        Status::Ok,
+                        "host {h} op {}: failed after the restart: {d:?}",
+                        next + u64::from(k)
+                    );
+                    outs.push(cl.read(&t).unwrap());
+                    cl.free(&t.name).unwrap();
+                }
+                outs
+            })
+        })
+        .collect();
+    let mut want = x[0].clone();
+    for xh in &x[1..] {
+        want.iter_mut().zip(xh).for_each(|(a, b)| *a += *b);
+    }
+    for (h, t) in hs.into_iter().enumerate() {
+        for (k, out) in t.join().expect("trainer after the restart").iter().enumerate() {
+            assert!(
+                out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "host {h} op {} after the restart: not the exact sum",
+                next + k as u64
+            );
+        }
+    }
 }

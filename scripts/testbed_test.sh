@@ -111,8 +111,12 @@ case_priority() {
   # The port really was congested.
   [ "$ld" -gt 1000 ] || fail "best-effort class dropped only $ld packets: no congestion"
   # 40 Mbit/s for 3 s of 1400-byte datagrams is ~10700: the high class got through ...
-  [ "$hs" -gt 9500 ] || fail "high class sent only $hs packets"
-  [ $(( hd * 100 )) -le "$hs" ] || fail "high class dropped $hd of $((hs + hd)) (> 1%)"
+  [ "$hs" -gt 9000 ] || fail "high class sent only $hs packets"
+  # On a quiet machine the high class loses nothing; under CI load a CPU-starved
+  # sender's catch-up bursts can overflow even its queue. Require at most 10%,
+  # and at most a tenth of the low class's loss rate (equal priorities fail both).
+  [ $(( hd * 100 )) -le $(( (hs + hd) * 10 )) ] || fail "high class dropped $hd of $((hs + hd)) (> 10%)"
+  [ $(( hd * (ls + ld) * 10 )) -le $(( ld * (hs + hd) )) ] || fail "high class lost more than a tenth of the low class's rate ($hd/$((hs + hd)) vs $ld/$((ls + ld)))"
   # ... and the low class took the loss (it offered 40 into the 10 left).
   [ $(( ld * 100 )) -ge $(( (ls + ld) * 60 )) ] || fail "low class dropped only $ld of $((ls + ld)) (< 60%)"
   # The port's qdisc counts the same drops.

@@ -438,8 +438,11 @@ pub struct Stats {
     pub repairs_sent: u64,
     /// Repair DATA packets received (new chunks).
     pub repairs_received: u64,
-    /// PROBEs sent.
+    /// PROBEs sent (every copy counts; see [`PROBE_COPIES`]).
     pub probes_sent: u64,
+    /// Redundant PROBE copies received (same sequence number as one already
+    /// acted on) and ignored.
+    pub probes_duplicate: u64,
     /// Receive deadlines that fired.
     pub deadlines_fired: u64,
     /// Ops failed by the hard timeout.
@@ -717,6 +720,13 @@ const SERVICE_ORDER: [usize; 9] = [7, REPAIR_QUEUE, 6, 5, 4, 3, 2, 1, 0];
 /// control packets are tiny, and under heavy random loss an unbounded backoff
 /// turns a few consecutive losses into a long stall.
 const MAX_BACKOFF: u32 = 3;
+
+/// Copies of every PROBE a sender transmits (same sequence number; receivers
+/// act on the first and count the rest). A PROBE is ~100 bytes per transfer
+/// of up to thousands of chunks, and losing it costs a full probe timeout (or
+/// a receive deadline): with independent loss `p` a second copy turns the
+/// chance of that tail from `p` into `p²`.
+pub const PROBE_COPIES: usize = 2;
 
 /// Bound on remembered finished op ids (older ones count as stale by age).
 const FINISHED_CAP: usize = 1 << 16;
@@ -1135,6 +1145,10 @@ impl Endpoint {
                     self.stats.rejected.mismatch += 1;
                     return;
                 }
+                if h.seq != 0 && h.seq == r.probe_seq {
+                    self.stats.probes_duplicate += 1;
+                    return;
+                }
                 // Progress means new information: a repeated PROBE is not (a
                 // peer probing forever must not keep a stuck op alive).
                 if r.first_at.is_none() {
@@ -1281,6 +1295,10 @@ impl Endpoint {
                 };
                 if h.chunk_count != r.n {
                     self.stats.rejected.mismatch += 1;
+                    return;
+                }
+                if h.seq != 0 && h.seq == r.probe_seq {
+                    self.stats.probes_duplicate += 1;
                     return;
                 }
                 if r.first_at.is_none() {
@@ -1731,7 +1749,9 @@ impl Endpoint {
                     st.backoff = (st.backoff + 1).min(MAX_BACKOFF);
                     st.seq = st.seq.wrapping_add(1);
                     st.probe_timer = None;
-                    pushes.push(TxItem { id, phase, peer: j as u32, kind: TxKind::Probe });
+                    for _ in 0..PROBE_COPIES {
+                        pushes.push(TxItem { id, phase, peer: j as u32, kind: TxKind::Probe });
+                    }
                 }
             }
         }
@@ -1767,11 +1787,15 @@ impl Endpoint {
                     continue;
                 }
                 // Past its estimate but still receiving (e.g. the sender serves
-                // higher classes first): the deadline waits for an idle gap.
-                if let Some(last) = r.last_at
-                    && now < last + t.deadline_min
+                // higher classes first), or the sender's PROBE was lost and its
+                // retry (one probe timeout later) is due: the deadline waits for
+                // an idle gap longer than the probe retry, so it fires only for
+                // a sender that has gone quiet, not for one lost control packet.
+                let gap = t.deadline_min.max(rto.saturating_mul(2)).min(t.deadline_max.max(t.deadline_min));
+                if let Some(last) = r.last_at.or(r.first_at)
+                    && now < last + gap
                 {
-                    r.deadline = Some(last + t.deadline_min);
+                    r.deadline = Some(last + gap);
                     continue;
                 }
                 self.stats.deadlines_fired += 1;
@@ -1928,7 +1952,9 @@ impl Endpoint {
             return;
         }
         st.seq = st.seq.wrapping_add(1);
-        self.push(TxItem { id: item.id, phase: item.phase, peer: item.peer, kind: TxKind::Probe });
+        for _ in 0..PROBE_COPIES {
+            self.push(TxItem { id: item.id, phase: item.phase, peer: item.peer, kind: TxKind::Probe });
+        }
     }
 
     fn header(&self, ty: PacketType, class: Class, phase: Phase, id: OpId, peer: u32) -> Header {

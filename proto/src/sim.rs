@@ -513,6 +513,12 @@ pub struct TraceRecord<'a> {
 /// A trace hook.
 pub type TraceFn = Box<dyn FnMut(&TraceRecord<'_>)>;
 
+/// A targeted-loss hook ([`Sim::set_drop`]): sees every datagram as it leaves
+/// its sender (event [`TraceEvent::Sent`]) and returns true to lose it, in
+/// addition to the random `loss` fault. For tests that must lose one
+/// particular packet (a PROBE, a DONE) rather than a random one.
+pub type DropFn = Box<dyn FnMut(&TraceRecord<'_>) -> bool>;
+
 // ---------------------------------------------------------------------------
 // Switch queue
 // ---------------------------------------------------------------------------
@@ -685,6 +691,7 @@ pub struct Sim<N> {
     log: DeliveryLog,
     stats: NetStats,
     trace: Option<TraceFn>,
+    drop: Option<DropFn>,
 }
 
 impl<N> fmt::Debug for Sim<N> {
@@ -721,6 +728,7 @@ impl<N: Node> Sim<N> {
             log: DeliveryLog::new(n),
             stats: NetStats { ports: vec![PortStats::default(); n], ..NetStats::default() },
             trace: None,
+            drop: None,
             nodes,
             cfg: config,
         };
@@ -809,6 +817,12 @@ impl<N: Node> Sim<N> {
     /// Install (or remove) a hook called for every datagram event.
     pub fn set_trace(&mut self, trace: Option<TraceFn>) {
         self.trace = trace;
+    }
+
+    /// Install (or remove) a targeted-loss hook; lost datagrams count in
+    /// [`NetStats::lost`] and are traced as [`TraceEvent::Lost`].
+    pub fn set_drop(&mut self, drop: Option<DropFn>) {
+        self.drop = drop;
     }
 
     /// Time of the next scheduled event, if any.
@@ -1019,7 +1033,17 @@ impl<N: Node> Sim<N> {
             return;
         }
         let faults = self.draw_faults(rank, n);
-        if faults.lost {
+        let targeted = self.drop.as_mut().is_some_and(|d| {
+            d(&TraceRecord {
+                time: now,
+                event: TraceEvent::Sent,
+                src: rank,
+                dst: tx.dst,
+                class: tx.class,
+                datagram: &data,
+            })
+        });
+        if faults.lost || targeted {
             self.stats.lost[c] += 1;
             self.emit(TraceEvent::Lost, rank, tx.dst, tx.class, &data);
             self.recycle(data);

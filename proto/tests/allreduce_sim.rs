@@ -217,6 +217,58 @@ fn loss_within_budget_completes_without_a_deadline() {
 }
 
 #[test]
+fn losing_one_copy_of_every_probe_costs_no_deadline_and_no_time() {
+    use dlcp_proto::endpoint::PROBE_COPIES;
+    use dlcp_proto::wire::{self, PacketType};
+    use std::cell::RefCell;
+    use std::collections::BTreeSet;
+    use std::rc::Rc;
+    assert!(PROBE_COPIES >= 2, "the property needs redundant PROBEs");
+    let world = 4;
+    let len = 60_000;
+    let x = inputs(61, world, len);
+    let id = OpId { seq: 1, tensor: 1 };
+    // A lossy run (so transfers are incomplete and PROBEs decide when they
+    // close), once as is and once with the first copy of every PROBE lost.
+    let run = |drop_first_copy: bool| {
+        let mut c = Cluster::new(world, NetConfig::default().with_seed(61).with_loss(0.005));
+        let seen: Rc<RefCell<BTreeSet<(u32, u32, u64, u8, u32)>>> = Rc::default();
+        let dropped = Rc::new(RefCell::new(0u32));
+        if drop_first_copy {
+            let (seen, dropped) = (seen.clone(), dropped.clone());
+            c.sim.set_drop(Some(Box::new(move |rec| {
+                let Ok(p) = wire::Packet::new_checked(rec.datagram) else { return false };
+                if p.raw_type() != PacketType::Probe as u8 {
+                    return false;
+                }
+                let first = seen.borrow_mut().insert((p.src(), p.dst(), p.op(), p.raw_phase(), p.seq()));
+                *dropped.borrow_mut() += u32::from(first);
+                first
+            })));
+        }
+        let res = all_ok(c.allreduce(id, &x, opts(10_000), SECOND));
+        let fired: u64 = (0..world).map(|r| c.sim.node(r).stats().deadlines_fired).sum();
+        let dups: u64 = (0..world).map(|r| c.sim.node(r).stats().probes_duplicate).sum();
+        let slowest = res.iter().map(|(_, rep)| rep.duration()).max().unwrap();
+        assert_identical(&res);
+        (fired, dups, slowest, *dropped.borrow())
+    };
+    let (fired0, dups0, t0, _) = run(false);
+    let (fired1, dups1, t1, dropped) = run(true);
+    assert_eq!(fired0, 0, "a deadline fired in the reference run");
+    assert!(dups0 > 0, "no redundant PROBE copy arrived in the reference run: nothing was sent twice");
+    assert!(dropped > 0, "no PROBE was lost: the test proves nothing");
+    assert_eq!(fired1, 0, "losing one PROBE copy made a receive deadline fire ({dropped} copies lost)");
+    assert!(dups1 < dups0, "the lost copies should be missing from the duplicate count");
+    // The surviving copy is one packet behind the lost one: at most a few
+    // microseconds later, never a probe timeout (≥ 200 µs) or a deadline.
+    assert!(
+        t1 <= t0 + Duration::from_micros(100),
+        "losing one copy of each PROBE slowed the op from {t0:?} to {t1:?}"
+    );
+}
+
+#[test]
 fn silent_rank_yields_errors_within_the_hard_timeout() {
     use dlcp_proto::endpoint::OpError;
     let world = 4;

@@ -223,7 +223,7 @@ fn losing_one_copy_of_every_probe_costs_no_deadline_and_no_time() {
     use std::cell::RefCell;
     use std::collections::BTreeSet;
     use std::rc::Rc;
-    assert!(PROBE_COPIES >= 2, "the property needs redundant PROBEs");
+    const _: () = assert!(PROBE_COPIES >= 2, "the property needs redundant PROBEs");
     let world = 4;
     let len = 60_000;
     let x = inputs(61, world, len);
@@ -232,7 +232,9 @@ fn losing_one_copy_of_every_probe_costs_no_deadline_and_no_time() {
     // close), once as is and once with the first copy of every PROBE lost.
     let run = |drop_first_copy: bool| {
         let mut c = Cluster::new(world, NetConfig::default().with_seed(61).with_loss(0.005));
-        let seen: Rc<RefCell<BTreeSet<(u32, u32, u64, u8, u32)>>> = Rc::default();
+        // (src, dst, op, phase, seq) of every PROBE seen.
+        type Seen = BTreeSet<(u32, u32, u64, u8, u32)>;
+        let seen: Rc<RefCell<Seen>> = Rc::default();
         let dropped = Rc::new(RefCell::new(0u32));
         if drop_first_copy {
             let (seen, dropped) = (seen.clone(), dropped.clone());

@@ -97,6 +97,9 @@ pub struct ServiceCounters {
     pub rx_unknown_source: u64,
     /// Datagrams dropped on purpose by the `--debug-rx-loss` test knob.
     pub rx_debug_dropped: u64,
+    /// Datapath flushes forced so that a PROBE does not overtake the data
+    /// queued before it.
+    pub probe_flushes: u64,
 }
 
 /// One completed op, for `stats`.
@@ -209,6 +212,13 @@ impl RateAdapter {
             endpoint.set_pacing_rate(now, new);
         }
     }
+}
+
+/// True if `datagram` is a dlcp PROBE (read from the header's type byte; the
+/// datagram came from our own endpoint, so no authentication is needed).
+fn is_probe(datagram: &[u8]) -> bool {
+    dlcp_proto::wire::Packet::new_checked(datagram)
+        .is_ok_and(|p| p.raw_type() == dlcp_proto::wire::PacketType::Probe as u8)
 }
 
 /// Path of the admin socket that `dlcpctl` talks to: the control socket's path
@@ -1023,6 +1033,16 @@ impl Service {
         }
         while let Some(t) = self.endpoint.poll_transmit(now, &mut self.tx_buf) {
             let Some(&dst) = self.peers.get(t.dst as usize) else { continue };
+            if is_probe(&self.tx_buf[..t.len]) {
+                // A PROBE says "I have sent through chunk X": it travels in the
+                // control class, which the datapath flushes first, so push out
+                // the data queued before it or it overtakes that data on the
+                // host and the receiver asks for repairs of chunks in flight.
+                if let Err(e) = self.datapath.flush() {
+                    log::warn!("datapath flush: {e}");
+                }
+                self.counters.probe_flushes += 1;
+            }
             match self.datapath.send(dst, t.class, &self.tx_buf[..t.len]) {
                 Ok(SendOutcome::Sent) => {}
                 Ok(SendOutcome::WouldBlock) => {
@@ -1079,7 +1099,7 @@ impl Service {
                 "rx_packets_per_class": s.rx_packets, "rx_bytes_per_class": s.rx_bytes,
                 "tx_packets_per_peer": s.tx_packets_peer, "rx_packets_per_peer": s.rx_packets_peer,
                 "repairs_sent": s.repairs_sent, "repairs_received": s.repairs_received,
-                "probes_sent": s.probes_sent, "probes_duplicate": s.probes_duplicate, "deadlines_fired": s.deadlines_fired,
+                "probes_sent": s.probes_sent, "probes_duplicate": s.probes_duplicate, "deadlines_fired": s.deadlines_fired, "deadline_closes": s.deadline_closes, "deadline_nacks": s.deadline_nacks,
                 "hard_timeouts": s.hard_timeouts, "ops_completed": s.ops_completed, "ops_failed": s.ops_failed,
                 "closed_within_budget": s.closed_within_budget, "ops_in_flight": self.endpoint.ops_in_flight(),
                 "rejected": {

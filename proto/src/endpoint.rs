@@ -443,8 +443,14 @@ pub struct Stats {
     /// Redundant PROBE copies received (same sequence number as one already
     /// acted on) and ignored.
     pub probes_duplicate: u64,
-    /// Receive deadlines that fired.
+    /// Receive deadlines that fired (`deadline_closes + deadline_nacks`).
     pub deadlines_fired: u64,
+    /// Receive transfers a deadline ended: within budget but the sender's
+    /// PROBE never came, so the receiver closed on its own.
+    pub deadline_closes: u64,
+    /// Deadlines that re-sent the receiver's BITMAP (a NACK) to a sender gone
+    /// quiet with the transfer not yet within budget; the transfer goes on.
+    pub deadline_nacks: u64,
     /// Ops failed by the hard timeout.
     pub hard_timeouts: u64,
     /// Ops completed.
@@ -1804,8 +1810,10 @@ impl Endpoint {
                 r.deadline_backoff += 1;
                 r.deadline = Some(now + retry.min(t.deadline_max.max(t.deadline_min)));
                 if phase == Phase::Scatter && r.closable() {
+                    self.stats.deadline_closes += 1;
                     close.push(j as u32);
                 } else {
+                    self.stats.deadline_nacks += 1;
                     let segs = if r.got.is_full() { 1 } else { Bitmap::segment_count(r.n, seg_bytes) };
                     for seg in 0..segs {
                         pushes.push(TxItem { id, phase, peer: j as u32, kind: TxKind::Bitmap { seg } });

@@ -312,6 +312,14 @@ fn silent_rank_yields_errors_within_the_hard_timeout() {
         assert!(failed, "rank {r} did not report the failure of the op rank 1 abandoned");
     }
     assert!(c.sim.now() - t1 <= hard + Duration::from_millis(20));
+    // Waiting on a silent rank is what receive deadlines are for: they fired
+    // and re-requested (NACKed) what was missing, and every firing is counted
+    // as either a close or a NACK.
+    for r in [0u32, 2, 3] {
+        let s = c.sim.node(r).stats();
+        assert!(s.deadline_nacks > 0, "rank {r}: no deadline NACKed the silent rank: {s:?}");
+        assert_eq!(s.deadlines_fired, s.deadline_closes + s.deadline_nacks, "rank {r}");
+    }
 }
 
 #[test]

@@ -4,6 +4,8 @@
 //! host 2. Asserts that the port really dropped packets (htb counters), that
 //! every higher class lost a smaller fraction than class 0 (best effort, where
 //! the cross traffic and dlcp's lowest class queue),
+//! that the daemons' own reports agree (host 1 had to repair a smaller
+//! fraction of the front layer's chunks than of the back layer's),
 //! and that of a front and a back tensor submitted at the same moment (the
 //! back one first), the front one completes first (completion order and the
 //! daemons' report durations). Results stay exact (budget 0).
@@ -135,10 +137,28 @@ fn bottleneck_with_cross_traffic_front_layer_loses_less_and_completes_first() {
         eprintln!("  {c:>5}  {s:>9}  {d:>7}  {f:>5.2}");
     }
     let mut front_first = 0;
+    // The daemon's own view of the loss: chunks host 1 (behind the bottleneck)
+    // received only by repair, per tensor, over every transfer into it.
+    let (mut front_rep, mut front_chunks, mut back_rep, mut back_chunks) = (0u64, 0u64, 0u64, 0u64);
     for (h, rounds) in results.iter().enumerate() {
         for (r, (sb, sf, order, ob, of)) in rounds.iter().enumerate() {
             let rb = bed.report(h, *sb, 2 * r as u32);
             let rf = bed.report(h, *sf, 2 * r as u32 + 1);
+            if h == 1 {
+                for (rep, chunks, report) in
+                    [(&mut back_rep, &mut back_chunks, &rb), (&mut front_rep, &mut front_chunks, &rf)]
+                {
+                    for t in report["scatter"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .chain(report["gather"].as_array().unwrap())
+                    {
+                        *rep += t["repaired"].as_u64().unwrap();
+                        *chunks += t["chunks"].as_u64().unwrap();
+                    }
+                }
+            }
             let (db, df) = (rb["duration_us"].as_u64().unwrap(), rf["duration_us"].as_u64().unwrap());
             eprintln!(
                 "host {h} round {r}: completion order {order:?} (back {sb}, front {sf}); durations back {db} us, front {df} us"
@@ -182,6 +202,23 @@ fn bottleneck_with_cross_traffic_front_layer_loses_less_and_completes_first() {
         100.0 * ff,
         bs + bd,
         100.0 * bf
+    );
+    let (fr, br) =
+        (front_rep as f64 / front_chunks.max(1) as f64, back_rep as f64 / back_chunks.max(1) as f64);
+    eprintln!(
+        "daemon reports at host 1: front tensor {front_rep} of {front_chunks} chunks arrived only by repair ({:.2}%), back tensor {back_rep} of {back_chunks} ({:.2}%)",
+        100.0 * fr,
+        100.0 * br
+    );
+    assert!(
+        back_rep > 0,
+        "the daemon repaired nothing of the back layer behind the bottleneck: no loss seen"
+    );
+    assert!(
+        fr < br,
+        "the front layer needed as many repairs ({:.2}%) as the back layer ({:.2}%): priority did not protect it",
+        100.0 * fr,
+        100.0 * br
     );
     assert_eq!(
         front_first,

@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 
 use dlcp_proto::priority::Class;
 
+pub mod frame;
 pub mod socket;
 
 /// Per-class and total counters of a datapath.

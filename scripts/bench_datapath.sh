@@ -4,7 +4,9 @@
 # pair between them (offloads off, like the testbed). The sender runs first on
 # the socket datapath, then on the DPDK datapath with net_af_packet and with
 # net_af_xdp on the same veth (its IP address removed: dlcp answers ARP itself). Sender and receiver
-# are pinned to different CPUs. Prints a table: datagrams/s sent and received.
+# are pinned to different CPUs. The three alternate, REPS times (default 3, env
+# DLCP_BENCH_REPS), so a busy machine's swings hit all of them; prints every run
+# and the median datagrams/s sent and received per datapath and size.
 #
 #   scripts/bench_datapath.sh [SECS] [SIZE...]     default 3 s, sizes 1472 and 64
 set -euo pipefail
@@ -27,8 +29,11 @@ for ns in "$A" "$B"; do
 done
 ip -n "$B" addr add 10.79.0.2/24 dev eth0
 
+REPS=${DLCP_BENCH_REPS:-3}
+RESULTS=$(mktemp)
 printf '%-10s %6s %14s %14s  %s\n' datapath size "sent/s" "received/s" "sender"
 for size in "${SIZES[@]}"; do
+ for rep in $(seq "$REPS"); do
   for kind in socket af_packet af_xdp; do
     if [ "$kind" = socket ]; then
       ip -n "$A" addr replace 10.79.0.1/24 dev eth0
@@ -49,5 +54,20 @@ for size in "${SIZES[@]}"; do
     r=$(cat "$out"); rm -f "$out"
     py='import json,sys; s=json.loads(sys.argv[1]); r=json.loads(sys.argv[2]); print("%-10s %6d %14.0f %14.0f  %s" % (sys.argv[3], s["size"], s["pps"], r["pps"], s["datapath"][:60]))'
     python3 -c "$py" "$s" "$r" "$kind"
+    echo "$kind $size $(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["pps"], json.loads(sys.argv[2])["pps"])' "$s" "$r")" >>"$RESULTS"
   done
+ done
 done
+echo
+echo "median of $REPS runs of ${SECS} s (datagrams/s):"
+python3 - "$RESULTS" <<'PY'
+import sys, statistics, collections
+runs = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    kind, size, sent, recv = line.split()
+    runs[(int(size), kind)].append((float(sent), float(recv)))
+print("%-10s %6s %14s %14s" % ("datapath", "size", "sent/s", "received/s"))
+for (size, kind), v in runs.items():
+    print("%-10s %6d %14.0f %14.0f" % (kind, size, statistics.median(s for s, _ in v), statistics.median(r for _, r in v)))
+PY
+rm -f "$RESULTS"

@@ -230,16 +230,9 @@ impl DpdkDatapath {
         let port = Port::open(eal, cfg.port_id, pool, &pcfg).map_err(|e| e.to_string())?;
         let mac = Mac(port.info().mac);
         let cksum = if port.info().tx_cksum_offload { Checksum::Offload } else { Checksum::Software };
-        let mut prio = vec![(0u8, 0u8); usize::from(cfg.tx_queues)];
-        for (c, &q) in cfg.class_tx_queue.iter().enumerate() {
-            let e = &mut prio[usize::from(q)];
-            e.0 = e.0.max(c as u8 + 1);
-            e.1 |= 1 << c;
-        }
-        let mut queue_order: Vec<u16> = (0..cfg.tx_queues).collect();
-        queue_order.sort_by_key(|&q| std::cmp::Reverse(prio[usize::from(q)].0));
+        let (queue_order, classes) = service_order(&cfg.class_tx_queue, cfg.tx_queues);
         let extra = DpdkStats {
-            tx_queues: prio.iter().map(|p| TxQueueStats { classes: p.1, ..Default::default() }).collect(),
+            tx_queues: classes.iter().map(|&c| TxQueueStats { classes: c, ..Default::default() }).collect(),
             rx_queue_packets: vec![0; usize::from(cfg.rx_queues)],
             tx_checksum_offload: cksum == Checksum::Offload,
             ..Default::default()
@@ -600,8 +593,40 @@ impl Datapath for DpdkDatapath {
     }
 }
 
+/// The order in which TX queues are served — the queue carrying the highest class
+/// first (queues without a class last) — and the classes of each queue (bit c = class c).
+pub fn service_order(class_tx_queue: &[u16; Class::COUNT], tx_queues: u16) -> (Vec<u16>, Vec<u8>) {
+    let mut top = vec![0u8; usize::from(tx_queues)];
+    let mut classes = vec![0u8; usize::from(tx_queues)];
+    for (c, &q) in class_tx_queue.iter().enumerate() {
+        if let (Some(t), Some(m)) = (top.get_mut(usize::from(q)), classes.get_mut(usize::from(q))) {
+            *t = (*t).max(c as u8 + 1);
+            *m |= 1 << c;
+        }
+    }
+    let mut order: Vec<u16> = (0..tx_queues).collect();
+    order.sort_by_key(|&q| std::cmp::Reverse(top[usize::from(q)]));
+    (order, classes)
+}
+
 impl Drop for DpdkDatapath {
     fn drop(&mut self) {
         self.push();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::service_order;
+
+    #[test]
+    fn queues_are_served_highest_class_first() {
+        assert_eq!(service_order(&[0; 8], 1), (vec![0], vec![0xff]));
+        assert_eq!(service_order(&[0, 0, 0, 0, 1, 1, 1, 1], 2), (vec![1, 0], vec![0x0f, 0xf0]));
+        // Control alone on queue 0, data spread; an unused queue goes last.
+        assert_eq!(
+            service_order(&[2, 2, 1, 1, 3, 3, 3, 0], 5),
+            (vec![0, 3, 1, 2, 4], vec![0x80, 0x0c, 0x03, 0x70, 0x00])
+        );
     }
 }

@@ -551,6 +551,9 @@ impl Service {
             } else {
                 wait
             };
+            // A poll-mode datapath (DPDK) has no descriptor to wake us: it says how soon.
+            let hint = self.datapath.poll_hint();
+            let wait = hint.map_or(wait, |h| wait.min(h));
             // Arm the timerfd for the exact wait; epoll's timeout (rounded up to
             // milliseconds) is only the fallback.
             if !wait.is_zero() {
@@ -567,7 +570,9 @@ impl Service {
                     &spec,
                 );
             }
-            match self.poll.poll(&mut events, Some(wait + StdDuration::from_millis(1))) {
+            let timeout =
+                if hint == Some(StdDuration::ZERO) { wait } else { wait + StdDuration::from_millis(1) };
+            match self.poll.poll(&mut events, Some(timeout)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e.into()),
@@ -1115,6 +1120,7 @@ impl Service {
                 "rx_packets": d.rx_packets, "rx_bytes": d.rx_bytes, "tx_would_block": d.tx_would_block,
                 "tx_errors": d.tx_errors, "rx_errors": d.rx_errors, "rx_truncated": d.rx_truncated,
                 "tx_syscalls": d.tx_syscalls, "rx_syscalls": d.rx_syscalls,
+                "detail": self.datapath.detail_json(),
             },
             "shm": {
                 "attached": self.shm.stats().attached,

@@ -54,6 +54,8 @@ pub struct Bed {
     pub hard_timeout_ms: u32,
     /// Appended to every daemon's config (e.g. a `[pacing]` section).
     pub extra: String,
+    /// Appended to one host's config after `extra` (e.g. its `[datapath]`).
+    pub host_extra: Vec<String>,
 }
 
 impl Drop for Bed {
@@ -104,6 +106,7 @@ impl Bed {
             sockets,
             hard_timeout_ms,
             extra: extra.into(),
+            host_extra: vec![String::new(); hosts],
         };
         let n = hosts.to_string();
         let mut a = vec!["up", "--hosts", &n];
@@ -131,10 +134,11 @@ impl Bed {
             t += &format!("[[peers]]\nrank = {r}\naddress = \"10.77.0.{}\"\nport = {PORT}\n\n", r + 1);
         }
         t += &format!(
-            "[network]\nheartbeat_interval_ms = 100\npeer_timeout_ms = 1000\n\n[loss]\nhard_timeout_ms = {}\n\n[control]\nsocket_path = \"{}\"\nsocket_mode = \"0600\"\n\n[shm]\narena_bytes = 67108864\nmax_tensor_bytes = 67108864\n\n[log]\nlevel = \"info\"\n{}\n",
+            "[network]\nheartbeat_interval_ms = 100\npeer_timeout_ms = 1000\n\n[loss]\nhard_timeout_ms = {}\n\n[control]\nsocket_path = \"{}\"\nsocket_mode = \"0600\"\n\n[shm]\narena_bytes = 67108864\nmax_tensor_bytes = 67108864\n\n[log]\nlevel = \"info\"\n{}\n{}\n",
             self.hard_timeout_ms,
             self.sockets[rank].display(),
-            self.extra
+            self.extra,
+            self.host_extra[rank]
         );
         t
     }

@@ -4,13 +4,17 @@
 //! datagram it produces to a [`Datapath`], together with the datagram's priority
 //! class; the datapath marks the class's DSCP and sends. Received datagrams come
 //! back with their source address. Two implementations: [`socket`] (ordinary UDP
-//! sockets, always built) and DPDK (where libdpdk is present; see `dlcp-ffi`).
+//! sockets, always built) and `dpdk` (built where libdpdk is present, see
+//! `dlcp-ffi`; Ethernet/IPv4/UDP/ARP from [`frame`]).
 
 use std::io;
 use std::net::SocketAddr;
 
 use dlcp_proto::priority::Class;
 
+#[cfg(dpdk)]
+pub mod dpdk;
+pub mod frame;
 pub mod socket;
 
 /// Per-class and total counters of a datapath.
@@ -88,26 +92,60 @@ pub trait Datapath {
 
     /// Counters.
     fn stats(&self) -> DatapathStats;
+
+    /// How soon the event loop must poll this datapath again even if no file
+    /// descriptor is ready: `None` (the default) when readiness events suffice;
+    /// a poll-mode datapath without descriptors (DPDK) returns a short interval,
+    /// zero while packets keep coming, backing off when idle.
+    fn poll_hint(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// Datapath-specific counters (e.g. per NIC queue) for `dlcpctl stats --json`.
+    fn detail_json(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
-/// Open the datapath the configuration asks for (`datapath.kind`). DPDK is not
-/// built yet: `auto` logs why and uses sockets; `dpdk` fails with that reason.
+/// Open the datapath the configuration asks for (`datapath.kind`):
+/// * `socket`: UDP sockets;
+/// * `dpdk`: the DPDK datapath, or an error saying why it cannot run (not built,
+///   EAL or port failure) — fail fast;
+/// * `auto`: DPDK when it was built, `datapath.dpdk.eal_args` names what to run on,
+///   and the port comes up; otherwise one log line says why and sockets are used.
 pub fn open(cfg: &dlcp_config::Config) -> Result<Box<dyn Datapath>, String> {
     use dlcp_config::schema::DatapathKind;
     match cfg.datapath.kind {
         DatapathKind::Dpdk => {
-            return Err(format!(
-                "datapath.kind = \"dpdk\" but this build has no DPDK datapath ({})",
-                dlcp_ffi::DPDK_PROBE
-            ));
+            return open_dpdk(cfg).map_err(|why| format!("datapath.kind = \"dpdk\": {why}"));
         }
         DatapathKind::Auto => {
-            log::info!(
-                "datapath auto: using sockets (no DPDK datapath in this build: {})",
-                dlcp_ffi::DPDK_PROBE
-            );
+            let why = if !dlcp_ffi::DPDK_BUILT {
+                format!("no DPDK datapath in this build: {}", dlcp_ffi::DPDK_PROBE)
+            } else if cfg.datapath.dpdk.eal_args.is_empty() {
+                "datapath.dpdk.eal_args is empty (no DPDK device configured)".to_string()
+            } else {
+                match open_dpdk(cfg) {
+                    Ok(d) => {
+                        log::info!("datapath auto: using DPDK");
+                        return Ok(d);
+                    }
+                    Err(e) => e,
+                }
+            };
+            log::info!("datapath auto: using sockets ({why})");
         }
         DatapathKind::Socket => {}
     }
     socket::open(cfg).map(|d| Box::new(d) as Box<dyn Datapath>)
+}
+
+#[cfg(dpdk)]
+fn open_dpdk(cfg: &dlcp_config::Config) -> Result<Box<dyn Datapath>, String> {
+    dpdk::open(cfg).map(|d| Box::new(d) as Box<dyn Datapath>)
+}
+
+#[cfg(not(dpdk))]
+fn open_dpdk(_cfg: &dlcp_config::Config) -> Result<Box<dyn Datapath>, String> {
+    Err(format!("this build has no DPDK datapath ({})", dlcp_ffi::DPDK_PROBE))
 }

@@ -1,0 +1,632 @@
+//! The DPDK datapath: dlcpd drives a NIC port through a poll-mode driver.
+//!
+//! * EAL is initialised from `datapath.dpdk.eal_args` (once per process).
+//! * One mbuf pool sized by `mbuf_pool_size`, with a data room for `network.mtu`.
+//! * `tx_queues` TX queues: class `c` goes to queue `class_tx_queue[c]`. Staged
+//!   frames are handed to the NIC queue by queue, the queue carrying the highest
+//!   class first (strict priority), in bursts of `tx_burst`.
+//! * `rx_queues` RX queues polled in bursts of `rx_burst`.
+//! * dlcp builds Ethernet/IPv4/UDP itself with the class's DSCP; IPv4/UDP checksums
+//!   are offloaded when the device offers it, computed in software otherwise, and
+//!   verified in software on receive.
+//! * ARP is answered and resolved by dlcp: requests for our address are answered;
+//!   a datagram to an unresolved neighbour waits (bounded) while we ask.
+//!
+//! There is no file descriptor to wait on: [`Datapath::poll_hint`] tells the event
+//! loop how soon to poll again — 0 while packets keep coming, backing off to 1 ms
+//! when idle, so an idle daemon does not spin.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+use dlcp_ffi::dpdk::{Eal, Mbuf, Mempool, Port, PortConfig};
+use dlcp_proto::priority::Class;
+
+use super::frame::{self, Arp, ArpOp, Checksum, Ignore, Mac, Parsed, UdpFrame};
+use super::{Datapath, DatapathStats, SendOutcome};
+
+/// Datagrams kept per unresolved neighbour while ARP asks for it.
+const ARP_PENDING_MAX: usize = 256;
+/// Interval between ARP requests for one unresolved neighbour.
+const ARP_RETRY: Duration = Duration::from_millis(200);
+/// An unresolved neighbour's waiting datagrams are dropped after this long.
+const ARP_GIVE_UP: Duration = Duration::from_secs(3);
+/// Learned neighbours kept at most (a flood of ARP cannot grow the table).
+const NEIGHBOURS_MAX: usize = 4096;
+/// Longest idle poll interval.
+const IDLE_POLL_MAX: Duration = Duration::from_millis(1);
+/// First idle poll interval; doubles per empty poll up to [`IDLE_POLL_MAX`].
+const IDLE_POLL_MIN: Duration = Duration::from_micros(16);
+
+/// Settings of the DPDK datapath (from `[datapath.dpdk]`, `[priority]`, `[network]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DpdkConfig {
+    /// EAL arguments.
+    pub eal_args: Vec<String>,
+    /// Port id.
+    pub port_id: u16,
+    /// RX / TX queues.
+    pub rx_queues: u16,
+    /// TX queues.
+    pub tx_queues: u16,
+    /// Burst sizes.
+    pub rx_burst: u16,
+    /// TX burst size.
+    pub tx_burst: u16,
+    /// Descriptors per RX queue.
+    pub rx_ring_size: u16,
+    /// Descriptors per TX queue.
+    pub tx_ring_size: u16,
+    /// Mbufs in the pool.
+    pub mbuf_pool_size: u32,
+    /// TX queue of each class.
+    pub class_tx_queue: [u16; Class::COUNT],
+    /// DSCP of each class.
+    pub dscp: [u8; Class::COUNT],
+    /// Our IPv4 address and UDP port.
+    pub local: SocketAddrV4,
+    /// IP MTU.
+    pub mtu: u32,
+}
+
+impl DpdkConfig {
+    /// The settings a loaded daemon configuration asks for; `Err` if the node's
+    /// address is not IPv4 (the DPDK datapath speaks IPv4 only).
+    pub fn from_config(cfg: &dlcp_config::Config) -> Result<DpdkConfig, String> {
+        let d = &cfg.datapath.dpdk;
+        let local = match cfg.bind_addr() {
+            SocketAddr::V4(a) => a,
+            SocketAddr::V6(a) => {
+                return Err(format!("the DPDK datapath speaks IPv4 only; this node's address is {a}"));
+            }
+        };
+        if local.ip().is_unspecified() {
+            return Err(
+                "the DPDK datapath needs this node's own IPv4 address (network.bind_address is 0.0.0.0)"
+                    .into(),
+            );
+        }
+        let ring = |v: u32| u16::try_from(v).unwrap_or(u16::MAX);
+        Ok(DpdkConfig {
+            eal_args: d.eal_args.clone(),
+            port_id: d.port_id,
+            rx_queues: d.rx_queues,
+            tx_queues: d.tx_queues,
+            rx_burst: d.rx_burst,
+            tx_burst: d.tx_burst,
+            rx_ring_size: ring(d.rx_ring_size),
+            tx_ring_size: ring(d.tx_ring_size),
+            mbuf_pool_size: d.mbuf_pool_size,
+            class_tx_queue: d.class_tx_queue.map(u16::from),
+            dscp: cfg.priority.dscp,
+            local,
+            mtu: cfg.network.mtu,
+        })
+    }
+}
+
+/// Counters of one TX queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TxQueueStats {
+    /// Classes served by this queue (bit c = class c).
+    pub classes: u8,
+    /// Frames the NIC queue accepted.
+    pub packets: u64,
+    /// Bytes (whole frames) the NIC queue accepted.
+    pub bytes: u64,
+    /// tx_burst calls that left frames behind (queue full).
+    pub full: u64,
+    /// Frames staged now, not yet handed to the NIC.
+    pub staged: usize,
+}
+
+/// Counters specific to the DPDK datapath.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DpdkStats {
+    /// Per TX queue.
+    pub tx_queues: Vec<TxQueueStats>,
+    /// Frames received per RX queue.
+    pub rx_queue_packets: Vec<u64>,
+    /// ARP requests we sent / replies we sent / ARP packets received.
+    pub arp_requests_sent: u64,
+    /// ARP replies sent (answers to requests for our address).
+    pub arp_replies_sent: u64,
+    /// ARP packets received.
+    pub arp_received: u64,
+    /// Neighbours known now.
+    pub neighbours: usize,
+    /// Datagrams dropped because their neighbour never answered ARP or the wait
+    /// queue was full.
+    pub tx_unresolved_dropped: u64,
+    /// Sends deferred because the mbuf pool was empty.
+    pub tx_pool_empty: u64,
+    /// Received frames dropped, by reason.
+    pub rx_ignored_other: u64,
+    /// IPv4 header checksum wrong.
+    pub rx_bad_ip_checksum: u64,
+    /// UDP checksum wrong.
+    pub rx_bad_udp_checksum: u64,
+    /// UDP not addressed to our address and port.
+    pub rx_not_for_us: u64,
+    /// Multi-segment frames (larger than an mbuf).
+    pub rx_multi_segment: u64,
+    /// IPv4/UDP checksums are offloaded to the NIC.
+    pub tx_checksum_offload: bool,
+}
+
+struct Pending {
+    first: Instant,
+    last_request: Instant,
+    datagrams: Vec<(Class, SocketAddrV4, Vec<u8>)>,
+}
+
+/// The DPDK datapath (see the module docs).
+pub struct DpdkDatapath {
+    cfg: DpdkConfig,
+    port: Port,
+    pool: Mempool,
+    mac: Mac,
+    cksum: Checksum,
+    /// Staged frames per TX queue.
+    staged: Vec<Vec<Mbuf>>,
+    /// TX queues in service order (the one with the highest class first).
+    queue_order: Vec<u16>,
+    neighbours: HashMap<Ipv4Addr, Mac>,
+    pending: HashMap<Ipv4Addr, Pending>,
+    rx_buf: Vec<Mbuf>,
+    rx_more: bool,
+    blocked: bool,
+    idle_polls: u32,
+    ident: u16,
+    stats: DatapathStats,
+    extra: DpdkStats,
+}
+
+impl std::fmt::Debug for DpdkDatapath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+/// Open the DPDK datapath a loaded daemon configuration asks for: initialise EAL,
+/// create the pool, configure and start the port. The error says why not, in one line.
+pub fn open(cfg: &dlcp_config::Config) -> Result<DpdkDatapath, String> {
+    DpdkDatapath::new(DpdkConfig::from_config(cfg)?)
+}
+
+impl DpdkDatapath {
+    /// Initialise EAL and bring the port up with `cfg`.
+    pub fn new(cfg: DpdkConfig) -> Result<DpdkDatapath, String> {
+        let eal = Eal::init(&cfg.eal_args).map_err(|e| e.to_string())?;
+        if eal.port_count() == 0 {
+            return Err(format!(
+                "EAL found no DPDK port (eal_args {:?}: add --vdev=... or -a <PCI address> of a NIC bound to vfio-pci)",
+                cfg.eal_args
+            ));
+        }
+        // Data room: DPDK's default (2048 + headroom), more for jumbo frames.
+        let need = cfg.mtu as usize + frame::ETH_LEN + 128;
+        let room = usize::from(Mempool::default_data_room()).max(need).min(usize::from(u16::MAX));
+        let pool = Mempool::new(
+            eal,
+            "dlcp_pool",
+            cfg.mbuf_pool_size,
+            256.min(cfg.mbuf_pool_size / 8),
+            room as u16,
+            -1,
+        )
+        .map_err(|e| e.to_string())?;
+        let pcfg = PortConfig {
+            rx_queues: cfg.rx_queues,
+            tx_queues: cfg.tx_queues,
+            rx_ring_size: cfg.rx_ring_size,
+            tx_ring_size: cfg.tx_ring_size,
+            tx_cksum_offload: true,
+            promiscuous: true,
+        };
+        let port = Port::open(eal, cfg.port_id, pool, &pcfg).map_err(|e| e.to_string())?;
+        let mac = Mac(port.info().mac);
+        let cksum = if port.info().tx_cksum_offload { Checksum::Offload } else { Checksum::Software };
+        let (queue_order, classes) = service_order(&cfg.class_tx_queue, cfg.tx_queues);
+        let extra = DpdkStats {
+            tx_queues: classes.iter().map(|&c| TxQueueStats { classes: c, ..Default::default() }).collect(),
+            rx_queue_packets: vec![0; usize::from(cfg.rx_queues)],
+            tx_checksum_offload: cksum == Checksum::Offload,
+            ..Default::default()
+        };
+        log::info!(
+            "dpdk: port {} ({}, driver {}) up, MAC {mac}, link {}, {} rx / {} tx queues, checksums {}",
+            cfg.port_id,
+            port.info().name,
+            port.info().driver,
+            if port.link_up() { "up" } else { "down" },
+            cfg.rx_queues,
+            cfg.tx_queues,
+            if cksum == Checksum::Offload { "offloaded" } else { "in software" },
+        );
+        Ok(DpdkDatapath {
+            staged: (0..cfg.tx_queues).map(|_| Vec::with_capacity(usize::from(cfg.tx_burst))).collect(),
+            queue_order,
+            neighbours: HashMap::new(),
+            pending: HashMap::new(),
+            rx_buf: Vec::with_capacity(usize::from(cfg.rx_burst)),
+            rx_more: false,
+            blocked: false,
+            idle_polls: 0,
+            ident: 0,
+            stats: DatapathStats::default(),
+            extra,
+            cfg,
+            port,
+            pool,
+            mac,
+            cksum,
+        })
+    }
+
+    /// DPDK-specific counters (per queue, ARP, drops by reason).
+    pub fn dpdk_stats(&self) -> DpdkStats {
+        let mut s = self.extra.clone();
+        for (q, st) in s.tx_queues.iter_mut().enumerate() {
+            st.staged = self.staged[q].len();
+        }
+        s.neighbours = self.neighbours.len();
+        s
+    }
+
+    /// Our MAC address.
+    pub fn mac(&self) -> Mac {
+        self.mac
+    }
+
+    /// Add a static neighbour entry (no ARP needed for `ip`).
+    pub fn add_neighbour(&mut self, ip: Ipv4Addr, mac: Mac) {
+        self.neighbours.insert(ip, mac);
+    }
+
+    /// Build one UDP frame for `dst_mac` in a fresh mbuf and stage it on `class`'s queue.
+    /// Returns false if the pool is empty.
+    fn stage_udp(&mut self, dst_mac: Mac, dst: SocketAddrV4, class: Class, datagram: &[u8]) -> bool {
+        let Some(mut m) = self.pool.alloc() else {
+            self.extra.tx_pool_empty += 1;
+            return false;
+        };
+        self.ident = self.ident.wrapping_add(1);
+        let f = UdpFrame {
+            src_mac: self.mac,
+            dst_mac,
+            src: self.cfg.local,
+            dst,
+            dscp: self.cfg.dscp[class.index()],
+            ident: self.ident,
+            ttl: 64,
+        };
+        let len = UdpFrame::len_for(datagram.len()).max(frame::MIN_FRAME);
+        let Some(buf) = u16::try_from(len).ok().and_then(|l| m.append(l)) else {
+            // Larger than an mbuf: the protocol never sends that within the MTU.
+            self.stats.tx_errors += 1;
+            return true;
+        };
+        if f.write(buf, datagram, self.cksum).is_none() {
+            self.stats.tx_errors += 1;
+            return true;
+        }
+        if self.cksum == Checksum::Offload {
+            m.request_cksum_offload(frame::ETH_LEN as u8, frame::IPV4_LEN as u8);
+        }
+        let q = usize::from(self.cfg.class_tx_queue[class.index()]);
+        self.staged[q].push(m);
+        self.stats.tx_packets[class.index()] += 1;
+        self.stats.tx_bytes[class.index()] += datagram.len() as u64;
+        true
+    }
+
+    fn stage_arp(&mut self, eth_dst: Mac, arp: Arp) {
+        let Some(mut m) = self.pool.alloc() else {
+            self.extra.tx_pool_empty += 1;
+            return;
+        };
+        if let Some(buf) = m.append(frame::MIN_FRAME as u16)
+            && arp.write(eth_dst, buf).is_some()
+        {
+            let q = usize::from(self.cfg.class_tx_queue[Class::CONTROL.index()]);
+            self.staged[q].push(m);
+        }
+    }
+
+    fn request_arp(&mut self, ip: Ipv4Addr) {
+        self.extra.arp_requests_sent += 1;
+        let a = Arp {
+            op: ArpOp::Request,
+            sender_mac: self.mac,
+            sender_ip: *self.cfg.local.ip(),
+            target_mac: Mac::default(),
+            target_ip: ip,
+        };
+        self.stage_arp(frame::BROADCAST, a);
+    }
+
+    /// Hand staged frames to the NIC, queue by queue in priority order. A queue
+    /// that cannot take everything stops the lower ones (strict priority).
+    fn push(&mut self) {
+        for i in 0..self.queue_order.len() {
+            let q = self.queue_order[i];
+            let staged = &mut self.staged[usize::from(q)];
+            let st = &mut self.extra.tx_queues[usize::from(q)];
+            while !staged.is_empty() {
+                let mut sizes = [0u16; 512];
+                let n = staged.len().min(sizes.len());
+                for (s, m) in sizes.iter_mut().zip(staged.iter()) {
+                    *s = m.data().len() as u16;
+                }
+                let sent = self.port.tx_burst(q, staged);
+                self.stats.tx_syscalls += 1;
+                st.packets += sent as u64;
+                st.bytes += sizes[..sent].iter().map(|&b| u64::from(b)).sum::<u64>();
+                if sent < n {
+                    st.full += 1;
+                    self.stats.tx_would_block += 1;
+                    break;
+                }
+            }
+            if !staged.is_empty() {
+                break; // lower-priority queues wait for the next round
+            }
+        }
+        let limit = usize::from(self.cfg.tx_ring_size);
+        self.blocked = self.staged.iter().any(|s| s.len() >= limit);
+    }
+
+    fn handle_arp(&mut self, a: Arp) {
+        self.extra.arp_received += 1;
+        if a.target_ip != *self.cfg.local.ip() || a.sender_ip.is_unspecified() {
+            return;
+        }
+        if self.neighbours.len() < NEIGHBOURS_MAX || self.neighbours.contains_key(&a.sender_ip) {
+            self.neighbours.insert(a.sender_ip, a.sender_mac);
+        }
+        if a.op == ArpOp::Request {
+            self.extra.arp_replies_sent += 1;
+            let reply = Arp {
+                op: ArpOp::Reply,
+                sender_mac: self.mac,
+                sender_ip: *self.cfg.local.ip(),
+                target_mac: a.sender_mac,
+                target_ip: a.sender_ip,
+            };
+            self.stage_arp(a.sender_mac, reply);
+        }
+        if let Some(p) = self.pending.remove(&a.sender_ip) {
+            for (class, dst, d) in p.datagrams {
+                if !self.stage_udp(a.sender_mac, dst, class, &d) {
+                    self.extra.tx_unresolved_dropped += 1;
+                }
+            }
+        }
+    }
+
+    fn age_pending(&mut self, now: Instant) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let mut ask = Vec::new();
+        self.pending.retain(|ip, p| {
+            if now.duration_since(p.first) > ARP_GIVE_UP {
+                log::warn!("dpdk: no ARP answer from {ip}; dropped {} datagrams", p.datagrams.len());
+                self.extra.tx_unresolved_dropped += p.datagrams.len() as u64;
+                return false;
+            }
+            if now.duration_since(p.last_request) >= ARP_RETRY {
+                p.last_request = now;
+                ask.push(*ip);
+            }
+            true
+        });
+        for ip in ask {
+            self.request_arp(ip);
+        }
+    }
+}
+
+impl Datapath for DpdkDatapath {
+    fn describe(&self) -> String {
+        let i = self.port.info();
+        format!(
+            "dpdk (port {} {} driver {}, MAC {}, udp {}, {} rx / {} tx queues, checksums {})",
+            self.cfg.port_id,
+            i.name,
+            i.driver,
+            self.mac,
+            self.cfg.local,
+            self.cfg.rx_queues,
+            self.cfg.tx_queues,
+            if self.cksum == Checksum::Offload { "offloaded" } else { "software" }
+        )
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        SocketAddr::V4(self.cfg.local)
+    }
+
+    fn send(&mut self, dst: SocketAddr, class: Class, datagram: &[u8]) -> io::Result<SendOutcome> {
+        let dst = match dst {
+            SocketAddr::V4(d) => d,
+            SocketAddr::V6(_) => {
+                self.stats.tx_errors += 1;
+                return Ok(SendOutcome::Sent);
+            }
+        };
+        let q = usize::from(self.cfg.class_tx_queue[class.index()]);
+        if self.staged[q].len() >= usize::from(self.cfg.tx_burst) {
+            self.push();
+            if self.blocked {
+                return Ok(SendOutcome::WouldBlock);
+            }
+        }
+        let ip = *dst.ip();
+        if let Some(&mac) = self.neighbours.get(&ip) {
+            if !self.stage_udp(mac, dst, class, datagram) {
+                self.push();
+                self.blocked = true;
+                return Ok(SendOutcome::WouldBlock);
+            }
+            return Ok(SendOutcome::Sent);
+        }
+        let now = Instant::now();
+        let ask = match self.pending.entry(ip) {
+            Entry::Vacant(v) => {
+                v.insert(Pending {
+                    first: now,
+                    last_request: now,
+                    datagrams: vec![(class, dst, datagram.to_vec())],
+                });
+                true
+            }
+            Entry::Occupied(mut o) => {
+                let p = o.get_mut();
+                if p.datagrams.len() < ARP_PENDING_MAX {
+                    p.datagrams.push((class, dst, datagram.to_vec()));
+                } else {
+                    self.extra.tx_unresolved_dropped += 1;
+                }
+                false
+            }
+        };
+        if ask {
+            self.request_arp(ip);
+        }
+        Ok(SendOutcome::Sent)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.age_pending(Instant::now());
+        self.push();
+        Ok(())
+    }
+
+    fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+        let burst = usize::from(self.cfg.rx_burst);
+        let mut delivered = 0;
+        let mut more = false;
+        let mut got_any = false;
+        for q in 0..self.cfg.rx_queues {
+            let mut buf = std::mem::take(&mut self.rx_buf);
+            let n = self.port.rx_burst(q, &mut buf, burst);
+            self.stats.rx_syscalls += 1;
+            more |= n == burst;
+            got_any |= n > 0;
+            self.extra.rx_queue_packets[usize::from(q)] += n as u64;
+            for m in buf.drain(..) {
+                if m.segments() != 1 {
+                    self.extra.rx_multi_segment += 1;
+                    self.stats.rx_truncated += 1;
+                    continue;
+                }
+                match frame::parse(m.data(), true) {
+                    Parsed::Udp(u) => {
+                        if u.dst != self.cfg.local {
+                            self.extra.rx_not_for_us += 1;
+                            continue;
+                        }
+                        // A datagram from a neighbour also tells us its MAC.
+                        if !self.neighbours.contains_key(u.src.ip()) && self.neighbours.len() < NEIGHBOURS_MAX
+                        {
+                            self.neighbours.insert(*u.src.ip(), u.src_mac);
+                        }
+                        let p = &m.data()[u.payload];
+                        self.stats.rx_packets += 1;
+                        self.stats.rx_bytes += p.len() as u64;
+                        delivered += 1;
+                        f(SocketAddr::V4(u.src), p);
+                    }
+                    Parsed::Arp(a) => self.handle_arp(a),
+                    Parsed::Ignored(Ignore::BadIpChecksum) => self.extra.rx_bad_ip_checksum += 1,
+                    Parsed::Ignored(Ignore::BadUdpChecksum) => self.extra.rx_bad_udp_checksum += 1,
+                    Parsed::Ignored(_) => self.extra.rx_ignored_other += 1,
+                }
+            }
+            self.rx_buf = buf;
+        }
+        self.rx_more = more;
+        self.idle_polls = if got_any { 0 } else { self.idle_polls.saturating_add(1) };
+        Ok(delivered)
+    }
+
+    fn rx_pending(&self) -> bool {
+        self.rx_more
+    }
+
+    fn wants_writable(&self) -> bool {
+        self.blocked
+    }
+
+    fn register(&mut self, _registry: &mio::Registry, _first_token: usize) -> io::Result<usize> {
+        Ok(0) // nothing to wait on: see poll_hint
+    }
+
+    fn poll_hint(&self) -> Option<Duration> {
+        if self.rx_more {
+            return Some(Duration::ZERO); // a full burst: more is waiting
+        }
+        if self.staged.iter().any(|s| !s.is_empty()) || !self.pending.is_empty() {
+            return Some(IDLE_POLL_MIN); // the NIC queue was full, or ARP is pending
+        }
+        let shift = self.idle_polls.min(10);
+        Some((IDLE_POLL_MIN * (1u32 << shift)).min(IDLE_POLL_MAX))
+    }
+
+    fn stats(&self) -> DatapathStats {
+        self.stats.clone()
+    }
+
+    fn detail_json(&self) -> Option<serde_json::Value> {
+        let mut v = serde_json::to_value(self.dpdk_stats()).ok()?;
+        let p = self.port.stats();
+        v["port"] = serde_json::json!({
+            "ipackets": p.ipackets, "opackets": p.opackets, "ibytes": p.ibytes, "obytes": p.obytes,
+            "imissed": p.imissed, "ierrors": p.ierrors, "oerrors": p.oerrors, "rx_nombuf": p.rx_nombuf,
+        });
+        Some(v)
+    }
+}
+
+/// The order in which TX queues are served — the queue carrying the highest class
+/// first (queues without a class last) — and the classes of each queue (bit c = class c).
+pub fn service_order(class_tx_queue: &[u16; Class::COUNT], tx_queues: u16) -> (Vec<u16>, Vec<u8>) {
+    let mut top = vec![0u8; usize::from(tx_queues)];
+    let mut classes = vec![0u8; usize::from(tx_queues)];
+    for (c, &q) in class_tx_queue.iter().enumerate() {
+        if let (Some(t), Some(m)) = (top.get_mut(usize::from(q)), classes.get_mut(usize::from(q))) {
+            *t = (*t).max(c as u8 + 1);
+            *m |= 1 << c;
+        }
+    }
+    let mut order: Vec<u16> = (0..tx_queues).collect();
+    order.sort_by_key(|&q| std::cmp::Reverse(top[usize::from(q)]));
+    (order, classes)
+}
+
+impl Drop for DpdkDatapath {
+    fn drop(&mut self) {
+        self.push();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::service_order;
+
+    #[test]
+    fn queues_are_served_highest_class_first() {
+        assert_eq!(service_order(&[0; 8], 1), (vec![0], vec![0xff]));
+        assert_eq!(service_order(&[0, 0, 0, 0, 1, 1, 1, 1], 2), (vec![1, 0], vec![0x0f, 0xf0]));
+        // Control alone on queue 0, data spread; an unused queue goes last.
+        assert_eq!(
+            service_order(&[2, 2, 1, 1, 3, 3, 3, 0], 5),
+            (vec![0, 3, 1, 2, 4], vec![0x80, 0x0c, 0x03, 0x70, 0x00])
+        );
+    }
+}

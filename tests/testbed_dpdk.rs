@@ -1,0 +1,266 @@
+//! Wire compatibility of the DPDK datapath, on the emulated cluster of
+//! `scripts/testbed.sh`: 4 hosts, host 0's dlcpd drives its veth through DPDK
+//! (`net_af_packet` inside its namespace, no hugepages; the kernel holds no
+//! address on that veth, so dlcp answers ARP itself), hosts 1..3 run on sockets.
+//!
+//! * `dpdk_host_budget_zero_bit_exact_and_dscp_on_the_wire`: 12 allreduce ops
+//!   are bit-exact everywhere, and a capture on host 0's switch port shows every
+//!   dlcp datagram host 0 sent marked with its class's DSCP (data classes of both
+//!   phases and control).
+//! * `dpdk_host_one_pct_loss_within_budget`: 1% random loss on every link (host
+//!   0's included: a bridge rule on its switch port, since af_packet sees frames
+//!   before the host's nftables input hook), budget 1%: every op completes within
+//!   budget and equals the oracle's recomputation on every rank.
+//!
+//! Needs root, network namespaces and a build with DPDK; prints a loud SKIPPED
+//! message and passes where they are unavailable.
+#![cfg(dpdk)]
+
+mod testbed_common;
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use testbed_common::*;
+
+const HOSTS: usize = 4;
+
+fn size(i: usize) -> usize {
+    [65_536, 100_003, 180_001, 262_144][i % 4]
+}
+
+fn sh(ns: &str, args: &[&str]) {
+    let out = Command::new("ip").args(["netns", "exec", ns]).args(args).output().unwrap();
+    assert!(out.status.success(), "{ns}: {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The testbed with host 0 restarted on DPDK; waits until every host sees every peer up.
+fn dpdk_bed(prefix: &'static str, args: &[&str]) -> Option<Bed> {
+    let mut bed = Bed::start(prefix, HOSTS, args, 10_000)?;
+    bed.kill9(0);
+    let (h0, sw) = (bed.ns(0), format!("{prefix}-sw"));
+    // DPDK owns host 0's veth: the kernel must not answer for its address.
+    sh(&h0, &["ip", "addr", "flush", "dev", "eth0"]);
+    // Frames from the other hosts' kernels cross the veths with checksums left to
+    // an offload (CHECKSUM_PARTIAL); a real wire carries complete ones. The switch
+    // port towards host 0 without TX checksum offload completes them.
+    sh(&sw, &["ethtool", "-K", "p0", "tx", "off"]);
+    bed.host_extra[0] = format!(
+        "[datapath]\nkind = \"dpdk\"\n[datapath.dpdk]\neal_args = [\"--no-huge\", \"--no-pci\", \"--no-shconf\", \"--no-telemetry\", \"-m\", \"256\", \"-l\", \"0\", \"--file-prefix\", \"{prefix}\", \"--vdev=net_af_packet0,iface=eth0\"]\nrx_ring_size = 1024\ntx_ring_size = 1024\n"
+    );
+    bed.spawn(0);
+    bed.wait_ready(0);
+    // The other kernels knew host 0's MAC from before: make them ask again (dlcp answers).
+    for h in 1..HOSTS {
+        sh(&bed.ns(h), &["ip", "neigh", "flush", "all"]);
+    }
+    let d = bed.status(0)["datapath"].as_str().unwrap_or_default().to_string();
+    assert!(d.starts_with("dpdk (port 0 net_af_packet0"), "host 0 is not on DPDK: {d}");
+    let t0 = Instant::now();
+    loop {
+        let all_up = (0..HOSTS).all(|h| {
+            bed.status(h)["peers"]
+                .as_array()
+                .is_some_and(|p| p.iter().all(|p| p["up"].as_bool() == Some(true)))
+        });
+        if all_up {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "peers did not all come up with host 0 on DPDK");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Some(bed)
+}
+
+/// (TOS byte, dlcp class, IPv4 source) of every dlcp datagram in an Ethernet pcap.
+fn dlcp_marks(pcap: &[u8]) -> Vec<(u8, u8, [u8; 4])> {
+    assert!(pcap.len() >= 24, "pcap file too short");
+    assert_eq!(u32::from_le_bytes(pcap[20..24].try_into().unwrap()), 1, "expected Ethernet captures");
+    let mut v = Vec::new();
+    let mut off = 24;
+    while off + 16 <= pcap.len() {
+        let incl = u32::from_le_bytes(pcap[off + 8..off + 12].try_into().unwrap()) as usize;
+        let f = &pcap[off + 16..(off + 16 + incl).min(pcap.len())];
+        off += 16 + incl;
+        if f.len() < 14 + 20 + 8 + 6 || f[12..14] != [0x08, 0x00] || f[14 + 9] != 17 {
+            continue;
+        }
+        let udp = &f[34..];
+        if u16::from_be_bytes([udp[2], udp[3]]) != PORT {
+            continue;
+        }
+        let p = &udp[8..];
+        assert_eq!(p[0..2], [0xD1, 0xC9], "datagram on the dlcp port without dlcp magic");
+        v.push((f[15], p[5], f[26..30].try_into().unwrap()));
+    }
+    v
+}
+
+#[test]
+fn dpdk_host_budget_zero_bit_exact_and_dscp_on_the_wire() {
+    let prefix = "dpdkr";
+    let Some(mut bed) = dpdk_bed(prefix, &[]) else { return };
+    let pcap = bed.dir.path().join("p0.pcap");
+    let tcpdump = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &format!("{prefix}-sw"),
+            "tcpdump",
+            "-i",
+            "p0",
+            "-n",
+            "--immediate-mode",
+            "-s",
+            "96",
+        ])
+        .args(["-Q", "in", "-w"]) // frames host 0 sent
+        .arg(&pcap)
+        .arg("udp")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    bed.others.push(tcpdump);
+    let t0 = Instant::now();
+    while !pcap.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "tcpdump did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+
+    let sizes: Vec<usize> = (0..12).map(size).collect();
+    let results = run_ops(&bed, &sizes, 0);
+    for (i, &n) in sizes.iter().enumerate() {
+        let mut want = data(seed(0, i), n);
+        for h in 1..HOSTS {
+            want.iter_mut().zip(data(seed(h, i), n)).for_each(|(a, b)| *a += b);
+        }
+        let want: Vec<u32> = want.iter().map(|x| x.to_bits()).collect();
+        for (h, r) in results.iter().enumerate() {
+            let got: Vec<u32> = r[i].0.iter().map(|x| x.to_bits()).collect();
+            assert!(got == want, "host {h} op {i} ({n} elems): budget 0 result is not bit-exact");
+            assert_eq!(r[i].1.delivered_ppm, 1_000_000, "host {h} op {i}");
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300)); // heartbeats (class 7) too
+    let tcpdump = bed.others.last_mut().unwrap();
+    let _ = Command::new("kill").arg("-TERM").arg(tcpdump.id().to_string()).status();
+    let _ = tcpdump.wait();
+
+    let dscp = dlcp::config::schema::DEFAULT_DSCP;
+    let marks = dlcp_marks(&std::fs::read(&pcap).unwrap());
+    let mut per_class: BTreeMap<u8, u64> = BTreeMap::new();
+    let mut wrong = Vec::new();
+    for &(tos, class, src) in &marks {
+        assert_eq!(src, [10, 77, 0, 1], "a frame into p0 from someone else than host 0");
+        *per_class.entry(class).or_default() += 1;
+        if usize::from(class) >= 8 || tos != dscp[usize::from(class)] << 2 {
+            wrong.push((class, tos >> 2));
+        }
+    }
+    let s0 = bed.stats(0);
+    eprintln!("host 0 (DPDK) datagrams on the wire per class: {per_class:?}");
+    eprintln!("host 0 datapath counters: {}", s0["datapath_counters"]);
+    assert!(marks.len() > 200, "only {} dlcp datagrams from host 0 captured", marks.len());
+    assert!(
+        wrong.is_empty(),
+        "{} of {} datagrams with a wrong DSCP: {:?}",
+        wrong.len(),
+        marks.len(),
+        &wrong[..wrong.len().min(10)]
+    );
+    assert!(per_class.contains_key(&7), "no control packets captured: {per_class:?}");
+    assert!((0..=3).any(|c| per_class.contains_key(&c)), "no reduce-scatter data: {per_class:?}");
+    assert!((4..=6).any(|c| per_class.contains_key(&c)), "no all-gather data: {per_class:?}");
+    let detail = &s0["datapath_counters"]["detail"];
+    assert!(detail["arp_replies_sent"].as_u64().unwrap_or(0) > 0, "host 0 answered no ARP: {detail}");
+    assert_eq!(detail["rx_bad_udp_checksum"], 0, "{detail}");
+    assert_eq!(detail["rx_bad_ip_checksum"], 0, "{detail}");
+    for h in 0..HOSTS {
+        let s = bed.stats(h);
+        assert_eq!(s["service"]["ops_failed"], 0, "host {h}: {s}");
+        assert_eq!(s["protocol"]["hard_timeouts"], 0, "host {h}: {s}");
+    }
+}
+
+#[test]
+fn dpdk_host_one_pct_loss_within_budget() {
+    const BUDGET: u32 = 10_000;
+    let prefix = "dpdkl";
+    let Some(bed) = dpdk_bed(prefix, &["--loss", "1"]) else { return };
+    // Host 0's inbound loss: af_packet takes frames before nftables' inet input
+    // hook, so drop 1% of what the switch forwards to p0 instead.
+    let rules = "table bridge dpdkloss {\n counter seen {}\n counter dropped {}\n chain tohost0 {\n  type filter hook forward priority 0; policy accept;\n  oifname \"p0\" counter name seen\n  oifname \"p0\" numgen random mod 10000 < 100 counter name dropped drop\n }\n}\n";
+    let mut nft = Command::new("ip")
+        .args(["netns", "exec", &format!("{prefix}-sw"), "nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    nft.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
+    assert!(nft.wait().unwrap().success(), "nft bridge loss rule failed");
+
+    let sizes: Vec<usize> = (0..16).map(size).collect();
+    let results = run_ops(&bed, &sizes, BUDGET);
+    let mut lossy = 0;
+    for (i, &n) in sizes.iter().enumerate() {
+        let reports: Vec<_> = (0..HOSTS).map(|h| bed.report(h, i as u64 + 1, i as u32)).collect();
+        for (h, r) in reports.iter().enumerate() {
+            for t in r["scatter"].as_array().unwrap().iter().chain(r["gather"].as_array().unwrap()) {
+                let f = t["delivered_fraction"].as_f64().unwrap();
+                assert!(f >= 0.99, "host {h} op {i}: a transfer delivered only {f}: {t}");
+            }
+        }
+        let owners: Vec<_> = reports.iter().map(dlcp::service::report_from_json).collect();
+        lossy += usize::from(owners.iter().any(|o| o.scatter.iter().any(|t| !t.delivered.is_full())));
+        let inputs: Vec<Vec<f32>> = (0..HOSTS).map(|h| data(seed(h, i), n)).collect();
+        let ins: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        let refs: Vec<_> = owners.iter().collect();
+        let opts = dlcp::proto::endpoint::OpOptions { budget_ppm: BUDGET, ..Default::default() };
+        let want: Vec<u32> =
+            dlcp::proto::oracle::recompute(&ins, &refs, opts, 1392 / 4).iter().map(|x| x.to_bits()).collect();
+        for (h, r) in results.iter().enumerate() {
+            let got: Vec<u32> = r[i].0.iter().map(|x| x.to_bits()).collect();
+            assert!(
+                got == want,
+                "host {h} op {i} ({n} elems): result differs from the oracle's recomputation"
+            );
+            assert!(
+                r[i].1.delivered_ppm >= 990_000,
+                "host {h} op {i}: delivered {} ppm",
+                r[i].1.delivered_ppm
+            );
+        }
+    }
+    let (seen, dropped) = bed.loss_counters();
+    let p0 = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &format!("{prefix}-sw"),
+            "nft",
+            "list",
+            "counter",
+            "bridge",
+            "dpdkloss",
+            "dropped",
+        ])
+        .output()
+        .unwrap();
+    let p0 = String::from_utf8_lossy(&p0.stdout);
+    eprintln!(
+        "loss: {dropped} of {seen} dropped at hosts 1..3, towards host 0: {}; {lossy} of {} ops lost a chunk",
+        p0.trim(),
+        sizes.len()
+    );
+    assert!(dropped > 0 && lossy > 0, "1% loss left nothing missing: the test proves nothing");
+    assert!(!p0.contains("packets 0 "), "no loss towards the DPDK host: {p0}");
+    for h in 0..HOSTS {
+        let s = bed.stats(h);
+        assert_eq!(s["service"]["ops_failed"], 0, "host {h}: {s}");
+        assert_eq!(s["protocol"]["hard_timeouts"], 0, "host {h}: {s}");
+    }
+}

@@ -24,7 +24,8 @@ stage() {
 # Debian packages the build and tests need.
 APT_PACKAGES=(build-essential pkg-config ca-certificates git python3 python3-numpy
               iproute2 nftables tcpdump iperf3 ethtool iputils-ping
-              dpdk-dev libdpdk-dev clang libclang-dev)
+              dpdk-dev libdpdk-dev clang libclang-dev
+              python3-torch python3-sklearn python3-matplotlib)
 
 install_deps() {
   local missing=()

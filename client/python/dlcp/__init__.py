@@ -476,6 +476,13 @@ class Client:
             raise NameInUseError("tensor", -8, f"tensor {name!r} already exists with {t.n} elements, not {n}")
         return np.asarray(_Buffer(t.addr, shape, self._h))
 
+    def tensor_id(self, name: str) -> int:
+        """The id of tensor ``name`` (what ``dlcpctl report OP TENSOR`` takes)."""
+        t = self._by_name.get(name)
+        if t is None:
+            raise InvalidArgumentError("tensor_id", -3, f"no tensor named {name!r}")
+        return t.tid
+
     def _tensor_of(self, op: str, array) -> _Tensor:
         if isinstance(array, str):
             t = self._by_name.get(array)

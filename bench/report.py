@@ -17,6 +17,14 @@ def ms(x):
     return f"{x * 1000:.0f}" if x >= 0.1 else f"{x * 1000:.1f}"
 
 
+def num(v):
+    if v >= 1e6:
+        return f"{v / 1e6:.2f} M"
+    if v >= 1e4:
+        return f"{v / 1e3:.1f} k"
+    return f"{v:.3g}"
+
+
 def machine():
     cpu = "?"
     try:
@@ -87,6 +95,7 @@ def write(b, outdir):
 
     if b.summary:
         w("## Summary lines\n")
+        w("ratio = dlcp / peer for rates, peer / dlcp for times and packet counts: > 1 means dlcp is better.\n")
         w("```")
         md.extend(b.summary)
         w("```\n")
@@ -96,7 +105,7 @@ def write(b, outdir):
         w("| benchmark | dlcp | limit | ratio | what / limit |")
         w("|---|---:|---:|---:|---|")
         for m in d["micro"]:
-            w(f"| {m['name']} | {m['dlcp']:.4g} {m['unit']} | {m['peer']:.4g} {m['unit']} | {m['ratio']:.2f} | "
+            w(f"| {m['name']} | {num(m['dlcp'])} {m['unit']} | {num(m['peer'])} {m['unit']} | {m['ratio']:.2f} | "
               f"{m['what']} / {m['peer_name']} |")
         w("")
 
@@ -138,9 +147,9 @@ def write(b, outdir):
                 w(f"| {LABEL[s]} | {st['n']} | {ms(st['p50'])} | {ms(st['p99'])} | {ms(st['max'])} | "
                   f"{size * 8 / st['p50'] / 1e9:.2f} | {h['cpu_per_gib']:.1f} | {ratio} | {dl} |")
             w("")
-        w("p99 over n reps is the largest but one for n ≥ 20... (nearest-rank; with n < 100 it is the "
-          "maximum or next to it). Where reps < 20 the system is a secondary one (fewer reps to fit the "
-          "run in 30 minutes).\n")
+        w("p99 is nearest-rank: with up to 50 reps it is the slowest rep, so p99 = max here. The ratio "
+          "column is peer p99 / dlcp b1% p99 (> 1: dlcp's tail is shorter). Systems with fewer than 20 reps "
+          "are the secondary ones (fewer reps to keep the full run under 30 minutes).\n")
 
     if d["sizes"]:
         w("## Time vs size (4 hosts)\n")

@@ -79,6 +79,17 @@ no_dpdk() {
   rmdir "$empty"
   cargo build --workspace --release --locked
 }
+# The benchmark tools, cheaply: the micro-benchmark binary runs (20 ms per figure)
+# and prints its 5 ratio lines; the harness's self-check (ResNet-50 parameter
+# list, bucketing, percentiles). The benchmarks themselves (bench/run.sh) are not CI.
+bench_smoke() {
+  local out
+  out=$(./target/release/dlcp-bench micro --ms 20)
+  echo "$out" | grep -v '^JSON'
+  [ "$(echo "$out" | grep -c '^[a-z_]*: dlcp .*, peer .*, ratio ')" -eq 5 ] \
+    || { echo "dlcp-bench micro: expected 5 summary lines" >&2; return 1; }
+  /usr/bin/python3 bench/harness.py --self-check
+}
 demo() {
   ./target/release/dlcpd --version
   ./target/release/dlcpd demo --iters 3 --loss 1
@@ -95,6 +106,7 @@ stage e2e e2e_tests
 stage testbed ./scripts/testbed_test.sh
 stage no-dpdk no_dpdk
 stage demo demo
+stage bench-smoke bench_smoke
 
 echo
 echo "=== stage times ==="

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# dlcp benchmarks: dlcp against Gloo and Open MPI on the same emulated cluster,
+# and against the machine's limits. Usage: bench/run.sh [--quick] [--load-note TEXT]
+#
+# Installs what it needs (Debian 12, as root), builds release, runs every
+# benchmark (bench/harness.py) on the testbed of scripts/testbed.sh, tears the
+# testbed down even on failure, and writes bench/results/<date>-<host>.md + PNGs.
+# --quick: under 5 minutes, 16 MiB headline, one summary line per benchmark.
+# Extra arguments go to bench/harness.py (--only STEPS, --prefix P, --load-note TEXT).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PREFIX=${DLCP_BENCH_PREFIX:-benchr}
+APT_PACKAGES="build-essential pkg-config iproute2 nftables ethtool iperf3 time python3 python3-numpy \
+python3-torch python3-matplotlib openmpi-bin python3-mpi4py"
+
+say() { echo "[bench/run.sh] $*" >&2; }
+
+[ "$(id -u)" -eq 0 ] || { say "must run as root (network namespaces, tc, sysctl)"; exit 1; }
+
+missing=""
+for p in $APT_PACKAGES; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  say "installing:$missing"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends $missing >/dev/null
+fi
+command -v cargo >/dev/null || { say "cargo not found: install a Rust toolchain >= 1.85 (rustup)"; exit 1; }
+
+say "building release (dlcpd, dlcpctl, dlcp-bench)"
+cargo build --release --locked -q -p dlcp -p dlcp-bench
+
+CC_SAVE=/run/dlcp-bench-allowed-cc
+cleanup() {
+  DLCPTB_PREFIX=$PREFIX scripts/testbed.sh down >/dev/null 2>&1 || true
+  # The harness restores this itself; this covers a harness that was killed.
+  if [ -f "$CC_SAVE" ]; then
+    sysctl -q -w net.ipv4.tcp_allowed_congestion_control="$(cat "$CC_SAVE")" || true
+    rm -f "$CC_SAVE"
+  fi
+}
+trap cleanup EXIT INT TERM
+
+say "running benchmarks (progress below; summary lines on stdout)"
+/usr/bin/python3 bench/harness.py --prefix "$PREFIX" --bindir "$ROOT/target/release" "$@"

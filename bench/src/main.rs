@@ -1,0 +1,66 @@
+//! `dlcp-bench`: the Rust half of `bench/run.sh`.
+//!
+//! * `dlcp-bench micro [--ms N]` — micro benchmarks, each printed as a ratio to a
+//!   limit measured in the same run on the same core:
+//!   header encode/decode (packets/s) vs a kernel UDP send loop (packets/s);
+//!   f32 sum aggregation (GB/s) vs `memcpy` of the same bytes;
+//!   the shared-memory channel (descriptor round trips/s, and GB/s of tensor data
+//!   trainer → daemon → trainer) vs `memcpy`.
+//!   Prints one `NAME: dlcp X, peer Y, ratio R` line per benchmark, then `JSON {...}`.
+//! * `dlcp-bench trainer --socket PATH ...` — one trainer of the allreduce
+//!   benchmark: attaches to its host's `dlcpd` with the Rust client (`dlcp-client`),
+//!   runs warm-up and timed allreduces, prints its per-rep times and CPU time as JSON.
+//!   `bench/harness.py` starts one per testbed host.
+
+mod micro;
+mod trainer;
+
+use std::process::ExitCode;
+
+fn usage() -> &'static str {
+    "usage:\n  dlcp-bench micro [--ms MILLIS]\n  dlcp-bench trainer --socket PATH [--job ID] \
+     (--sizes E1,E2,.. | --buckets E1,E2,..) [--reps N] [--warmup N] [--budget-ppm P] [--timeout-s S]\n\
+     sizes and buckets are in f32 elements; buckets are listed front layer first."
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let r = match args.first().map(String::as_str) {
+        Some("micro") => micro::main(&args[1..]),
+        Some("trainer") => trainer::main(&args[1..]),
+        Some("-h" | "--help") => {
+            println!("{}", usage());
+            return ExitCode::SUCCESS;
+        }
+        _ => Err(format!("unknown or missing command\n{}", usage())),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dlcp-bench: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Value of `--name` in `args`, parsed.
+pub(crate) fn flag<T: std::str::FromStr>(args: &[String], name: &str) -> Result<Option<T>, String> {
+    match args.iter().position(|a| a == name) {
+        None => Ok(None),
+        Some(i) => {
+            let v = args.get(i + 1).ok_or_else(|| format!("{name} needs a value"))?;
+            v.parse().map(Some).map_err(|_| format!("{name}: bad value '{v}'"))
+        }
+    }
+}
+
+/// CPU seconds (user + system, all threads) this process has used so far.
+pub(crate) fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // f[0] is field 3 (state): field k is f[k - 3]. USER_HZ is 100 on Linux.
+    (ticks(11) + ticks(12)) / 100.0
+}

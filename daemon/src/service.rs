@@ -38,6 +38,8 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
 use crate::datapath::{Datapath, DatapathStats, SendOutcome};
+
+mod ops;
 use crate::shm::{Attachment, Liveness, ServerConfig, ShmServer, Status, Submission};
 
 const LISTENER: Token = Token(0);
@@ -97,6 +99,10 @@ pub struct ServiceCounters {
     pub rx_unknown_source: u64,
     /// Datagrams dropped on purpose by the `--debug-rx-loss` test knob.
     pub rx_debug_dropped: u64,
+    /// Configuration reloads that loaded (see `crate::reload`).
+    pub reloads_ok: u64,
+    /// Configuration reloads rejected (the file did not load; old config kept).
+    pub reloads_failed: u64,
 }
 
 /// One completed op, for `stats`.
@@ -132,6 +138,8 @@ struct LocalOp {
     sum: Option<Vec<f32>>,
     started_at: Option<StdInstant>,
     first_at: StdInstant,
+    /// The budget the op started with (the trainer's, capped by `loss.budget`).
+    budget_ppm: u32,
 }
 
 struct Slot {
@@ -166,6 +174,8 @@ pub struct Service {
     /// A timerfd for sub-millisecond wakeups (epoll's own timeout has
     /// millisecond resolution, too coarse for pacing and probe timers).
     timer: std::os::fd::OwnedFd,
+    /// Operations: config file, systemd notification, metrics, reloads.
+    ops: ops::OpsState,
 }
 
 /// Loss-driven pacing (AIMD): every window, the share of this daemon's data
@@ -362,6 +372,7 @@ impl Service {
         let peers: Vec<SocketAddr> = cfg.peers.iter().map(|p| p.socket_addr()).collect();
         let peer_rank = peers.iter().enumerate().map(|(r, a)| (*a, r as u32)).collect();
         let _ = &mut shm;
+        let ops = ops::OpsState::new(&cfg, &datapath.describe());
         log::info!(
             "dlcpd rank {}/{} job {} generation {generation}: {} — control socket {}",
             cfg.rank(),
@@ -395,11 +406,17 @@ impl Service {
             reports: BTreeMap::new(),
             adapt: None,
             timer,
+            ops,
         }
         .with_rate_adaptation())
     }
 
     fn with_rate_adaptation(mut self) -> Service {
+        self.install_rate_adaptation();
+        self
+    }
+
+    fn install_rate_adaptation(&mut self) {
         let max = self.cfg.pacing.rate_bytes_per_sec().unwrap_or(0);
         if self.cfg.pacing.adapt && max > 0 {
             self.adapt = Some(RateAdapter {
@@ -407,12 +424,12 @@ impl Service {
                 min: (max / 100).max(125_000),
                 window: StdDuration::from_millis(5),
                 last: StdInstant::now(),
-                last_tx: 0,
-                last_repairs: 0,
+                // From the counters now (a reload installs a new adapter mid-run).
+                last_tx: self.endpoint.stats().tx_packets[..7].iter().sum(),
+                last_repairs: self.endpoint.stats().repairs_sent,
                 cuts: 0,
             });
         }
-        self
     }
 
     /// Test and demo knob: drop each received datagram with probability
@@ -447,12 +464,13 @@ impl Service {
             let reply = match words.as_slice() {
                 ["stats"] => self.stats_json(),
                 ["status"] => self.status_json(),
+                ["reload"] => serde_json::to_value(self.reload()).unwrap_or_default(),
                 ["report", op, tensor] => match (op.parse(), tensor.parse()) {
                     (Ok(seq), Ok(tensor)) => self.report_json(OpId { seq, tensor }),
                     _ => serde_json::json!({ "error": "usage: report OP TENSOR" }),
                 },
                 _ => serde_json::json!({
-                    "error": format!("unknown request {req:?} (allowed: stats, status, report OP TENSOR)")
+                    "error": format!("unknown request {req:?} (allowed: stats, status, reload, report OP TENSOR)")
                 }),
             };
             let _ = s.write_all(reply.to_string().as_bytes());
@@ -517,6 +535,7 @@ impl Service {
             "ops_in_flight": self.endpoint.ops_in_flight(),
             "draining": self.draining.is_some(),
             "peers": peers,
+            "ops": self.ops_status_json(),
         })
     }
 
@@ -528,6 +547,8 @@ impl Service {
     /// (checked every loop turn; tests use it).
     pub fn run(&mut self, mut stop: impl FnMut(&Service) -> bool) -> Result<(), ServiceError> {
         let mut events = Events::with_capacity(256);
+        // Control socket, admin socket and datapath are up (Service::new).
+        self.ops.ready(&self.cfg, &self.datapath.describe());
         loop {
             let now = self.now();
             let wait = match self.endpoint.poll_timeout() {
@@ -535,6 +556,7 @@ impl Service {
                 Some(t) => (t - now).min(HOUSEKEEPING),
                 None => HOUSEKEEPING,
             };
+            let wait = self.ops.notifier.next_ping_in().map_or(wait, |p| wait.min(p));
             let wait = if self.pending_tx.is_some() {
                 // Blocked on the socket: writability wakes us; check back soon anyway.
                 wait.min(StdDuration::from_millis(1))
@@ -598,6 +620,11 @@ impl Service {
             }
             self.deliver_events();
             self.transmit(now);
+            self.ops.notifier.ping_watchdog();
+            if self.ops.metrics_due() {
+                let sample = self.metrics_sample();
+                self.ops.update_metrics(&sample);
+            }
             if stop(self) {
                 return Ok(());
             }
@@ -620,8 +647,11 @@ impl Service {
                         self.endpoint.ops_in_flight() + self.local_ops.len()
                     );
                     self.draining = Some(StdInstant::now());
+                    self.ops.notifier.notify("STOPPING=1\nSTATUS=draining");
                 }
-                SIGHUP => log::warn!("SIGHUP: configuration reload is not implemented yet; ignoring"),
+                SIGHUP => {
+                    self.reload();
+                }
                 _ => {}
             }
         }
@@ -803,6 +833,7 @@ impl Service {
             sum: None,
             started_at: None,
             first_at: StdInstant::now(),
+            budget_ppm: 0,
         });
         let r = local_rank as usize;
         if r >= op.contributions.len() || op.contributions[r].is_some() || op.started_at.is_some() {
@@ -852,7 +883,9 @@ impl Service {
         let sum = op.sum.take().unwrap_or_default();
         let sub = op.contributions.iter().flatten().next().map(|c| c.sub);
         let Some(sub) = sub else { return };
-        let budget = sub.budget_ppm;
+        // loss.budget is the operator's cap on what trainers may ask for.
+        let budget = sub.budget_ppm.min(self.cfg.loss.budget_ppm());
+        op.budget_ppm = budget;
         let opts = OpOptions {
             layer: sub.layer,
             layers: sub.layers,
@@ -929,6 +962,7 @@ impl Service {
                         error: None,
                     });
                     self.complete_all(&op, Status::Ok, ppm, report.repairs_sent, dur, Some(&result));
+                    self.ops.op_completed(&report, op.budget_ppm);
                     if self.reports.len() >= 1024 {
                         self.reports.pop_first();
                     }

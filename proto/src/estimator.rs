@@ -89,6 +89,13 @@ impl RttEstimator {
         Duration::from_nanos(self.jk.mean.max(0.0) as u64)
     }
 
+    /// Change the timer's bounds (`min` wins if `min > max`); the learned
+    /// estimate is kept.
+    pub fn set_bounds(&mut self, min: Duration, max: Duration) {
+        self.min = min;
+        self.max = max;
+    }
+
     /// Retransmission timeout: `srtt + 4 * rttvar`, clamped to `[min, max]`.
     pub fn timeout(&self) -> Duration {
         clamp(self.jk.timer(), self.min, self.max)
@@ -120,6 +127,13 @@ impl DeadlineEstimator {
     pub fn observe(&mut self, duration: Duration, chunks: u32) {
         let per_chunk = duration.as_nanos() as f64 / f64::from(chunks.max(1));
         self.jk.observe(per_chunk);
+    }
+
+    /// Change the deadline's bounds (`min` wins if `min > max`); the learned
+    /// estimate is kept.
+    pub fn set_bounds(&mut self, min: Duration, max: Duration) {
+        self.min = min;
+        self.max = max;
     }
 
     /// Smoothed per-chunk completion time (truncated to whole nanoseconds,

@@ -68,6 +68,19 @@ impl Pacer {
         self.tokens = self.tokens.min(self.cap());
     }
 
+    /// Change the bucket depth (at least one byte), taking effect from `now`:
+    /// tokens above the new depth are dropped.
+    pub fn set_burst(&mut self, now: Instant, burst_bytes: u64) {
+        self.refill(now);
+        self.burst = burst_bytes.max(1);
+        self.tokens = self.tokens.min(self.cap());
+    }
+
+    /// Bucket depth in bytes.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
     /// `bytes` bytes in byte-ns.
     fn bytes(bytes: u64) -> i128 {
         i128::from(bytes) * NANOS as i128

@@ -546,6 +546,16 @@ impl Attachment {
         self.stats
     }
 
+    /// Ring occupancy now, for metrics: (submissions waiting, completions the
+    /// trainer has not taken yet, entries per ring). A corrupted ring reads as full.
+    pub fn ring_occupancy(&self) -> (u32, u32, u32) {
+        let g = self.geometry;
+        let cap = g.cq_capacity;
+        let sq = self.sq.available(&self.map).unwrap_or(g.sq_capacity);
+        let cq = self.cq.free_slots(&self.map).map_or(cap, |f| cap.saturating_sub(f));
+        (sq, cq, cap)
+    }
+
     /// When the attachment was created.
     pub fn created(&self) -> Instant {
         self.created

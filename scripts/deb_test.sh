@@ -60,18 +60,28 @@ address = "127.0.0.1"
 port = $port
 [control]
 socket_path = "$tmp/dlcpd.sock"
-socket_mode = "0666"
+socket_mode = "0660"
+socket_group = "dlcp"
 [metrics]
 address = "127.0.0.1:0"
 TOML
-# 0666 is refused: world-writable. Use 0660 and run the client as root.
-sed -i 's/0666/0660/' "$tmp/dlcp.toml"
 chown -R dlcp:dlcp "$tmp"
+chmod 755 "$tmp"
 setpriv --reuid=dlcp --regid=dlcp --init-groups /usr/bin/dlcpd --config "$tmp/dlcp.toml" 2>"$tmp/log" &
 pid=$!
 for _ in $(seq 100); do dlcpctl --socket "$tmp/dlcpd.sock" status >/dev/null 2>&1 && break; sleep 0.1; done
 dlcpctl --socket "$tmp/dlcpd.sock" status
-(cd / && env -u PYTHONPATH /usr/bin/python3 - "$tmp/dlcpd.sock" <<'PY'
+# The trainer: another user (nobody) with dlcp as a supplementary group only,
+# as a training user added to group dlcp would be.
+dlcp_gid=$(getent group dlcp | cut -d: -f3)
+trainer=(setpriv --reuid=nobody --regid=nogroup --groups="$dlcp_gid")
+if out=$(cd / && setpriv --reuid=nobody --regid=nogroup --clear-groups env -u PYTHONPATH /usr/bin/python3 -c \
+    "import dlcp,sys; dlcp.attach(sys.argv[1], 7, 0, 1)" "$tmp/dlcpd.sock" 2>&1); then
+  echo "deb: a user outside group dlcp could attach" >&2; exit 1
+fi
+grep -qi "permission" <<<"$out" || { echo "deb: unexpected failure: $out" >&2; exit 1; }
+echo "deb: a user outside group dlcp is refused (permission denied)"
+(cd / && "${trainer[@]}" env -u PYTHONPATH /usr/bin/python3 - "$tmp/dlcpd.sock" <<'PY'
 import sys
 import numpy as np
 import dlcp

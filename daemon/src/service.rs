@@ -341,7 +341,9 @@ impl Service {
         };
         let start = StdInstant::now();
         let endpoint = Endpoint::new(endpoint_config(&cfg, generation), Instant::ZERO);
+        let group = ops::socket_gid(&cfg.control).map_err(ServiceError::Config)?;
         let mut sc = ServerConfig::new(cfg.control.socket_path.clone(), cfg.control.mode());
+        sc.policy = ops::peer_policy(group);
         sc.geometry =
             crate::shm::Geometry::new(cfg.shm.ring_entries, cfg.shm.ring_entries, cfg.shm.arena_bytes)
                 .map_err(|e| ServiceError::Config(format!("shm geometry: {e}")))?;
@@ -362,6 +364,8 @@ impl Service {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&admin_path, std::fs::Permissions::from_mode(cfg.control.mode()))?;
         }
+        ops::chgrp(&cfg.control.socket_path, group)?;
+        ops::chgrp(&admin_path, group)?;
         poll.registry().register(&mut admin, ADMIN, Interest::READABLE)?;
         let timer = rustix::time::timerfd_create(
             rustix::time::TimerfdClockId::Monotonic,

@@ -162,6 +162,22 @@ mod tests {
     const MS: Duration = Duration::from_millis(1);
 
     #[test]
+    fn set_bounds_reclamps_keeping_the_estimate() {
+        let mut d = DeadlineEstimator::new(MS, MS, 250 * MS);
+        d.observe(100 * MS, 10);
+        let before = d.deadline(10);
+        assert!(before > 10 * MS && before <= 250 * MS);
+        d.set_bounds(MS, 5 * MS);
+        assert_eq!(d.deadline(10), 5 * MS);
+        d.set_bounds(MS, 250 * MS);
+        assert_eq!(d.deadline(10), before, "the learned estimate survives");
+        let mut r = RttEstimator::new(MS, MS, 200 * MS);
+        r.observe(50 * MS);
+        r.set_bounds(MS, 2 * MS);
+        assert_eq!(r.timeout(), 2 * MS);
+    }
+
+    #[test]
     fn rtt_converges_and_clamps() {
         let mut e = RttEstimator::new(MS * 100, MS, MS * 1000);
         for _ in 0..50 {

@@ -160,6 +160,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn set_burst_caps_the_bucket() {
+        let t0 = Instant::ZERO;
+        let mut p = Pacer::new(1_000_000, 10_000, t0);
+        assert!(p.try_consume(t0, 10_000));
+        p.set_burst(t0, 2_000);
+        assert_eq!(p.burst(), 2_000);
+        // Refilled for a long time: at most the new burst is available at once.
+        let later = t0 + std::time::Duration::from_secs(1);
+        assert!(p.try_consume(later, 2_000));
+        assert!(!p.try_consume(later, 1));
+    }
+
+    #[test]
     fn rate_is_exact_over_a_virtual_second() {
         // 1 MB/s with a 1500-byte bucket, 1000-byte packets sent as soon as allowed.
         let mut t = Instant::ZERO;

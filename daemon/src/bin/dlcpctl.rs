@@ -122,7 +122,11 @@ fn print_status(v: &Value) {
         if v["draining"].as_bool() == Some(true) { " — DRAINING" } else { "" }
     );
     println!("  datapath: {}", v["datapath"].as_str().unwrap_or("?"));
-    println!("    configured kind: {} — {}", o["datapath_kind"], o["build"].as_str().unwrap_or(""));
+    println!(
+        "    configured kind: {} — {}",
+        o["datapath_kind"].as_str().unwrap_or("?"),
+        o["build"].as_str().unwrap_or("")
+    );
     let peers = v["peers"].as_array().cloned().unwrap_or_default();
     let up = peers.iter().filter(|p| p["up"].as_bool() == Some(true)).count();
     let down: Vec<String> = peers

@@ -292,3 +292,64 @@ impl Service {
         })
     }
 }
+
+/// The gid of `control.socket_group` (a group name from `/etc/group`, or a
+/// number); `None` if unset (the sockets keep the daemon's group).
+pub(super) fn socket_gid(c: &dlcp_config::Control) -> Result<Option<u32>, String> {
+    let Some(g) = c.socket_group.as_deref() else { return Ok(None) };
+    if let Ok(n) = g.parse::<u32>() {
+        return Ok(Some(n));
+    }
+    let groups = std::fs::read_to_string("/etc/group").map_err(|e| format!("/etc/group: {e}"))?;
+    groups
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.len() >= 3 && f[0] == g)
+        .and_then(|f| f[2].parse().ok())
+        .map(Some)
+        .ok_or_else(|| format!("control.socket_group {g:?}: no such group in /etc/group"))
+}
+
+/// Who may attach: the daemon's own user, root, and members (primary or
+/// supplementary) of the sockets' group. The socket's file mode decides who can
+/// connect at all; this repeats it for the processes that got through.
+pub(super) fn peer_policy(group: Option<u32>) -> crate::shm::PeerPolicy {
+    let mut p =
+        crate::shm::PeerPolicy::same_user().with_gid(group.unwrap_or(rustix::process::getegid().as_raw()));
+    p.uids.push(0);
+    p
+}
+
+/// Give a socket file the configured group.
+pub(super) fn chgrp(path: &std::path::Path, group: Option<u32>) -> std::io::Result<()> {
+    match group {
+        Some(g) => rustix::fs::chown(path, None, Some(rustix::fs::Gid::from_raw(g)))
+            .map_err(|e| std::io::Error::other(format!("chgrp {} to gid {g}: {e}", path.display()))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn control(g: Option<&str>) -> dlcp_config::Control {
+        dlcp_config::Control { socket_group: g.map(str::to_owned), ..dlcp_config::Control::default() }
+    }
+
+    #[test]
+    fn socket_group_by_number_name_or_not_at_all() {
+        assert_eq!(socket_gid(&control(None)), Ok(None));
+        assert_eq!(socket_gid(&control(Some("4242"))), Ok(Some(4242)));
+        assert_eq!(socket_gid(&control(Some("root"))), Ok(Some(0)));
+        let e = socket_gid(&control(Some("no-such-group-dlcp"))).unwrap_err();
+        assert!(e.contains("no such group"), "{e}");
+        let p = peer_policy(Some(4242));
+        let cred = |uid, gid| crate::shm::PeerCred { pid: 1, uid, gid };
+        assert!(p.allows_peer(&cred(0, 1)), "root");
+        assert!(p.allows_peer(&cred(12345, 4242)), "primary group");
+        assert!(!p.allows_peer(&cred(12345, 1)));
+        assert!(p.allows_peer_in(&cred(12345, 1), &[7, 4242]), "supplementary group");
+        assert!(!p.allows_peer_in(&cred(12345, 1), &[7]));
+    }
+}

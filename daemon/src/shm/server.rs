@@ -313,7 +313,11 @@ impl ShmServer {
             // Best effort: the trainer learns why; failures here change nothing.
             let _ = control::send_with_fds(stream.as_fd(), &Reply::Rejected(why).encode(), &[]);
         };
-        if !self.cfg.policy.allows_peer(&peer) {
+        // Supplementary groups only matter when the primary uid/gid did not pass.
+        let allowed = self.cfg.policy.allows_peer(&peer)
+            || (!self.cfg.policy.gids.is_empty()
+                && control::peer_groups(&stream).is_ok_and(|g| self.cfg.policy.allows_peer_in(&peer, &g)));
+        if !allowed {
             reject(RejectReason::PolicyDenied);
             return Err(AcceptError::PolicyDenied { peer });
         }
@@ -326,7 +330,7 @@ impl ShmServer {
                 return Err(AcceptError::BadRequest { peer, source });
             }
         };
-        if !self.cfg.policy.allows(&peer, &registration) {
+        if self.cfg.policy.hook.as_ref().is_some_and(|h| !h(&peer, &registration)) {
             reject(RejectReason::PolicyDenied);
             return Err(AcceptError::PolicyDenied { peer });
         }

@@ -38,9 +38,10 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
 use crate::datapath::{Datapath, DatapathStats, SendOutcome};
-
-mod ops;
 use crate::shm::{Attachment, Liveness, ServerConfig, ShmServer, Status, Submission};
+
+/// Operations: reload, systemd notification, metrics, `status` extras.
+mod ops;
 
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);

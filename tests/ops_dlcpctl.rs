@@ -103,15 +103,15 @@ fn helpful_error_when_the_socket_is_not_accessible() {
     std::fs::set_permissions(&admin, std::fs::Permissions::from_mode(0o600)).unwrap();
     let root = rustix::process::getuid().is_root();
     let o = if root {
-        // root passes permission checks: ask as nobody (setpriv, util-linux).
+        // root passes permission checks: ask as nobody (setpriv, util-linux), with
+        // a copy of dlcpctl nobody can reach (the build tree may be under /root).
+        let exe = dir.path().join("dlcpctl");
+        std::fs::copy(env!("CARGO_BIN_EXE_dlcpctl"), &exe).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
         Command::new("setpriv")
-            .args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                env!("CARGO_BIN_EXE_dlcpctl"),
-                "--socket",
-            ])
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&exe)
+            .arg("--socket")
             .arg(&sock)
             .arg("status")
             .output()

@@ -22,10 +22,14 @@ stage() {
 }
 
 # Debian packages the build and tests need.
+# systemd: systemd-analyze for the unit's tests (systemd itself is not started);
+# adduser: the .deb's maintainer scripts; python3-yaml: the Kubernetes manifest check;
+# util-linux: setpriv (dlcpctl permission test, running the installed daemon as dlcp).
 APT_PACKAGES=(build-essential pkg-config ca-certificates git python3 python3-numpy
               iproute2 nftables tcpdump iperf3 ethtool iputils-ping
               dpdk-dev libdpdk-dev clang libclang-dev
-              python3-torch python3-sklearn python3-matplotlib)
+              python3-torch python3-sklearn python3-matplotlib
+              systemd adduser python3-yaml util-linux)
 
 install_deps() {
   local missing=()
@@ -105,6 +109,9 @@ stage e2e e2e_tests
 # loss (as root; skipped loudly otherwise).
 stage testbed ./scripts/testbed_test.sh
 stage no-dpdk no_dpdk
+# The Debian package: cargo-deb (installed if missing), apt install, check-config,
+# the installed daemon + Python client, remove, purge; the k8s manifest offline.
+stage deb ./scripts/deb_test.sh
 stage demo demo
 stage bench-smoke bench_smoke
 

@@ -146,7 +146,7 @@ impl Drop for Dir {
     }
 }
 
-fn config_text(rank: u32, ports: &[u16], socket: &std::path::Path, arena: u64) -> String {
+fn config_text(rank: u32, ports: &[u16], socket: &std::path::Path, arena: u64, budget_pct: f64) -> String {
     let mut t = format!(
         "[node]\nrank = {rank}\njob_id = 1\njob_secret = \"dlcpd demo job secret, loopback only\"\n\n"
     );
@@ -154,10 +154,11 @@ fn config_text(rank: u32, ports: &[u16], socket: &std::path::Path, arena: u64) -
         t += &format!("[[peers]]\nrank = {r}\naddress = \"127.0.0.1\"\nport = {p}\n\n");
     }
     t += &format!(
-        "[network]\nheartbeat_interval_ms = 200\n\n[pacing]\nrate_mbps = 0\n\n[loss]\nhard_timeout_ms = 10000\n\n\
+        "[network]\nheartbeat_interval_ms = 200\n\n[pacing]\nrate_mbps = 0\n\n[loss]\nhard_timeout_ms = 10000\nbudget = {budget}\n\n\
          [control]\nsocket_path = \"{}\"\nsocket_mode = \"0600\"\n\n\
-         [shm]\narena_bytes = {arena}\nmax_tensor_bytes = {arena}\nearly_buffer_bytes = {arena}\n\n[log]\nlevel = \"warn\"\n",
-        socket.display()
+         [shm]\narena_bytes = {arena}\nmax_tensor_bytes = {arena}\nearly_buffer_bytes = {arena}\n\n[log]\nlevel = \"warn\"\n\n[metrics]\nenabled = false\n",
+        socket.display(),
+        budget = budget_pct / 100.0
     );
     t
 }
@@ -191,7 +192,7 @@ pub fn run(o: &DemoOptions, out: &mut impl Write) -> io::Result<DemoSummary> {
     let mut sockets = Vec::new();
     for r in 0..o.hosts {
         let socket = dir.0.join(format!("d{r}.sock"));
-        let text = config_text(r, &ports, &socket, arena);
+        let text = config_text(r, &ports, &socket, arena, o.budget_pct);
         let cfg = dlcp_config::Config::from_str_named(&text, &format!("demo-rank{r}.toml"))
             .map_err(|e| io::Error::other(e.to_string()))?;
         let stop = stop.clone();

@@ -8,6 +8,8 @@
 //! - [`service`]: the event loop of `dlcpd --config FILE`.
 //! - [`shm`]: the shared-memory channel to trainers.
 //! - [`datapath`]: UDP sockets (and, later, DPDK) under the protocol.
+//! - [`reload`], [`notify`], [`metrics`]: operations — hot reload on SIGHUP,
+//!   systemd readiness and watchdog, the Prometheus endpoint.
 //! - [`demo`]: `dlcpd demo` — N daemons on loopback with synthetic trainers.
 //! - [`simulate`]: `dlcpd simulate` — the protocol core on the deterministic
 //!   network simulator.
@@ -15,6 +17,9 @@
 
 pub mod datapath;
 pub mod demo;
+pub mod metrics;
+pub mod notify;
+pub mod reload;
 pub mod service;
 pub mod shm;
 pub mod simulate;

@@ -106,8 +106,16 @@ fn run_service(path: &std::path::Path, rx_loss_pct: f64) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let level = std::env::var("RUST_LOG").unwrap_or_else(|_| cfg.log.level.as_str().to_string());
-    env_logger::Builder::new().parse_filters(&level).init();
+    // Without RUST_LOG the filter is `log.level`, applied as the global max level
+    // so that a reload can change it; RUST_LOG's directives win and stay fixed.
+    let rust_log = std::env::var("RUST_LOG").ok().filter(|s| !s.is_empty());
+    match &rust_log {
+        Some(filters) => env_logger::Builder::new().parse_filters(filters).init(),
+        None => {
+            env_logger::Builder::new().filter_level(log::LevelFilter::Trace).init();
+            log::set_max_level(dlcp::reload::level_filter(cfg.log.level));
+        }
+    }
     log::info!("dlcpd {} — {}", dlcp::VERSION, dlcp::datapath_support());
     if !(0.0..=100.0).contains(&rx_loss_pct) {
         eprintln!("dlcpd: --debug-rx-loss {rx_loss_pct} out of range (allowed: 0 ..= 100)");
@@ -128,6 +136,7 @@ fn run_service(path: &std::path::Path, rx_loss_pct: f64) -> ExitCode {
         }
     };
     svc.set_receive_loss((rx_loss_pct * 1e4).round() as u32, 0x5eed);
+    svc.set_operations(path.to_owned(), dlcp::notify::Notifier::from_env(), rust_log.is_none());
     match svc.run(|_| false) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

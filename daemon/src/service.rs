@@ -40,6 +40,9 @@ use signal_hook_mio::v1_0::Signals;
 use crate::datapath::{Datapath, DatapathStats, SendOutcome};
 use crate::shm::{Attachment, Liveness, ServerConfig, ShmServer, Status, Submission};
 
+/// Operations: reload, systemd notification, metrics, `status` extras.
+mod ops;
+
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
 const ADMIN: Token = Token(2);
@@ -100,6 +103,10 @@ pub struct ServiceCounters {
     /// Datapath flushes forced so that a PROBE does not overtake the data
     /// queued before it.
     pub probe_flushes: u64,
+    /// Configuration reloads that loaded (see `crate::reload`).
+    pub reloads_ok: u64,
+    /// Configuration reloads rejected (the file did not load; old config kept).
+    pub reloads_failed: u64,
 }
 
 /// One completed op, for `stats`.
@@ -135,6 +142,8 @@ struct LocalOp {
     sum: Option<Vec<f32>>,
     started_at: Option<StdInstant>,
     first_at: StdInstant,
+    /// The budget the op started with (the trainer's, capped by `loss.budget`).
+    budget_ppm: u32,
 }
 
 struct Slot {
@@ -169,6 +178,8 @@ pub struct Service {
     /// A timerfd for sub-millisecond wakeups (epoll's own timeout has
     /// millisecond resolution, too coarse for pacing and probe timers).
     timer: std::os::fd::OwnedFd,
+    /// Operations: config file, systemd notification, metrics, reloads.
+    ops: ops::OpsState,
 }
 
 /// Loss-driven pacing (AIMD): every window, the share of this daemon's data
@@ -341,7 +352,9 @@ impl Service {
         };
         let start = StdInstant::now();
         let endpoint = Endpoint::new(endpoint_config(&cfg, generation), Instant::ZERO);
+        let group = ops::socket_gid(&cfg.control).map_err(ServiceError::Config)?;
         let mut sc = ServerConfig::new(cfg.control.socket_path.clone(), cfg.control.mode());
+        sc.policy = ops::peer_policy(group);
         sc.geometry =
             crate::shm::Geometry::new(cfg.shm.ring_entries, cfg.shm.ring_entries, cfg.shm.arena_bytes)
                 .map_err(|e| ServiceError::Config(format!("shm geometry: {e}")))?;
@@ -362,6 +375,8 @@ impl Service {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&admin_path, std::fs::Permissions::from_mode(cfg.control.mode()))?;
         }
+        ops::chgrp(&cfg.control.socket_path, group)?;
+        ops::chgrp(&admin_path, group)?;
         poll.registry().register(&mut admin, ADMIN, Interest::READABLE)?;
         let timer = rustix::time::timerfd_create(
             rustix::time::TimerfdClockId::Monotonic,
@@ -372,6 +387,7 @@ impl Service {
         let peers: Vec<SocketAddr> = cfg.peers.iter().map(|p| p.socket_addr()).collect();
         let peer_rank = peers.iter().enumerate().map(|(r, a)| (*a, r as u32)).collect();
         let _ = &mut shm;
+        let ops = ops::OpsState::new(&cfg, &datapath.describe());
         log::info!(
             "dlcpd rank {}/{} job {} generation {generation}: {} — control socket {}",
             cfg.rank(),
@@ -405,11 +421,17 @@ impl Service {
             reports: BTreeMap::new(),
             adapt: None,
             timer,
+            ops,
         }
         .with_rate_adaptation())
     }
 
     fn with_rate_adaptation(mut self) -> Service {
+        self.install_rate_adaptation();
+        self
+    }
+
+    fn install_rate_adaptation(&mut self) {
         let max = self.cfg.pacing.rate_bytes_per_sec().unwrap_or(0);
         if self.cfg.pacing.adapt && max > 0 {
             self.adapt = Some(RateAdapter {
@@ -417,12 +439,12 @@ impl Service {
                 min: (max / 100).max(125_000),
                 window: StdDuration::from_millis(5),
                 last: StdInstant::now(),
-                last_tx: 0,
-                last_repairs: 0,
+                // From the counters now (a reload installs a new adapter mid-run).
+                last_tx: self.endpoint.stats().tx_packets[..7].iter().sum(),
+                last_repairs: self.endpoint.stats().repairs_sent,
                 cuts: 0,
             });
         }
-        self
     }
 
     /// Test and demo knob: drop each received datagram with probability
@@ -457,12 +479,13 @@ impl Service {
             let reply = match words.as_slice() {
                 ["stats"] => self.stats_json(),
                 ["status"] => self.status_json(),
+                ["reload"] => serde_json::to_value(self.reload()).unwrap_or_default(),
                 ["report", op, tensor] => match (op.parse(), tensor.parse()) {
                     (Ok(seq), Ok(tensor)) => self.report_json(OpId { seq, tensor }),
                     _ => serde_json::json!({ "error": "usage: report OP TENSOR" }),
                 },
                 _ => serde_json::json!({
-                    "error": format!("unknown request {req:?} (allowed: stats, status, report OP TENSOR)")
+                    "error": format!("unknown request {req:?} (allowed: stats, status, reload, report OP TENSOR)")
                 }),
             };
             let _ = s.write_all(reply.to_string().as_bytes());
@@ -527,6 +550,7 @@ impl Service {
             "ops_in_flight": self.endpoint.ops_in_flight(),
             "draining": self.draining.is_some(),
             "peers": peers,
+            "ops": self.ops_status_json(),
         })
     }
 
@@ -538,6 +562,8 @@ impl Service {
     /// (checked every loop turn; tests use it).
     pub fn run(&mut self, mut stop: impl FnMut(&Service) -> bool) -> Result<(), ServiceError> {
         let mut events = Events::with_capacity(256);
+        // Control socket, admin socket and datapath are up (Service::new).
+        self.ops.ready(&self.cfg, &self.datapath.describe());
         loop {
             let now = self.now();
             let wait = match self.endpoint.poll_timeout() {
@@ -545,6 +571,7 @@ impl Service {
                 Some(t) => (t - now).min(HOUSEKEEPING),
                 None => HOUSEKEEPING,
             };
+            let wait = self.ops.notifier.next_ping_in().map_or(wait, |p| wait.min(p));
             let wait = if self.pending_tx.is_some() {
                 // Blocked on the socket: writability wakes us; check back soon anyway.
                 wait.min(StdDuration::from_millis(1))
@@ -613,6 +640,11 @@ impl Service {
             }
             self.deliver_events();
             self.transmit(now);
+            self.ops.notifier.ping_watchdog();
+            if self.ops.metrics_due() {
+                let sample = self.metrics_sample();
+                self.ops.update_metrics(&sample);
+            }
             if stop(self) {
                 return Ok(());
             }
@@ -635,8 +667,11 @@ impl Service {
                         self.endpoint.ops_in_flight() + self.local_ops.len()
                     );
                     self.draining = Some(StdInstant::now());
+                    self.ops.notifier.notify("STOPPING=1\nSTATUS=draining");
                 }
-                SIGHUP => log::warn!("SIGHUP: configuration reload is not implemented yet; ignoring"),
+                SIGHUP => {
+                    self.reload();
+                }
                 _ => {}
             }
         }
@@ -818,6 +853,7 @@ impl Service {
             sum: None,
             started_at: None,
             first_at: StdInstant::now(),
+            budget_ppm: 0,
         });
         let r = local_rank as usize;
         if r >= op.contributions.len() || op.contributions[r].is_some() || op.started_at.is_some() {
@@ -867,7 +903,9 @@ impl Service {
         let sum = op.sum.take().unwrap_or_default();
         let sub = op.contributions.iter().flatten().next().map(|c| c.sub);
         let Some(sub) = sub else { return };
-        let budget = sub.budget_ppm;
+        // loss.budget is the operator's cap on what trainers may ask for.
+        let budget = sub.budget_ppm.min(self.cfg.loss.budget_ppm());
+        op.budget_ppm = budget;
         let opts = OpOptions {
             layer: sub.layer,
             layers: sub.layers,
@@ -944,6 +982,7 @@ impl Service {
                         error: None,
                     });
                     self.complete_all(&op, Status::Ok, ppm, report.repairs_sent, dur, Some(&result));
+                    self.ops.op_completed(&report, op.budget_ppm);
                     if self.reports.len() >= 1024 {
                         self.reports.pop_first();
                     }

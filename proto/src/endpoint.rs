@@ -661,6 +661,8 @@ struct Op {
     grecvs: Vec<Option<RecvState>>,
     repairs_sent: u32,
     peer_gen: Vec<Option<u32>>,
+    /// The classifier when the op started (a reload changes only new ops).
+    classifier: ClassifierConfig,
 }
 
 #[derive(Debug)]
@@ -829,19 +831,33 @@ impl Endpoint {
         self.cfg.pacing_rate
     }
 
-    /// Change tunables that take effect for new ops and new packets: loss-free
-    /// settings like the classifier, timers and pacing rate.
+    /// Change the tunables a running daemon may reload: the classifier, the
+    /// timers (deadline and probe bounds take effect for transfers armed from
+    /// now; learned estimates are kept), the pacing rate and burst. An op in
+    /// flight keeps the classes and droppable set it started with.
     pub fn set_tunables(
         &mut self,
         now: Instant,
         classifier: ClassifierConfig,
         timers: Timers,
         pacing_rate: u64,
+        pacing_burst: u64,
     ) {
         self.cfg.classifier = classifier;
         self.cfg.timers = timers;
         self.cfg.pacing_rate = pacing_rate;
+        self.cfg.pacing_burst = pacing_burst;
         self.pacer.set_rate(now, pacing_rate);
+        self.pacer.set_burst(now, pacing_burst);
+        self.rtt.set_bounds(timers.probe_min, timers.probe_max);
+        for d in &mut self.deadlines {
+            d.set_bounds(timers.deadline_min, timers.deadline_max);
+        }
+        if timers.heartbeat.is_zero() || self.cfg.world <= 1 {
+            self.next_heartbeat = None;
+        } else if self.next_heartbeat.is_none_or(|t| t > now + timers.heartbeat) {
+            self.next_heartbeat = Some(now + timers.heartbeat);
+        }
     }
 
     /// The next event, if any.
@@ -896,6 +912,7 @@ impl Endpoint {
             grecvs: (0..world).map(|_| None).collect(),
             repairs_sent: 0,
             peer_gen: vec![None; world],
+            classifier: self.cfg.classifier,
         };
         // Classes of every chunk this rank sends in reduce-scatter, ranked by
         // magnitude across the whole tensor.
@@ -929,10 +946,9 @@ impl Endpoint {
         for j in (0..self.cfg.world).filter(|&j| j != me) {
             let n = layout.chunks(j);
             if n > 0 {
-                let required = op.classes[j as usize]
-                    .iter()
-                    .filter(|&&c| !self.cfg.classifier.droppable.contains(c))
-                    .count() as u32;
+                let required =
+                    op.classes[j as usize].iter().filter(|&&c| !op.classifier.droppable.contains(c)).count()
+                        as u32;
                 op.sends[j as usize] = Some(SendState::new(n, required, opts.budget_ppm, seg_bytes));
             }
             if own_chunks > 0 {
@@ -1459,7 +1475,7 @@ impl Endpoint {
         op.gclasses = (0..n as usize)
             .map(|c| {
                 classify(
-                    &self.cfg.classifier,
+                    &op.classifier,
                     &ChunkTraits {
                         phase: Phase::Gather,
                         layer: op.opts.layer,
@@ -1476,8 +1492,7 @@ impl Endpoint {
             op.gmask = Some(Bitmap::new(n));
             return;
         }
-        let required =
-            op.gclasses.iter().filter(|&&c| !self.cfg.classifier.droppable.contains(c)).count() as u32;
+        let required = op.gclasses.iter().filter(|&&c| !op.classifier.droppable.contains(c)).count() as u32;
         let seg_bytes = self.cfg.chunk_bytes;
         for j in (0..world).filter(|&j| j != me) {
             op.gsends[j as usize] = Some(SendState::new(n, required, op.opts.gather_budget_ppm, seg_bytes));
@@ -1504,8 +1519,8 @@ impl Endpoint {
 
     /// A reduce-scatter receiver's full bitmap arrived: repair just enough.
     fn decide_scatter(&mut self, _now: Instant, id: OpId, dst: u32) {
-        let droppable = self.cfg.classifier.droppable;
         let Some(op) = self.ops.get_mut(&id) else { return };
+        let droppable = op.classifier.droppable;
         let classes = &op.classes[dst as usize];
         let Some(st) = op.sends[dst as usize].as_mut() else { return };
         let allowed = allowed_missing(st.n, st.budget_ppm);
@@ -1537,9 +1552,9 @@ impl Endpoint {
     /// Every gather receiver has reported: repair the union of what is missing
     /// until it fits the gather budget, or announce the agreed mask.
     fn decide_gather(&mut self, _now: Instant, id: OpId) {
-        let droppable = self.cfg.classifier.droppable;
         let seg_bytes = self.cfg.chunk_bytes;
         let Some(op) = self.ops.get_mut(&id) else { return };
+        let droppable = op.classifier.droppable;
         if op.gmask.is_some() {
             return;
         }
@@ -1985,8 +2000,8 @@ impl Endpoint {
         buf: &mut [u8],
     ) -> Option<Transmit> {
         let me = self.cfg.rank;
-        let droppable = self.cfg.classifier.droppable;
         let op = self.ops.get(&item.id)?;
+        let droppable = op.classifier.droppable;
         let (owner, st, data): (u32, &SendState, &[f32]) = match item.phase {
             Phase::Scatter => {
                 (item.peer, op.sends[item.peer as usize].as_ref()?, &op.input[op.layout.shard(item.peer)])

@@ -89,6 +89,13 @@ impl RttEstimator {
         Duration::from_nanos(self.jk.mean.max(0.0) as u64)
     }
 
+    /// Change the timer's bounds (`min` wins if `min > max`); the learned
+    /// estimate is kept.
+    pub fn set_bounds(&mut self, min: Duration, max: Duration) {
+        self.min = min;
+        self.max = max;
+    }
+
     /// Retransmission timeout: `srtt + 4 * rttvar`, clamped to `[min, max]`.
     pub fn timeout(&self) -> Duration {
         clamp(self.jk.timer(), self.min, self.max)
@@ -122,6 +129,13 @@ impl DeadlineEstimator {
         self.jk.observe(per_chunk);
     }
 
+    /// Change the deadline's bounds (`min` wins if `min > max`); the learned
+    /// estimate is kept.
+    pub fn set_bounds(&mut self, min: Duration, max: Duration) {
+        self.min = min;
+        self.max = max;
+    }
+
     /// Smoothed per-chunk completion time (truncated to whole nanoseconds,
     /// saturating at `u64::MAX` ns).
     pub fn mean_per_chunk(&self) -> Duration {
@@ -146,6 +160,22 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn set_bounds_reclamps_keeping_the_estimate() {
+        let mut d = DeadlineEstimator::new(MS, MS, 250 * MS);
+        d.observe(100 * MS, 10);
+        let before = d.deadline(10);
+        assert!(before > 10 * MS && before <= 250 * MS);
+        d.set_bounds(MS, 5 * MS);
+        assert_eq!(d.deadline(10), 5 * MS);
+        d.set_bounds(MS, 250 * MS);
+        assert_eq!(d.deadline(10), before, "the learned estimate survives");
+        let mut r = RttEstimator::new(MS, MS, 200 * MS);
+        r.observe(50 * MS);
+        r.set_bounds(MS, 2 * MS);
+        assert_eq!(r.timeout(), 2 * MS);
+    }
 
     #[test]
     fn rtt_converges_and_clamps() {

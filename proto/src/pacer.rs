@@ -68,6 +68,19 @@ impl Pacer {
         self.tokens = self.tokens.min(self.cap());
     }
 
+    /// Change the bucket depth (at least one byte), taking effect from `now`:
+    /// tokens above the new depth are dropped.
+    pub fn set_burst(&mut self, now: Instant, burst_bytes: u64) {
+        self.refill(now);
+        self.burst = burst_bytes.max(1);
+        self.tokens = self.tokens.min(self.cap());
+    }
+
+    /// Bucket depth in bytes.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
     /// `bytes` bytes in byte-ns.
     fn bytes(bytes: u64) -> i128 {
         i128::from(bytes) * NANOS as i128
@@ -145,6 +158,19 @@ impl Pacer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn set_burst_caps_the_bucket() {
+        let t0 = Instant::ZERO;
+        let mut p = Pacer::new(1_000_000, 10_000, t0);
+        assert!(p.try_consume(t0, 10_000));
+        p.set_burst(t0, 2_000);
+        assert_eq!(p.burst(), 2_000);
+        // Refilled for a long time: at most the new burst is available at once.
+        let later = t0 + std::time::Duration::from_secs(1);
+        assert!(p.try_consume(later, 2_000));
+        assert!(!p.try_consume(later, 1));
+    }
 
     #[test]
     fn rate_is_exact_over_a_virtual_second() {

@@ -64,7 +64,7 @@ pub fn config_text(rank: u32, ports: &[u16], socket: &Path, o: &Options) -> Stri
         t += &format!("[[peers]]\nrank = {r}\naddress = \"{addr}\"\nport = {p}\n\n");
     }
     t += &format!(
-        "[network]\nheartbeat_interval_ms = 100\npeer_timeout_ms = 1000\n\n[loss]\nhard_timeout_ms = {}\n\n[control]\nsocket_path = \"{}\"\nsocket_mode = \"0600\"\n\n[shm]\narena_bytes = 134217728\nmax_tensor_bytes = 134217728\n\n[log]\nlevel = \"info\"\n{}\n",
+        "[network]\nheartbeat_interval_ms = 100\npeer_timeout_ms = 1000\n\n[loss]\nhard_timeout_ms = {}\n\n[control]\nsocket_path = \"{}\"\nsocket_mode = \"0600\"\n\n[shm]\narena_bytes = 134217728\nmax_tensor_bytes = 134217728\n\n[log]\nlevel = \"info\"\n\n[metrics]\naddress = \"127.0.0.1:0\"\n{}\n",
         o.hard_timeout_ms,
         socket.display(),
         o.extra

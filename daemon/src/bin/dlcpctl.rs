@@ -1,4 +1,5 @@
-//! `dlcpctl`: ask a running dlcpd for its status and counters.
+//! `dlcpctl`: ask a running dlcpd for its status and counters, or to reload
+//! its configuration.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -7,9 +8,17 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use serde_json::Value;
 
 #[derive(Parser)]
-#[command(name = "dlcpctl", version = dlcp::VERSION, about = "Query a running dlcpd over its admin socket")]
+#[command(
+    name = "dlcpctl",
+    version = dlcp::VERSION,
+    about = "Query or reload a running dlcpd over its admin socket",
+    long_about = "Query or reload a running dlcpd over its admin socket (the control socket's path \
+                  with `.admin` appended, same permissions). Exit status: 0 ok, 1 the daemon answered \
+                  with an error (or rejected a reload), 2 the daemon could not be reached."
+)]
 struct Cli {
     /// The daemon's control socket (`control.socket_path` in its config); the
     /// admin socket is this path with `.admin` appended.
@@ -21,7 +30,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Version, datapath, peers and trainers.
+    /// Version, datapath in use and why, peers up/down, trainers, metrics endpoint, reloads.
     Status {
         /// Print the raw JSON.
         #[arg(long)]
@@ -30,6 +39,18 @@ enum Command {
     /// Every counter: per class, per peer, per op, rejections.
     Stats {
         /// Print the raw JSON (for scripts and tests).
+        #[arg(long)]
+        json: bool,
+    },
+    /// The peers of the job: address, up/down, generation, datagrams each way.
+    Peers {
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-read the configuration file (same as SIGHUP) and print what changed.
+    Reload {
+        /// Print the raw JSON.
         #[arg(long)]
         json: bool,
     },
@@ -45,28 +66,35 @@ enum Command {
     },
 }
 
-fn query(socket: &Path, request: &str) -> Result<serde_json::Value, String> {
+fn query(socket: &Path, request: &str) -> Result<Value, String> {
     let admin = dlcp::service::admin_path(socket);
     let mut s = UnixStream::connect(&admin).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => {
+            let dir = admin.parent().filter(|d| !d.as_os_str().is_empty());
+            let hint = if dir.is_some_and(|d| !d.exists()) {
+                format!(" (its directory {} does not exist either)", dir.unwrap_or(Path::new("")).display())
+            } else {
+                String::new()
+            };
             format!(
-                "{}: no such socket — is dlcpd running with control.socket_path = {}?",
+                "{}: no such socket{hint} — is dlcpd running with control.socket_path = {}? \
+                 (systemctl status dlcpd; pass --socket or set DLCP_SOCKET for another path)",
                 admin.display(),
                 socket.display()
             )
         }
-        std::io::ErrorKind::PermissionDenied => {
-            format!(
-                "{}: permission denied — run as the daemon's user or a member of its socket group",
-                admin.display()
-            )
-        }
-        std::io::ErrorKind::ConnectionRefused => {
-            format!("{}: connection refused — dlcpd is not running (stale socket file)", admin.display())
-        }
+        std::io::ErrorKind::PermissionDenied => format!(
+            "{}: permission denied — run as the daemon's user (dlcp), root, or a member of the \
+             socket's group (control.socket_group)",
+            admin.display()
+        ),
+        std::io::ErrorKind::ConnectionRefused => format!(
+            "{}: connection refused — dlcpd is not running (a stale socket file was left behind)",
+            admin.display()
+        ),
         _ => format!("{}: {e}", admin.display()),
     })?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
     s.write_all(format!("{request}\n").as_bytes()).map_err(|e| format!("{}: {e}", admin.display()))?;
     let _ = s.shutdown(std::net::Shutdown::Write);
     let mut out = String::new();
@@ -74,25 +102,265 @@ fn query(socket: &Path, request: &str) -> Result<serde_json::Value, String> {
     serde_json::from_str(&out).map_err(|e| format!("{}: bad reply ({e}): {out}", admin.display()))
 }
 
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+fn list(v: &Value) -> Vec<u64> {
+    v.as_array().map(|a| a.iter().map(u).collect()).unwrap_or_default()
+}
+
+fn print_status(v: &Value) {
+    let o = &v["ops"];
+    println!("dlcpd {}", v["version"].as_str().unwrap_or("?"));
+    println!(
+        "  rank {} of {}, job {}, generation {}{}",
+        v["rank"],
+        v["world"],
+        v["job"],
+        v["generation"],
+        if v["draining"].as_bool() == Some(true) { " — DRAINING" } else { "" }
+    );
+    println!("  datapath: {}", v["datapath"].as_str().unwrap_or("?"));
+    println!(
+        "    configured kind: {} — {}",
+        o["datapath_kind"].as_str().unwrap_or("?"),
+        o["build"].as_str().unwrap_or("")
+    );
+    let peers = v["peers"].as_array().cloned().unwrap_or_default();
+    let up = peers.iter().filter(|p| p["up"].as_bool() == Some(true)).count();
+    let down: Vec<String> = peers
+        .iter()
+        .filter(|p| p["up"].as_bool() != Some(true))
+        .map(|p| format!("{} ({})", p["rank"], p["address"].as_str().unwrap_or("?")))
+        .collect();
+    println!(
+        "  peers: {up}/{} up{}",
+        peers.len(),
+        if down.is_empty() { String::new() } else { format!("; down: {}", down.join(", ")) }
+    );
+    println!("  trainers attached: {}, ops in flight: {}", v["trainers"], v["ops_in_flight"]);
+    if let Some(f) = o["config_file"].as_str() {
+        println!(
+            "  config: {f} (log level {}, loss budget {})",
+            o["log_level"].as_str().unwrap_or("?"),
+            o["budget"]
+        );
+    }
+    let m = &o["metrics"];
+    match (m["enabled"].as_bool(), m["address"].as_str(), m["error"].as_str()) {
+        (Some(false), _, _) => println!("  metrics: disabled"),
+        (_, Some(a), _) => println!("  metrics: http://{a}/metrics"),
+        (_, _, Some(e)) => println!("  metrics: NOT SERVED — {e}"),
+        _ => {}
+    }
+    print!("  reloads: {} ok, {} rejected", o["reloads_ok"], o["reloads_failed"]);
+    if let Some(r) = o["last_reload"].as_object() {
+        let ok = r["outcome"]["ok"].as_bool() == Some(true);
+        print!(" (last {}s ago: {})", r["seconds_ago"], if ok { "ok" } else { "rejected" });
+    }
+    println!();
+    let sd = &o["systemd"];
+    if sd["notify"].as_bool() == Some(true) {
+        println!(
+            "  systemd: notify on, watchdog {}",
+            sd["watchdog_ms"].as_u64().map_or("off".into(), |w| format!("{w} ms"))
+        );
+    }
+}
+
+fn print_peers(status: &Value, stats: &Value) {
+    let tx = list(&stats["protocol"]["tx_packets_per_peer"]);
+    let rx = list(&stats["protocol"]["rx_packets_per_peer"]);
+    println!(
+        "{:>5}  {:<40} {:<5} {:>11} {:>12} {:>12}",
+        "rank", "address", "state", "generation", "tx datagrams", "rx datagrams"
+    );
+    for p in status["peers"].as_array().cloned().unwrap_or_default() {
+        let r = u(&p["rank"]) as usize;
+        let state = if p["self"].as_bool() == Some(true) {
+            "self"
+        } else if p["up"].as_bool() == Some(true) {
+            "up"
+        } else {
+            "DOWN"
+        };
+        println!(
+            "{:>5}  {:<40} {:<5} {:>11} {:>12} {:>12}",
+            r,
+            p["address"].as_str().unwrap_or("?"),
+            state,
+            p["generation"].as_u64().map_or("-".into(), |g| g.to_string()),
+            tx.get(r).copied().unwrap_or(0),
+            rx.get(r).copied().unwrap_or(0)
+        );
+    }
+}
+
+fn print_stats(v: &Value) {
+    let p = &v["protocol"];
+    let s = &v["service"];
+    println!(
+        "dlcpd {} — rank {} of {}, {} trainers",
+        v["version"].as_str().unwrap_or("?"),
+        v["rank"],
+        v["world"],
+        v["trainers"]
+    );
+    println!(
+        "ops: {} started, {} completed, {} failed, {} in flight; {} hard timeouts, {} deadlines fired",
+        s["ops_started"],
+        s["ops_completed"],
+        s["ops_failed"],
+        p["ops_in_flight"],
+        p["hard_timeouts"],
+        p["deadlines_fired"]
+    );
+    println!(
+        "repairs: {} sent, {} received; {} probes sent; {} transfers closed within budget",
+        p["repairs_sent"], p["repairs_received"], p["probes_sent"], p["closed_within_budget"]
+    );
+    println!(
+        "\n{:>5} {:>12} {:>14} {:>12} {:>14}",
+        "class", "tx packets", "tx bytes", "rx packets", "rx bytes"
+    );
+    let (tp, tb, rp, rb) = (
+        list(&p["tx_packets_per_class"]),
+        list(&p["tx_bytes_per_class"]),
+        list(&p["rx_packets_per_class"]),
+        list(&p["rx_bytes_per_class"]),
+    );
+    for c in 0..8 {
+        let g = |x: &Vec<u64>| x.get(c).copied().unwrap_or(0);
+        println!("{c:>5} {:>12} {:>14} {:>12} {:>14}", g(&tp), g(&tb), g(&rp), g(&rb));
+    }
+    let rej = p["rejected"].as_object().cloned().unwrap_or_default();
+    let nonzero: Vec<String> =
+        rej.iter().filter(|(_, n)| u(n) > 0).map(|(k, n)| format!("{k} {}", u(n))).collect();
+    println!(
+        "\nrejected datagrams: {}",
+        if nonzero.is_empty() { "none".to_string() } else { nonzero.join(", ") }
+    );
+    let d = &v["datapath_counters"];
+    println!(
+        "datapath: {} rx datagrams, {} tx would-block, {} tx errors, {} rx errors, {} truncated",
+        d["rx_packets"], d["tx_would_block"], d["tx_errors"], d["rx_errors"], d["rx_truncated"]
+    );
+    println!(
+        "trainers: {} attached, {} gone, {} refused; {} submissions, {} rejected, {} completions dropped",
+        s["trainers_attached"],
+        s["trainers_gone"],
+        s["trainers_refused"],
+        s["submissions"],
+        s["submissions_rejected"],
+        s["completions_dropped"]
+    );
+    println!("reloads: {} ok, {} rejected", s["reloads_ok"], s["reloads_failed"]);
+    let recent = v["recent_ops"].as_array().cloned().unwrap_or_default();
+    if !recent.is_empty() {
+        println!(
+            "\nrecent ops (newest first):\n{:>8} {:>7} {:>10} {:>11} {:>10} {:>8}",
+            "op", "tensor", "elements", "time (µs)", "delivered", "repairs"
+        );
+        for r in recent.iter().take(10) {
+            match r["error"].as_str() {
+                Some(e) => println!("{:>8} {:>7}  FAILED: {e}", r["op"], r["tensor"]),
+                None => println!(
+                    "{:>8} {:>7} {:>10} {:>11} {:>9.4}% {:>8}",
+                    r["op"],
+                    r["tensor"],
+                    r["len"],
+                    r["duration_us"],
+                    r["min_delivered"].as_f64().unwrap_or(0.0) * 100.0,
+                    r["repairs_sent"]
+                ),
+            }
+        }
+    }
+}
+
+fn print_reload(v: &Value) {
+    if let Some(e) = v["error"].as_str() {
+        println!("reload REJECTED, running configuration kept:\n  {e}");
+        return;
+    }
+    println!("reloaded {}", v["file"].as_str().unwrap_or("?"));
+    let section = |title: &str, key: &str| {
+        let items = v[key].as_array().cloned().unwrap_or_default();
+        if !items.is_empty() {
+            println!("{title}:");
+            for i in items {
+                println!("  {}", i.as_str().unwrap_or("?"));
+            }
+        }
+    };
+    section("applied (new ops use it)", "applied");
+    section("needs a restart (not applied)", "needs_restart");
+    section("could not be applied (kept)", "not_applied");
+    if ["applied", "needs_restart", "not_applied"].iter().all(|k| v[*k].as_array().is_none_or(Vec::is_empty))
+    {
+        println!("no changes");
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let (req, json) = match cli.command {
-        Command::Status { json } => ("status".to_string(), json),
-        Command::Stats { json } => ("stats".to_string(), json),
-        Command::Report { op, tensor, json } => (format!("report {op} {tensor}"), json),
+    let (req, json) = match &cli.command {
+        Command::Status { json } | Command::Peers { json } => ("status".to_string(), *json),
+        Command::Stats { json } => ("stats".to_string(), *json),
+        Command::Reload { json } => ("reload".to_string(), *json),
+        Command::Report { op, tensor, json } => (format!("report {op} {tensor}"), *json),
     };
-    match query(&cli.socket, &req) {
-        Ok(v) if v.get("error").is_some() => {
+    let reply = query(&cli.socket, &req).and_then(|v| match &cli.command {
+        Command::Peers { .. } => query(&cli.socket, "stats").map(|s| {
+            let tx = s["protocol"]["tx_packets_per_peer"].clone();
+            let rx = s["protocol"]["rx_packets_per_peer"].clone();
+            serde_json::json!({ "status": v, "stats": { "protocol": { "tx_packets_per_peer": tx, "rx_packets_per_peer": rx } } })
+        }),
+        _ => Ok(v),
+    });
+    match reply {
+        Ok(v)
+            if v.get("error").is_some()
+                && v["error"].is_string()
+                && !matches!(cli.command, Command::Reload { .. }) =>
+        {
             eprintln!("dlcpctl: {}", v["error"].as_str().unwrap_or("error"));
             ExitCode::from(1)
         }
-        Ok(v) if json => {
-            println!("{v}");
-            ExitCode::SUCCESS
-        }
         Ok(v) => {
-            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-            ExitCode::SUCCESS
+            let failed = matches!(cli.command, Command::Reload { .. }) && v["ok"].as_bool() != Some(true);
+            if json {
+                match &cli.command {
+                    Command::Peers { .. } => {
+                        let peers: Vec<Value> = v["status"]["peers"]
+                            .as_array()
+                            .cloned()
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|mut p| {
+                                let r = u(&p["rank"]) as usize;
+                                p["tx_packets"] = v["stats"]["protocol"]["tx_packets_per_peer"][r].clone();
+                                p["rx_packets"] = v["stats"]["protocol"]["rx_packets_per_peer"][r].clone();
+                                p
+                            })
+                            .collect();
+                        println!("{}", Value::from(peers));
+                    }
+                    _ => println!("{v}"),
+                }
+            } else {
+                match &cli.command {
+                    Command::Status { .. } => print_status(&v),
+                    Command::Stats { .. } => print_stats(&v),
+                    Command::Peers { .. } => print_peers(&v["status"], &v["stats"]),
+                    Command::Reload { .. } => print_reload(&v),
+                    Command::Report { .. } => {
+                        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default())
+                    }
+                }
+            }
+            if failed { ExitCode::from(1) } else { ExitCode::SUCCESS }
         }
         Err(e) => {
             eprintln!("dlcpctl: {e}");

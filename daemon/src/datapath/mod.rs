@@ -105,6 +105,14 @@ pub trait Datapath {
     fn detail_json(&self) -> Option<serde_json::Value> {
         None
     }
+
+    /// Change the class → DSCP and class → `SO_PRIORITY` maps from now on (a
+    /// configuration reload). Returns `Ok(false)` if this datapath cannot change
+    /// them while running (the reload then reports them as needing a restart).
+    fn set_marking(&mut self, dscp: [u8; 8], so_priority: [u8; 8]) -> io::Result<bool> {
+        let _ = (dscp, so_priority);
+        Ok(false)
+    }
 }
 
 /// Open the datapath the configuration asks for (`datapath.kind`):

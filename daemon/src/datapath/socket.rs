@@ -852,6 +852,39 @@ impl Datapath for SocketDatapath {
     fn stats(&self) -> DatapathStats {
         self.stats.clone()
     }
+
+    /// Re-mark every class socket (`IP_TOS`/`IPV6_TCLASS`, then `SO_PRIORITY`,
+    /// in that order as at creation). Datagrams already queued are flushed
+    /// first, with the marks they were queued under.
+    fn set_marking(&mut self, dscp: [u8; CLASSES], so_priority: [u8; CLASSES]) -> io::Result<bool> {
+        if let Some(c) = dscp.iter().position(|&d| d > 63) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("class {c}: DSCP above 63")));
+        }
+        let _ = Datapath::flush(self);
+        let v6 = self.local.is_ipv6();
+        for (c, s) in self.tx.iter().enumerate() {
+            let tos = u32::from(dscp[c]) << 2;
+            if v6 {
+                s.set_tclass_v6(tos)?;
+                if let Err(e) = s.set_tos_v4(tos) {
+                    debug!("socket datapath {}: IP_TOS on an IPv6 socket: {e}", self.local);
+                }
+            } else {
+                s.set_tos_v4(tos)?;
+            }
+            if let Err(e) = s.set_priority(u32::from(so_priority[c])) {
+                self.extra.so_priority_failures += 1;
+                warn!(
+                    "socket datapath {}: cannot set SO_PRIORITY {} for class {c}: {e} \
+                     (values above 6 need CAP_NET_ADMIN)",
+                    self.local, so_priority[c]
+                );
+            }
+        }
+        self.cfg.dscp = dscp;
+        self.cfg.so_priority = so_priority.map(u32::from);
+        Ok(true)
+    }
 }
 
 impl Drop for SocketDatapath {

@@ -340,6 +340,40 @@ pub fn peer_cred(sock: impl AsFd) -> io::Result<PeerCred> {
     Ok(PeerCred { pid: c.pid.as_raw_nonzero().get(), uid: c.uid.as_raw(), gid: c.gid.as_raw() })
 }
 
+/// Reads `SO_PEERGROUPS` of a connected Unix socket: the supplementary groups
+/// the peer had when it connected (Linux ≥ 4.13).
+#[allow(unsafe_code)]
+pub fn peer_groups(sock: impl AsFd) -> io::Result<Vec<u32>> {
+    use std::os::fd::AsRawFd;
+    let fd = sock.as_fd();
+    let mut buf = vec![0u32; 64];
+    loop {
+        let mut len = libc::socklen_t::try_from(buf.len() * 4).unwrap_or(libc::socklen_t::MAX);
+        // SAFETY: `buf` is valid for writes of `len` bytes (u32 is the kernel's
+        // gid_t), `len` is a live socklen_t, and `fd` is borrowed for the call.
+        let r = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                buf.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if r == 0 {
+            buf.truncate(len as usize / 4);
+            return Ok(buf);
+        }
+        let e = io::Error::last_os_error();
+        // ERANGE: `len` now holds the size needed (NGROUPS_MAX is 65536).
+        if e.raw_os_error() == Some(libc::ERANGE) && buf.len() < 65_536 {
+            buf.resize((len as usize / 4).max(buf.len() * 2).min(65_536), 0);
+            continue;
+        }
+        return Err(e);
+    }
+}
+
 /// An extra attach check: gets the peer's credentials and registration, says yes or no.
 pub type PeerHook = std::sync::Arc<dyn Fn(&PeerCred, &Registration) -> bool + Send + Sync>;
 
@@ -386,6 +420,12 @@ impl PeerPolicy {
     /// anything from it, so a refused user cannot even occupy the handshake.
     pub fn allows_peer(&self, peer: &PeerCred) -> bool {
         self.uids.contains(&peer.uid) || self.gids.contains(&peer.gid)
+    }
+
+    /// The uid/gid rule with the peer's supplementary groups too (a trainer in
+    /// the socket's group as a secondary group is allowed).
+    pub fn allows_peer_in(&self, peer: &PeerCred, groups: &[u32]) -> bool {
+        self.allows_peer(peer) || groups.iter().any(|g| self.gids.contains(g))
     }
 }
 

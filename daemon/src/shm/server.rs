@@ -313,7 +313,11 @@ impl ShmServer {
             // Best effort: the trainer learns why; failures here change nothing.
             let _ = control::send_with_fds(stream.as_fd(), &Reply::Rejected(why).encode(), &[]);
         };
-        if !self.cfg.policy.allows_peer(&peer) {
+        // Supplementary groups only matter when the primary uid/gid did not pass.
+        let allowed = self.cfg.policy.allows_peer(&peer)
+            || (!self.cfg.policy.gids.is_empty()
+                && control::peer_groups(&stream).is_ok_and(|g| self.cfg.policy.allows_peer_in(&peer, &g)));
+        if !allowed {
             reject(RejectReason::PolicyDenied);
             return Err(AcceptError::PolicyDenied { peer });
         }
@@ -326,7 +330,7 @@ impl ShmServer {
                 return Err(AcceptError::BadRequest { peer, source });
             }
         };
-        if !self.cfg.policy.allows(&peer, &registration) {
+        if self.cfg.policy.hook.as_ref().is_some_and(|h| !h(&peer, &registration)) {
             reject(RejectReason::PolicyDenied);
             return Err(AcceptError::PolicyDenied { peer });
         }
@@ -544,6 +548,16 @@ impl Attachment {
     /// Counters.
     pub fn stats(&self) -> AttachmentStats {
         self.stats
+    }
+
+    /// Ring occupancy now, for metrics: (submissions waiting, completions the
+    /// trainer has not taken yet, entries per ring). A corrupted ring reads as full.
+    pub fn ring_occupancy(&self) -> (u32, u32, u32) {
+        let g = self.geometry;
+        let cap = g.cq_capacity;
+        let sq = self.sq.available(&self.map).unwrap_or(g.sq_capacity);
+        let cq = self.cq.free_slots(&self.map).map_or(cap, |f| cap.saturating_sub(f));
+        (sq, cq, cap)
     }
 
     /// When the attachment was created.

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Build the dlcp .deb with cargo-deb, install it with apt as on a clean Debian
+# 12, check what it installed (binaries, conffile, user, unit, Python client),
+# run the installed daemon with the installed Python client for one allreduce,
+# then remove and purge it. Also checks the Kubernetes manifest offline.
+# Usage: scripts/deb_test.sh   (as root or with sudo; after `cargo build --release`)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+
+if ! cargo deb --version >/dev/null 2>&1; then
+  echo "deb: installing cargo-deb (cargo install cargo-deb --locked)"
+  cargo install cargo-deb --locked --quiet
+fi
+cargo deb --version
+cargo build --release --locked -p dlcp -p dlcp-client
+rm -f target/debian/dlcp_*.deb
+cargo deb -p dlcp --no-build
+deb=$(ls target/debian/dlcp_*.deb)
+echo "deb: built $deb ($(du -h "$deb" | cut -f1))"
+dpkg-deb --info "$deb" | sed -n '/Package:/,/Description:/p'
+dpkg-deb --contents "$deb" | awk '{print "  " $6}'
+
+# A previous run's package would hide problems.
+$SUDO apt-get purge -y -qq dlcp >/dev/null 2>&1 || true
+cleanup() { $SUDO apt-get purge -y -qq dlcp >/dev/null 2>&1 || true; [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true; rm -rf "${tmp:-/nonexistent}"; }
+trap cleanup EXIT
+
+echo "deb: apt install ./$deb"
+$SUDO apt-get install -y -qq --no-install-recommends "./$deb"
+dlcpd --version
+dlcpctl --version
+dpkg-query -W -f='${Conffiles}\n' dlcp | grep -q '/etc/dlcp/dlcp.toml' || { echo "dlcp.toml is not a conffile" >&2; exit 1; }
+getent passwd dlcp >/dev/null || { echo "no dlcp user" >&2; exit 1; }
+test "$(stat -c %G /etc/dlcp/job.secret)" = dlcp
+echo "deb: dlcpd check-config /etc/dlcp/dlcp.toml"
+dlcpd check-config /etc/dlcp/dlcp.toml | head -3
+test -f /lib/systemd/system/dlcpd.service
+if command -v systemd-analyze >/dev/null; then
+  out=$(systemd-analyze verify /lib/systemd/system/dlcpd.service 2>&1) || { echo "$out"; exit 1; }
+  [ -z "$out" ] || { echo "systemd-analyze verify: $out" >&2; exit 1; }
+  echo "deb: systemd-analyze verify of the installed unit: clean"
+fi
+
+# The installed daemon, as the dlcp user, with the installed Python client.
+tmp=$(mktemp -d /tmp/dlcp-deb-XXXXXX)
+chmod 755 "$tmp"
+port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+printf 'deb test secret 0123456789' > "$tmp/job.secret"
+cat > "$tmp/dlcp.toml" <<TOML
+[node]
+rank = 0
+job_id = 7
+job_secret_file = "job.secret"
+[[peers]]
+rank = 0
+address = "127.0.0.1"
+port = $port
+[control]
+socket_path = "$tmp/dlcpd.sock"
+socket_mode = "0660"
+socket_group = "dlcp"
+[metrics]
+address = "127.0.0.1:0"
+TOML
+chown -R dlcp:dlcp "$tmp"
+chmod 755 "$tmp"
+setpriv --reuid=dlcp --regid=dlcp --init-groups /usr/bin/dlcpd --config "$tmp/dlcp.toml" 2>"$tmp/log" &
+pid=$!
+for _ in $(seq 100); do dlcpctl --socket "$tmp/dlcpd.sock" status >/dev/null 2>&1 && break; sleep 0.1; done
+dlcpctl --socket "$tmp/dlcpd.sock" status
+# The trainer: another user (nobody) with dlcp as a supplementary group only,
+# as a training user added to group dlcp would be.
+dlcp_gid=$(getent group dlcp | cut -d: -f3)
+trainer=(setpriv --reuid=nobody --regid=nogroup --groups="$dlcp_gid")
+if out=$(cd / && setpriv --reuid=nobody --regid=nogroup --clear-groups env -u PYTHONPATH /usr/bin/python3 -c \
+    "import dlcp,sys; dlcp.attach(sys.argv[1], 7, 0, 1)" "$tmp/dlcpd.sock" 2>&1); then
+  echo "deb: a user outside group dlcp could attach" >&2; exit 1
+fi
+grep -qi "permission" <<<"$out" || { echo "deb: unexpected failure: $out" >&2; exit 1; }
+echo "deb: a user outside group dlcp is refused (permission denied)"
+(cd / && "${trainer[@]}" env -u PYTHONPATH /usr/bin/python3 - "$tmp/dlcpd.sock" <<'PY'
+import sys
+import numpy as np
+import dlcp
+assert dlcp.__file__.startswith("/usr/lib/python3/dist-packages/"), dlcp.__file__
+with dlcp.attach(sys.argv[1], 7, 0, 1) as c:
+    g = c.tensor("grad", 1000)
+    g[:] = np.arange(1000, dtype=np.float32)
+    r = c.allreduce(g, budget=0)
+    assert (g == np.arange(1000, dtype=np.float32)).all() and r.delivered == 1.0, r
+print("deb: installed Python client: allreduce through the installed dlcpd OK")
+PY
+)
+kill -TERM "$pid"; wait "$pid"; pid=""
+
+echo "deb: apt remove (conffile stays) and purge (it goes)"
+$SUDO apt-get remove -y -qq dlcp >/dev/null
+test ! -e /usr/bin/dlcpd && test -e /etc/dlcp/dlcp.toml
+$SUDO apt-get purge -y -qq dlcp >/dev/null
+test ! -e /etc/dlcp/dlcp.toml && test ! -e /etc/dlcp/job.secret
+
+echo "deb: Kubernetes manifest (offline checks; no cluster here)"
+/usr/bin/python3 deploy/k8s/check.py target/release/dlcpd
+echo "deb: OK"

@@ -1,0 +1,269 @@
+//! The Prometheus endpoint end to end: two real daemons, a real allreduce, the
+//! exposition parsed strictly (Prometheus text format 0.0.4); a taken metrics
+//! port is reported, not fatal.
+
+mod daemon_common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use daemon_common::*;
+use dlcp::shm::{Client, Status, SubmitOptions};
+
+/// One sample: metric name, labels, value.
+type Samples = Vec<(String, BTreeMap<String, String>, f64)>;
+
+/// A strict parser of the Prometheus text format: every line is a `# HELP`,
+/// a `# TYPE` (before the family's samples, once per family) or a sample
+/// `name{label="value",...} value` whose name belongs to the declared family
+/// (`_total` for counters, `_bucket`/`_sum`/`_count` for histograms, `_info`
+/// for info); names and label names match the allowed grammar, label values
+/// use only the allowed escapes, values are floats. Histograms: buckets
+/// cumulative, ending in `le="+Inf"` equal to `_count`. Panics on violations.
+fn parse_exposition(text: &str) -> (Samples, BTreeMap<String, String>) {
+    fn is_name(s: &str, colon: bool) -> bool {
+        let mut it = s.chars();
+        let ok0 = |c: char| c.is_ascii_alphabetic() || c == '_' || (colon && c == ':');
+        it.next().is_some_and(ok0) && it.all(|c| ok0(c) || c.is_ascii_digit())
+    }
+    assert!(text.ends_with('\n'), "exposition must end with a newline");
+    let mut types: BTreeMap<String, String> = BTreeMap::new();
+    let mut samples = Samples::new();
+    let mut current: Option<String> = None;
+    for (i, line) in text.lines().enumerate() {
+        let ln = i + 1;
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut w = rest.splitn(3, ' ');
+            let (kw, name) = (w.next().unwrap(), w.next().unwrap_or(""));
+            assert!(is_name(name, true), "line {ln}: bad metric name {name:?}");
+            match kw {
+                "HELP" => {}
+                "TYPE" => {
+                    let t = w.next().unwrap_or("");
+                    assert!(
+                        ["counter", "gauge", "histogram", "summary", "untyped"].contains(&t),
+                        "line {ln}: type {t:?}"
+                    );
+                    assert!(types.insert(name.to_owned(), t.to_owned()).is_none(), "line {ln}: TYPE twice");
+                    current = Some(name.to_owned());
+                }
+                _ => panic!("line {ln}: unknown comment {line:?}"),
+            }
+            continue;
+        }
+        assert!(!line.is_empty(), "line {ln}: empty line");
+        let (name_labels, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("line {ln}: no value"));
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            "NaN" => f64::NAN,
+            v => v.parse().unwrap_or_else(|_| panic!("line {ln}: value {v:?}")),
+        };
+        let (name, labels) = match name_labels.split_once('{') {
+            None => (name_labels, BTreeMap::new()),
+            Some((n, rest)) => {
+                let body = rest.strip_suffix('}').unwrap_or_else(|| panic!("line {ln}: unclosed labels"));
+                let mut labels = BTreeMap::new();
+                let mut s = body;
+                while !s.is_empty() {
+                    let (k, r) = s.split_once("=\"").unwrap_or_else(|| panic!("line {ln}: label syntax"));
+                    assert!(is_name(k, false), "line {ln}: label name {k:?}");
+                    let mut v = String::new();
+                    let mut chars = r.char_indices();
+                    let end = loop {
+                        match chars.next() {
+                            Some((_, '\\')) => match chars.next() {
+                                Some((_, 'n')) => v.push('\n'),
+                                Some((_, c @ ('\\' | '"'))) => v.push(c),
+                                other => panic!("line {ln}: bad escape {other:?}"),
+                            },
+                            Some((j, '"')) => break j,
+                            Some((_, c)) => v.push(c),
+                            None => panic!("line {ln}: unterminated label value"),
+                        }
+                    };
+                    assert!(labels.insert(k.to_owned(), v).is_none(), "line {ln}: duplicate label");
+                    s = &r[end + 1..];
+                    s = s.strip_prefix(',').unwrap_or(s);
+                }
+                (n, labels)
+            }
+        };
+        assert!(is_name(name, true), "line {ln}: bad sample name {name:?}");
+        let fam = current.as_deref().unwrap_or_else(|| panic!("line {ln}: sample before any TYPE"));
+        let ok = match types[fam].as_str() {
+            "counter" => name == fam || name == format!("{fam}_total"),
+            "histogram" => ["_bucket", "_sum", "_count"].iter().any(|s| name == format!("{fam}{s}")),
+            _ => name == fam || name == format!("{fam}_info"),
+        };
+        assert!(ok, "line {ln}: sample {name} outside its family {fam} ({})", types[fam]);
+        samples.push((name.to_owned(), labels, value));
+    }
+    // Histograms: cumulative buckets ending at +Inf == _count.
+    for (fam, t) in &types {
+        if t != "histogram" {
+            continue;
+        }
+        let buckets: Vec<(f64, f64)> = samples
+            .iter()
+            .filter(|(n, _, _)| *n == format!("{fam}_bucket"))
+            .map(|(_, l, v)| {
+                let le = &l["le"];
+                (if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap() }, *v)
+            })
+            .collect();
+        assert!(!buckets.is_empty(), "{fam}: no buckets");
+        assert!(buckets.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1), "{fam}: not cumulative");
+        let count = samples.iter().find(|(n, _, _)| *n == format!("{fam}_count")).unwrap().2;
+        assert_eq!(buckets.last().unwrap(), &(f64::INFINITY, count), "{fam}: +Inf bucket != count");
+    }
+    (samples, types)
+}
+
+fn get(s: &Samples, name: &str, labels: &[(&str, &str)]) -> f64 {
+    s.iter()
+        .find(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
+        .unwrap_or_else(|| panic!("no sample {name} {labels:?}"))
+        .2
+}
+
+fn scrape(addr: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    (head.to_owned(), body.to_owned())
+}
+
+fn metrics_addr(c: &Cluster, r: u32) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
+        .arg("--socket")
+        .arg(&c.daemons[r as usize].socket)
+        .args(["status", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["ops"]["metrics"]["address"].as_str().unwrap_or_else(|| panic!("no metrics address: {v}")).to_owned()
+}
+
+#[test]
+fn counters_move_after_an_allreduce_and_parse_as_prometheus_text() {
+    const N: usize = 100_000;
+    let c = Cluster::start(&Options { hosts: 2, ..Options::default() });
+    let addr = metrics_addr(&c, 0);
+    assert!(addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"), "{addr}");
+    let (head, body) = scrape(&addr);
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    assert!(head.contains("Content-Type: text/plain; version=0.0.4"), "{head}");
+    let (before, _) = parse_exposition(&body);
+    assert_eq!(get(&before, "dlcp_ops_total", &[("outcome", "completed")]), 0.0);
+
+    let handles: Vec<_> = (0..2u32)
+        .map(|h| {
+            let socket = c.daemons[h as usize].socket.clone();
+            std::thread::spawn(move || {
+                let mut cl = Client::attach(&socket, u64::from(JOB), 0, 1).unwrap();
+                let t = cl.alloc("g", N as u64).unwrap();
+                cl.write(&t, &data(u64::from(h), N)).unwrap();
+                cl.submit(&t, SubmitOptions { tensor_id: 1, budget_ppm: 0, ..Default::default() }).unwrap();
+                cl.wait_completion(Duration::from_secs(30)).unwrap()
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap().status, Status::Ok);
+    }
+    // The loop publishes every 250 ms.
+    let t0 = Instant::now();
+    let (after, types) = loop {
+        let (_, body) = scrape(&addr);
+        let (s, t) = parse_exposition(&body);
+        if get(&s, "dlcp_ops_total", &[("outcome", "completed")]) >= 1.0
+            || t0.elapsed() > Duration::from_secs(5)
+        {
+            break (s, t);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(get(&after, "dlcp_ops_total", &[("outcome", "completed")]), 1.0);
+    assert_eq!(types["dlcp_ops_total"], "counter");
+    assert_eq!(types["dlcp_build_info"], "gauge");
+    assert_eq!(types["dlcp_op_duration_seconds"], "histogram");
+    let class_sum =
+        |s: &Samples, n: &str| (0..8).map(|k| get(s, n, &[("class", &k.to_string())])).sum::<f64>();
+    let chunks = (N * 4 / 2).div_ceil(1392) as f64; // half the tensor goes to the peer
+    assert!(class_sum(&after, "dlcp_class_tx_packets_total") >= 2.0 * chunks, "scatter + gather data sent");
+    assert!(class_sum(&after, "dlcp_class_tx_bytes_total") > class_sum(&before, "dlcp_class_tx_bytes_total"));
+    assert!(class_sum(&after, "dlcp_class_rx_packets_total") >= 2.0 * chunks);
+    assert!(get(&after, "dlcp_peer_tx_packets_total", &[("peer", "1")]) >= 2.0 * chunks);
+    assert!(
+        get(&after, "dlcp_peer_rx_packets_total", &[("peer", "1")])
+            > get(&before, "dlcp_peer_rx_packets_total", &[("peer", "1")])
+    );
+    assert_eq!(get(&after, "dlcp_peer_up", &[("peer", "1")]), 1.0);
+    assert_eq!(get(&after, "dlcp_op_duration_seconds_count", &[]), 1.0);
+    assert!(get(&after, "dlcp_op_duration_seconds_sum", &[]) > 0.0);
+    assert_eq!(get(&after, "dlcp_op_delivered_fraction_count", &[]), 1.0);
+    assert_eq!(get(&after, "dlcp_last_op_delivered_fraction", &[]), 1.0);
+    assert_eq!(get(&after, "dlcp_loss_budget_violations_total", &[]), 0.0);
+    // Two ranks: the one peer is necessarily the last to arrive.
+    assert_eq!(get(&after, "dlcp_peer_last_arrival_total", &[("peer", "1")]), 1.0);
+    assert_eq!(get(&after, "dlcp_slowest_peer", &[]), 1.0);
+    assert_eq!(get(&after, "dlcp_trainers", &[]), 0.0, "trainers detached after the op");
+    assert!(get(&after, "dlcp_build_info", &[("rank", "0"), ("world", "2")]) == 1.0);
+    for name in [
+        "dlcp_shm_ring_used_entries",
+        "dlcp_rx_dropped_total",
+        "dlcp_config_reloads_total",
+        "dlcp_repairs_total",
+    ] {
+        assert!(after.iter().any(|(n, _, _)| n == name), "{name} missing");
+    }
+    // Both daemons serve, on different ports.
+    assert_ne!(metrics_addr(&c, 1), addr);
+}
+
+#[test]
+fn a_taken_metrics_port_is_logged_and_the_daemon_runs_on() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let mut c = Cluster::start(&Options { hosts: 1, late: vec![0], ..Options::default() });
+    let cfg = c.daemons[0].config.clone();
+    let t = std::fs::read_to_string(&cfg).unwrap().replace("127.0.0.1:0", &format!("127.0.0.1:{port}"));
+    std::fs::write(&cfg, t).unwrap();
+    c.spawn(0, 0.0);
+    c.wait_ready(0);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
+        .arg("--socket")
+        .arg(&c.daemons[0].socket)
+        .arg("status")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("metrics: NOT SERVED — cannot listen on metrics.address 127.0.0.1:{port}")),
+        "{text}"
+    );
+    assert!(c.log(0).contains("running without metrics"), "{}", c.log(0));
+}
+
+#[test]
+fn the_strict_parser_rejects_what_it_should() {
+    let ok = "# HELP a_total x\n# TYPE a counter\na_total{k=\"v\\\"w\"} 1\n";
+    parse_exposition(ok);
+    for bad in [
+        "a_total 1\n",                                                                    // no TYPE
+        "# TYPE a counter\nb_total 1\n",            // outside the family
+        "# TYPE a counter\na_total{k=v} 1\n",       // unquoted label
+        "# TYPE a counter\na_total one\n",          // not a number
+        "# TYPE a counter\na_total{k=\"\\x\"} 1\n", // bad escape
+        "# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\nh_count 1\n", // not cumulative
+        "# TYPE a counter\na_total 1",              // no final newline
+    ] {
+        assert!(std::panic::catch_unwind(|| parse_exposition(bad)).is_err(), "accepted: {bad:?}");
+    }
+}

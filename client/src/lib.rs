@@ -4,7 +4,7 @@
 //! allocates named f32 tensors in a shared-memory arena, writes gradients into
 //! them, submits allreduce operations and waits for their completions; the
 //! reduced result replaces the tensor's contents in place. The ring and atomic
-//! code is the channel of [`dlcp::shm`]; this crate wraps it for three audiences:
+//! code is the channel of [`dlcp_shm`]; this crate wraps it for three audiences:
 //!
 //! - **Rust**: [`Client`] (this module);
 //! - **C**: the ABI in [`capi`], declared by `client/include/dlcp.h`, built as
@@ -52,9 +52,9 @@ use std::path::Path;
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use dlcp::shm;
-pub use dlcp::shm::layout::{FLAG_FILL_LOCAL, FLAG_RESCALE, KNOWN_FLAGS};
-pub use dlcp::shm::{AttachError, ClientError, Completion, Geometry, Status};
+use dlcp_shm as shm;
+pub use dlcp_shm::layout::{FLAG_FILL_LOCAL, FLAG_RESCALE, KNOWN_FLAGS};
+pub use dlcp_shm::{AttachError, ClientError, Completion, Geometry, Status};
 use thiserror::Error;
 
 use crate::view::ArenaView;

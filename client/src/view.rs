@@ -1,7 +1,7 @@
 //! A second shared mapping of the segment, used only to hand out raw pointers to
 //! tensor buffers for in-place access from C and Python.
 //!
-//! The channel's own mapping (inside [`dlcp::shm::Client`]) never exposes a
+//! The channel's own mapping (inside [`dlcp_shm::Client`]) never exposes a
 //! pointer; it reads and writes the arena by explicit copies. Trainers in C and
 //! Python want to write a gradient *once*, straight into the arena, so this module
 //! maps the same memfd a second time (`MAP_SHARED`: the same physical pages) and
@@ -20,7 +20,7 @@ use std::io;
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
 
-use dlcp::shm::Geometry;
+use dlcp_shm::Geometry;
 use rustix::mm::{MapFlags, ProtFlags};
 
 /// The whole segment mapped read-write; unmapped on drop.

@@ -21,10 +21,10 @@ pub mod metrics;
 pub mod notify;
 pub mod reload;
 pub mod service;
-pub mod shm;
 pub mod simulate;
 
 pub use dlcp_config as config;
+pub use dlcp_shm as shm;
 pub use dlcp_proto as proto;
 
 /// Version string: crate version plus the `git describe` of the build.

@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use dlcp::shm::doorbell::poll_readable;
-use dlcp::shm::{Attachment, ChannelError, Geometry, Liveness, ServerConfig, ShmServer, Status};
+use dlcp_shm::doorbell::poll_readable;
+use dlcp_shm::{Attachment, ChannelError, Geometry, Liveness, ServerConfig, ShmServer, Status};
 
 /// Bound for every wait in these tests.
 pub const WAIT: Duration = Duration::from_secs(10);

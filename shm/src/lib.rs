@@ -73,7 +73,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use dlcp::shm::{Client, Liveness, ServerConfig, ShmServer, Status, SubmitOptions};
+//! use dlcp_shm::{Client, Liveness, ServerConfig, ShmServer, Status, SubmitOptions};
 //!
 //! // Daemon side (normally inside the event loop).
 //! let mut server = ShmServer::bind(ServerConfig::new("/run/dlcp/dlcpd.sock", 0o660))?;
@@ -101,6 +101,8 @@
 //! let reduced = client.read(&t)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+
+#![deny(unsafe_code)]
 
 pub mod alloc;
 pub mod client;

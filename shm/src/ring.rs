@@ -154,7 +154,7 @@ impl Consumer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shm::mapping::create_and_map;
+    use crate::mapping::create_and_map;
 
     const CAP: u32 = 8;
 

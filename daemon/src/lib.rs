@@ -24,8 +24,8 @@ pub mod service;
 pub mod simulate;
 
 pub use dlcp_config as config;
-pub use dlcp_shm as shm;
 pub use dlcp_proto as proto;
+pub use dlcp_shm as shm;
 
 /// Version string: crate version plus the `git describe` of the build.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("DLCP_GIT_DESCRIBE"), ")");

@@ -17,7 +17,8 @@ fi
 cargo deb --version
 cargo build --release --locked -p dlcp -p dlcp-client
 rm -f target/debian/dlcp_*.deb
-cargo deb -p dlcp --no-build
+# --strip: release builds keep debug info (profile.release debug = 1); the package does not.
+cargo deb -p dlcp --no-build --strip
 deb=$(ls target/debian/dlcp_*.deb)
 echo "deb: built $deb ($(du -h "$deb" | cut -f1))"
 dpkg-deb --info "$deb" | sed -n '/Package:/,/Description:/p'

@@ -17,7 +17,8 @@ fi
 cargo deb --version
 cargo build --release --locked -p dlcp -p dlcp-client
 rm -f target/debian/dlcp_*.deb
-cargo deb -p dlcp --no-build
+# --strip: release builds keep debug info (profile.release debug = 1); the package does not.
+cargo deb -p dlcp --no-build --strip
 deb=$(ls target/debian/dlcp_*.deb)
 echo "deb: built $deb ($(du -h "$deb" | cut -f1))"
 dpkg-deb --info "$deb" | sed -n '/Package:/,/Description:/p'
@@ -36,7 +37,8 @@ dpkg-query -W -f='${Conffiles}\n' dlcp | grep -q '/etc/dlcp/dlcp.toml' || { echo
 getent passwd dlcp >/dev/null || { echo "no dlcp user" >&2; exit 1; }
 test "$(stat -c %G /etc/dlcp/job.secret)" = dlcp
 echo "deb: dlcpd check-config /etc/dlcp/dlcp.toml"
-dlcpd check-config /etc/dlcp/dlcp.toml | head -3
+cfg_out=$(dlcpd check-config /etc/dlcp/dlcp.toml)
+head -3 <<<"$cfg_out"
 test -f /lib/systemd/system/dlcpd.service
 if command -v systemd-analyze >/dev/null; then
   out=$(systemd-analyze verify /lib/systemd/system/dlcpd.service 2>&1) || { echo "$out"; exit 1; }

@@ -153,7 +153,8 @@ fn metrics_addr(c: &Cluster, r: u32) -> String {
 #[test]
 fn counters_move_after_an_allreduce_and_parse_as_prometheus_text() {
     const N: usize = 100_000;
-    let c = Cluster::start(&Options { hosts: 2, ..Options::default() });
+    // 5% of received datagrams dropped (seeded): budget 0 repairs them all.
+    let c = Cluster::start(&Options { hosts: 2, rx_loss_pct: 5.0, ..Options::default() });
     let addr = metrics_addr(&c, 0);
     assert!(addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"), "{addr}");
     let (head, body) = scrape(&addr);
@@ -210,6 +211,18 @@ fn counters_move_after_an_allreduce_and_parse_as_prometheus_text() {
     assert_eq!(get(&after, "dlcp_op_delivered_fraction_count", &[]), 1.0);
     assert_eq!(get(&after, "dlcp_last_op_delivered_fraction", &[]), 1.0);
     assert_eq!(get(&after, "dlcp_loss_budget_violations_total", &[]), 0.0);
+    // Repairs, per class and in total, each way; the per-class ones add up.
+    for dir in ["sent", "received"] {
+        let total = get(&after, "dlcp_repairs_total", &[("direction", dir)]);
+        let per_class: f64 = (0..8)
+            .map(|k| {
+                get(&after, "dlcp_class_repairs_total", &[("class", &k.to_string()), ("direction", dir)])
+            })
+            .sum();
+        assert!(total > 0.0, "5% loss at budget 0 needs repairs ({dir})");
+        assert_eq!(per_class, total, "{dir}");
+    }
+    assert!(get(&after, "dlcp_rx_dropped_total", &[("reason", "debug_loss")]) > 0.0);
     // Two ranks: the one peer is necessarily the last to arrive.
     assert_eq!(get(&after, "dlcp_peer_last_arrival_total", &[("peer", "1")]), 1.0);
     assert_eq!(get(&after, "dlcp_slowest_peer", &[]), 1.0);

@@ -249,3 +249,21 @@ fn dscp_map_is_a_runtime_setting_of_the_socket_datapath() {
     assert!(o["applied"].to_string().contains("priority.dscp"), "{o}");
     assert_eq!(o["not_applied"], serde_json::json!([]), "{o}");
 }
+
+/// log.level is applied at runtime: at "warn" a reload's info lines vanish,
+/// back at "info" they return.
+#[test]
+fn log_level_is_a_runtime_setting() {
+    let c = cluster(1, 0.0, |t| t);
+    let cfg = &c.daemons[0].config;
+    let base = std::fs::read_to_string(cfg).unwrap();
+    std::fs::write(cfg, base.replace("level = \"info\"", "level = \"warn\"\n")).unwrap();
+    assert!(dlcpctl(&c.daemons[0].socket, &["reload"]).status.success());
+    std::fs::write(cfg, base.replace("[loss]\n", "[loss]\ndeadline_max_ms = 300\n")).unwrap();
+    assert!(dlcpctl(&c.daemons[0].socket, &["reload"]).status.success());
+    let log = c.log(0);
+    assert!(!log.contains("reload: applied log.level: \"info\" -> \"warn\""), "logged at warn level: {log}");
+    assert!(log.contains("reload: applied log.level: \"warn\" -> \"info\""), "{log}");
+    assert!(log.contains("reload: applied loss.deadline_max_ms: 250 -> 300 (runtime)"), "{log}");
+    assert_eq!(status(&c, 0)["ops"]["log_level"], "info");
+}

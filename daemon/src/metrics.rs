@@ -56,6 +56,10 @@ pub struct Sample {
     pub peer_up: Vec<bool>,
     /// Received datagrams dropped, by reason.
     pub dropped: Vec<(&'static str, u64)>,
+    /// Repair DATA packets sent, per class.
+    pub repairs_sent_per_class: [u64; 8],
+    /// Repair DATA packets received, per class.
+    pub repairs_received_per_class: [u64; 8],
     /// Repair DATA packets sent.
     pub repairs_sent: u64,
     /// Repair DATA packets received.
@@ -105,6 +109,7 @@ pub struct Metrics {
     slowest_peer: Gauge,
     dropped: Family<Labels, Counter>,
     repairs: Family<Labels, Counter>,
+    class_repairs: Family<Labels, Counter>,
     probes_sent: Counter,
     deadlines_fired: Counter,
     hard_timeouts: Counter,
@@ -151,6 +156,7 @@ impl Metrics {
             slowest_peer: Gauge::default(),
             dropped: Family::default(),
             repairs: Family::default(),
+            class_repairs: Family::default(),
             probes_sent: Counter::default(),
             deadlines_fired: Counter::default(),
             hard_timeouts: Counter::default(),
@@ -210,6 +216,11 @@ impl Metrics {
         );
         r.register("rx_dropped", "Received datagrams dropped, by reason", m.dropped.clone());
         r.register("repairs", "Repair DATA packets, by direction", m.repairs.clone());
+        r.register(
+            "class_repairs",
+            "Repair DATA packets per priority class, by direction",
+            m.class_repairs.clone(),
+        );
         r.register("probes_sent", "Repair requests (PROBE) sent", m.probes_sent.clone());
         r.register("deadlines_fired", "Receive deadlines that fired", m.deadlines_fired.clone());
         r.register("hard_timeouts", "Ops failed by the hard timeout", m.hard_timeouts.clone());
@@ -280,6 +291,11 @@ impl Metrics {
         }
         for (reason, v) in &s.dropped {
             set(&self.dropped.get_or_create(&l("reason", reason)), *v);
+        }
+        for c in 0..8 {
+            let k = |dir: &str| vec![("class", c.to_string()), ("direction", dir.to_string())];
+            set(&self.class_repairs.get_or_create(&k("sent")), s.repairs_sent_per_class[c]);
+            set(&self.class_repairs.get_or_create(&k("received")), s.repairs_received_per_class[c]);
         }
         set(&self.repairs.get_or_create(&l("direction", "sent")), s.repairs_sent);
         set(&self.repairs.get_or_create(&l("direction", "received")), s.repairs_received);
@@ -437,6 +453,7 @@ mod tests {
         let m = Metrics::new(0, 3, "socket");
         let s = Sample {
             tx_packets: [1, 2, 3, 4, 5, 6, 7, 8],
+            repairs_sent_per_class: [0, 3, 0, 0, 0, 0, 0, 0],
             peer_up: vec![true, true, false],
             ..Sample::default()
         };
@@ -448,6 +465,7 @@ mod tests {
         let t = m.encode();
         assert!(t.contains("dlcp_class_tx_packets_total{class=\"7\"} 8\n"), "{t}");
         assert!(t.contains("dlcp_peer_up{peer=\"2\"} 0\n"), "{t}");
+        assert!(t.contains("dlcp_class_repairs_total{class=\"1\",direction=\"sent\"} 3\n"), "{t}");
         assert!(t.contains("dlcp_slowest_peer 2\n"), "{t}");
         assert!(t.contains("dlcp_peer_last_arrival_total{peer=\"0\"} 0\n"), "{t}");
         assert!(t.contains("dlcp_loss_budget_violations_total 1\n"), "{t}");

@@ -438,6 +438,10 @@ pub struct Stats {
     pub repairs_sent: u64,
     /// Repair DATA packets received (new chunks).
     pub repairs_received: u64,
+    /// Repair DATA packets sent, per class.
+    pub repairs_sent_per_class: [u64; 8],
+    /// Repair DATA packets received, per class.
+    pub repairs_received_per_class: [u64; 8],
     /// PROBEs sent (every copy counts; see [`PROBE_COPIES`]).
     pub probes_sent: u64,
     /// Redundant PROBE copies received (same sequence number as one already
@@ -2035,6 +2039,7 @@ impl Endpoint {
         }
         if repair {
             self.stats.repairs_sent += 1;
+            self.stats.repairs_sent_per_class[class.index()] += 1;
         }
         Some(self.count_tx(item.peer, class, len))
     }
@@ -2203,6 +2208,7 @@ fn accept_data_header(
     if h.flags.contains(Flags::REPAIR) {
         r.repaired += 1;
         stats.repairs_received += 1;
+        stats.repairs_received_per_class[h.class.index()] += 1;
     }
     arm_deadline(r, now, est);
 }

@@ -244,6 +244,8 @@ impl Service {
                 ("debug_loss", c.rx_debug_dropped),
                 ("truncated", d.rx_truncated),
             ],
+            repairs_sent_per_class: s.repairs_sent_per_class,
+            repairs_received_per_class: s.repairs_received_per_class,
             repairs_sent: s.repairs_sent,
             repairs_received: s.repairs_received,
             probes_sent: s.probes_sent,

@@ -66,6 +66,7 @@ fn open_dpdk(from: SocketAddr, eal: &[String]) -> Box<dyn Datapath> {
         class_tx_queue: [0; 8],
         dscp: dlcp::config::schema::DEFAULT_DSCP,
         local,
+        neighbours: Vec::new(),
         mtu: 1500,
     };
     Box::new(DpdkDatapath::new(cfg).expect("DPDK datapath"))

@@ -2,8 +2,8 @@
 //! hugepages: datagrams sent to our own address first wait for ARP, the ARP
 //! request loops back and is answered by dlcp itself, the reply resolves the
 //! neighbour and releases them; every class then arrives intact through its
-//! configured TX queue, and the per-queue counters say so. One test: EAL is once
-//! per process.
+//! configured TX queue, and the per-queue counters say so; a static neighbour
+//! needs no ARP. One test: EAL is once per process.
 #![cfg(dpdk)]
 
 use std::net::SocketAddr;
@@ -43,6 +43,8 @@ fn arp_resolves_itself_and_classes_use_their_queues() {
         class_tx_queue: [0, 0, 0, 0, 1, 1, 1, 1],
         dscp: dlcp::config::schema::DEFAULT_DSCP,
         local,
+        // A static neighbour: no ARP for it.
+        neighbours: vec![("10.98.0.7".parse().unwrap(), dlcp::datapath::frame::Mac([2, 0, 0, 0, 0, 7]))],
         mtu: 1500,
     };
     let mut dp = DpdkDatapath::new(cfg).expect("DPDK datapath on net_ring0");
@@ -85,6 +87,18 @@ fn arp_resolves_itself_and_classes_use_their_queues() {
     let st = dp.stats();
     assert_eq!(st.tx_packets, [5; 8]);
     assert_eq!(st.rx_packets, 40);
+    // To the static neighbour: sent at once without ARP; it loops back to us and,
+    // addressed to 10.98.0.7, is counted as not for us.
+    let other: SocketAddr = "10.98.0.7:7700".parse().unwrap();
+    assert_eq!(dp.send(other, Class::new(6).unwrap(), b"static").unwrap(), SendOutcome::Sent);
+    dp.flush().unwrap();
+    let t0 = Instant::now();
+    while dp.dpdk_stats().rx_not_for_us == 0 && t0.elapsed() < Duration::from_secs(5) {
+        assert_eq!(dp.recv(&mut |_, _| panic!("delivered a datagram not for us")).unwrap(), 0);
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    let s = dp.dpdk_stats();
+    assert_eq!((s.rx_not_for_us, s.arp_requests_sent), (1, 1), "{s:?}");
     // Idle: the hint backs off towards 1 ms.
     for _ in 0..20 {
         dp.recv(&mut |_, _| {}).unwrap();

@@ -57,6 +57,7 @@ pub const SETTINGS: &[(&str, Reload)] = &[
     ("datapath.dpdk.tx_ring_size", Restart),
     ("datapath.dpdk.mbuf_pool_size", Restart),
     ("datapath.dpdk.class_tx_queue", Restart),
+    ("datapath.dpdk.neighbours", Restart),
     ("priority.scatter_band", Runtime),
     ("priority.gather_band", Runtime),
     ("priority.layer_levels", Runtime),

@@ -351,6 +351,31 @@ pub struct DpdkDatapath {
     pub mbuf_pool_size: u32,
     /// TX queue of each class (index = class), each < `tx_queues`. Default all 0.
     pub class_tx_queue: [u16; 8],
+    /// Static neighbour entries `"IPv4 MAC"` (e.g. `"10.0.0.2 02:00:00:00:00:02"`):
+    /// these peers need no ARP. Default `[]`: dlcp resolves every peer by ARP.
+    pub neighbours: Vec<String>,
+}
+
+impl DpdkDatapath {
+    /// Parse one `neighbours` entry `"IPv4 MAC"`; `None` if malformed.
+    pub fn parse_neighbour(s: &str) -> Option<(std::net::Ipv4Addr, [u8; 6])> {
+        let mut w = s.split_whitespace();
+        let (ip, mac) = (w.next()?, w.next()?);
+        if w.next().is_some() {
+            return None;
+        }
+        let ip = ip.parse().ok()?;
+        let mut out = [0u8; 6];
+        let mut parts = mac.split([':', '-']);
+        for b in &mut out {
+            let p = parts.next()?;
+            if p.len() != 2 {
+                return None;
+            }
+            *b = u8::from_str_radix(p, 16).ok()?;
+        }
+        parts.next().is_none().then_some((ip, out))
+    }
 }
 
 impl Default for DpdkDatapath {
@@ -366,6 +391,7 @@ impl Default for DpdkDatapath {
             tx_ring_size: 1024,
             mbuf_pool_size: 8191,
             class_tx_queue: [0; 8],
+            neighbours: Vec::new(),
         }
     }
 }

@@ -254,6 +254,14 @@ fn datapath(d: &Datapath) -> R {
             ));
         }
     }
+    for (i, n) in p.neighbours.iter().enumerate() {
+        if DpdkDatapath::parse_neighbour(n).is_none() {
+            return Err(Bad::new(
+                format!("datapath.dpdk.neighbours[{i}]"),
+                format!("{n:?} is not \"IPv4 MAC\" (allowed: e.g. \"10.0.0.2 02:00:00:00:00:02\")"),
+            ));
+        }
+    }
     for (i, a) in p.eal_args.iter().enumerate() {
         if a.is_empty() || a.contains('\0') {
             return Err(Bad::new(

@@ -463,6 +463,19 @@ fn datapath_rules() {
         "eal_args",
         "allowed: non-empty strings",
     );
+    check(
+        &d("neighbours = [\"10.0.0.2 02:00:00:00:00:02\", \"10.0.0.3 02:00:00:00:03\"]"),
+        "datapath.dpdk.neighbours[1]",
+        "neighbours",
+        "is not \"IPv4 MAC\"",
+    );
+    for bad in ["10.0.0.2", "fd00::1 02:00:00:00:00:02", "10.0.0.2 02:00:00:00:00:2g", "10.0.0.2 a b"] {
+        assert!(dlcp_config::DpdkDatapath::parse_neighbour(bad).is_none(), "{bad}");
+    }
+    assert_eq!(
+        dlcp_config::DpdkDatapath::parse_neighbour(" 10.0.0.2   0A:0b:0c:0d:0e:0f "),
+        Some(("10.0.0.2".parse().unwrap(), [10, 11, 12, 13, 14, 15]))
+    );
     let s = |v: &str| with(&format!("[datapath.socket]\n{v}\n"));
     check(&s("batch = 0"), "datapath.socket.batch", "batch", "(allowed: 1 ..= 1024)");
     check(&s("batch = 2000"), "datapath.socket.batch", "batch", "(allowed: 1 ..= 1024)");

@@ -68,6 +68,8 @@ pub struct DpdkConfig {
     pub dscp: [u8; Class::COUNT],
     /// Our IPv4 address and UDP port.
     pub local: SocketAddrV4,
+    /// Static neighbour entries (no ARP needed for them).
+    pub neighbours: Vec<(Ipv4Addr, Mac)>,
     /// IP MTU.
     pub mtu: u32,
 }
@@ -103,6 +105,12 @@ impl DpdkConfig {
             class_tx_queue: d.class_tx_queue.map(u16::from),
             dscp: cfg.priority.dscp,
             local,
+            neighbours: d
+                .neighbours
+                .iter()
+                .filter_map(|n| dlcp_config::DpdkDatapath::parse_neighbour(n))
+                .map(|(ip, mac)| (ip, Mac(mac)))
+                .collect(),
             mtu: cfg.network.mtu,
         })
     }
@@ -250,7 +258,7 @@ impl DpdkDatapath {
         Ok(DpdkDatapath {
             staged: (0..cfg.tx_queues).map(|_| Vec::with_capacity(usize::from(cfg.tx_burst))).collect(),
             queue_order,
-            neighbours: HashMap::new(),
+            neighbours: cfg.neighbours.iter().copied().collect(),
             pending: HashMap::new(),
             rx_buf: Vec::with_capacity(usize::from(cfg.rx_burst)),
             rx_more: false,

@@ -1145,7 +1145,9 @@ impl Service {
                 "repairs_sent": s.repairs_sent, "repairs_received": s.repairs_received,
                 "repairs_sent_per_class": s.repairs_sent_per_class,
                 "repairs_received_per_class": s.repairs_received_per_class,
-                                "probes_sent": s.probes_sent, "probes_duplicate": s.probes_duplicate, "deadlines_fired": s.deadlines_fired, "deadline_closes": s.deadline_closes, "deadline_nacks": s.deadline_nacks,
+                "probes_sent": s.probes_sent, "probes_duplicate": s.probes_duplicate,
+                "deadlines_fired": s.deadlines_fired, "deadline_closes": s.deadline_closes,
+                "deadline_nacks": s.deadline_nacks,
                 "hard_timeouts": s.hard_timeouts, "ops_completed": s.ops_completed, "ops_failed": s.ops_failed,
                 "closed_within_budget": s.closed_within_budget, "ops_in_flight": self.endpoint.ops_in_flight(),
                 "rejected": {

@@ -14,6 +14,8 @@
 //! - [`simulate`]: `dlcpd simulate` — the protocol core on the deterministic
 //!   network simulator.
 #![deny(unsafe_code)]
+// serde_json::json! of `dlcpctl stats --json` nests deeper than the default 128.
+#![recursion_limit = "256"]
 
 pub mod datapath;
 pub mod demo;

@@ -42,7 +42,7 @@ fn trainer_seed(host: u32, local: u32, op: usize) -> u64 {
 }
 
 /// Run `SIZES` ops with every trainer on every host; return each trainer's results.
-fn run_ops(c: &Cluster, budget_ppm: u32, ops: usize) -> Vec<Vec<(Vec<f32>, u32)>> {
+fn run_ops(c: &Cluster, budget_ppm: u32, flags: u32, ops: usize) -> Vec<Vec<(Vec<f32>, u32)>> {
     let mut handles = Vec::new();
     for h in 0..HOSTS {
         for k in 0..TRAINERS {
@@ -58,6 +58,7 @@ fn run_ops(c: &Cluster, budget_ppm: u32, ops: usize) -> Vec<Vec<(Vec<f32>, u32)>
                         layer: 0,
                         layers: 1,
                         budget_ppm,
+                        flags,
                         ..Default::default()
                     };
                     cl.submit(&t, opts).expect("submit");
@@ -95,7 +96,7 @@ fn reference(i: usize) -> Vec<f32> {
 #[test]
 fn four_daemons_two_trainers_each_reliable_is_bit_exact() {
     let c = Cluster::start(&Options { hosts: HOSTS, ..Options::default() });
-    let results = run_ops(&c, 0, SIZES.len());
+    let results = run_ops(&c, 0, 0, SIZES.len());
     for (i, _) in SIZES.iter().enumerate() {
         let want: Vec<u32> = reference(i).iter().map(|x| x.to_bits()).collect();
         for (t, r) in results.iter().enumerate() {
@@ -137,7 +138,7 @@ fn dlcpctl_report(c: &Cluster, h: u32, op: u64, tensor: u32) -> serde_json::Valu
 #[test]
 fn receive_loss_1pct_budget_1pct_matches_recomputation_and_ranks_agree() {
     let c = Cluster::start(&Options { hosts: HOSTS, rx_loss_pct: 1.0, ..Options::default() });
-    let results = run_ops(&c, 10_000, LOSSY_OPS);
+    let results = run_ops(&c, 10_000, 0, LOSSY_OPS);
     let mut lossy_ops = 0;
     for i in 0..LOSSY_OPS {
         // Op sequence numbers are the client's: 1, 2, 3, … in submission order.
@@ -243,4 +244,40 @@ fn ipv6_daemons_are_bit_exact() {
     }
     let s = c.stats(0).unwrap();
     assert!(s["datapath"].as_str().unwrap().contains("::1"), "{s}");
+}
+
+/// The trainer's per-op flags reach the protocol: with `FLAG_FILL_LOCAL |
+/// FLAG_RESCALE` (the daemon's `[loss]` config left at zero fill, no rescale),
+/// results equal the recomputation with local fill and rescaling, and differ
+/// from the zero-fill recomputation wherever a chunk was given up.
+#[test]
+fn per_op_fill_local_and_rescale_flags_are_applied() {
+    use dlcp::proto::endpoint::{Fill, OpOptions};
+    use dlcp::shm::layout::{FLAG_FILL_LOCAL, FLAG_RESCALE};
+    const BUDGET: u32 = 50_000;
+    let c = Cluster::start(&Options { hosts: HOSTS, rx_loss_pct: 3.0, ..Options::default() });
+    let results = run_ops(&c, BUDGET, FLAG_FILL_LOCAL | FLAG_RESCALE, LOSSY_OPS);
+    let mut differs_from_zero_fill = 0;
+    for i in 0..LOSSY_OPS {
+        let reports: Vec<_> = (0..HOSTS).map(|h| dlcpctl_report(&c, h, i as u64 + 1, i as u32)).collect();
+        let owners: Vec<_> = reports.iter().map(dlcp::service::report_from_json).collect();
+        let inputs: Vec<Vec<f32>> = (0..HOSTS).map(|h| host_input(h, i)).collect();
+        let ins: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        let refs: Vec<_> = owners.iter().collect();
+        let recompute = |opts: OpOptions| -> Vec<u32> {
+            dlcp::proto::oracle::recompute(&ins, &refs, opts, 1392 / 4).iter().map(|x| x.to_bits()).collect()
+        };
+        let base = OpOptions { budget_ppm: BUDGET, ..Default::default() };
+        let want = recompute(OpOptions { fill: Fill::Local, rescale: true, ..base });
+        let zero = recompute(base);
+        differs_from_zero_fill += usize::from(want != zero);
+        for (t, r) in results.iter().enumerate() {
+            let got: Vec<u32> = r[i].0.iter().map(|x| x.to_bits()).collect();
+            assert!(got == want, "trainer {t} op {i}: result is not the local-fill, rescaled recomputation");
+        }
+    }
+    assert!(
+        differs_from_zero_fill > 0,
+        "no op gave a chunk up, so local fill and zero fill agree: the test proves nothing"
+    );
 }

@@ -911,11 +911,15 @@ impl Service {
             layers: sub.layers,
             budget_ppm: budget,
             gather_budget_ppm: self.cfg.loss.gather_budget_ppm().min(budget),
+            // The trainer's flags can only ask for more than `[loss]` sets:
+            // a flag bit turns the behaviour on for this op, the config turns
+            // it on for every op.
             fill: match self.cfg.loss.fill {
-                CfgFill::Zero => Fill::Zero,
                 CfgFill::Local => Fill::Local,
+                CfgFill::Zero if sub.flags & crate::shm::layout::FLAG_FILL_LOCAL != 0 => Fill::Local,
+                CfgFill::Zero => Fill::Zero,
             },
-            rescale: self.cfg.loss.rescale,
+            rescale: self.cfg.loss.rescale || sub.flags & crate::shm::layout::FLAG_RESCALE != 0,
             reduce: ReduceOp::Sum,
         };
         op.started_at = Some(StdInstant::now());

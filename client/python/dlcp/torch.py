@@ -93,6 +93,10 @@ class DlcpState:
     environment). ``world_size``: trainers of the job on all hosts (default
     ``torch.distributed.get_world_size()``); the sum is divided by it.
     ``budget``: tolerated loss fraction per op (0 = reliable, bit-exact).
+    ``fill_local``: a chunk given up counts as this host's own contribution
+    instead of zero; ``rescale``: scale partially delivered sums up by the
+    delivered count. Both are per-op flags on top of the daemon's ``[loss]``
+    settings (they can turn the behaviour on, not off).
     ``timeout``: seconds to wait for an op's completion (the daemon itself fails
     an op whose peers stay silent for ``loss.hard_timeout_ms``).
     ``max_reports``: keep at most this many recent reports. ``on_report``:
@@ -110,6 +114,8 @@ class DlcpState:
         local_world: Optional[int] = None,
         world_size: Optional[int] = None,
         budget: Optional[float] = None,
+        fill_local: bool = False,
+        rescale: bool = False,
         timeout: Optional[float] = 60.0,
         max_reports: int = 200_000,
         on_report: Optional[Callable[[BucketReport], None]] = None,
@@ -120,6 +126,7 @@ class DlcpState:
         if not 0.0 <= budget <= 1.0:
             raise ValueError(f"budget is a fraction in [0, 1] (0.01 = 1%), not {budget}")
         self.budget = budget
+        self.flags = (dlcp.FLAG_FILL_LOCAL if fill_local else 0) | (dlcp.FLAG_RESCALE if rescale else 0)
         self.timeout = timeout
         self.world_size = world_size
         self.on_report = on_report
@@ -201,7 +208,7 @@ def allreduce_hook(state: DlcpState, bucket: dist.GradBucket) -> torch.futures.F
         layer = state._layer_of(bucket)
         seq = state.client.next_op_seq
         rep = state.client.allreduce(
-            name, layer=layer, layers=state.layers, budget=state.budget, timeout=state.timeout
+            name, layer=layer, layers=state.layers, budget=state.budget, timeout=state.timeout, flags=state.flags
         )
     except dlcp.DlcpError as e:
         err = DlcpHookError(step, index, seq, f"{e.op}: {e.reason} [{e.name}]", e)

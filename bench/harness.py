@@ -635,6 +635,8 @@ class Bench:
             self.restore_cc()
             shutil.rmtree(self.workdir, ignore_errors=True)
         self.elapsed = time.time() - T_START
+        self.data["run"] = {"summary": self.summary, "errors": self.errors, "elapsed_s": self.elapsed,
+                            "load_note": self.a.load_note, "quick": self.quick}
         with open(os.path.join(self.a.out, self.base + ".json"), "w") as f:
             json.dump(self.data, f, indent=1)
         import report

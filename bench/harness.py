@@ -587,12 +587,20 @@ class Bench:
             args = [os.path.join(self.a.bindir, "dlcpd"), "simulate", "--hosts", str(n), "--iters", "1",
                     "--layers", "1", "--size", str(size_mb)]
             t0 = time.time()
+            # Own process group: on timeout, /usr/bin/time and the simulator both die.
+            p = subprocess.Popen(["/usr/bin/time", "-f", "MAXRSS_KB %M"] + args, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
             try:
-                r = sh(["/usr/bin/time", "-f", "MAXRSS_KB %M"] + args, timeout=self.a.sim_timeout)
+                out, err = p.communicate(timeout=self.a.sim_timeout)
             except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
                 log(f"  {n} ranks: did not finish within {self.a.sim_timeout} s (CPU-bound on this machine)")
                 self.errors.append(f"simulate {n} ranks: not finished within {self.a.sim_timeout} s")
                 continue
+            if p.returncode != 0:
+                raise RuntimeError(f"dlcpd simulate --hosts {n} failed ({p.returncode}): {err[-1500:]}")
+            r = subprocess.CompletedProcess(args, p.returncode, out, err)
             row = {"ranks": n, "args": " ".join(args[1:]), "rss_kb": int(r.stderr.split("MAXRSS_KB")[-1].split()[0]),
                    "wall_s": time.time() - t0}
             pk = ctl = 0

@@ -168,16 +168,16 @@ def write(b, outdir):
             rows = [h for h in d["sizes"] if h["cond"] == c]
             sizes = sorted({h["size"] for h in rows})
             systems = [s for s in ORDER if any(h["system"] == s for h in rows)]
-            n = rows[0]["stats"]["n"]
-            w(f"### {c} — p50 ms ({n} reps each)\n")
-            w("| size | " + " | ".join(LABEL[s] for s in systems) + " |")
-            w("|---:|" + "---:|" * len(systems))
+            w(f"### {c} — p50 ms\n")
+            w("| size | reps | " + " | ".join(LABEL[s] for s in systems) + " |")
+            w("|---:|---:|" + "---:|" * len(systems))
             for sz in sizes:
                 cells = []
+                reps = sorted({h["stats"]["n"] for h in rows if h["size"] == sz})
                 for s in systems:
                     h = next((h for h in rows if h["system"] == s and h["size"] == sz), None)
                     cells.append(ms(h["stats"]["p50"]) if h else "–")
-                w(f"| {sz / MiB:g} MiB | " + " | ".join(cells) + " |")
+                w(f"| {sz / MiB:g} MiB | {'/'.join(map(str, reps))} | " + " | ".join(cells) + " |")
             w("")
     if d["model"]:
         w("## Bucketed ResNet-50 (25.6 M parameters in DDP-style 25 MiB buckets, issued back to front at once)\n")

@@ -471,14 +471,17 @@ class Bench:
         if self.quick:
             trio = [("dlcp1", 5), ("gloo", 5), ("mpi", 5)]
             return [("clean", {}, 16 * MiB, trio), ("loss 1%", {"loss": 1}, 16 * MiB, trio)]
-        bbr = [(f"{p}-bbr", 10) for p in ("gloo", "mpi") if "bbr" in self.ccs]
+        # >= 20 reps for the 64 MiB headline trio; the secondary systems (dlcp budget 0,
+        # the TCP peers under bbr) and the slow congested-port runs get fewer, to keep
+        # the full run near 30 minutes on two cores.
+        bbr = [(f"{p}-bbr", 5) for p in ("gloo", "mpi") if "bbr" in self.ccs]
         trio = [("dlcp1", 20), ("gloo", 20), ("mpi", 20)]
-        main = trio[:1] + [("dlcp0", 10)] + trio[1:]
+        main = trio[:1] + [("dlcp0", 5)] + trio[1:]
         return [("clean", {}, 64 * MiB, main + bbr),
                 ("loss 0.1%", {"loss": 0.1}, 64 * MiB, trio),
                 ("loss 1%", {"loss": 1}, 64 * MiB, main + bbr),
                 ("congested port", {"rate": 300, "rate_ports": "0", "cross": 400}, 16 * MiB,
-                 [("dlcp1", 5), ("dlcp0", 5), ("gloo", 5), ("mpi", 5)])]
+                 [("dlcp1", 5), ("dlcp0", 3), ("gloo", 3), ("mpi", 3)])]
 
     def headline(self):
         hosts = 4
@@ -532,7 +535,7 @@ class Bench:
     def sizes(self):
         hosts = 4
         sizes = [1 * MiB, 16 * MiB, 256 * MiB]
-        reps = 3
+        reps = 2
         buckets = resnet50_buckets()
         log(f"sizes {[x // MiB for x in sizes]} MiB x {reps} reps and bucketed ResNet-50 "
             f"({len(buckets)} buckets, {sum(buckets) * 4 / MiB:.1f} MiB), 4 hosts, clean")
@@ -584,12 +587,20 @@ class Bench:
             args = [os.path.join(self.a.bindir, "dlcpd"), "simulate", "--hosts", str(n), "--iters", "1",
                     "--layers", "1", "--size", str(size_mb)]
             t0 = time.time()
+            # Own process group: on timeout, /usr/bin/time and the simulator both die.
+            p = subprocess.Popen(["/usr/bin/time", "-f", "MAXRSS_KB %M"] + args, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
             try:
-                r = sh(["/usr/bin/time", "-f", "MAXRSS_KB %M"] + args, timeout=self.a.sim_timeout)
+                out, err = p.communicate(timeout=self.a.sim_timeout)
             except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
                 log(f"  {n} ranks: did not finish within {self.a.sim_timeout} s (CPU-bound on this machine)")
                 self.errors.append(f"simulate {n} ranks: not finished within {self.a.sim_timeout} s")
                 continue
+            if p.returncode != 0:
+                raise RuntimeError(f"dlcpd simulate --hosts {n} failed ({p.returncode}): {err[-1500:]}")
+            r = subprocess.CompletedProcess(args, p.returncode, out, err)
             row = {"ranks": n, "args": " ".join(args[1:]), "rss_kb": int(r.stderr.split("MAXRSS_KB")[-1].split()[0]),
                    "wall_s": time.time() - t0}
             pk = ctl = 0
@@ -632,6 +643,8 @@ class Bench:
             self.restore_cc()
             shutil.rmtree(self.workdir, ignore_errors=True)
         self.elapsed = time.time() - T_START
+        self.data["run"] = {"summary": self.summary, "errors": self.errors, "elapsed_s": self.elapsed,
+                            "load_note": self.a.load_note, "quick": self.quick}
         with open(os.path.join(self.a.out, self.base + ".json"), "w") as f:
             json.dump(self.data, f, indent=1)
         import report
@@ -694,7 +707,7 @@ def main():
     ap.add_argument("--prefix", default="benchr")
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", default="", help="comma list of steps: micro,datapath,headline,sizes,scaling,simulate")
-    ap.add_argument("--sim-timeout", type=int, default=900, help="seconds per simulation")
+    ap.add_argument("--sim-timeout", type=int, default=600, help="seconds per simulation")
     ap.add_argument("--load-note", default="", help="what else ran on the machine")
     a = ap.parse_args()
     stamp = datetime.datetime.utcnow().strftime("%Y-%m-%d")

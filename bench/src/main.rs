@@ -64,3 +64,31 @@ pub(crate) fn cpu_seconds() -> f64 {
     // f[0] is field 3 (state): field k is f[k - 3]. USER_HZ is 100 on Linux.
     (ticks(11) + ticks(12)) / 100.0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_parses_present_absent_and_bad_values() {
+        let a: Vec<String> = ["--reps", "7", "--x"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(flag::<u32>(&a, "--reps").unwrap(), Some(7));
+        assert_eq!(flag::<u32>(&a, "--warmup").unwrap(), None);
+        assert!(flag::<u32>(&a, "--x").is_err(), "a flag without a value is an error");
+        let b: Vec<String> = ["--reps", "many"].iter().map(|s| s.to_string()).collect();
+        assert!(flag::<u32>(&b, "--reps").is_err());
+    }
+
+    #[test]
+    fn cpu_seconds_counts_this_process_work() {
+        let t0 = cpu_seconds();
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < std::time::Duration::from_millis(300) {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let used = cpu_seconds() - t0;
+        // 300 ms of spinning; USER_HZ ticks are 10 ms and the machine may be shared.
+        assert!(used > 0.02 && used < 5.0, "cpu_seconds advanced by {used}");
+    }
+}

@@ -119,3 +119,26 @@ pub fn main(args: &[String]) -> Result<(), String> {
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inputs_are_small_deterministic_and_not_constant() {
+        let a = input(3, 10_000);
+        assert_eq!(a, input(3, 10_000));
+        assert_ne!(a, input(4, 10_000));
+        assert!(a.iter().all(|x| x.abs() <= 0.01), "values must stay small so repeated sums cannot overflow");
+        assert!(a.iter().any(|x| *x > 0.0) && a.iter().any(|x| *x < 0.0));
+    }
+
+    #[test]
+    fn element_lists_parse_and_reject_garbage() {
+        let a: Vec<String> = ["--sizes", "1,2,,3"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(list(&a, "--sizes").unwrap(), Some(vec![1, 2, 3]));
+        assert_eq!(list(&a, "--buckets").unwrap(), None);
+        let b: Vec<String> = ["--sizes", "1,x"].iter().map(|s| s.to_string()).collect();
+        assert!(list(&b, "--sizes").is_err());
+    }
+}

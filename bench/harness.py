@@ -33,10 +33,12 @@ MiB = 1 << 20
 JOB = 7
 PORT = 7702
 # dlcpd's only non-default setting here: pace each daemon's sends at 1 Gbit/s.
-# Unpaced, four daemons on two cores overrun the veths' receive path and repair
-# half their packets (measured: 16 MiB op 1.9 s unpaced, 1.5 s paced, repairs
-# 77397 -> 147).
-DLCP_PACING = "[pacing]\nrate_mbps = 1000\n"
+# Unpaced, four daemons on two cores overran the veths' receive path and repaired
+# half their packets (16 MiB op 1.9 s unpaced, 1.5 s paced at 1 Gbit/s, repairs
+# 77397 -> 147) — before PROBEs stopped overtaking their data. Since then (quick
+# run, quiet machine, 16 MiB p50): unpaced 720 ms, 1 Gbit/s 662 ms, 3 Gbit/s 608 ms;
+# at 1 Gbit/s a daemon pair reached only 0.54x iperf3 UDP, at 3 Gbit/s 1.02x.
+DLCP_PACING = "[pacing]\nrate_mbps = 3000\n"
 T_START = time.time()
 CC_SAVE = "/run/dlcp-bench-allowed-cc"
 

@@ -205,36 +205,7 @@ fn dpdk_host_one_pct_loss_within_budget() {
 
     let sizes: Vec<usize> = (0..16).map(size).collect();
     let results = run_ops(&bed, &sizes, BUDGET);
-    let mut lossy = 0;
-    for (i, &n) in sizes.iter().enumerate() {
-        let reports: Vec<_> = (0..HOSTS).map(|h| bed.report(h, i as u64 + 1, i as u32)).collect();
-        for (h, r) in reports.iter().enumerate() {
-            for t in r["scatter"].as_array().unwrap().iter().chain(r["gather"].as_array().unwrap()) {
-                let f = t["delivered_fraction"].as_f64().unwrap();
-                assert!(f >= 0.99, "host {h} op {i}: a transfer delivered only {f}: {t}");
-            }
-        }
-        let owners: Vec<_> = reports.iter().map(dlcp::service::report_from_json).collect();
-        lossy += usize::from(owners.iter().any(|o| o.scatter.iter().any(|t| !t.delivered.is_full())));
-        let inputs: Vec<Vec<f32>> = (0..HOSTS).map(|h| data(seed(h, i), n)).collect();
-        let ins: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
-        let refs: Vec<_> = owners.iter().collect();
-        let opts = dlcp::proto::endpoint::OpOptions { budget_ppm: BUDGET, ..Default::default() };
-        let want: Vec<u32> =
-            dlcp::proto::oracle::recompute(&ins, &refs, opts, 1392 / 4).iter().map(|x| x.to_bits()).collect();
-        for (h, r) in results.iter().enumerate() {
-            let got: Vec<u32> = r[i].0.iter().map(|x| x.to_bits()).collect();
-            assert!(
-                got == want,
-                "host {h} op {i} ({n} elems): result differs from the oracle's recomputation"
-            );
-            assert!(
-                r[i].1.delivered_ppm >= 990_000,
-                "host {h} op {i}: delivered {} ppm",
-                r[i].1.delivered_ppm
-            );
-        }
-    }
+    let (_, lossy) = check_against_oracle(&bed, &sizes, &results, BUDGET);
     let (seen, dropped) = bed.loss_counters();
     let p0 = Command::new("ip")
         .args([

@@ -31,38 +31,9 @@ fn one_pct_loss_on_every_link_budget_one_pct_matches_recomputation() {
     let Some(bed) = Bed::start(PREFIX, HOSTS, &["--loss", "1"], 10_000) else { return };
     let sizes: Vec<usize> = (0..OPS).map(size).collect();
     let results = run_ops(&bed, &sizes, BUDGET);
-    let mut lossy_ops = 0;
-    let mut durations = Vec::new();
-    for (i, &n) in sizes.iter().enumerate() {
-        let reports: Vec<_> = (0..HOSTS).map(|h| bed.report(h, i as u64 + 1, i as u32)).collect();
-        for (h, r) in reports.iter().enumerate() {
-            for t in r["scatter"].as_array().unwrap().iter().chain(r["gather"].as_array().unwrap()) {
-                let f = t["delivered_fraction"].as_f64().unwrap();
-                assert!(f >= 0.99, "host {h} op {i}: a transfer delivered only {f} (< 99%): {t}");
-            }
-            durations.push(Duration::from_micros(r["duration_us"].as_u64().unwrap()));
-        }
-        let owners: Vec<_> = reports.iter().map(dlcp::service::report_from_json).collect();
-        lossy_ops += usize::from(owners.iter().any(|o| o.scatter.iter().any(|t| !t.delivered.is_full())));
-        let inputs: Vec<Vec<f32>> = (0..HOSTS).map(|h| data(seed(h, i), n)).collect();
-        let ins: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
-        let refs: Vec<_> = owners.iter().collect();
-        let opts = dlcp::proto::endpoint::OpOptions { budget_ppm: BUDGET, ..Default::default() };
-        let want: Vec<u32> =
-            dlcp::proto::oracle::recompute(&ins, &refs, opts, 1392 / 4).iter().map(|x| x.to_bits()).collect();
-        for (h, r) in results.iter().enumerate() {
-            let got: Vec<u32> = r[i].0.iter().map(|x| x.to_bits()).collect();
-            assert!(
-                got == want,
-                "host {h} op {i} ({n} elems): result differs from the oracle's recomputation"
-            );
-            assert!(
-                r[i].1.delivered_ppm >= 990_000,
-                "host {h} op {i}: delivered {} ppm",
-                r[i].1.delivered_ppm
-            );
-        }
-    }
+    let (reports, lossy_ops) = check_against_oracle(&bed, &sizes, &results, BUDGET);
+    let durations: Vec<Duration> =
+        reports.iter().flatten().map(|r| Duration::from_micros(r["duration_us"].as_u64().unwrap())).collect();
     let (seen, dropped) = bed.loss_counters();
     eprintln!(
         "nftables loss: {dropped} of {seen} packets dropped; {lossy_ops} of {OPS} ops left a chunk missing"

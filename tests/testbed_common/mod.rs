@@ -372,3 +372,48 @@ pub fn restart_and_rejoin(
         }
     }
 }
+
+/// Checks every op of a lossy run with budget `budget_ppm`: every transfer of
+/// every host's report delivered ≥ 1 − budget, every trainer's result equals
+/// the oracle's recomputation from the inputs and the owners' delivery bitmaps
+/// (so all ranks agree), and each trainer saw ≥ 1 − budget delivered. Returns
+/// the owners' reports per op and how many ops left a chunk missing (a caller
+/// asserts it is > 0, or its loss proved nothing).
+pub fn check_against_oracle(
+    bed: &Bed,
+    sizes: &[usize],
+    results: &[Vec<(Vec<f32>, dlcp::shm::Completion)>],
+    budget_ppm: u32,
+) -> (Vec<Vec<serde_json::Value>>, usize) {
+    let min_fraction = 1.0 - f64::from(budget_ppm) / 1e6;
+    let mut lossy = 0;
+    let mut all = Vec::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        let reports: Vec<_> = (0..bed.hosts).map(|h| bed.report(h, i as u64 + 1, i as u32)).collect();
+        for (h, r) in reports.iter().enumerate() {
+            for t in r["scatter"].as_array().unwrap().iter().chain(r["gather"].as_array().unwrap()) {
+                let f = t["delivered_fraction"].as_f64().unwrap();
+                assert!(f >= min_fraction, "host {h} op {i}: a transfer delivered only {f}: {t}");
+            }
+        }
+        let owners: Vec<_> = reports.iter().map(dlcp::service::report_from_json).collect();
+        lossy += usize::from(owners.iter().any(|o| o.scatter.iter().any(|t| !t.delivered.is_full())));
+        let inputs: Vec<Vec<f32>> = (0..bed.hosts).map(|h| data(seed(h, i), n)).collect();
+        let ins: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        let refs: Vec<_> = owners.iter().collect();
+        let opts = dlcp::proto::endpoint::OpOptions { budget_ppm, ..Default::default() };
+        let want: Vec<u32> =
+            dlcp::proto::oracle::recompute(&ins, &refs, opts, 1392 / 4).iter().map(|x| x.to_bits()).collect();
+        for (h, r) in results.iter().enumerate() {
+            let got: Vec<u32> = r[i].0.iter().map(|x| x.to_bits()).collect();
+            assert!(
+                got == want,
+                "host {h} op {i} ({n} elems): result differs from the oracle's recomputation"
+            );
+            let ppm = r[i].1.delivered_ppm;
+            assert!(f64::from(ppm) / 1e6 >= min_fraction, "host {h} op {i}: delivered {ppm} ppm");
+        }
+        all.push(reports);
+    }
+    (all, lossy)
+}

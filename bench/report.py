@@ -74,8 +74,8 @@ def write(b, outdir):
       "(TSO/GSO/GRO/UDP segmentation) off so queues and loss act on wire-sized packets, RPS pinned per port. "
       "Random loss: nftables on every host's input. Every system runs over the same namespaces, links and qdiscs.")
     w("- dlcp: `dlcpd` (socket datapath) per host, one trainer per host = `dlcp-bench trainer` "
-      "(Rust, `dlcp-client`), config defaults except `[pacing] rate_mbps = 1000` (unpaced, four daemons on two "
-      "cores overrun the veths' receive path) and shm sizes for 256 MiB tensors.")
+      "(Rust, `dlcp-client`), config defaults except `[pacing] rate_mbps = 3000` (see `DLCP_PACING` in bench/harness.py: "
+      "at 1000 a daemon pair reached only 0.54x iperf3 UDP) and shm sizes for 256 MiB tensors.")
     w("- Gloo: `torch.distributed` (backend gloo, `all_reduce`), defaults plus `GLOO_SOCKET_IFNAME=eth0` "
       "(needed to run). Open MPI: `mpi4py` `Allreduce` (in place), defaults plus interface selection "
       "(`btl_tcp_if_include=eth0`, `oob_tcp_if_include=eth0`, PMIx remote connections on 10.77.0.0/24) and "

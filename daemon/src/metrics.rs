@@ -221,7 +221,11 @@ impl Metrics {
             "Repair DATA packets per priority class, by direction",
             m.class_repairs.clone(),
         );
-        r.register("probes_sent", "Repair requests (PROBE) sent", m.probes_sent.clone());
+        r.register(
+            "probes_sent",
+            "PROBEs sent (\"I have sent through chunk X\"; every copy counts)",
+            m.probes_sent.clone(),
+        );
         r.register("deadlines_fired", "Receive deadlines that fired", m.deadlines_fired.clone());
         r.register("hard_timeouts", "Ops failed by the hard timeout", m.hard_timeouts.clone());
         r.register("ops", "Allreduce ops, by outcome", m.ops.clone());

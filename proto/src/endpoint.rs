@@ -1522,7 +1522,7 @@ impl Endpoint {
     }
 
     /// A reduce-scatter receiver's full bitmap arrived: repair just enough.
-    fn decide_scatter(&mut self, _now: Instant, id: OpId, dst: u32) {
+    fn decide_scatter(&mut self, now: Instant, id: OpId, dst: u32) {
         let Some(op) = self.ops.get_mut(&id) else { return };
         let droppable = op.classifier.droppable;
         let classes = &op.classes[dst as usize];
@@ -1531,7 +1531,13 @@ impl Endpoint {
         let repairs = select_repairs(st.have.iter_zeros(), |c| classes[c as usize], droppable, allowed);
         st.segs_seen = Bitmap::new(st.segs_seen.len());
         if repairs.is_empty() {
-            // Within budget: the receiver closes on our next probe.
+            // Within budget: the receiver closes on our next PROBE. It asked
+            // without being prompted (its deadline NACKs after our PROBEs were
+            // lost): answer now, not at the backed-off probe timer, so it
+            // closes on the PROBE rather than by its deadline.
+            if st.probe_timer.is_some_and(|t| t > now) {
+                st.probe_timer = Some(now);
+            }
             return;
         }
         st.stage = Stage::Sending;
@@ -1826,9 +1832,14 @@ impl Endpoint {
                 self.stats.deadlines_fired += 1;
                 r.deadline_fired = true;
                 let retry = t.deadline_min.max(rto).saturating_mul(1 << r.deadline_backoff.min(MAX_BACKOFF));
+                // A closable transfer still NACKs once first: the sender answers
+                // a within-budget BITMAP with a PROBE at once, and the transfer
+                // closes on that PROBE. Only a sender still quiet one retry
+                // later (dead, or its answers lost too) is closed by the deadline.
+                let nacked_before = r.deadline_backoff > 0;
                 r.deadline_backoff += 1;
                 r.deadline = Some(now + retry.min(t.deadline_max.max(t.deadline_min)));
-                if phase == Phase::Scatter && r.closable() {
+                if phase == Phase::Scatter && r.closable() && nacked_before {
                     self.stats.deadline_closes += 1;
                     close.push(j as u32);
                 } else {

@@ -271,6 +271,54 @@ fn losing_one_copy_of_every_probe_costs_no_deadline_and_no_time() {
 }
 
 #[test]
+fn a_transfer_whose_probes_are_all_lost_closes_on_a_probe_not_by_its_deadline() {
+    use dlcp_proto::wire::{self, PacketType, Phase};
+    use std::cell::Cell;
+    use std::collections::BTreeSet;
+    use std::rc::Rc;
+    // The case a testbed run hit once in ~2400 transfers: every copy of a
+    // sender's first PROBE and of its retries is lost. The receiver holds
+    // enough to close within budget but never heard the sender say it is done.
+    // Its deadline must not end the transfer: it NACKs, the sender answers the
+    // within-budget BITMAP with a PROBE at once, and that PROBE closes it.
+    let world = 4;
+    let len = 60_000;
+    let x = inputs(67, world, len);
+    let mut c = Cluster::new(world, NetConfig::default().with_seed(67).with_loss(0.005));
+    // Every scatter PROBE is lost until the receiver has spoken (sent a
+    // BITMAP) to that sender: only a receive deadline can then move it.
+    let dropped = Rc::new(Cell::new(0u32));
+    let d = dropped.clone();
+    let mut spoke = BTreeSet::new();
+    c.sim.set_drop(Some(Box::new(move |rec| {
+        let Ok(p) = wire::Packet::new_checked(rec.datagram) else { return false };
+        if p.raw_phase() != Phase::Scatter as u8 {
+            return false;
+        }
+        if p.raw_type() == PacketType::Bitmap as u8 {
+            spoke.insert((p.src(), p.dst(), p.op()));
+        }
+        let lost = p.raw_type() == PacketType::Probe as u8 && !spoke.contains(&(p.dst(), p.src(), p.op()));
+        d.set(d.get() + u32::from(lost));
+        lost
+    })));
+    let res = all_ok(c.allreduce(OpId { seq: 1, tensor: 1 }, &x, opts(10_000), SECOND));
+    assert_identical(&res);
+    assert!(dropped.get() > 0, "no PROBE was lost: the test proves nothing");
+    let closable_without_probe: usize = res
+        .iter()
+        .flat_map(|(_, rep)| rep.scatter.iter())
+        .filter(|t| t.delivered.count_ones() < t.chunks)
+        .count();
+    assert!(closable_without_probe > 0, "every transfer was complete: none needed a PROBE to close");
+    let stats: Vec<_> = (0..world).map(|r| c.sim.node(r).stats().clone()).collect();
+    let nacks: u64 = stats.iter().map(|s| s.deadline_nacks).sum();
+    let closes: u64 = stats.iter().map(|s| s.deadline_closes).sum();
+    assert!(nacks > 0, "no deadline NACK: the lost PROBEs were not what the receivers waited for");
+    assert_eq!(closes, 0, "{closes} transfers ended by their deadline ({nacks} deadline NACKs)");
+}
+
+#[test]
 fn silent_rank_yields_errors_within_the_hard_timeout() {
     use dlcp_proto::endpoint::OpError;
     let world = 4;

@@ -190,13 +190,14 @@ class Runner:
         return t
 
     def start_daemons(self, hosts, extra=""):
+        """extra: TOML appended to every host's config, or a function of the host giving it."""
         d = tempfile.mkdtemp(prefix="dlcpd-", dir=self.workdir)
         daemons, socks = [], []
         for h in range(hosts):
             sock = os.path.join(d, f"d{h}.sock")
             cfg = os.path.join(d, f"d{h}.toml")
             with open(cfg, "w") as f:
-                f.write(self.dlcp_config(h, hosts, sock, extra))
+                f.write(self.dlcp_config(h, hosts, sock, extra(h) if callable(extra) else extra))
             logf = open(os.path.join(d, f"d{h}.log"), "w")
             p = subprocess.Popen(["ip", "netns", "exec", self.bed.ns(h), os.path.join(self.bindir, "dlcpd"),
                                   "--config", cfg], stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
@@ -246,7 +247,13 @@ class Runner:
             outs = wait_all(procs, timeout, "dlcp trainers")
             cpu = sum(proc_cpu(p.pid) for p in daemons) - cpu0
             name = f"dlcp b{budget_ppm / 10000:g}%"
-            return combine(name, parse_json_lines(outs), extra_cpu=cpu)
+            r = combine(name, parse_json_lines(outs), extra_cpu=cpu)
+            st = sh([os.path.join(self.bindir, "dlcpctl"), "--socket", socks[0], "status", "--json"], check=False)
+            try:
+                r["datapath"] = json.loads(st.stdout).get("datapath", "")
+            except ValueError:
+                r["datapath"] = ""
+            return r
         finally:
             self.stop_daemons(daemons)
             if os.environ.get("DLCP_BENCH_KEEP_LOGS") != "1":
@@ -446,8 +453,38 @@ class Bench:
                                      "tcp_mbps": tcp, "p50": t["p50"]}
             self.line("datapath_vs_iperf3_udp", dl, udp, "Mbit/s", "iperf3 UDP 1472 B at 1 Gbit/s, 4 MiB buffers, --bidir")
             self.line("datapath_vs_iperf3_tcp", dl, tcp, "Mbit/s", "iperf3 TCP, --bidir")
+            self.dpdk_datapath(size, reps, udp)
         finally:
             self.bed.down()
+
+    def dpdk_datapath(self, size, reps, udp):
+        """The same daemon pair on the DPDK datapath (net_af_packet on each host's veth,
+        no hugepages), if dlcpd was built with DPDK. Runs last: it takes the kernel's
+        addresses off the veths (DPDK owns them; dlcp answers ARP itself)."""
+        def dpdk(h):
+            return ("[datapath]\nkind = \"dpdk\"\n[datapath.dpdk]\neal_args = [\"--no-huge\", \"--no-pci\", "
+                    f"\"--no-shconf\", \"--no-telemetry\", \"-m\", \"256\", \"-l\", \"{h % (os.cpu_count() or 1)}\", "
+                    f"\"--file-prefix\", \"{self.bed.prefix}d{h}\", \"--vdev=net_af_packet0,iface=eth0\"]\n"
+                    "rx_ring_size = 1024\ntx_ring_size = 1024\n")
+        for h in range(2):
+            sh(["ip", "netns", "exec", self.bed.ns(h), "ip", "addr", "flush", "dev", "eth0"])
+        try:
+            r = self.runner.run("dlcp0", 2, reps, 1, sizes=[size], extra=dpdk)
+        except Exception as e:
+            log(f"  DPDK datapath: not measured ({str(e).splitlines()[0]}; dlcpd built without DPDK?)")
+            self.data["datapath"]["dpdk"] = {"error": str(e).splitlines()[0]}
+            return
+        t = stats(r["results"][0]["times"])
+        dl = size * 8 / t["p50"] / 1e6
+        used = r.get("datapath", "")
+        if not used.startswith("dpdk"):
+            log(f"  DPDK datapath: the daemons ran on '{used}', not DPDK: not reported")
+            self.data["datapath"]["dpdk"] = {"error": f"datapath in use: {used}"}
+            return
+        log(f"  DPDK datapath ({used}): {dl:.0f} Mbit/s")
+        self.data["datapath"]["dpdk"] = {"dlcp_mbps": dl, "p50": t["p50"], "datapath": used}
+        self.line("datapath_dpdk_vs_iperf3_udp", dl, udp, "Mbit/s",
+                  "iperf3 UDP on the kernel stack; dlcp on DPDK net_af_packet, which still crosses the kernel")
 
     # ---- 4. headline
     def conditions(self):

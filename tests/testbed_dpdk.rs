@@ -73,63 +73,11 @@ fn dpdk_bed(prefix: &'static str, args: &[&str]) -> Option<Bed> {
     Some(bed)
 }
 
-/// (TOS byte, dlcp class, IPv4 source) of every dlcp datagram in an Ethernet pcap.
-fn dlcp_marks(pcap: &[u8]) -> Vec<(u8, u8, [u8; 4])> {
-    assert!(pcap.len() >= 24, "pcap file too short");
-    assert_eq!(u32::from_le_bytes(pcap[20..24].try_into().unwrap()), 1, "expected Ethernet captures");
-    let mut v = Vec::new();
-    let mut off = 24;
-    while off + 16 <= pcap.len() {
-        let incl = u32::from_le_bytes(pcap[off + 8..off + 12].try_into().unwrap()) as usize;
-        let f = &pcap[off + 16..(off + 16 + incl).min(pcap.len())];
-        off += 16 + incl;
-        if f.len() < 14 + 20 + 8 + 6 || f[12..14] != [0x08, 0x00] || f[14 + 9] != 17 {
-            continue;
-        }
-        let udp = &f[34..];
-        if u16::from_be_bytes([udp[2], udp[3]]) != PORT {
-            continue;
-        }
-        let p = &udp[8..];
-        assert_eq!(p[0..2], [0xD1, 0xC9], "datagram on the dlcp port without dlcp magic");
-        v.push((f[15], p[5], f[26..30].try_into().unwrap()));
-    }
-    v
-}
-
 #[test]
 fn dpdk_host_budget_zero_bit_exact_and_dscp_on_the_wire() {
     let prefix = "dpdkr";
     let Some(mut bed) = dpdk_bed(prefix, &[]) else { return };
-    let pcap = bed.dir.path().join("p0.pcap");
-    let tcpdump = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &format!("{prefix}-sw"),
-            "tcpdump",
-            "-i",
-            "p0",
-            "-n",
-            "--immediate-mode",
-            "-s",
-            "96",
-        ])
-        .args(["-Q", "in", "-w"]) // frames host 0 sent
-        .arg(&pcap)
-        .arg("udp")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    bed.others.push(tcpdump);
-    let t0 = Instant::now();
-    while !pcap.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "tcpdump did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::thread::sleep(Duration::from_millis(300));
+    let cap = bed.capture("p0", &["-Q", "in"]); // frames host 0 sent
 
     let sizes: Vec<usize> = (0..12).map(size).collect();
     let results = run_ops(&bed, &sizes, 0);
@@ -146,15 +94,12 @@ fn dpdk_host_budget_zero_bit_exact_and_dscp_on_the_wire() {
         }
     }
     std::thread::sleep(Duration::from_millis(300)); // heartbeats (class 7) too
-    let tcpdump = bed.others.last_mut().unwrap();
-    let _ = Command::new("kill").arg("-TERM").arg(tcpdump.id().to_string()).status();
-    let _ = tcpdump.wait();
 
     let dscp = dlcp::config::schema::DEFAULT_DSCP;
-    let marks = dlcp_marks(&std::fs::read(&pcap).unwrap());
+    let marks = dlcp_marks(&bed.finish_capture(cap), PORT);
     let mut per_class: BTreeMap<u8, u64> = BTreeMap::new();
     let mut wrong = Vec::new();
-    for &(tos, class, src) in &marks {
+    for &Mark { tos, class, src, .. } in &marks {
         assert_eq!(src, [10, 77, 0, 1], "a frame into p0 from someone else than host 0");
         *per_class.entry(class).or_default() += 1;
         if usize::from(class) >= 8 || tos != dscp[usize::from(class)] << 2 {

@@ -30,29 +30,6 @@ const ROUNDS: usize = 3;
 /// so the congestion comes from the best-effort cross traffic.
 const PACING_MBPS: u32 = 70;
 
-/// (sent packets, dropped packets) of htb class `1:1<c>` on switch port `dev`.
-fn htb_classes(dev: &str) -> BTreeMap<u8, (u64, u64)> {
-    let out = Command::new("ip")
-        .args(["netns", "exec", &format!("{PREFIX}-sw"), "tc", "-s", "class", "show", "dev", dev])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut m = BTreeMap::new();
-    let mut cur: Option<u8> = None;
-    for line in text.lines() {
-        let w: Vec<&str> = line.split_whitespace().collect();
-        if w.first() == Some(&"class") {
-            cur = w.get(2).and_then(|id| id.strip_prefix("1:1")).and_then(|c| c.parse().ok());
-        } else if w.first() == Some(&"Sent")
-            && let Some(c) = cur
-        {
-            // "Sent B bytes P pkt (dropped D, overlimits O requeues R)"
-            m.insert(c, (w[3].parse().unwrap(), w[6].trim_end_matches(',').parse().unwrap()));
-        }
-    }
-    m
-}
-
 fn frac(m: &BTreeMap<u8, (u64, u64)>, classes: &[u8]) -> (u64, u64, f64) {
     let (s, d) = classes.iter().filter_map(|c| m.get(c)).fold((0, 0), |(s, d), &(a, b)| (s + a, d + b));
     (s, d, if s + d == 0 { 0.0 } else { d as f64 / (s + d) as f64 })
@@ -72,7 +49,7 @@ fn bottleneck_with_cross_traffic_front_layer_loses_less_and_completes_first() {
         .expect("iperf3 (apt-get install iperf3)");
     bed.others.push(server);
     std::thread::sleep(Duration::from_millis(300));
-    let before = htb_classes("p1");
+    let before = htb_classes(PREFIX, "p1");
     let client = Command::new("ip")
         .args(["netns", "exec", &bed.ns(2), "iperf3", "-u", "-c", "10.77.0.2", "-p", "5301", "--tos", "0"])
         .args(["-b", "300M", "-l", "1400", "-t", "15"])
@@ -121,7 +98,7 @@ fn bottleneck_with_cross_traffic_front_layer_loses_less_and_completes_first() {
         })
         .collect();
     let results: Vec<_> = hs.into_iter().map(|h| h.join().expect("trainer thread")).collect();
-    let after = htb_classes("p1");
+    let after = htb_classes(PREFIX, "p1");
     let delta: BTreeMap<u8, (u64, u64)> = after
         .iter()
         .map(|(c, &(s, d))| {

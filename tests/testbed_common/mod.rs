@@ -4,6 +4,7 @@
 //! killed, `testbed.sh down`) on drop, even when the test fails.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -41,6 +42,85 @@ pub fn namespaces_available(prefix: &str) -> Result<(), String> {
     }
     let _ = Command::new("ip").args(["netns", "del", &probe]).status();
     Ok(())
+}
+
+/// `(sent, dropped)` packets of every htb class `1:1<c>` on switch port `dev`
+/// of the testbed `prefix` (`tc -s class show`), keyed by `c`.
+pub fn htb_classes(prefix: &str, dev: &str) -> BTreeMap<u8, (u64, u64)> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &format!("{prefix}-sw"), "tc", "-s", "class", "show", "dev", dev])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut m = BTreeMap::new();
+    let mut cur: Option<u8> = None;
+    for line in text.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if w.first() == Some(&"class") {
+            cur = w.get(2).and_then(|id| id.strip_prefix("1:1")).and_then(|c| c.parse().ok());
+        } else if w.first() == Some(&"Sent")
+            && let Some(c) = cur
+        {
+            // "Sent B bytes P pkt (dropped D, overlimits O requeues R)"
+            m.insert(c, (w[3].parse().unwrap(), w[6].trim_end_matches(',').parse().unwrap()));
+        }
+    }
+    m
+}
+
+/// A dlcp datagram seen in a capture.
+#[derive(Clone, Copy, Debug)]
+pub struct Mark {
+    /// The IPv4 TOS byte (DSCP << 2 | ECN).
+    pub tos: u8,
+    /// The dlcp header's priority class (byte 5).
+    pub class: u8,
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+}
+
+/// Every IPv4/UDP datagram to or from `port` in an Ethernet pcap file; each
+/// must carry the dlcp magic.
+pub fn dlcp_marks(pcap: &[u8], port: u16) -> Vec<Mark> {
+    assert!(pcap.len() >= 24, "pcap file too short: {} bytes", pcap.len());
+    let magic = u32::from_le_bytes(pcap[0..4].try_into().unwrap());
+    assert!(magic == 0xa1b2_c3d4 || magic == 0xa1b2_3c4d, "not a little-endian pcap file: {magic:#x}");
+    assert_eq!(u32::from_le_bytes(pcap[20..24].try_into().unwrap()), 1, "expected Ethernet captures");
+    let mut v = Vec::new();
+    let mut off = 24;
+    while off + 16 <= pcap.len() {
+        let incl = u32::from_le_bytes(pcap[off + 8..off + 12].try_into().unwrap()) as usize;
+        let f = &pcap[off + 16..(off + 16 + incl).min(pcap.len())];
+        off += 16 + incl;
+        if f.len() < 14 + 20 || f[12..14] != [0x08, 0x00] {
+            continue;
+        }
+        let ip = &f[14..];
+        let ihl = usize::from(ip[0] & 0x0f) * 4;
+        if ip[9] != 17 || ip.len() < ihl + 8 + 6 {
+            continue;
+        }
+        let udp = &ip[ihl..];
+        let (sport, dport) = (u16::from_be_bytes([udp[0], udp[1]]), u16::from_be_bytes([udp[2], udp[3]]));
+        if sport != port && dport != port {
+            continue;
+        }
+        let payload = &udp[8..];
+        assert_eq!(payload[0..2], [0xD1, 0xC9], "datagram on the dlcp port without dlcp magic");
+        v.push(Mark {
+            tos: ip[1],
+            class: payload[5],
+            src: ip[12..16].try_into().unwrap(),
+            dst: ip[16..20].try_into().unwrap(),
+        });
+    }
+    v
+}
+
+/// A running tcpdump on a switch port; see [`Bed::capture`].
+pub struct Capture {
+    pub pcap: PathBuf,
+    pid: u32,
 }
 
 /// The testbed and its daemons; all torn down on drop.
@@ -120,6 +200,47 @@ impl Bed {
             bed.wait_ready(h);
         }
         Some(bed)
+    }
+
+    /// Capture UDP headers on switch port `dev` (e.g. `p1`) with tcpdump;
+    /// `args` go before `-w` (e.g. `["-Q", "in"]`: only frames the host sent).
+    /// Returns once the capture file exists; the capture dies with the bed.
+    pub fn capture(&mut self, dev: &str, args: &[&str]) -> Capture {
+        assert!(
+            Command::new("tcpdump").arg("--version").output().is_ok(),
+            "tcpdump not found: apt-get install tcpdump"
+        );
+        let pcap = self.dir.path().join(format!("{dev}.pcap"));
+        let sw = format!("{}-sw", self.prefix);
+        let child = Command::new("ip")
+            .args(["netns", "exec", &sw, "tcpdump", "-i", dev, "-n", "-U", "--immediate-mode", "-s", "96"])
+            .args(args)
+            .arg("-w")
+            .arg(&pcap)
+            .arg("udp")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        self.others.push(child);
+        let t0 = Instant::now();
+        while !pcap.exists() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "tcpdump did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        Capture { pcap, pid }
+    }
+
+    /// Stop a capture (SIGTERM: tcpdump flushes) and return the pcap file's bytes.
+    pub fn finish_capture(&mut self, c: Capture) -> Vec<u8> {
+        let _ = Command::new("kill").arg("-TERM").arg(c.pid.to_string()).status();
+        if let Some(i) = self.others.iter().position(|o| o.id() == c.pid) {
+            let _ = self.others.remove(i).wait();
+        }
+        std::fs::read(&c.pcap).unwrap_or_else(|e| panic!("{}: {e}", c.pcap.display()))
     }
 
     pub fn ns(&self, h: usize) -> String {

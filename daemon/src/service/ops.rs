@@ -224,6 +224,9 @@ impl Service {
             rx_bytes: s.rx_bytes,
             tx_packets_peer: s.tx_packets_peer.clone(),
             rx_packets_peer: s.rx_packets_peer.clone(),
+            tx_bytes_peer: s.tx_bytes_peer.clone(),
+            rx_bytes_peer: s.rx_bytes_peer.clone(),
+            rx_dropped: s.rx_dropped.clone(),
             peer_up: (0..self.cfg.world_size())
                 .map(|p| p == self.cfg.rank() || self.endpoint.peer_up(p))
                 .collect(),
@@ -249,7 +252,10 @@ impl Service {
             repairs_sent: s.repairs_sent,
             repairs_received: s.repairs_received,
             probes_sent: s.probes_sent,
+            probes_duplicate: s.probes_duplicate,
             deadlines_fired: s.deadlines_fired,
+            deadline_closes: s.deadline_closes,
+            deadline_nacks: s.deadline_nacks,
             hard_timeouts: s.hard_timeouts,
             ops_started: c.ops_started,
             ops_completed: c.ops_completed,

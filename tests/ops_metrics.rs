@@ -431,6 +431,7 @@ fn dropped_datagrams_are_counted_per_class_and_per_peer() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("dlcpctl stats after the forged datagrams:\n{text}");
     let table_row = |table: &str, key: &str| -> Vec<u64> {
         let mut lines = text.lines().skip_while(|l| l.split_whitespace().next() != Some(table)).skip(1);
         let row =
@@ -442,6 +443,7 @@ fn dropped_datagrams_are_counted_per_class_and_per_peer() {
     assert_eq!(table_row("class", "unknown")[4], 6, "{text}");
     assert_eq!(table_row("class", "2")[4], 5, "{text}");
     assert!(text.contains("duplicate copies ignored; deadlines:"), "{text}");
+    assert!(text.contains("rejected datagrams: bad_tag 3, malformed 9, unknown_source 5\n"), "{text}");
 
     // The peer takes its address back; the daemon still reduces correctly.
     drop((peer, stranger));

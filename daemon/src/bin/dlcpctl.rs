@@ -271,8 +271,16 @@ fn print_stats(v: &Value) {
     }
     row("unknown", unknown("rx_dropped_unknown_peer"));
     let rej = p["rejected"].as_object().cloned().unwrap_or_default();
+    // The service's own drops (source-address check, debug loss) by the same
+    // reason names as dlcp_rx_dropped_total.
+    let own = [
+        ("wrong_source", "rx_wrong_source"),
+        ("unknown_source", "rx_unknown_source"),
+        ("debug_loss", "rx_debug_dropped"),
+    ]
+    .map(|(k, f)| (k.to_string(), s[f].clone()));
     let nonzero: Vec<String> =
-        rej.iter().filter(|(_, n)| u(n) > 0).map(|(k, n)| format!("{k} {}", u(n))).collect();
+        rej.into_iter().chain(own).filter(|(_, n)| u(n) > 0).map(|(k, n)| format!("{k} {}", u(&n))).collect();
     println!(
         "\nrejected datagrams: {}",
         if nonzero.is_empty() { "none".to_string() } else { nonzero.join(", ") }

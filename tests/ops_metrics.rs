@@ -225,6 +225,21 @@ fn counters_move_after_an_allreduce_and_parse_as_prometheus_text() {
             .sum();
         assert!(total > 0.0, "5% loss at budget 0 needs repairs ({dir})");
         assert_eq!(per_class, total, "{dir}");
+        // Two ranks: every repair is to or from peer 1.
+        assert_eq!(
+            get(&after, "dlcp_peer_repairs_total", &[("peer", "1"), ("direction", dir)]),
+            total,
+            "{dir}"
+        );
+        assert_eq!(
+            get(&after, "dlcp_peer_repairs_total", &[("peer", "0"), ("direction", dir)]),
+            0.0,
+            "{dir}"
+        );
+        let bytes = get(&after, "dlcp_peer_repair_bytes_total", &[("peer", "1"), ("direction", dir)]);
+        let class_bytes = sum_where(&after, "dlcp_class_repair_bytes_total", "direction", dir);
+        assert_eq!(bytes, class_bytes, "{dir}");
+        assert!(bytes >= total * 80.0, "{dir}: {bytes} bytes for {total} repairs");
     }
     assert!(get(&after, "dlcp_rx_dropped_total", &[("reason", "debug_loss")]) > 0.0);
     // Two ranks: the one peer is necessarily the last to arrive.
@@ -438,8 +453,8 @@ fn dropped_datagrams_are_counted_per_class_and_per_peer() {
             lines.find(|l| l.split_whitespace().next() == Some(key)).unwrap_or_else(|| panic!("{text}"));
         row.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect()
     };
-    assert_eq!(table_row("peer", "unknown")[4..], [8, want_peer["unknown"].1 as u64], "{text}");
-    assert_eq!(table_row("peer", "1")[4..], [9, want_peer["1"].1 as u64], "{text}");
+    assert_eq!(table_row("peer", "unknown")[4..6], [8, want_peer["unknown"].1 as u64], "{text}");
+    assert_eq!(table_row("peer", "1")[4..6], [9, want_peer["1"].1 as u64], "{text}");
     assert_eq!(table_row("class", "unknown")[4], 6, "{text}");
     assert_eq!(table_row("class", "2")[4], 5, "{text}");
     assert!(text.contains("duplicate copies ignored; deadlines:"), "{text}");

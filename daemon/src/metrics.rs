@@ -69,6 +69,14 @@ pub struct Sample {
     pub repairs_sent_per_class: [u64; 8],
     /// Repair DATA packets received, per class.
     pub repairs_received_per_class: [u64; 8],
+    /// Bytes of repair DATA packets sent, per class.
+    pub repair_bytes_sent_per_class: [u64; 8],
+    /// Bytes of repair DATA packets received, per class.
+    pub repair_bytes_received_per_class: [u64; 8],
+    /// Repair DATA packets and bytes sent, per peer rank.
+    pub repairs_sent_peer: Vec<PacketCount>,
+    /// Repair DATA packets and bytes received, per peer rank.
+    pub repairs_received_peer: Vec<PacketCount>,
     /// Repair DATA packets sent.
     pub repairs_sent: u64,
     /// Repair DATA packets received.
@@ -131,6 +139,9 @@ pub struct Metrics {
     dropped: Family<Labels, Counter>,
     repairs: Family<Labels, Counter>,
     class_repairs: Family<Labels, Counter>,
+    class_repair_bytes: Family<Labels, Counter>,
+    peer_repairs: Family<Labels, Counter>,
+    peer_repair_bytes: Family<Labels, Counter>,
     probes_sent: Counter,
     probes_duplicate: Counter,
     deadlines_fired: Counter,
@@ -187,6 +198,9 @@ impl Metrics {
             dropped: Family::default(),
             repairs: Family::default(),
             class_repairs: Family::default(),
+            class_repair_bytes: Family::default(),
+            peer_repairs: Family::default(),
+            peer_repair_bytes: Family::default(),
             probes_sent: Counter::default(),
             probes_duplicate: Counter::default(),
             deadlines_fired: Counter::default(),
@@ -277,6 +291,21 @@ impl Metrics {
             "class_repairs",
             "Repair DATA packets per priority class, by direction",
             m.class_repairs.clone(),
+        );
+        r.register(
+            "class_repair_bytes",
+            "Bytes of repair DATA packets per priority class, by direction",
+            m.class_repair_bytes.clone(),
+        );
+        r.register(
+            "peer_repairs",
+            "Repair DATA packets per peer rank, by direction (received: new chunks only)",
+            m.peer_repairs.clone(),
+        );
+        r.register(
+            "peer_repair_bytes",
+            "Bytes of repair DATA packets per peer rank, by direction",
+            m.peer_repair_bytes.clone(),
         );
         r.register(
             "probes_sent",
@@ -391,6 +420,14 @@ impl Metrics {
             let k = |dir: &str| vec![("class", c.to_string()), ("direction", dir.to_string())];
             set(&self.class_repairs.get_or_create(&k("sent")), s.repairs_sent_per_class[c]);
             set(&self.class_repairs.get_or_create(&k("received")), s.repairs_received_per_class[c]);
+            set(&self.class_repair_bytes.get_or_create(&k("sent")), s.repair_bytes_sent_per_class[c]);
+            set(&self.class_repair_bytes.get_or_create(&k("received")), s.repair_bytes_received_per_class[c]);
+        }
+        for (dir, v) in [("sent", &s.repairs_sent_peer), ("received", &s.repairs_received_peer)] {
+            for (p, n) in v.iter().enumerate() {
+                let k = vec![("peer", p.to_string()), ("direction", dir.to_string())];
+                self.set_count(&self.peer_repairs, &self.peer_repair_bytes, k, n);
+            }
         }
         set(&self.repairs.get_or_create(&l("direction", "sent")), s.repairs_sent);
         set(&self.repairs.get_or_create(&l("direction", "received")), s.repairs_received);

@@ -515,6 +515,14 @@ pub struct Stats {
     pub repairs_sent_per_class: [u64; 8],
     /// Repair DATA packets received, per class.
     pub repairs_received_per_class: [u64; 8],
+    /// Bytes of repair DATA packets sent, per class.
+    pub repair_bytes_sent_per_class: [u64; 8],
+    /// Bytes of repair DATA packets received (new chunks), per class.
+    pub repair_bytes_received_per_class: [u64; 8],
+    /// Repair DATA packets (and bytes) sent, per peer.
+    pub repairs_sent_peer: Vec<PacketCount>,
+    /// Repair DATA packets (and bytes) received (new chunks), per peer.
+    pub repairs_received_peer: Vec<PacketCount>,
     /// PROBEs sent (every copy counts; see [`PROBE_COPIES`]).
     pub probes_sent: u64,
     /// Redundant PROBE copies received (same sequence number as one already
@@ -854,6 +862,8 @@ impl Endpoint {
                 rx_packets_peer: vec![0; world],
                 rx_bytes_peer: vec![0; world],
                 rx_dropped: RxDrops { peer: vec![PacketCount::default(); world], ..RxDrops::default() },
+                repairs_sent_peer: vec![PacketCount::default(); world],
+                repairs_received_peer: vec![PacketCount::default(); world],
                 ..Stats::default()
             },
             next_heartbeat: (!t.heartbeat.is_zero() && cfg.world > 1).then_some(now),
@@ -2147,6 +2157,8 @@ impl Endpoint {
         if repair {
             self.stats.repairs_sent += 1;
             self.stats.repairs_sent_per_class[class.index()] += 1;
+            self.stats.repair_bytes_sent_per_class[class.index()] += len as u64;
+            self.stats.repairs_sent_peer[item.peer as usize].add(len);
         }
         Some(self.count_tx(item.peer, class, len))
     }
@@ -2315,8 +2327,13 @@ fn accept_data_header(
     }
     if h.flags.contains(Flags::REPAIR) {
         r.repaired += 1;
+        let len = wire::OVERHEAD + usize::from(h.payload_len);
         stats.repairs_received += 1;
         stats.repairs_received_per_class[h.class.index()] += 1;
+        stats.repair_bytes_received_per_class[h.class.index()] += len as u64;
+        if let Some(p) = stats.repairs_received_peer.get_mut(h.src as usize) {
+            p.add(len);
+        }
     }
     arm_deadline(r, now, est);
 }

@@ -232,16 +232,23 @@ fn print_stats(v: &Value) {
     // header claims and by the configured peer address that sent them.
     let header = |key: &str| {
         format!(
-            "\n{key:>7} {:>12} {:>14} {:>12} {:>14} {:>10} {:>13}",
-            "tx packets", "tx bytes", "rx packets", "rx bytes", "dropped", "dropped bytes"
+            "\n{key:>7} {:>12} {:>14} {:>12} {:>14} {:>10} {:>13} {:>11} {:>11}",
+            "tx packets",
+            "tx bytes",
+            "rx packets",
+            "rx bytes",
+            "dropped",
+            "dropped bytes",
+            "repairs out",
+            "repairs in"
         )
     };
-    let row = |key: &str, cols: [u64; 6]| {
-        let [a, b, c, d, e, f] = cols;
-        println!("{key:>7} {a:>12} {b:>14} {c:>12} {d:>14} {e:>10} {f:>13}");
+    let row = |key: &str, cols: [u64; 8]| {
+        let [a, b, c, d, e, f, g, h] = cols;
+        println!("{key:>7} {a:>12} {b:>14} {c:>12} {d:>14} {e:>10} {f:>13} {g:>11} {h:>11}");
     };
     let g = |x: &Vec<u64>, i: usize| x.get(i).copied().unwrap_or(0);
-    let unknown = |k: &str| [0, 0, 0, 0, u(&p[k]["packets"]), u(&p[k]["bytes"])];
+    let unknown = |k: &str| [0, 0, 0, 0, u(&p[k]["packets"]), u(&p[k]["bytes"]), 0, 0];
     println!("{}", header("class"));
     let cols = [
         "tx_packets_per_class",
@@ -250,6 +257,8 @@ fn print_stats(v: &Value) {
         "rx_bytes_per_class",
         "rx_dropped_packets_per_class",
         "rx_dropped_bytes_per_class",
+        "repairs_sent_per_class",
+        "repairs_received_per_class",
     ]
     .map(|k| list(&p[k]));
     for c in 0..8 {
@@ -264,6 +273,8 @@ fn print_stats(v: &Value) {
         "rx_bytes_per_peer",
         "rx_dropped_packets_per_peer",
         "rx_dropped_bytes_per_peer",
+        "repairs_sent_per_peer",
+        "repairs_received_per_peer",
     ]
     .map(|k| list(&p[k]));
     for r in 0..u(&v["world"]) as usize {

@@ -99,6 +99,29 @@ fn arp_resolves_itself_and_classes_use_their_queues() {
     }
     let s = dp.dpdk_stats();
     assert_eq!((s.rx_not_for_us, s.arp_requests_sent), (1, 1), "{s:?}");
+    // A new DSCP map applies live (tests/dpdk_tap_reload.rs reads it on the
+    // wire); an out-of-range one is refused and changes nothing. Frames built
+    // after the change still pass dlcp's own checksum verification on receive.
+    let mut bad = dlcp::config::schema::DEFAULT_DSCP;
+    bad[3] = 64;
+    assert!(dp.set_marking(bad, [0; 8]).is_err());
+    assert!(dp.set_marking([8, 12, 20, 28, 36, 44, 38, 56], [0; 8]).unwrap(), "DPDK re-marks live");
+    for c in Class::all() {
+        assert_eq!(dp.send(me, c, b"re-marked").unwrap(), SendOutcome::Sent);
+    }
+    let mut n = 0;
+    let t0 = Instant::now();
+    while n < 8 && t0.elapsed() < Duration::from_secs(5) {
+        dp.flush().unwrap();
+        dp.recv(&mut |_, b| {
+            assert_eq!(b, b"re-marked");
+            n += 1;
+        })
+        .unwrap();
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    let s = dp.dpdk_stats();
+    assert_eq!((n, s.rx_bad_ip_checksum, s.rx_bad_udp_checksum), (8, 0, 0), "{s:?}");
     // Idle: the hint backs off towards 1 ms.
     for _ in 0..20 {
         dp.recv(&mut |_, _| {}).unwrap();

@@ -129,6 +129,10 @@ fn get(s: &Samples, name: &str, labels: &[(&str, &str)]) -> f64 {
         .2
 }
 
+fn body_has_help(body: &str, family: &str, text: &str) -> bool {
+    body.lines().any(|l| l.starts_with(&format!("# HELP {family}_total ")) && l.contains(text))
+}
+
 fn scrape(addr: &str) -> (String, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -221,6 +225,21 @@ fn counters_move_after_an_allreduce_and_parse_as_prometheus_text() {
             .sum();
         assert!(total > 0.0, "5% loss at budget 0 needs repairs ({dir})");
         assert_eq!(per_class, total, "{dir}");
+        // Two ranks: every repair is to or from peer 1.
+        assert_eq!(
+            get(&after, "dlcp_peer_repairs_total", &[("peer", "1"), ("direction", dir)]),
+            total,
+            "{dir}"
+        );
+        assert_eq!(
+            get(&after, "dlcp_peer_repairs_total", &[("peer", "0"), ("direction", dir)]),
+            0.0,
+            "{dir}"
+        );
+        let bytes = get(&after, "dlcp_peer_repair_bytes_total", &[("peer", "1"), ("direction", dir)]);
+        let class_bytes = sum_where(&after, "dlcp_class_repair_bytes_total", "direction", dir);
+        assert_eq!(bytes, class_bytes, "{dir}");
+        assert!(bytes >= total * 80.0, "{dir}: {bytes} bytes for {total} repairs");
     }
     assert!(get(&after, "dlcp_rx_dropped_total", &[("reason", "debug_loss")]) > 0.0);
     // Two ranks: the one peer is necessarily the last to arrive.
@@ -236,6 +255,28 @@ fn counters_move_after_an_allreduce_and_parse_as_prometheus_text() {
     ] {
         assert!(after.iter().any(|(n, _, _)| n == name), "{name} missing");
     }
+    // The PROBE and deadline counters are exported as the protocol counts them.
+    let proto = c.stats(0).unwrap()["protocol"].clone();
+    for (metric, key) in [
+        ("dlcp_probes_sent_total", "probes_sent"),
+        ("dlcp_probes_duplicate_total", "probes_duplicate"),
+        ("dlcp_deadlines_fired_total", "deadlines_fired"),
+        ("dlcp_deadline_closes_total", "deadline_closes"),
+        ("dlcp_deadline_nacks_total", "deadline_nacks"),
+    ] {
+        assert_eq!(types[metric], "counter", "{metric}");
+        assert_eq!(get(&after, metric, &[]), proto[key].as_f64().unwrap(), "{metric} vs stats {key}");
+    }
+    assert!(get(&after, "dlcp_probes_sent_total", &[]) > 0.0);
+    assert_eq!(
+        get(&after, "dlcp_deadlines_fired_total", &[]),
+        get(&after, "dlcp_deadline_closes_total", &[]) + get(&after, "dlcp_deadline_nacks_total", &[])
+    );
+    assert!(body_has_help(&scrape(&addr).1, "dlcp_probes_duplicate", "Redundant PROBE copies"));
+    assert!(body_has_help(&scrape(&addr).1, "dlcp_deadline_nacks", "re-sent the receiver's BITMAP"));
+    // Bytes per peer, each way.
+    assert!(get(&after, "dlcp_peer_tx_bytes_total", &[("peer", "1")]) >= (N * 4 / 2) as f64);
+    assert!(get(&after, "dlcp_peer_rx_bytes_total", &[("peer", "1")]) >= (N * 4 / 2) as f64);
     // Both daemons serve, on different ports.
     assert_ne!(metrics_addr(&c, 1), addr);
 }
@@ -278,5 +319,170 @@ fn the_strict_parser_rejects_what_it_should() {
         "# TYPE a counter\na_total 1",              // no final newline
     ] {
         assert!(std::panic::catch_unwind(|| parse_exposition(bad)).is_err(), "accepted: {bad:?}");
+    }
+}
+
+/// Sum of `name` over every sample whose `label` is `value`.
+fn sum_where(s: &Samples, name: &str, label: &str, value: &str) -> f64 {
+    s.iter()
+        .filter(|(n, l, _)| n == name && l.get(label).map(String::as_str) == Some(value))
+        .map(|x| x.2)
+        .sum()
+}
+
+/// Forged, damaged and foreign datagrams sent to a real daemon from its peer's
+/// configured address and from an address that is no peer: each is counted
+/// once per class (the one its header claims, or "unknown") and once per
+/// sending peer (or "unknown"), in packets and bytes, in the metrics and in
+/// `dlcpctl stats`; then the peer starts and an allreduce still completes.
+#[test]
+fn dropped_datagrams_are_counted_per_class_and_per_peer() {
+    use dlcp_proto::priority::Class;
+    use dlcp_proto::wire::{self, Header, MacKey, PacketType, Phase};
+    use std::net::UdpSocket;
+    const N: usize = 20_000;
+    // Rank 1 starts late: until then the test owns its configured address.
+    let mut c = Cluster::start(&Options { hosts: 2, late: vec![1], ..Options::default() });
+    let addr = metrics_addr(&c, 0);
+    let (_, body) = scrape(&addr);
+    let (before, _) = parse_exposition(&body);
+    let peer = UdpSocket::bind(("127.0.0.1", c.ports[1])).unwrap();
+    let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let dst = ("127.0.0.1", c.ports[0]);
+
+    let forged_key = MacKey::derive(b"not this job's secret");
+    let packet = |class: u8| {
+        let mut h = Header::new(PacketType::Data, Class::new(class).unwrap(), Phase::Scatter);
+        h.job = JOB;
+        h.generation = 1;
+        h.src = 1; // always claims to be rank 1
+        h.dst = 0;
+        h.op = 1;
+        h.tensor = 1;
+        h.chunk_count = 4;
+        let mut buf = vec![0u8; 2048];
+        let n = wire::encode(&forged_key, &h, &[0x5a; 300], &mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    };
+    let bad_version = |class: u8| {
+        let mut p = packet(class);
+        p[2] = wire::VERSION + 1;
+        p
+    };
+    let truncated = packet(4)[..40].to_vec();
+    let garbage = b"not a dlcp datagram".to_vec();
+    // (socket, datagram, copies, class label, peer label)
+    let plan: Vec<(&UdpSocket, Vec<u8>, usize, &str, &str)> = vec![
+        (&peer, packet(3), 3, "3", "1"),                // bad MAC: reason bad_tag
+        (&peer, bad_version(5), 2, "5", "1"),           // malformed, class still readable
+        (&peer, truncated.clone(), 4, "unknown", "1"),  // malformed, no whole header
+        (&stranger, packet(2), 5, "2", "unknown"),      // claims rank 1 from elsewhere: unknown_source
+        (&stranger, bad_version(6), 1, "6", "unknown"), // malformed
+        (&stranger, garbage.clone(), 2, "unknown", "unknown"),
+    ];
+    let mut want_class: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+    let mut want_peer: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+    for (sock, d, copies, class, from) in &plan {
+        for _ in 0..*copies {
+            sock.send_to(d, dst).unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        for (m, k) in [(&mut want_class, class), (&mut want_peer, from)] {
+            let e = m.entry(k).or_default();
+            e.0 += *copies as f64;
+            e.1 += (*copies * d.len()) as f64;
+        }
+    }
+    let sent: usize = plan.iter().map(|p| p.2).sum();
+    let delta = |s: &Samples, n: &str, label: &str, v: &str| {
+        sum_where(s, n, label, v) - sum_where(&before, n, label, v)
+    };
+    let t0 = Instant::now();
+    let after = loop {
+        let (_, body) = scrape(&addr);
+        let (s, _) = parse_exposition(&body);
+        let total: f64 =
+            s.iter().filter(|(n, _, _)| n == "dlcp_peer_rx_dropped_packets_total").map(|x| x.2).sum();
+        if total >= sent as f64 || t0.elapsed() > Duration::from_secs(5) {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let classes = (0..8).map(|k| k.to_string()).chain(["unknown".to_string()]);
+    for k in classes {
+        let (p, b) = want_class.get(k.as_str()).copied().unwrap_or_default();
+        assert_eq!(delta(&after, "dlcp_class_rx_dropped_packets_total", "class", &k), p, "class {k} packets");
+        assert_eq!(delta(&after, "dlcp_class_rx_dropped_bytes_total", "class", &k), b, "class {k} bytes");
+    }
+    for k in ["0", "1", "unknown"] {
+        let (p, b) = want_peer.get(k).copied().unwrap_or_default();
+        assert_eq!(delta(&after, "dlcp_peer_rx_dropped_packets_total", "peer", k), p, "peer {k} packets");
+        assert_eq!(delta(&after, "dlcp_peer_rx_dropped_bytes_total", "peer", k), b, "peer {k} bytes");
+    }
+    // No other peer label: the label set stays bounded whatever the sender.
+    let peer_labels: std::collections::BTreeSet<&str> = after
+        .iter()
+        .filter(|(n, _, _)| n == "dlcp_peer_rx_dropped_packets_total")
+        .map(|(_, l, _)| l["peer"].as_str())
+        .collect();
+    assert_eq!(peer_labels, ["0", "1", "unknown"].into());
+    // The same datagrams by reason.
+    let reason = |r: &str| delta(&after, "dlcp_rx_dropped_total", "reason", r);
+    assert_eq!((reason("bad_tag"), reason("malformed"), reason("unknown_source")), (3.0, 9.0, 5.0));
+
+    // dlcpctl stats: --json and the human tables agree with the metrics.
+    let st = c.stats(0).unwrap();
+    let p = &st["protocol"];
+    assert_eq!(p["rx_dropped_packets_per_class"][3], 3, "{p}");
+    assert_eq!(p["rx_dropped_unknown_class"]["packets"], 6, "{p}");
+    assert_eq!(p["rx_dropped_packets_per_peer"][1], 9, "{p}");
+    assert_eq!(p["rx_dropped_unknown_peer"]["packets"], 8, "{p}");
+    assert_eq!(p["rx_dropped_unknown_peer"]["bytes"], want_peer["unknown"].1 as u64, "{p}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
+        .arg("--socket")
+        .arg(&c.daemons[0].socket)
+        .arg("stats")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("dlcpctl stats after the forged datagrams:\n{text}");
+    let table_row = |table: &str, key: &str| -> Vec<u64> {
+        let mut lines = text.lines().skip_while(|l| l.split_whitespace().next() != Some(table)).skip(1);
+        let row =
+            lines.find(|l| l.split_whitespace().next() == Some(key)).unwrap_or_else(|| panic!("{text}"));
+        row.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect()
+    };
+    assert_eq!(table_row("peer", "unknown")[4..6], [8, want_peer["unknown"].1 as u64], "{text}");
+    assert_eq!(table_row("peer", "1")[4..6], [9, want_peer["1"].1 as u64], "{text}");
+    assert_eq!(table_row("class", "unknown")[4], 6, "{text}");
+    assert_eq!(table_row("class", "2")[4], 5, "{text}");
+    assert!(text.contains("duplicate copies ignored; deadlines:"), "{text}");
+    assert!(text.contains("rejected datagrams: bad_tag 3, malformed 9, unknown_source 5\n"), "{text}");
+
+    // The peer takes its address back; the daemon still reduces correctly.
+    drop((peer, stranger));
+    c.spawn(1, 0.0);
+    c.wait_ready(1);
+    let x: Vec<Vec<f32>> = (0..2).map(|h| data(100 + h, N)).collect();
+    let handles: Vec<_> = (0..2usize)
+        .map(|h| {
+            let socket = c.daemons[h].socket.clone();
+            let x = x[h].clone();
+            std::thread::spawn(move || {
+                let mut cl = Client::attach(&socket, u64::from(JOB), 0, 1).unwrap();
+                let t = cl.alloc("g", N as u64).unwrap();
+                cl.write(&t, &x).unwrap();
+                cl.submit(&t, SubmitOptions { tensor_id: 1, budget_ppm: 0, ..Default::default() }).unwrap();
+                let done = cl.wait_completion(Duration::from_secs(30)).unwrap();
+                (done.status, cl.read(&t).unwrap())
+            })
+        })
+        .collect();
+    let want: Vec<u32> = x[0].iter().zip(&x[1]).map(|(a, b)| (a + b).to_bits()).collect();
+    for h in handles {
+        let (status, got) = h.join().unwrap();
+        assert_eq!(status, Status::Ok);
+        assert!(got.iter().map(|v| v.to_bits()).eq(want.iter().copied()), "result differs from the sum");
     }
 }

@@ -30,6 +30,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
+use dlcp_proto::endpoint::{PacketCount, RxDrops};
+
 /// How often the event loop copies its counters into the metrics.
 pub const UPDATE_EVERY: Duration = Duration::from_millis(250);
 
@@ -52,6 +54,13 @@ pub struct Sample {
     pub tx_packets_peer: Vec<u64>,
     /// Authenticated datagrams received per peer rank.
     pub rx_packets_peer: Vec<u64>,
+    /// Bytes sent per peer rank.
+    pub tx_bytes_peer: Vec<u64>,
+    /// Authenticated bytes received per peer rank.
+    pub rx_bytes_peer: Vec<u64>,
+    /// Received datagrams (and bytes) discarded on arrival, per class and per
+    /// peer, each with an "unknown" bucket.
+    pub rx_dropped: RxDrops,
     /// Per peer rank: heard from within the peer timeout (this rank: true).
     pub peer_up: Vec<bool>,
     /// Received datagrams dropped, by reason.
@@ -60,14 +69,28 @@ pub struct Sample {
     pub repairs_sent_per_class: [u64; 8],
     /// Repair DATA packets received, per class.
     pub repairs_received_per_class: [u64; 8],
+    /// Bytes of repair DATA packets sent, per class.
+    pub repair_bytes_sent_per_class: [u64; 8],
+    /// Bytes of repair DATA packets received, per class.
+    pub repair_bytes_received_per_class: [u64; 8],
+    /// Repair DATA packets and bytes sent, per peer rank.
+    pub repairs_sent_peer: Vec<PacketCount>,
+    /// Repair DATA packets and bytes received, per peer rank.
+    pub repairs_received_peer: Vec<PacketCount>,
     /// Repair DATA packets sent.
     pub repairs_sent: u64,
     /// Repair DATA packets received.
     pub repairs_received: u64,
     /// PROBEs sent.
     pub probes_sent: u64,
+    /// Redundant PROBE copies received and ignored.
+    pub probes_duplicate: u64,
     /// Receive deadlines that fired.
     pub deadlines_fired: u64,
+    /// Receive transfers a deadline ended (within budget, no PROBE came).
+    pub deadline_closes: u64,
+    /// Deadlines that re-sent a BITMAP (NACK) to a quiet sender.
+    pub deadline_nacks: u64,
     /// Ops failed by the hard timeout.
     pub hard_timeouts: u64,
     /// Ops started on the network.
@@ -104,14 +127,26 @@ pub struct Metrics {
     class_rx_bytes: Family<Labels, Counter>,
     peer_tx_packets: Family<Labels, Counter>,
     peer_rx_packets: Family<Labels, Counter>,
+    peer_tx_bytes: Family<Labels, Counter>,
+    peer_rx_bytes: Family<Labels, Counter>,
+    class_dropped_packets: Family<Labels, Counter>,
+    class_dropped_bytes: Family<Labels, Counter>,
+    peer_dropped_packets: Family<Labels, Counter>,
+    peer_dropped_bytes: Family<Labels, Counter>,
     peer_up: Family<Labels, Gauge>,
     peer_last: Family<Labels, Counter>,
     slowest_peer: Gauge,
     dropped: Family<Labels, Counter>,
     repairs: Family<Labels, Counter>,
     class_repairs: Family<Labels, Counter>,
+    class_repair_bytes: Family<Labels, Counter>,
+    peer_repairs: Family<Labels, Counter>,
+    peer_repair_bytes: Family<Labels, Counter>,
     probes_sent: Counter,
+    probes_duplicate: Counter,
     deadlines_fired: Counter,
+    deadline_closes: Counter,
+    deadline_nacks: Counter,
     hard_timeouts: Counter,
     ops: Family<Labels, Counter>,
     ops_in_flight: Gauge,
@@ -151,14 +186,26 @@ impl Metrics {
             class_rx_bytes: Family::default(),
             peer_tx_packets: Family::default(),
             peer_rx_packets: Family::default(),
+            peer_tx_bytes: Family::default(),
+            peer_rx_bytes: Family::default(),
+            class_dropped_packets: Family::default(),
+            class_dropped_bytes: Family::default(),
+            peer_dropped_packets: Family::default(),
+            peer_dropped_bytes: Family::default(),
             peer_up: Family::default(),
             peer_last: Family::default(),
             slowest_peer: Gauge::default(),
             dropped: Family::default(),
             repairs: Family::default(),
             class_repairs: Family::default(),
+            class_repair_bytes: Family::default(),
+            peer_repairs: Family::default(),
+            peer_repair_bytes: Family::default(),
             probes_sent: Counter::default(),
+            probes_duplicate: Counter::default(),
             deadlines_fired: Counter::default(),
+            deadline_closes: Counter::default(),
+            deadline_nacks: Counter::default(),
             hard_timeouts: Counter::default(),
             ops: Family::default(),
             ops_in_flight: Gauge::default(),
@@ -203,6 +250,30 @@ impl Metrics {
             "Authenticated datagrams received per peer rank",
             m.peer_rx_packets.clone(),
         );
+        r.register("peer_tx_bytes", "Bytes sent per peer rank", m.peer_tx_bytes.clone());
+        r.register("peer_rx_bytes", "Authenticated bytes received per peer rank", m.peer_rx_bytes.clone());
+        r.register(
+            "class_rx_dropped_packets",
+            "Received datagrams discarded on arrival (any reason in rx_dropped but early_expired and \
+             truncated), per class their unauthenticated header claims (\"unknown\": no readable header)",
+            m.class_dropped_packets.clone(),
+        );
+        r.register(
+            "class_rx_dropped_bytes",
+            "Bytes of received datagrams discarded on arrival, per claimed class",
+            m.class_dropped_bytes.clone(),
+        );
+        r.register(
+            "peer_rx_dropped_packets",
+            "Received datagrams discarded on arrival, per peer rank whose configured address sent them \
+             (\"unknown\": any other address)",
+            m.peer_dropped_packets.clone(),
+        );
+        r.register(
+            "peer_rx_dropped_bytes",
+            "Bytes of received datagrams discarded on arrival, per sending peer rank",
+            m.peer_dropped_bytes.clone(),
+        );
         r.register("peer_up", "1 if the peer was heard from within the peer timeout", m.peer_up.clone());
         r.register(
             "peer_last_arrival",
@@ -222,11 +293,45 @@ impl Metrics {
             m.class_repairs.clone(),
         );
         r.register(
+            "class_repair_bytes",
+            "Bytes of repair DATA packets per priority class, by direction",
+            m.class_repair_bytes.clone(),
+        );
+        r.register(
+            "peer_repairs",
+            "Repair DATA packets per peer rank, by direction (received: new chunks only)",
+            m.peer_repairs.clone(),
+        );
+        r.register(
+            "peer_repair_bytes",
+            "Bytes of repair DATA packets per peer rank, by direction",
+            m.peer_repair_bytes.clone(),
+        );
+        r.register(
             "probes_sent",
             "PROBEs sent (\"I have sent through chunk X\"; every copy counts)",
             m.probes_sent.clone(),
         );
-        r.register("deadlines_fired", "Receive deadlines that fired", m.deadlines_fired.clone());
+        r.register(
+            "probes_duplicate",
+            "Redundant PROBE copies received (every PROBE is sent twice) and ignored",
+            m.probes_duplicate.clone(),
+        );
+        r.register(
+            "deadlines_fired",
+            "Receive deadlines that fired (deadline_closes + deadline_nacks)",
+            m.deadlines_fired.clone(),
+        );
+        r.register(
+            "deadline_closes",
+            "Receive transfers a deadline ended: within budget, but the sender's PROBE never came",
+            m.deadline_closes.clone(),
+        );
+        r.register(
+            "deadline_nacks",
+            "Deadlines that re-sent the receiver's BITMAP (a NACK) to a sender gone quiet; the transfer goes on",
+            m.deadline_nacks.clone(),
+        );
         r.register("hard_timeouts", "Ops failed by the hard timeout", m.hard_timeouts.clone());
         r.register("ops", "Allreduce ops, by outcome", m.ops.clone());
         r.register("ops_in_flight", "Allreduce ops in flight", m.ops_in_flight.clone());
@@ -290,6 +395,21 @@ impl Metrics {
         for (p, v) in s.rx_packets_peer.iter().enumerate() {
             set(&self.peer_rx_packets.get_or_create(&l("peer", p)), *v);
         }
+        for (p, v) in s.tx_bytes_peer.iter().enumerate() {
+            set(&self.peer_tx_bytes.get_or_create(&l("peer", p)), *v);
+        }
+        for (p, v) in s.rx_bytes_peer.iter().enumerate() {
+            set(&self.peer_rx_bytes.get_or_create(&l("peer", p)), *v);
+        }
+        let d = &s.rx_dropped;
+        let classes = d.class.iter().enumerate().map(|(c, n)| (c.to_string(), n));
+        for (c, n) in classes.chain([("unknown".to_string(), &d.unknown_class)]) {
+            self.set_count(&self.class_dropped_packets, &self.class_dropped_bytes, l("class", c), n);
+        }
+        let peers = d.peer.iter().enumerate().map(|(p, n)| (p.to_string(), n));
+        for (p, n) in peers.chain([("unknown".to_string(), &d.unknown_peer)]) {
+            self.set_count(&self.peer_dropped_packets, &self.peer_dropped_bytes, l("peer", p), n);
+        }
         for (p, up) in s.peer_up.iter().enumerate() {
             self.peer_up.get_or_create(&l("peer", p)).set(i64::from(*up));
         }
@@ -300,11 +420,22 @@ impl Metrics {
             let k = |dir: &str| vec![("class", c.to_string()), ("direction", dir.to_string())];
             set(&self.class_repairs.get_or_create(&k("sent")), s.repairs_sent_per_class[c]);
             set(&self.class_repairs.get_or_create(&k("received")), s.repairs_received_per_class[c]);
+            set(&self.class_repair_bytes.get_or_create(&k("sent")), s.repair_bytes_sent_per_class[c]);
+            set(&self.class_repair_bytes.get_or_create(&k("received")), s.repair_bytes_received_per_class[c]);
+        }
+        for (dir, v) in [("sent", &s.repairs_sent_peer), ("received", &s.repairs_received_peer)] {
+            for (p, n) in v.iter().enumerate() {
+                let k = vec![("peer", p.to_string()), ("direction", dir.to_string())];
+                self.set_count(&self.peer_repairs, &self.peer_repair_bytes, k, n);
+            }
         }
         set(&self.repairs.get_or_create(&l("direction", "sent")), s.repairs_sent);
         set(&self.repairs.get_or_create(&l("direction", "received")), s.repairs_received);
         set(&self.probes_sent, s.probes_sent);
+        set(&self.probes_duplicate, s.probes_duplicate);
         set(&self.deadlines_fired, s.deadlines_fired);
+        set(&self.deadline_closes, s.deadline_closes);
+        set(&self.deadline_nacks, s.deadline_nacks);
         set(&self.hard_timeouts, s.hard_timeouts);
         set(&self.ops.get_or_create(&l("outcome", "started")), s.ops_started);
         set(&self.ops.get_or_create(&l("outcome", "completed")), s.ops_completed);
@@ -320,6 +451,17 @@ impl Metrics {
         }
         set(&self.reloads.get_or_create(&l("result", "ok")), s.reloads.0);
         set(&self.reloads.get_or_create(&l("result", "failed")), s.reloads.1);
+    }
+
+    fn set_count(
+        &self,
+        packets: &Family<Labels, Counter>,
+        bytes: &Family<Labels, Counter>,
+        k: Labels,
+        n: &PacketCount,
+    ) {
+        set(&packets.get_or_create(&k), n.packets);
+        set(&bytes.get_or_create(&k), n.bytes);
     }
 
     /// Record a completed op: its latency, least delivered fraction, whether
@@ -459,6 +601,12 @@ mod tests {
             tx_packets: [1, 2, 3, 4, 5, 6, 7, 8],
             repairs_sent_per_class: [0, 3, 0, 0, 0, 0, 0, 0],
             peer_up: vec![true, true, false],
+            rx_dropped: RxDrops {
+                unknown_class: PacketCount { packets: 2, bytes: 90 },
+                peer: vec![PacketCount::default(); 3],
+                unknown_peer: PacketCount { packets: 2, bytes: 90 },
+                ..RxDrops::default()
+            },
             ..Sample::default()
         };
         m.update(&s);
@@ -474,6 +622,10 @@ mod tests {
         assert!(t.contains("dlcp_peer_last_arrival_total{peer=\"0\"} 0\n"), "{t}");
         assert!(t.contains("dlcp_loss_budget_violations_total 1\n"), "{t}");
         assert!(t.contains("dlcp_op_duration_seconds_count 3\n"), "{t}");
+        assert!(t.contains("dlcp_peer_rx_dropped_packets_total{peer=\"unknown\"} 2\n"), "{t}");
+        assert!(t.contains("dlcp_class_rx_dropped_bytes_total{class=\"unknown\"} 90\n"), "{t}");
+        assert!(t.contains("dlcp_peer_rx_dropped_bytes_total{peer=\"2\"} 0\n"), "{t}");
+        assert!(t.contains("dlcp_class_rx_dropped_packets_total{class=\"7\"} 0\n"), "{t}");
     }
 
     #[test]

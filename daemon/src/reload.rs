@@ -9,7 +9,10 @@
 //! runs. The service then applies the merged configuration: timers, classifier,
 //! pacing, loss settings and log level in the protocol endpoint and the
 //! service (for ops that start from now on; an op in flight keeps its budget,
-//! classes and droppable set), the DSCP and `SO_PRIORITY` maps in the datapath.
+//! classes and droppable set), the DSCP and `SO_PRIORITY` maps in the datapath
+//! ([`crate::datapath::Datapath::set_marking`]: the socket datapath re-marks its
+//! class sockets, the DPDK datapath writes the new DSCP into every frame it
+//! builds from then on; a datapath that cannot reports it and keeps the old maps).
 
 use dlcp_config::{Change, Config, Reload};
 use serde::Serialize;

@@ -1033,10 +1033,14 @@ impl Service {
     fn receive(&mut self, now: Instant) {
         let Service { datapath, endpoint, peers, peer_rank, counters, rx_drop, .. } = self;
         let mut f = |from: SocketAddr, bytes: &[u8]| {
+            // Drops are counted per peer by source address: a configured peer's
+            // rank, or one bounded "unknown" bucket for any other address.
+            let peer = peer_rank.get(&from).copied();
             if let Some((ppm, rng)) = rx_drop.as_mut()
                 && rng.below(1_000_000) < u64::from(*ppm)
             {
                 counters.rx_debug_dropped += 1;
+                endpoint.count_dropped(bytes, peer);
                 return;
             }
             // The claimed sender must send from its configured address; the MAC
@@ -1044,14 +1048,15 @@ impl Service {
             if let Ok(p) = wire::Packet::new_checked(bytes)
                 && peers.get(p.src() as usize).is_some_and(|a| *a != from)
             {
-                if peer_rank.contains_key(&from) {
+                if peer.is_some() {
                     counters.rx_wrong_source += 1;
                 } else {
                     counters.rx_unknown_source += 1;
                 }
+                endpoint.count_dropped(bytes, peer);
                 return;
             }
-            endpoint.handle_datagram(now, bytes);
+            endpoint.handle_datagram_from(now, bytes, peer);
         };
         // Bounded, so a flood cannot starve timers, trainers and transmit.
         for _ in 0..64 {
@@ -1132,6 +1137,8 @@ impl Service {
     pub fn stats_json(&self) -> serde_json::Value {
         let s = self.endpoint.stats();
         let r = &s.rejected;
+        let dr = &s.rx_dropped;
+        let count = |c: dlcp_proto::endpoint::PacketCount| serde_json::json!({ "packets": c.packets, "bytes": c.bytes });
         let d = self.datapath.stats();
         serde_json::json!({
             "version": crate::VERSION,
@@ -1146,9 +1153,22 @@ impl Service {
                 "tx_packets_per_class": s.tx_packets, "tx_bytes_per_class": s.tx_bytes,
                 "rx_packets_per_class": s.rx_packets, "rx_bytes_per_class": s.rx_bytes,
                 "tx_packets_per_peer": s.tx_packets_peer, "rx_packets_per_peer": s.rx_packets_peer,
+                "tx_bytes_per_peer": s.tx_bytes_peer, "rx_bytes_per_peer": s.rx_bytes_peer,
+                "rx_dropped_packets_per_class": dr.class.map(|c| c.packets),
+                "rx_dropped_bytes_per_class": dr.class.map(|c| c.bytes),
+                "rx_dropped_unknown_class": count(dr.unknown_class),
+                "rx_dropped_packets_per_peer": dr.peer.iter().map(|c| c.packets).collect::<Vec<_>>(),
+                "rx_dropped_bytes_per_peer": dr.peer.iter().map(|c| c.bytes).collect::<Vec<_>>(),
+                "rx_dropped_unknown_peer": count(dr.unknown_peer),
                 "repairs_sent": s.repairs_sent, "repairs_received": s.repairs_received,
                 "repairs_sent_per_class": s.repairs_sent_per_class,
                 "repairs_received_per_class": s.repairs_received_per_class,
+                "repair_bytes_sent_per_class": s.repair_bytes_sent_per_class,
+                "repair_bytes_received_per_class": s.repair_bytes_received_per_class,
+                "repairs_sent_per_peer": s.repairs_sent_peer.iter().map(|c| c.packets).collect::<Vec<_>>(),
+                "repairs_received_per_peer": s.repairs_received_peer.iter().map(|c| c.packets).collect::<Vec<_>>(),
+                "repair_bytes_sent_per_peer": s.repairs_sent_peer.iter().map(|c| c.bytes).collect::<Vec<_>>(),
+                "repair_bytes_received_per_peer": s.repairs_received_peer.iter().map(|c| c.bytes).collect::<Vec<_>>(),
                 "probes_sent": s.probes_sent, "probes_duplicate": s.probes_duplicate,
                 "deadlines_fired": s.deadlines_fired, "deadline_closes": s.deadline_closes,
                 "deadline_nacks": s.deadline_nacks,

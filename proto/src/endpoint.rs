@@ -417,6 +417,73 @@ pub struct RejectCounters {
     pub early_expired: u64,
 }
 
+impl RejectCounters {
+    /// Datagrams discarded on arrival: every counter but `early_buffered` (kept
+    /// for later) and `early_expired` (discarded later, out of the buffer).
+    pub fn discarded_on_arrival(&self) -> u64 {
+        let RejectCounters {
+            malformed,
+            bad_tag,
+            wrong_job,
+            wrong_rank,
+            stale_generation,
+            stale_op,
+            mismatch,
+            duplicate,
+            late,
+            early_buffered: _,
+            early_dropped,
+            early_expired: _,
+        } = self;
+        malformed
+            + bad_tag
+            + wrong_job
+            + wrong_rank
+            + stale_generation
+            + stale_op
+            + mismatch
+            + duplicate
+            + late
+            + early_dropped
+    }
+}
+
+/// A number of datagrams and their bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PacketCount {
+    /// Datagrams.
+    pub packets: u64,
+    /// Bytes (whole datagrams as received).
+    pub bytes: u64,
+}
+
+impl PacketCount {
+    fn add(&mut self, bytes: usize) {
+        self.packets += 1;
+        self.bytes += bytes as u64;
+    }
+}
+
+/// Received datagrams discarded on arrival, per class and per peer: every
+/// datagram [`Endpoint::handle_datagram_from`] (or [`Endpoint::handle_datagram`])
+/// rejects for any reason in [`RejectCounters::discarded_on_arrival`], and every
+/// datagram the caller discards itself and reports with
+/// [`Endpoint::count_dropped`]. Each such datagram is counted once per table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RxDrops {
+    /// Per class, as the datagram's fixed header claims ([`wire::peek_class`]:
+    /// readable when the datagram starts with the magic and holds a whole fixed
+    /// header, whatever else is wrong with it).
+    pub class: [PacketCount; 8],
+    /// Class unreadable (too short for a fixed header, not dlcp, class out of range).
+    pub unknown_class: PacketCount,
+    /// Per peer rank the datagram came from (as the caller knows it; see
+    /// [`Endpoint::handle_datagram_from`]).
+    pub peer: Vec<PacketCount>,
+    /// From no configured peer (or an unknown one): one bounded bucket.
+    pub unknown_peer: PacketCount,
+}
+
 /// Per-class, per-peer and protocol counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -430,8 +497,14 @@ pub struct Stats {
     pub rx_bytes: [u64; 8],
     /// Datagrams sent per peer.
     pub tx_packets_peer: Vec<u64>,
+    /// Bytes sent per peer.
+    pub tx_bytes_peer: Vec<u64>,
     /// Authenticated datagrams received per peer.
     pub rx_packets_peer: Vec<u64>,
+    /// Authenticated bytes received per peer.
+    pub rx_bytes_peer: Vec<u64>,
+    /// Received datagrams discarded on arrival, per class and per peer.
+    pub rx_dropped: RxDrops,
     /// Rejections.
     pub rejected: RejectCounters,
     /// Repair DATA packets sent.
@@ -442,6 +515,14 @@ pub struct Stats {
     pub repairs_sent_per_class: [u64; 8],
     /// Repair DATA packets received, per class.
     pub repairs_received_per_class: [u64; 8],
+    /// Bytes of repair DATA packets sent, per class.
+    pub repair_bytes_sent_per_class: [u64; 8],
+    /// Bytes of repair DATA packets received (new chunks), per class.
+    pub repair_bytes_received_per_class: [u64; 8],
+    /// Repair DATA packets (and bytes) sent, per peer.
+    pub repairs_sent_peer: Vec<PacketCount>,
+    /// Repair DATA packets (and bytes) received (new chunks), per peer.
+    pub repairs_received_peer: Vec<PacketCount>,
     /// PROBEs sent (every copy counts; see [`PROBE_COPIES`]).
     pub probes_sent: u64,
     /// Redundant PROBE copies received (same sequence number as one already
@@ -777,7 +858,12 @@ impl Endpoint {
             events: VecDeque::new(),
             stats: Stats {
                 tx_packets_peer: vec![0; world],
+                tx_bytes_peer: vec![0; world],
                 rx_packets_peer: vec![0; world],
+                rx_bytes_peer: vec![0; world],
+                rx_dropped: RxDrops { peer: vec![PacketCount::default(); world], ..RxDrops::default() },
+                repairs_sent_peer: vec![PacketCount::default(); world],
+                repairs_received_peer: vec![PacketCount::default(); world],
                 ..Stats::default()
             },
             next_heartbeat: (!t.heartbeat.is_zero() && cfg.world > 1).then_some(now),
@@ -996,8 +1082,38 @@ impl Endpoint {
     }
 
     /// Process one received datagram. Never panics; every rejection is counted.
+    /// A rejected datagram is attributed to the sender its header claims (see
+    /// [`Endpoint::handle_datagram_from`] when the caller knows better).
     pub fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) {
+        self.handle_datagram_from(now, datagram, wire::peek_src(datagram));
+    }
+
+    /// Process one received datagram that came from peer rank `from` as far as
+    /// the caller knows (its source address is that peer's configured address),
+    /// or from no configured peer (`None`). Never panics; every rejection is
+    /// counted by reason ([`Stats::rejected`]) and, if it discards the datagram,
+    /// by class and by `from` ([`Stats::rx_dropped`]).
+    pub fn handle_datagram_from(&mut self, now: Instant, datagram: &[u8], from: Option<u32>) {
+        let before = self.stats.rejected.discarded_on_arrival();
         self.handle_datagram_impl(now, datagram, false);
+        if self.stats.rejected.discarded_on_arrival() != before {
+            self.count_dropped(datagram, from);
+        }
+    }
+
+    /// Count a received datagram the caller discarded before handing it over
+    /// (e.g. a source-address check) in [`Stats::rx_dropped`]: class from its
+    /// header when readable, peer `from` (`None` or out of range: unknown).
+    pub fn count_dropped(&mut self, datagram: &[u8], from: Option<u32>) {
+        let d = &mut self.stats.rx_dropped;
+        match wire::peek_class(datagram) {
+            Some(c) => d.class[c.index()].add(datagram.len()),
+            None => d.unknown_class.add(datagram.len()),
+        }
+        match from.and_then(|p| d.peer.get_mut(p as usize)) {
+            Some(p) => p.add(datagram.len()),
+            None => d.unknown_peer.add(datagram.len()),
+        }
     }
 
     /// `replay`: a datagram buffered before its op started, already counted.
@@ -1035,6 +1151,7 @@ impl Endpoint {
             self.stats.rx_packets[ci] += 1;
             self.stats.rx_bytes[ci] += datagram.len() as u64;
             self.stats.rx_packets_peer[h.src as usize] += 1;
+            self.stats.rx_bytes_peer[h.src as usize] += datagram.len() as u64;
         }
         if h.ty == PacketType::Hello {
             return;
@@ -2051,6 +2168,8 @@ impl Endpoint {
         if repair {
             self.stats.repairs_sent += 1;
             self.stats.repairs_sent_per_class[class.index()] += 1;
+            self.stats.repair_bytes_sent_per_class[class.index()] += len as u64;
+            self.stats.repairs_sent_peer[item.peer as usize].add(len);
         }
         Some(self.count_tx(item.peer, class, len))
     }
@@ -2059,6 +2178,7 @@ impl Endpoint {
         self.stats.tx_packets[class.index()] += 1;
         self.stats.tx_bytes[class.index()] += len as u64;
         self.stats.tx_packets_peer[peer as usize] += 1;
+        self.stats.tx_bytes_peer[peer as usize] += len as u64;
         Transmit { dst: peer, len, class }
     }
 
@@ -2218,8 +2338,13 @@ fn accept_data_header(
     }
     if h.flags.contains(Flags::REPAIR) {
         r.repaired += 1;
+        let len = wire::OVERHEAD + usize::from(h.payload_len);
         stats.repairs_received += 1;
         stats.repairs_received_per_class[h.class.index()] += 1;
+        stats.repair_bytes_received_per_class[h.class.index()] += len as u64;
+        if let Some(p) = stats.repairs_received_peer.get_mut(h.src as usize) {
+            p.add(len);
+        }
     }
     arm_deadline(r, now, est);
 }

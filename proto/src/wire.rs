@@ -773,12 +773,51 @@ pub fn decode<'a>(key: &MacKey, datagram: &'a [u8]) -> Result<(Header, &'a [u8])
     Ok((h, &datagram[HEADER_LEN..HEADER_LEN + usize::from(h.payload_len)]))
 }
 
+/// The unauthenticated fixed header of a datagram that may be invalid in any
+/// other way (version, length, tag, field values): present when the datagram
+/// starts with [`MAGIC`] and is at least [`HEADER_LEN`] bytes long. Only for
+/// attributing a rejected datagram to a class and a claimed sender in counters;
+/// never trust it for anything else.
+fn raw_header(datagram: &[u8]) -> Option<&[u8]> {
+    (datagram.len() >= HEADER_LEN && be16(datagram, field::MAGIC) == MAGIC).then_some(datagram)
+}
+
+/// The class a datagram's fixed header claims (see [`raw_header`]: magic and a
+/// whole fixed header present, class byte in range), unauthenticated.
+pub fn peek_class(datagram: &[u8]) -> Option<Class> {
+    raw_header(datagram).and_then(|b| Class::new(b[field::CLASS]))
+}
+
+/// The sender rank a datagram's fixed header claims (magic and a whole fixed
+/// header present), unauthenticated.
+pub fn peek_src(datagram: &[u8]) -> Option<u32> {
+    raw_header(datagram).map(|b| be32(b, field::SRC))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn key() -> MacKey {
         MacKey::derive(b"test secret")
+    }
+
+    #[test]
+    fn peek_reads_class_and_src_of_damaged_datagrams_only_when_the_header_is_there() {
+        let mut buf = [0u8; 2048];
+        let n = encode(&key(), &data_header(), &[1, 2, 3, 4], &mut buf).unwrap();
+        let d = &mut buf[..n];
+        assert_eq!((peek_class(d), peek_src(d)), (Class::new(3), Some(1)));
+        d[field::VERSION] = 9; // unsupported version: still attributable
+        d[n - 1] ^= 1; // and a bad tag
+        assert!(decode(&key(), d).is_err());
+        assert_eq!((peek_class(d), peek_src(d)), (Class::new(3), Some(1)));
+        assert_eq!((peek_class(&d[..HEADER_LEN]), peek_src(&d[..HEADER_LEN])), (Class::new(3), Some(1)));
+        assert_eq!((peek_class(&d[..HEADER_LEN - 1]), peek_src(&d[..HEADER_LEN - 1])), (None, None));
+        d[field::CLASS] = 8;
+        assert_eq!((peek_class(d), peek_src(d)), (None, Some(1)));
+        d[0] = 0;
+        assert_eq!((peek_class(d), peek_src(d)), (None, None));
     }
 
     fn data_header() -> Header {

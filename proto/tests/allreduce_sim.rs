@@ -8,6 +8,7 @@ use common::*;
 use dlcp_proto::endpoint::OpId;
 use dlcp_proto::sim::NetConfig;
 use dlcp_proto::time::Duration;
+use dlcp_proto::wire;
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -121,6 +122,27 @@ fn budget_zero_under_5pct_loss_is_bit_exact() {
         assert!(rep.scatter.iter().all(|t| t.delivered.is_full()));
     }
     assert!(res.iter().any(|(_, rep)| rep.repairs_sent > 0), "5% loss but no repairs: loss not injected?");
+    // Repairs per class and per peer, packets and bytes, add up to the totals,
+    // and what one rank sent a peer is at least what that peer got new from it.
+    let world_u = world as usize;
+    for r in 0..world_u {
+        let s = c.sim.node(r as u32).stats();
+        let peers_sent: u64 = s.repairs_sent_peer.iter().map(|p| p.packets).sum();
+        let peers_got: u64 = s.repairs_received_peer.iter().map(|p| p.packets).sum();
+        assert_eq!(peers_sent, s.repairs_sent, "rank {r}");
+        assert_eq!(peers_got, s.repairs_received, "rank {r}");
+        assert_eq!(s.repairs_sent_per_class.iter().sum::<u64>(), s.repairs_sent, "rank {r}");
+        let bytes_sent: u64 = s.repairs_sent_peer.iter().map(|p| p.bytes).sum();
+        assert_eq!(bytes_sent, s.repair_bytes_sent_per_class.iter().sum::<u64>(), "rank {r}");
+        let bytes_got: u64 = s.repairs_received_peer.iter().map(|p| p.bytes).sum();
+        assert_eq!(bytes_got, s.repair_bytes_received_per_class.iter().sum::<u64>(), "rank {r}");
+        assert!(bytes_sent >= s.repairs_sent * wire::OVERHEAD as u64, "rank {r}");
+        assert_eq!((s.repairs_sent_peer[r].packets, s.repairs_received_peer[r].packets), (0, 0));
+        for p in (0..world_u).filter(|&p| p != r) {
+            let got = c.sim.node(p as u32).stats().repairs_received_peer[r].packets;
+            assert!(s.repairs_sent_peer[p].packets >= got, "rank {r} -> {p}: sent < received new");
+        }
+    }
 }
 
 #[test]

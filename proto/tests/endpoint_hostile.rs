@@ -87,6 +87,11 @@ proptest! {
         e.handle_datagram(Instant::from_nanos(10), &bytes);
         let after = &e.stats().rejected;
         prop_assert!(after.malformed + after.bad_tag == before.malformed + before.bad_tag + 1);
+        let d = &e.stats().rx_dropped;
+        let classes: u64 = d.class.iter().map(|c| c.packets).sum::<u64>() + d.unknown_class.packets;
+        let peers: u64 = d.peer.iter().map(|c| c.packets).sum::<u64>() + d.unknown_peer.packets;
+        prop_assert_eq!((classes, peers), (1, 1));
+        prop_assert_eq!(d.unknown_class.bytes + d.class.iter().map(|c| c.bytes).sum::<u64>(), bytes.len() as u64);
     }
 }
 
@@ -168,4 +173,71 @@ fn stale_generation_and_finished_ops_are_counted() {
     let r = &c.sim.node(0).stats().rejected;
     assert_eq!(r.late + r.stale_op, 1, "{r:?}");
     assert_eq!(r.stale_generation, 1, "{r:?}");
+}
+
+/// Discarded datagrams are counted per class (from the header when readable)
+/// and per peer (the one the caller names, else the header's claim), once each;
+/// buffered and accepted ones are not.
+#[test]
+fn discarded_datagrams_are_counted_per_class_and_per_peer() {
+    use dlcp_proto::endpoint::PacketCount;
+    let mut e = live_endpoint();
+    let now = Instant::from_nanos(10);
+    let foreign = MacKey::derive(b"another job's secret");
+    let mut buf = vec![0u8; 2048];
+    let data = |class: u8, src: u32, op: u64| {
+        let mut h = Header::new(PacketType::Data, Class::new(class).unwrap(), Phase::Scatter);
+        h.job = 77;
+        h.generation = 1;
+        h.src = src;
+        h.dst = 0;
+        h.op = op;
+        h.tensor = 1;
+        h.chunk_count = 12; // rank 0's shard of 3000 elements in 64-element chunks
+        h
+    };
+    let count = |packets: u64, bytes: usize| PacketCount { packets, bytes: bytes as u64 };
+    // Forged (wrong key), class 2, claiming rank 1: attributed to the claim...
+    let n = wire::encode(&foreign, &data(2, 1, 1), &[0; 256], &mut buf).unwrap();
+    e.handle_datagram(now, &buf[..n]);
+    // ...or to no peer when the caller says it came from no configured address.
+    e.handle_datagram_from(now, &buf[..n], None);
+    let forged = n;
+    // Unsupported version, class 5, from rank 3's address.
+    let n = wire::encode(&key(), &data(5, 3, 1), &[0; 256], &mut buf).unwrap();
+    buf[2] = 9;
+    e.handle_datagram_from(now, &buf[..n], Some(3));
+    buf[2] = wire::VERSION;
+    let bad_version = n;
+    // Truncated below a fixed header: class unknown; from rank 2's address.
+    e.handle_datagram_from(now, &buf[..30], Some(2));
+    // A chunk accepted, then the same chunk again (a duplicate, class 4, rank 1).
+    let n = wire::encode(&key(), &data(4, 1, 1), &[0; 256], &mut buf).unwrap();
+    e.handle_datagram_from(now, &buf[..n], Some(1));
+    e.handle_datagram_from(now, &buf[..n], Some(1));
+    let dup = n;
+    // Early DATA of an op not started here: buffered, not dropped.
+    let n = wire::encode(&key(), &data(6, 2, 2), &[0; 256], &mut buf).unwrap();
+    e.handle_datagram_from(now, &buf[..n], Some(2));
+    // The caller's own drop (e.g. a source check), out-of-range peer: unknown.
+    e.count_dropped(&buf[..n], Some(99));
+    let own = n;
+
+    let s = e.stats();
+    assert_eq!(s.rejected.early_buffered, 1);
+    assert_eq!(s.rejected.duplicate, 1, "{:?}", s.rejected);
+    assert_eq!(s.rejected.discarded_on_arrival(), 5, "{:?}", s.rejected);
+    let d = &s.rx_dropped;
+    let mut want_class = [PacketCount::default(); 8];
+    want_class[2] = count(2, 2 * forged);
+    want_class[5] = count(1, bad_version);
+    want_class[4] = count(1, dup);
+    want_class[6] = count(1, own);
+    assert_eq!(d.class, want_class);
+    assert_eq!(d.unknown_class, count(1, 30));
+    assert_eq!(d.peer, vec![count(0, 0), count(2, forged + dup), count(1, 30), count(1, bad_version)]);
+    assert_eq!(d.unknown_peer, count(2, forged + own));
+    // Every datagram accepted or buffered is in rx_packets; the dropped are not.
+    assert_eq!(s.rx_packets.iter().sum::<u64>(), 3);
+    assert_eq!(s.rx_bytes_peer[1], 2 * dup as u64);
 }

@@ -217,26 +217,81 @@ fn print_stats(v: &Value) {
         p["deadlines_fired"]
     );
     println!(
-        "repairs: {} sent, {} received; {} probes sent; {} transfers closed within budget",
-        p["repairs_sent"], p["repairs_received"], p["probes_sent"], p["closed_within_budget"]
+        "repairs: {} sent, {} received; {} transfers closed within budget",
+        p["repairs_sent"], p["repairs_received"], p["closed_within_budget"]
     );
     println!(
-        "\n{:>5} {:>12} {:>14} {:>12} {:>14}",
-        "class", "tx packets", "tx bytes", "rx packets", "rx bytes"
+        "probes: {} sent, {} duplicate copies ignored; deadlines: {} fired = {} closes + {} NACKs",
+        p["probes_sent"],
+        p["probes_duplicate"],
+        p["deadlines_fired"],
+        p["deadline_closes"],
+        p["deadline_nacks"]
     );
-    let (tp, tb, rp, rb) = (
-        list(&p["tx_packets_per_class"]),
-        list(&p["tx_bytes_per_class"]),
-        list(&p["rx_packets_per_class"]),
-        list(&p["rx_bytes_per_class"]),
-    );
+    // Dropped: received datagrams discarded on arrival, by the class their
+    // header claims and by the configured peer address that sent them.
+    let header = |key: &str| {
+        format!(
+            "\n{key:>7} {:>12} {:>14} {:>12} {:>14} {:>10} {:>13} {:>11} {:>11}",
+            "tx packets",
+            "tx bytes",
+            "rx packets",
+            "rx bytes",
+            "dropped",
+            "dropped bytes",
+            "repairs out",
+            "repairs in"
+        )
+    };
+    let row = |key: &str, cols: [u64; 8]| {
+        let [a, b, c, d, e, f, g, h] = cols;
+        println!("{key:>7} {a:>12} {b:>14} {c:>12} {d:>14} {e:>10} {f:>13} {g:>11} {h:>11}");
+    };
+    let g = |x: &Vec<u64>, i: usize| x.get(i).copied().unwrap_or(0);
+    let unknown = |k: &str| [0, 0, 0, 0, u(&p[k]["packets"]), u(&p[k]["bytes"]), 0, 0];
+    println!("{}", header("class"));
+    let cols = [
+        "tx_packets_per_class",
+        "tx_bytes_per_class",
+        "rx_packets_per_class",
+        "rx_bytes_per_class",
+        "rx_dropped_packets_per_class",
+        "rx_dropped_bytes_per_class",
+        "repairs_sent_per_class",
+        "repairs_received_per_class",
+    ]
+    .map(|k| list(&p[k]));
     for c in 0..8 {
-        let g = |x: &Vec<u64>| x.get(c).copied().unwrap_or(0);
-        println!("{c:>5} {:>12} {:>14} {:>12} {:>14}", g(&tp), g(&tb), g(&rp), g(&rb));
+        row(&c.to_string(), cols.each_ref().map(|x| g(x, c)));
     }
+    row("unknown", unknown("rx_dropped_unknown_class"));
+    println!("{}", header("peer"));
+    let cols = [
+        "tx_packets_per_peer",
+        "tx_bytes_per_peer",
+        "rx_packets_per_peer",
+        "rx_bytes_per_peer",
+        "rx_dropped_packets_per_peer",
+        "rx_dropped_bytes_per_peer",
+        "repairs_sent_per_peer",
+        "repairs_received_per_peer",
+    ]
+    .map(|k| list(&p[k]));
+    for r in 0..u(&v["world"]) as usize {
+        row(&r.to_string(), cols.each_ref().map(|x| g(x, r)));
+    }
+    row("unknown", unknown("rx_dropped_unknown_peer"));
     let rej = p["rejected"].as_object().cloned().unwrap_or_default();
+    // The service's own drops (source-address check, debug loss) by the same
+    // reason names as dlcp_rx_dropped_total.
+    let own = [
+        ("wrong_source", "rx_wrong_source"),
+        ("unknown_source", "rx_unknown_source"),
+        ("debug_loss", "rx_debug_dropped"),
+    ]
+    .map(|(k, f)| (k.to_string(), s[f].clone()));
     let nonzero: Vec<String> =
-        rej.iter().filter(|(_, n)| u(n) > 0).map(|(k, n)| format!("{k} {}", u(n))).collect();
+        rej.into_iter().chain(own).filter(|(_, n)| u(n) > 0).map(|(k, n)| format!("{k} {}", u(&n))).collect();
     println!(
         "\nrejected datagrams: {}",
         if nonzero.is_empty() { "none".to_string() } else { nonzero.join(", ") }

@@ -6,7 +6,8 @@
 //!   frames are handed to the NIC queue by queue, the queue carrying the highest
 //!   class first (strict priority), in bursts of `tx_burst`.
 //! * `rx_queues` RX queues polled in bursts of `rx_burst`.
-//! * dlcp builds Ethernet/IPv4/UDP itself with the class's DSCP; IPv4/UDP checksums
+//! * dlcp builds Ethernet/IPv4/UDP itself with the class's DSCP (changed live by
+//!   [`Datapath::set_marking`] on a configuration reload); IPv4/UDP checksums
 //!   are offloaded when the device offers it, computed in software otherwise, and
 //!   verified in software on receive.
 //! * ARP is answered and resolved by dlcp: requests for our address are answered;
@@ -588,6 +589,20 @@ impl Datapath for DpdkDatapath {
 
     fn stats(&self) -> DatapathStats {
         self.stats.clone()
+    }
+
+    /// dlcp writes each frame's IPv4 header itself, so a new class → DSCP map
+    /// applies to every frame built from now on (frames already staged keep
+    /// theirs); the header checksum is computed (or offloaded) per frame, over
+    /// the new DSCP. `SO_PRIORITY` is a kernel socket option with no meaning
+    /// here: accepted and ignored, as at start.
+    fn set_marking(&mut self, dscp: [u8; Class::COUNT], so_priority: [u8; Class::COUNT]) -> io::Result<bool> {
+        let _ = so_priority;
+        if let Some(c) = dscp.iter().position(|&d| d > 63) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("class {c}: DSCP above 63")));
+        }
+        self.cfg.dscp = dscp;
+        Ok(true)
     }
 
     fn detail_json(&self) -> Option<serde_json::Value> {

@@ -1,0 +1,279 @@
+//! A DSCP-map reload on the DPDK datapath applies live: in a network namespace
+//! of its own, dlcpd 0 drives `net_tap0` through DPDK and dlcpd 1 runs on kernel
+//! sockets on the tap's kernel side. tcpdump captures the frames DPDK sends
+//! during an allreduce; every one carries its class's DSCP (the class read from
+//! the dlcp header inside) and a valid IPv4 header and UDP checksum (checked
+//! here, independently of dlcp's `frame` module). Then `dlcpctl reload` with a
+//! new `[priority] dscp` map reports it applied (not "needs restart"), and the
+//! next allreduce's frames carry the new DSCP, checksums still right, results
+//! still bit-exact (the kernel drops IPv4 with a bad header checksum).
+//!
+//! Needs root, network namespaces, /dev/net/tun, tcpdump and a build with DPDK;
+//! prints a loud SKIPPED message and passes where they are unavailable.
+
+#[cfg(not(dpdk))]
+#[test]
+fn dscp_reload_applies_live_on_dpdk() {
+    eprintln!("\n!!!!!!!! SKIPPED DPDK DSCP reload test: this build has no DPDK datapath !!!!!!!!\n");
+}
+
+#[cfg(dpdk)]
+mod daemon_common;
+
+#[cfg(dpdk)]
+mod on_tap {
+    use std::io::{BufRead, BufReader};
+    use std::path::{Path, PathBuf};
+    use std::process::{Child, Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    use super::daemon_common::{JOB, data};
+
+    const NS: &str = "dpdkrl";
+    const IFACE: &str = "drltap0";
+    /// Every class moves to a DSCP other than its default one.
+    const NEW_DSCP: [u8; 8] = [8, 12, 20, 28, 36, 44, 38, 56];
+
+    struct Guard {
+        dir: tempfile::TempDir,
+        children: Vec<Child>,
+    }
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            for c in &mut self.children {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            if std::thread::panicking() {
+                for r in 0..2 {
+                    let log = std::fs::read_to_string(self.dir.path().join(format!("d{r}.log")));
+                    eprintln!("---- dlcpd {r} log ----\n{}", log.unwrap_or_default());
+                }
+            }
+            let _ = Command::new("ip").args(["netns", "del", NS]).stderr(Stdio::null()).status();
+        }
+    }
+
+    fn ip(args: &[&str]) -> bool {
+        Command::new("ip").args(args).status().is_ok_and(|s| s.success())
+    }
+
+    fn config(rank: usize, socket: &Path, extra: &str) -> String {
+        format!(
+            "[node]\nrank = {rank}\njob_id = {JOB}\njob_secret = \"tap reload test secret 0123456789\"\ngeneration = \"auto\"\n\n\
+             [[peers]]\nrank = 0\naddress = \"10.78.0.2\"\nport = 7704\n\n[[peers]]\nrank = 1\naddress = \"10.78.0.1\"\nport = 7704\n\n\
+             [network]\nheartbeat_interval_ms = 100\npeer_timeout_ms = 1000\n\n[loss]\nhard_timeout_ms = 10000\n\n\
+             [control]\nsocket_path = \"{}\"\n\n[shm]\narena_bytes = 67108864\nmax_tensor_bytes = 67108864\n\n\
+             [metrics]\nenabled = false\n\n[log]\nlevel = \"info\"\n{extra}\n",
+            socket.display()
+        )
+    }
+
+    fn ctl(socket: &Path, args: &[&str]) -> Result<serde_json::Value, String> {
+        let out = Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
+            .arg("--socket")
+            .arg(socket)
+            .args(args)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
+    }
+
+    fn spawn(g: &mut Guard, r: usize, extra: &str) -> PathBuf {
+        let socket = g.dir.path().join(format!("d{r}.sock"));
+        let cfg = g.dir.path().join(format!("d{r}.toml"));
+        std::fs::write(&cfg, config(r, &socket, extra)).unwrap();
+        let log = std::fs::File::create(g.dir.path().join(format!("d{r}.log"))).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", NS, env!("CARGO_BIN_EXE_dlcpd"), "--config"])
+            .arg(&cfg)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        g.children.push(child);
+        let t0 = Instant::now();
+        while ctl(&socket, &["stats", "--json"]).is_err() {
+            assert!(t0.elapsed() < Duration::from_secs(20), "dlcpd {r} did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        socket
+    }
+
+    /// The Internet checksum over `b` (plus `init`) folds to 0xffff.
+    fn folds_to_ffff(b: &[u8], init: u32) -> bool {
+        let mut s: u32 = init
+            + b.chunks(2).map(|c| u32::from(c[0]) << 8 | u32::from(*c.get(1).unwrap_or(&0))).sum::<u32>();
+        while s > 0xffff {
+            s = (s & 0xffff) + (s >> 16);
+        }
+        s == 0xffff
+    }
+
+    /// One captured frame from the DPDK side: (dlcp class, DSCP).
+    /// Panics unless the IPv4 header and UDP checksums verify.
+    fn check_frame(f: &[u8]) -> (u8, u8) {
+        assert!(f.len() >= 14 + 20 + 8 + 64, "short frame: {} bytes", f.len());
+        assert_eq!(&f[12..14], &[0x08, 0x00], "not IPv4");
+        let ip = &f[14..34];
+        assert_eq!(ip[0], 0x45, "IPv4 without options");
+        assert_eq!(ip[9], 17, "UDP");
+        assert!(folds_to_ffff(ip, 0), "IPv4 header checksum wrong: {ip:02x?}");
+        let ip_len = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+        let udp = &f[34..14 + ip_len];
+        let udp_len = u16::from_be_bytes([udp[4], udp[5]]);
+        assert_eq!(usize::from(udp_len), udp.len());
+        // Pseudo header: addresses, protocol, UDP length.
+        let pseudo: u32 = ip[12..20].chunks(2).map(|c| u32::from(c[0]) << 8 | u32::from(c[1])).sum::<u32>()
+            + 17
+            + u32::from(udp_len);
+        assert!(u16::from_be_bytes([udp[6], udp[7]]) != 0, "UDP checksum left out");
+        assert!(folds_to_ffff(udp, pseudo), "UDP checksum wrong");
+        let dlcp = &udp[8..];
+        assert_eq!(&dlcp[..2], &[0xd1, 0xc9], "dlcp magic");
+        (dlcp[5], ip[1] >> 2)
+    }
+
+    /// Frames of a classic pcap file (microsecond or nanosecond, either byte order).
+    fn pcap_frames(b: &[u8]) -> Vec<Vec<u8>> {
+        assert!(b.len() >= 24, "pcap file of {} bytes", b.len());
+        let magic = u32::from_le_bytes(b[..4].try_into().unwrap());
+        let le = matches!(magic, 0xa1b2_c3d4 | 0xa1b2_3c4d);
+        assert!(le || matches!(magic.swap_bytes(), 0xa1b2_c3d4 | 0xa1b2_3c4d), "pcap magic {magic:#x}");
+        let u = |x: &[u8]| {
+            let a: [u8; 4] = x.try_into().unwrap();
+            if le { u32::from_le_bytes(a) } else { u32::from_be_bytes(a) }
+        };
+        assert_eq!(u(&b[20..24]), 1, "link type Ethernet");
+        let (mut at, mut out) = (24, Vec::new());
+        while at + 16 <= b.len() {
+            let caplen = u(&b[at + 8..at + 12]) as usize;
+            if at + 16 + caplen > b.len() {
+                break; // a record still being written when tcpdump stopped
+            }
+            out.push(b[at + 16..at + 16 + caplen].to_vec());
+            at += 16 + caplen;
+        }
+        out
+    }
+
+    /// Capture what dlcpd 0 (DPDK) sends while both ranks run one allreduce
+    /// (tensor `id`), check its results; returns (class, DSCP) per frame.
+    fn allreduce_captured(g: &Guard, sockets: &[PathBuf; 2], id: u32) -> Vec<(u8, u8)> {
+        let file = g.dir.path().join(format!("cap{id}.pcap"));
+        let mut dump = Command::new("ip")
+            .args(["netns", "exec", NS, "tcpdump", "-i", IFACE, "-nn", "-U", "-s", "2048", "-w"])
+            .arg(&file)
+            .args(["udp and src host 10.78.0.2 and src port 7704"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("tcpdump");
+        // Wait for "listening on ..." so no frame of the op is missed.
+        let mut err = BufReader::new(dump.stderr.take().unwrap());
+        let mut line = String::new();
+        err.read_line(&mut line).unwrap();
+        assert!(line.contains("listening on"), "tcpdump: {line}");
+        let n = 60_001;
+        let handles: Vec<_> = sockets
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(r, sock)| {
+                std::thread::spawn(move || {
+                    let mut cl = dlcp::shm::Client::attach(&sock, u64::from(JOB), 0, 1).unwrap();
+                    let t = cl.alloc("t", n as u64).unwrap();
+                    cl.write(&t, &data(u64::from(r as u32 * 10 + id), n)).unwrap();
+                    let o = dlcp::shm::SubmitOptions { tensor_id: id, budget_ppm: 0, ..Default::default() };
+                    cl.submit(&t, o).unwrap();
+                    let d = cl.wait_completion(Duration::from_secs(20)).unwrap();
+                    assert_eq!(d.status, dlcp::shm::Status::Ok, "rank {r} op {id}");
+                    cl.read(&t).unwrap()
+                })
+            })
+            .collect();
+        let want: Vec<u32> = data(u64::from(id), n)
+            .iter()
+            .zip(data(10 + u64::from(id), n))
+            .map(|(a, b)| (a + b).to_bits())
+            .collect();
+        for (r, h) in handles.into_iter().enumerate() {
+            let got: Vec<u32> = h.join().unwrap().iter().map(|x| x.to_bits()).collect();
+            assert!(got == want, "rank {r} op {id}: not bit-exact");
+        }
+        // The last PROBE copies and DONEs; then stop (every packet is flushed: -U).
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = dump.kill();
+        let _ = dump.wait();
+        let frames = pcap_frames(&std::fs::read(&file).unwrap());
+        frames.iter().map(|f| check_frame(f)).collect()
+    }
+
+    fn assert_marked(frames: &[(u8, u8)], map: [u8; 8], what: &str) {
+        assert!(frames.len() >= 100, "{what}: only {} frames captured", frames.len());
+        let mut classes = 0u8;
+        for &(class, dscp) in frames {
+            assert!(class < 8, "{what}: class {class}");
+            assert_eq!(dscp, map[usize::from(class)], "{what}: class {class} sent with DSCP {dscp}");
+            classes |= 1 << class;
+        }
+        assert!(classes & 0x80 != 0 && classes & 0x7f != 0, "{what}: control and data seen: {classes:#x}");
+        eprintln!(
+            "{what}: {} frames, classes {classes:#010b}, every one with its class's DSCP",
+            frames.len()
+        );
+    }
+
+    #[test]
+    fn dscp_reload_applies_live_on_dpdk() {
+        if !Path::new("/dev/net/tun").exists() {
+            eprintln!("\n!!!!!!!! SKIPPED DPDK DSCP reload test: no /dev/net/tun !!!!!!!!\n");
+            return;
+        }
+        if Command::new("tcpdump").arg("--version").output().is_err() {
+            eprintln!("\n!!!!!!!! SKIPPED DPDK DSCP reload test: no tcpdump !!!!!!!!\n");
+            return;
+        }
+        let _ = Command::new("ip").args(["netns", "del", NS]).stderr(Stdio::null()).status();
+        if !ip(&["netns", "add", NS]) {
+            eprintln!(
+                "\n!!!!!!!! SKIPPED DPDK DSCP reload test: cannot create a network namespace (not root?) !!!!!!!!\n"
+            );
+            return;
+        }
+        let dir = tempfile::Builder::new().prefix("dlcp-tapreload-").tempdir().unwrap();
+        let mut g = Guard { dir, children: Vec::new() };
+        assert!(ip(&["-n", NS, "link", "set", "lo", "up"]));
+        let dpdk = format!(
+            "[datapath]\nkind = \"dpdk\"\n[datapath.dpdk]\neal_args = [\"--no-huge\", \"--no-pci\", \"--no-shconf\", \
+             \"--no-telemetry\", \"-m\", \"256\", \"-l\", \"0\", \"--file-prefix\", \"{NS}\", \"--vdev=net_tap0,iface={IFACE}\"]\n"
+        );
+        let s0 = spawn(&mut g, 0, &dpdk);
+        assert!(ip(&["-n", NS, "addr", "add", "10.78.0.1/24", "dev", IFACE]));
+        assert!(ip(&["-n", NS, "link", "set", IFACE, "up"]));
+        let s1 = spawn(&mut g, 1, "");
+        let sockets = [s0.clone(), s1];
+        let st = ctl(&s0, &["status", "--json"]).unwrap();
+        assert!(st.to_string().contains("dpdk (port 0"), "dlcpd 0 runs on DPDK: {st}");
+
+        let before = allreduce_captured(&g, &sockets, 1);
+        assert_marked(&before, dlcp::config::schema::DEFAULT_DSCP, "default map");
+
+        let cfg = g.dir.path().join("d0.toml");
+        let t = std::fs::read_to_string(&cfg).unwrap();
+        std::fs::write(&cfg, format!("{t}\n[priority]\ndscp = {NEW_DSCP:?}\n")).unwrap();
+        let o = ctl(&s0, &["reload", "--json"]).unwrap();
+        assert_eq!(o["ok"], true, "{o}");
+        assert!(o["applied"].to_string().contains("priority.dscp"), "{o}");
+        assert_eq!(o["not_applied"], serde_json::json!([]), "{o}");
+        assert_eq!(o["needs_restart"], serde_json::json!([]), "{o}");
+
+        let after = allreduce_captured(&g, &sockets, 2);
+        assert_marked(&after, NEW_DSCP, "after reload");
+    }
+}

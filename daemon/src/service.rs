@@ -139,6 +139,8 @@ struct Contribution {
 #[derive(Debug)]
 struct LocalOp {
     contributions: Vec<Option<Contribution>>,
+    /// Contributions by local rank until all are in.
+    parts: Vec<Option<Vec<f32>>>,
     sum: Option<Vec<f32>>,
     started_at: Option<StdInstant>,
     first_at: StdInstant,
@@ -830,9 +832,12 @@ impl Service {
         // Copy the contribution out of shared memory now (the trainer owns the buffer).
         let data = {
             let Some(s) = self.slots[slot].as_ref() else { return };
-            match s.att.copy_from_arena(sub.span.offset, sub.span.len_elems) {
-                Ok(d) => d,
+            // Into a reused buffer (a fresh one page-faults on every op).
+            let mut d = self.endpoint.take_buffer(usize::try_from(sub.span.len_elems).unwrap_or(0));
+            match s.att.copy_from_arena_into(sub.span.offset, &mut d) {
+                Ok(()) => d,
                 Err(e) => {
+                    self.endpoint.recycle(d);
                     log::warn!("attachment {att_id}: {e}");
                     self.counters.submissions_rejected += 1;
                     if let Some(s) = self.slots[slot].as_mut() {
@@ -850,6 +855,7 @@ impl Service {
         };
         let op = self.local_ops.entry(id).or_insert_with(|| LocalOp {
             contributions: (0..world).map(|_| None).collect(),
+            parts: (0..world).map(|_| None).collect(),
             sum: None,
             started_at: None,
             first_at: StdInstant::now(),
@@ -892,7 +898,7 @@ impl Service {
             return;
         }
         op.contributions[r] = Some(Contribution { attachment: att_id, sub });
-        stash(op, r, data);
+        stash(op, r, data, &mut self.endpoint);
         if op.contributions.iter().all(Option::is_some) {
             self.start_op(id, now);
         }
@@ -986,6 +992,7 @@ impl Service {
                         error: None,
                     });
                     self.complete_all(&op, Status::Ok, ppm, report.repairs_sent, dur, Some(&result));
+                    self.endpoint.recycle(result);
                     self.ops.op_completed(&report, op.budget_ppm);
                     if self.reports.len() >= 1024 {
                         self.reports.pop_first();
@@ -1178,26 +1185,23 @@ impl Service {
     }
 }
 
-/// Add contribution `r` to the running local sum. Contributions arrive in any
-/// order but must be summed in local-rank order for reproducible bytes, so the
-/// sum is formed only from a prefix: keep each contribution until all lower
-/// ranks are in. For simplicity (K is small) contributions are kept in a side
-/// table and summed once all are present.
-fn stash(op: &mut LocalOp, r: usize, data: Vec<f32>) {
-    // `sum` holds the contributions concatenated by rank until all are in.
-    let k = op.contributions.len();
-    let len = data.len();
-    let buf = op.sum.get_or_insert_with(|| vec![0.0; len * k]);
-    if buf.len() == len * k {
-        buf[r * len..(r + 1) * len].copy_from_slice(&data);
+/// Add contribution `r` to the local sum. Contributions arrive in any order
+/// but are summed in local-rank order for reproducible bytes: each is kept
+/// until all are in, then rank 0's buffer becomes the sum and the others are
+/// added to it in rank order (and their buffers go back to `pool`). With one
+/// local trainer its contribution *is* the sum: no copy.
+fn stash(op: &mut LocalOp, r: usize, data: Vec<f32>, pool: &mut Endpoint) {
+    if let Some(p) = op.parts.get_mut(r) {
+        *p = Some(data);
     }
-    if op.contributions.iter().all(Option::is_some) {
-        let all = std::mem::take(buf);
-        let mut sum = all[..len].to_vec();
-        for j in 1..k {
-            for (s, x) in sum.iter_mut().zip(&all[j * len..(j + 1) * len]) {
+    if op.parts.iter().all(Option::is_some) {
+        let mut parts = std::mem::take(&mut op.parts).into_iter().flatten();
+        let mut sum = parts.next().unwrap_or_default();
+        for part in parts {
+            for (s, x) in sum.iter_mut().zip(&part) {
                 *s += *x;
             }
+            pool.recycle(part);
         }
         op.sum = Some(sum);
     }

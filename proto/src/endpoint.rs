@@ -54,6 +54,7 @@ use std::ops::Range;
 use crate::bitmap::Bitmap;
 use crate::estimator::{DeadlineEstimator, RttEstimator};
 use crate::pacer::Pacer;
+use crate::pool::BufferPool;
 use crate::priority::{ChunkTraits, Class, ClassSet, ClassifierConfig, classify};
 use crate::sim::{Node, Transmit};
 use crate::time::{Duration, Instant};
@@ -598,14 +599,16 @@ struct RecvState {
 }
 
 impl RecvState {
-    fn new(n: u32, buf_len: usize) -> Self {
+    /// `buf`: the receive buffer (contents unspecified: only chunks marked in
+    /// `got` are ever read).
+    fn new(n: u32, buf: Vec<f32>) -> Self {
         RecvState {
             n,
             required: None,
             budget_ppm: 0,
             got: Bitmap::new(n),
             got_required: 0,
-            buf: vec![0.0; buf_len],
+            buf,
             first_at: None,
             last_at: None,
             deadline: None,
@@ -721,6 +724,8 @@ pub struct Endpoint {
     next_heartbeat: Option<Instant>,
     hello_seq: u32,
     now: Instant,
+    /// Buffers of finished ops, reused by the next ones (no page faults).
+    pool: BufferPool,
 }
 
 /// Index of the repair queue in `Endpoint::queues` (after the 8 class queues).
@@ -784,6 +789,7 @@ impl Endpoint {
             hello_seq: 0,
             now,
             cfg,
+            pool: BufferPool::new(),
         }
     }
 
@@ -904,7 +910,7 @@ impl Endpoint {
             started: now,
             last_progress: now,
             layout,
-            result: vec![0.0; data.len()],
+            result: self.pool.take_zeroed(data.len()),
             input: data,
             classes: vec![Vec::new(); world],
             gclasses: Vec::new(),
@@ -956,11 +962,12 @@ impl Endpoint {
                 op.sends[j as usize] = Some(SendState::new(n, required, opts.budget_ppm, seg_bytes));
             }
             if own_chunks > 0 {
-                op.recvs[j as usize] = Some(RecvState::new(own_chunks, layout.shard(me).len()));
+                let buf = self.pool.take(layout.shard(me).len());
+                op.recvs[j as usize] = Some(RecvState::new(own_chunks, buf));
             }
             let gn = layout.chunks(j);
             if gn > 0 {
-                op.grecvs[j as usize] = Some(RecvState::new(gn, 0));
+                op.grecvs[j as usize] = Some(RecvState::new(gn, Vec::new()));
             }
         }
         // First pass of reduce-scatter, interleaved across destinations so every
@@ -1435,7 +1442,9 @@ impl Endpoint {
         let shard = layout.shard(me);
         let n = layout.chunks(me);
         let own = &op.input[shard.clone()];
-        let mut out = vec![0.0f32; shard.len()];
+        // Reduce straight into the result's own shard (every chunk is written:
+        // rank 0's term is a copy or a fill).
+        let out = &mut op.result[shard.clone()];
         for c in 0..n {
             let cr = layout.chunk(me, c);
             let mut delivered = 0u32;
@@ -1472,7 +1481,7 @@ impl Endpoint {
                 dst.iter_mut().for_each(|d| *d /= w);
             }
         }
-        op.result[shard.clone()].copy_from_slice(&out);
+        let out = &op.result[shard.clone()];
         // Gather classes: rank own chunks by magnitude within the shard.
         let norms: Vec<f32> = (0..n).map(|c| sq_norm(&out[layout.chunk(me, c)])).collect();
         let ranks = rank_by_norm(&norms);
@@ -1668,11 +1677,42 @@ impl Endpoint {
             Linger { until: now + self.cfg.timers.linger, own_chunks: op.layout.chunks(me), mask: own_mask },
         );
         self.remember_finished(now, id);
-        self.events.push_back(Event::OpComplete { id, result: op.result, report: Box::new(report) });
+        let result = std::mem::take(&mut op.result);
+        self.release(op);
+        self.events.push_back(Event::OpComplete { id, result, report: Box::new(report) });
+    }
+
+    /// Returns a finished op's input and receive buffers to the pool.
+    fn release(&mut self, op: Op) {
+        let now = self.now;
+        self.pool.put(now, op.input);
+        self.pool.put(now, op.result);
+        for r in op.recvs.into_iter().flatten() {
+            self.pool.put(now, r.buf);
+        }
+    }
+
+    /// A buffer of `len` elements with unspecified contents, from the pool of
+    /// finished ops' buffers when one fits (see [`crate::pool`]): for a caller
+    /// that overwrites all of it, e.g. with the next op's input.
+    pub fn take_buffer(&mut self, len: usize) -> Vec<f32> {
+        self.pool.take(len)
+    }
+
+    /// Gives a buffer back to the pool, typically an [`Event::OpComplete`]
+    /// result once the caller has copied it out.
+    pub fn recycle(&mut self, buf: Vec<f32>) {
+        self.pool.put(self.now, buf);
+    }
+
+    /// The buffer pool (for counters and tests).
+    pub fn pool(&self) -> &BufferPool {
+        &self.pool
     }
 
     fn fail(&mut self, id: OpId, error: OpError) {
-        if self.ops.remove(&id).is_some() {
+        if let Some(op) = self.ops.remove(&id) {
+            self.release(op);
             self.stats.ops_failed += 1;
             self.remember_finished(self.now, id);
             self.events.push_back(Event::OpFailed { id, error });
@@ -1693,6 +1733,7 @@ impl Endpoint {
     /// Process timers that expired at or before `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.now = now;
+        self.pool.expire(now);
         let t = self.cfg.timers;
         // Heartbeats.
         if let Some(hb) = self.next_heartbeat

@@ -51,6 +51,9 @@ const DATAPATH_BASE: usize = 16;
 const ATTACH_BASE: usize = 1 << 16;
 /// Longest sleep between housekeeping passes.
 const HOUSEKEEPING: StdDuration = StdDuration::from_millis(100);
+/// Datagrams taken from the endpoint per `poll_transmit_many` (their tags are
+/// computed together).
+const TX_BATCH: usize = 64;
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -166,7 +169,15 @@ pub struct Service {
     peers: Vec<SocketAddr>,
     peer_rank: HashMap<SocketAddr, u32>,
     start: StdInstant,
-    pending_tx: Option<(SocketAddr, Class, Vec<u8>)>,
+    /// Datagrams the datapath refused (would-block), sent first next time.
+    pending_tx: std::collections::VecDeque<(SocketAddr, Class, Vec<u8>)>,
+    /// Room per datagram in `tx_buf`.
+    tx_slot: usize,
+    /// The datagrams of one `poll_transmit_many` call: (transmit, offset in `tx_buf`).
+    tx_batch: Vec<(dlcp_proto::sim::Transmit, usize)>,
+    /// Received datagrams of one datapath receive call, back to back, and
+    /// their spans (see `receive`).
+    rx_batch: (Vec<u8>, Vec<std::ops::Range<usize>>),
     tx_buf: Vec<u8>,
     draining: Option<StdInstant>,
     counters: ServiceCounters,
@@ -399,7 +410,8 @@ impl Service {
             cfg.control.socket_path.display()
         );
         Ok(Service {
-            tx_buf: vec![0u8; cfg.chunk_bytes() as usize + wire::OVERHEAD + 64],
+            tx_buf: Vec::new(),
+            tx_slot: cfg.chunk_bytes() as usize + wire::OVERHEAD + 64,
             cfg,
             endpoint,
             datapath,
@@ -412,7 +424,9 @@ impl Service {
             peers,
             peer_rank,
             start,
-            pending_tx: None,
+            pending_tx: std::collections::VecDeque::new(),
+            tx_batch: Vec::new(),
+            rx_batch: (Vec::new(), Vec::new()),
             draining: None,
             counters: ServiceCounters::default(),
             recent: std::collections::VecDeque::new(),
@@ -574,7 +588,7 @@ impl Service {
                 None => HOUSEKEEPING,
             };
             let wait = self.ops.notifier.next_ping_in().map_or(wait, |p| wait.min(p));
-            let wait = if self.pending_tx.is_some() {
+            let wait = if !self.pending_tx.is_empty() {
                 // Blocked on the socket: writability wakes us; check back soon anyway.
                 wait.min(StdDuration::from_millis(1))
             } else {
@@ -1038,31 +1052,42 @@ impl Service {
     }
 
     fn receive(&mut self, now: Instant) {
-        let Service { datapath, endpoint, peers, peer_rank, counters, rx_drop, .. } = self;
-        let mut f = |from: SocketAddr, bytes: &[u8]| {
-            if let Some((ppm, rng)) = rx_drop.as_mut()
-                && rng.below(1_000_000) < u64::from(*ppm)
-            {
-                counters.rx_debug_dropped += 1;
-                return;
-            }
-            // The claimed sender must send from its configured address; the MAC
-            // then proves the rest.
-            if let Ok(p) = wire::Packet::new_checked(bytes)
-                && peers.get(p.src() as usize).is_some_and(|a| *a != from)
-            {
-                if peer_rank.contains_key(&from) {
-                    counters.rx_wrong_source += 1;
-                } else {
-                    counters.rx_unknown_source += 1;
-                }
-                return;
-            }
-            endpoint.handle_datagram(now, bytes);
-        };
+        let Service { datapath, endpoint, peers, peer_rank, counters, rx_drop, rx_batch, .. } = self;
+        // Datagrams are copied into `rx_batch` and handed to the endpoint a
+        // receive call at a time, so their tags are checked together.
+        let (buf, spans) = rx_batch;
         // Bounded, so a flood cannot starve timers, trainers and transmit.
         for _ in 0..64 {
-            match datapath.recv(&mut f) {
+            let mut f = |from: SocketAddr, bytes: &[u8]| {
+                if let Some((ppm, rng)) = rx_drop.as_mut()
+                    && rng.below(1_000_000) < u64::from(*ppm)
+                {
+                    counters.rx_debug_dropped += 1;
+                    return;
+                }
+                // The claimed sender must send from its configured address; the MAC
+                // then proves the rest.
+                if let Ok(p) = wire::Packet::new_checked(bytes)
+                    && peers.get(p.src() as usize).is_some_and(|a| *a != from)
+                {
+                    if peer_rank.contains_key(&from) {
+                        counters.rx_wrong_source += 1;
+                    } else {
+                        counters.rx_unknown_source += 1;
+                    }
+                    return;
+                }
+                spans.push(buf.len()..buf.len() + bytes.len());
+                buf.extend_from_slice(bytes);
+            };
+            let r = datapath.recv(&mut f);
+            if !spans.is_empty() {
+                let batch: Vec<&[u8]> = spans.iter().map(|r| &buf[r.clone()]).collect();
+                endpoint.handle_datagrams(now, &batch);
+                spans.clear();
+                buf.clear();
+            }
+            match r {
                 Ok(0) if !datapath.rx_pending() => break,
                 Ok(_) => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -1075,39 +1100,55 @@ impl Service {
     }
 
     fn transmit(&mut self, now: Instant) {
-        if let Some((dst, class, d)) = self.pending_tx.take() {
+        // Datagrams the datapath refused earlier (would-block) go first, in order.
+        while let Some((dst, class, d)) = self.pending_tx.pop_front() {
             match self.datapath.send(dst, class, &d) {
                 Ok(SendOutcome::Sent) => {}
                 Ok(SendOutcome::WouldBlock) => {
-                    self.pending_tx = Some((dst, class, d));
+                    self.pending_tx.push_front((dst, class, d));
                     let _ = self.datapath.flush();
                     return;
                 }
                 Err(e) => log::error!("datapath send: {e}"),
             }
         }
-        while let Some(t) = self.endpoint.poll_transmit(now, &mut self.tx_buf) {
-            let Some(&dst) = self.peers.get(t.dst as usize) else { continue };
-            if is_probe(&self.tx_buf[..t.len]) {
-                // A PROBE says "I have sent through chunk X": it travels in the
-                // control class, which the datapath flushes first, so push out
-                // the data queued before it or it overtakes that data on the
-                // host and the receiver asks for repairs of chunks in flight.
-                if let Err(e) = self.datapath.flush() {
-                    log::warn!("datapath flush: {e}");
+        // Datagrams come from the endpoint TX_BATCH at a time, tagged together.
+        let slot = self.tx_slot;
+        'batches: loop {
+            self.endpoint.poll_transmit_many(now, slot, TX_BATCH, &mut self.tx_buf, &mut self.tx_batch);
+            let n = self.tx_batch.len();
+            for i in 0..n {
+                let (t, off) = self.tx_batch[i];
+                let Some(&dst) = self.peers.get(t.dst as usize) else { continue };
+                let data = &self.tx_buf[off..off + t.len];
+                if is_probe(data) {
+                    // A PROBE says "I have sent through chunk X": it travels in the
+                    // control class, which the datapath flushes first, so push out
+                    // the data queued before it or it overtakes that data on the
+                    // host and the receiver asks for repairs of chunks in flight.
+                    if let Err(e) = self.datapath.flush() {
+                        log::warn!("datapath flush: {e}");
+                    }
+                    self.counters.probe_flushes += 1;
                 }
-                self.counters.probe_flushes += 1;
+                let outcome = self.datapath.send(dst, t.class, data);
+                if !matches!(outcome, Ok(SendOutcome::Sent)) {
+                    if let Err(e) = &outcome {
+                        log::error!("datapath send: {e}");
+                    }
+                    // Keep this datagram (unless it failed) and the rest of the
+                    // batch, in order, for the next turn.
+                    let from = if outcome.is_err() { i + 1 } else { i };
+                    for &(t, off) in &self.tx_batch[from..] {
+                        if let Some(&dst) = self.peers.get(t.dst as usize) {
+                            self.pending_tx.push_back((dst, t.class, self.tx_buf[off..off + t.len].to_vec()));
+                        }
+                    }
+                    break 'batches;
+                }
             }
-            match self.datapath.send(dst, t.class, &self.tx_buf[..t.len]) {
-                Ok(SendOutcome::Sent) => {}
-                Ok(SendOutcome::WouldBlock) => {
-                    self.pending_tx = Some((dst, t.class, self.tx_buf[..t.len].to_vec()));
-                    break;
-                }
-                Err(e) => {
-                    log::error!("datapath send: {e}");
-                    break;
-                }
+            if n < TX_BATCH {
+                break;
             }
         }
         if let Err(e) = self.datapath.flush() {

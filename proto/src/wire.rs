@@ -114,6 +114,10 @@
 //! CPU as the kernel's send path. At 9000 bytes BLAKE3's SIMD chunk parallelism
 //! makes it 2× faster than HMAC-SHA256; a 1.4 KiB message spans only two
 //! 1 KiB BLAKE3 chunks, hashed serially.
+//!
+//! [`MacKey::tag_many`] (what dlcpd uses on both sides) puts the blocks of many
+//! messages through BLAKE3's SIMD lanes instead: the same tags, 329 ns per
+//! 1472-byte packet against 1573 ns one at a time (same bench, 64 per call).
 
 use crate::priority::Class;
 use thiserror::Error;

@@ -51,6 +51,9 @@ const DATAPATH_BASE: usize = 16;
 const ATTACH_BASE: usize = 1 << 16;
 /// Longest sleep between housekeeping passes.
 const HOUSEKEEPING: StdDuration = StdDuration::from_millis(100);
+/// Datagrams taken from the endpoint per `poll_transmit_many` (their tags are
+/// computed together).
+const TX_BATCH: usize = 64;
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -139,6 +142,8 @@ struct Contribution {
 #[derive(Debug)]
 struct LocalOp {
     contributions: Vec<Option<Contribution>>,
+    /// Contributions by local rank until all are in.
+    parts: Vec<Option<Vec<f32>>>,
     sum: Option<Vec<f32>>,
     started_at: Option<StdInstant>,
     first_at: StdInstant,
@@ -164,7 +169,15 @@ pub struct Service {
     peers: Vec<SocketAddr>,
     peer_rank: HashMap<SocketAddr, u32>,
     start: StdInstant,
-    pending_tx: Option<(SocketAddr, Class, Vec<u8>)>,
+    /// Datagrams the datapath refused (would-block), sent first next time.
+    pending_tx: std::collections::VecDeque<(SocketAddr, Class, Vec<u8>)>,
+    /// Room per datagram in `tx_buf`.
+    tx_slot: usize,
+    /// The datagrams of one `poll_transmit_many` call: (transmit, offset in `tx_buf`).
+    tx_batch: Vec<(dlcp_proto::sim::Transmit, usize)>,
+    /// Received datagrams of one datapath receive call, back to back, and
+    /// their spans (see `receive`).
+    rx_batch: (Vec<u8>, Vec<(std::ops::Range<usize>, Option<u32>)>),
     tx_buf: Vec<u8>,
     draining: Option<StdInstant>,
     counters: ServiceCounters,
@@ -397,7 +410,8 @@ impl Service {
             cfg.control.socket_path.display()
         );
         Ok(Service {
-            tx_buf: vec![0u8; cfg.chunk_bytes() as usize + wire::OVERHEAD + 64],
+            tx_buf: Vec::new(),
+            tx_slot: cfg.chunk_bytes() as usize + wire::OVERHEAD + 64,
             cfg,
             endpoint,
             datapath,
@@ -410,7 +424,9 @@ impl Service {
             peers,
             peer_rank,
             start,
-            pending_tx: None,
+            pending_tx: std::collections::VecDeque::new(),
+            tx_batch: Vec::new(),
+            rx_batch: (Vec::new(), Vec::new()),
             draining: None,
             counters: ServiceCounters::default(),
             recent: std::collections::VecDeque::new(),
@@ -572,7 +588,7 @@ impl Service {
                 None => HOUSEKEEPING,
             };
             let wait = self.ops.notifier.next_ping_in().map_or(wait, |p| wait.min(p));
-            let wait = if self.pending_tx.is_some() {
+            let wait = if !self.pending_tx.is_empty() {
                 // Blocked on the socket: writability wakes us; check back soon anyway.
                 wait.min(StdDuration::from_millis(1))
             } else {
@@ -830,9 +846,12 @@ impl Service {
         // Copy the contribution out of shared memory now (the trainer owns the buffer).
         let data = {
             let Some(s) = self.slots[slot].as_ref() else { return };
-            match s.att.copy_from_arena(sub.span.offset, sub.span.len_elems) {
-                Ok(d) => d,
+            // Into a reused buffer (a fresh one page-faults on every op).
+            let mut d = self.endpoint.take_buffer(usize::try_from(sub.span.len_elems).unwrap_or(0));
+            match s.att.copy_from_arena_into(sub.span.offset, &mut d) {
+                Ok(()) => d,
                 Err(e) => {
+                    self.endpoint.recycle(d);
                     log::warn!("attachment {att_id}: {e}");
                     self.counters.submissions_rejected += 1;
                     if let Some(s) = self.slots[slot].as_mut() {
@@ -850,6 +869,7 @@ impl Service {
         };
         let op = self.local_ops.entry(id).or_insert_with(|| LocalOp {
             contributions: (0..world).map(|_| None).collect(),
+            parts: (0..world).map(|_| None).collect(),
             sum: None,
             started_at: None,
             first_at: StdInstant::now(),
@@ -892,7 +912,7 @@ impl Service {
             return;
         }
         op.contributions[r] = Some(Contribution { attachment: att_id, sub });
-        stash(op, r, data);
+        stash(op, r, data, &mut self.endpoint);
         if op.contributions.iter().all(Option::is_some) {
             self.start_op(id, now);
         }
@@ -986,6 +1006,7 @@ impl Service {
                         error: None,
                     });
                     self.complete_all(&op, Status::Ok, ppm, report.repairs_sent, dur, Some(&result));
+                    self.endpoint.recycle(result);
                     self.ops.op_completed(&report, op.budget_ppm);
                     if self.reports.len() >= 1024 {
                         self.reports.pop_first();
@@ -1031,36 +1052,48 @@ impl Service {
     }
 
     fn receive(&mut self, now: Instant) {
-        let Service { datapath, endpoint, peers, peer_rank, counters, rx_drop, .. } = self;
-        let mut f = |from: SocketAddr, bytes: &[u8]| {
-            // Drops are counted per peer by source address: a configured peer's
-            // rank, or one bounded "unknown" bucket for any other address.
-            let peer = peer_rank.get(&from).copied();
-            if let Some((ppm, rng)) = rx_drop.as_mut()
-                && rng.below(1_000_000) < u64::from(*ppm)
-            {
-                counters.rx_debug_dropped += 1;
-                endpoint.count_dropped(bytes, peer);
-                return;
-            }
-            // The claimed sender must send from its configured address; the MAC
-            // then proves the rest.
-            if let Ok(p) = wire::Packet::new_checked(bytes)
-                && peers.get(p.src() as usize).is_some_and(|a| *a != from)
-            {
-                if peer.is_some() {
-                    counters.rx_wrong_source += 1;
-                } else {
-                    counters.rx_unknown_source += 1;
-                }
-                endpoint.count_dropped(bytes, peer);
-                return;
-            }
-            endpoint.handle_datagram_from(now, bytes, peer);
-        };
+        let Service { datapath, endpoint, peers, peer_rank, counters, rx_drop, rx_batch, .. } = self;
+        // Datagrams are copied into `rx_batch` and handed to the endpoint a
+        // receive call at a time, so their tags are checked together.
+        let (buf, spans) = rx_batch;
         // Bounded, so a flood cannot starve timers, trainers and transmit.
         for _ in 0..64 {
-            match datapath.recv(&mut f) {
+            let mut f = |from: SocketAddr, bytes: &[u8]| {
+                // Drops are counted per peer by source address: a configured peer's
+                // rank, or one bounded "unknown" bucket for any other address.
+                let peer = peer_rank.get(&from).copied();
+                if let Some((ppm, rng)) = rx_drop.as_mut()
+                    && rng.below(1_000_000) < u64::from(*ppm)
+                {
+                    counters.rx_debug_dropped += 1;
+                    endpoint.count_dropped(bytes, peer);
+                    return;
+                }
+                // The claimed sender must send from its configured address; the MAC
+                // then proves the rest.
+                if let Ok(p) = wire::Packet::new_checked(bytes)
+                    && peers.get(p.src() as usize).is_some_and(|a| *a != from)
+                {
+                    if peer.is_some() {
+                        counters.rx_wrong_source += 1;
+                    } else {
+                        counters.rx_unknown_source += 1;
+                    }
+                    endpoint.count_dropped(bytes, peer);
+                    return;
+                }
+                spans.push((buf.len()..buf.len() + bytes.len(), peer));
+                buf.extend_from_slice(bytes);
+            };
+            let r = datapath.recv(&mut f);
+            if !spans.is_empty() {
+                let batch: Vec<(&[u8], Option<u32>)> =
+                    spans.iter().map(|(r, p)| (&buf[r.clone()], *p)).collect();
+                endpoint.handle_datagrams_from(now, &batch);
+                spans.clear();
+                buf.clear();
+            }
+            match r {
                 Ok(0) if !datapath.rx_pending() => break,
                 Ok(_) => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -1073,39 +1106,55 @@ impl Service {
     }
 
     fn transmit(&mut self, now: Instant) {
-        if let Some((dst, class, d)) = self.pending_tx.take() {
+        // Datagrams the datapath refused earlier (would-block) go first, in order.
+        while let Some((dst, class, d)) = self.pending_tx.pop_front() {
             match self.datapath.send(dst, class, &d) {
                 Ok(SendOutcome::Sent) => {}
                 Ok(SendOutcome::WouldBlock) => {
-                    self.pending_tx = Some((dst, class, d));
+                    self.pending_tx.push_front((dst, class, d));
                     let _ = self.datapath.flush();
                     return;
                 }
                 Err(e) => log::error!("datapath send: {e}"),
             }
         }
-        while let Some(t) = self.endpoint.poll_transmit(now, &mut self.tx_buf) {
-            let Some(&dst) = self.peers.get(t.dst as usize) else { continue };
-            if is_probe(&self.tx_buf[..t.len]) {
-                // A PROBE says "I have sent through chunk X": it travels in the
-                // control class, which the datapath flushes first, so push out
-                // the data queued before it or it overtakes that data on the
-                // host and the receiver asks for repairs of chunks in flight.
-                if let Err(e) = self.datapath.flush() {
-                    log::warn!("datapath flush: {e}");
+        // Datagrams come from the endpoint TX_BATCH at a time, tagged together.
+        let slot = self.tx_slot;
+        'batches: loop {
+            self.endpoint.poll_transmit_many(now, slot, TX_BATCH, &mut self.tx_buf, &mut self.tx_batch);
+            let n = self.tx_batch.len();
+            for i in 0..n {
+                let (t, off) = self.tx_batch[i];
+                let Some(&dst) = self.peers.get(t.dst as usize) else { continue };
+                let data = &self.tx_buf[off..off + t.len];
+                if is_probe(data) {
+                    // A PROBE says "I have sent through chunk X": it travels in the
+                    // control class, which the datapath flushes first, so push out
+                    // the data queued before it or it overtakes that data on the
+                    // host and the receiver asks for repairs of chunks in flight.
+                    if let Err(e) = self.datapath.flush() {
+                        log::warn!("datapath flush: {e}");
+                    }
+                    self.counters.probe_flushes += 1;
                 }
-                self.counters.probe_flushes += 1;
+                let outcome = self.datapath.send(dst, t.class, data);
+                if !matches!(outcome, Ok(SendOutcome::Sent)) {
+                    if let Err(e) = &outcome {
+                        log::error!("datapath send: {e}");
+                    }
+                    // Keep this datagram (unless it failed) and the rest of the
+                    // batch, in order, for the next turn.
+                    let from = if outcome.is_err() { i + 1 } else { i };
+                    for &(t, off) in &self.tx_batch[from..] {
+                        if let Some(&dst) = self.peers.get(t.dst as usize) {
+                            self.pending_tx.push_back((dst, t.class, self.tx_buf[off..off + t.len].to_vec()));
+                        }
+                    }
+                    break 'batches;
+                }
             }
-            match self.datapath.send(dst, t.class, &self.tx_buf[..t.len]) {
-                Ok(SendOutcome::Sent) => {}
-                Ok(SendOutcome::WouldBlock) => {
-                    self.pending_tx = Some((dst, t.class, self.tx_buf[..t.len].to_vec()));
-                    break;
-                }
-                Err(e) => {
-                    log::error!("datapath send: {e}");
-                    break;
-                }
+            if n < TX_BATCH {
+                break;
             }
         }
         if let Err(e) = self.datapath.flush() {
@@ -1198,26 +1247,23 @@ impl Service {
     }
 }
 
-/// Add contribution `r` to the running local sum. Contributions arrive in any
-/// order but must be summed in local-rank order for reproducible bytes, so the
-/// sum is formed only from a prefix: keep each contribution until all lower
-/// ranks are in. For simplicity (K is small) contributions are kept in a side
-/// table and summed once all are present.
-fn stash(op: &mut LocalOp, r: usize, data: Vec<f32>) {
-    // `sum` holds the contributions concatenated by rank until all are in.
-    let k = op.contributions.len();
-    let len = data.len();
-    let buf = op.sum.get_or_insert_with(|| vec![0.0; len * k]);
-    if buf.len() == len * k {
-        buf[r * len..(r + 1) * len].copy_from_slice(&data);
+/// Add contribution `r` to the local sum. Contributions arrive in any order
+/// but are summed in local-rank order for reproducible bytes: each is kept
+/// until all are in, then rank 0's buffer becomes the sum and the others are
+/// added to it in rank order (and their buffers go back to `pool`). With one
+/// local trainer its contribution *is* the sum: no copy.
+fn stash(op: &mut LocalOp, r: usize, data: Vec<f32>, pool: &mut Endpoint) {
+    if let Some(p) = op.parts.get_mut(r) {
+        *p = Some(data);
     }
-    if op.contributions.iter().all(Option::is_some) {
-        let all = std::mem::take(buf);
-        let mut sum = all[..len].to_vec();
-        for j in 1..k {
-            for (s, x) in sum.iter_mut().zip(&all[j * len..(j + 1) * len]) {
+    if op.parts.iter().all(Option::is_some) {
+        let mut parts = std::mem::take(&mut op.parts).into_iter().flatten();
+        let mut sum = parts.next().unwrap_or_default();
+        for part in parts {
+            for (s, x) in sum.iter_mut().zip(&part) {
                 *s += *x;
             }
+            pool.recycle(part);
         }
         op.sum = Some(sum);
     }

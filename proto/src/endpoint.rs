@@ -54,6 +54,7 @@ use std::ops::Range;
 use crate::bitmap::Bitmap;
 use crate::estimator::{DeadlineEstimator, RttEstimator};
 use crate::pacer::Pacer;
+use crate::pool::BufferPool;
 use crate::priority::{ChunkTraits, Class, ClassSet, ClassifierConfig, classify};
 use crate::sim::{Node, Transmit};
 use crate::time::{Duration, Instant};
@@ -679,14 +680,16 @@ struct RecvState {
 }
 
 impl RecvState {
-    fn new(n: u32, buf_len: usize) -> Self {
+    /// `buf`: the receive buffer (contents unspecified: only chunks marked in
+    /// `got` are ever read).
+    fn new(n: u32, buf: Vec<f32>) -> Self {
         RecvState {
             n,
             required: None,
             budget_ppm: 0,
             got: Bitmap::new(n),
             got_required: 0,
-            buf: vec![0.0; buf_len],
+            buf,
             first_at: None,
             last_at: None,
             deadline: None,
@@ -802,6 +805,11 @@ pub struct Endpoint {
     next_heartbeat: Option<Instant>,
     hello_seq: u32,
     now: Instant,
+    /// Buffers of finished ops, reused by the next ones (no page faults).
+    pool: BufferPool,
+    /// Inside [`Endpoint::poll_transmit_many`]: encode without tags (they
+    /// are computed for the whole batch before it returns).
+    defer_tags: bool,
 }
 
 /// Index of the repair queue in `Endpoint::queues` (after the 8 class queues).
@@ -870,6 +878,8 @@ impl Endpoint {
             hello_seq: 0,
             now,
             cfg,
+            pool: BufferPool::new(),
+            defer_tags: false,
         }
     }
 
@@ -990,7 +1000,7 @@ impl Endpoint {
             started: now,
             last_progress: now,
             layout,
-            result: vec![0.0; data.len()],
+            result: self.pool.take_zeroed(data.len()),
             input: data,
             classes: vec![Vec::new(); world],
             gclasses: Vec::new(),
@@ -1042,11 +1052,12 @@ impl Endpoint {
                 op.sends[j as usize] = Some(SendState::new(n, required, opts.budget_ppm, seg_bytes));
             }
             if own_chunks > 0 {
-                op.recvs[j as usize] = Some(RecvState::new(own_chunks, layout.shard(me).len()));
+                let buf = self.pool.take(layout.shard(me).len());
+                op.recvs[j as usize] = Some(RecvState::new(own_chunks, buf));
             }
             let gn = layout.chunks(j);
             if gn > 0 {
-                op.grecvs[j as usize] = Some(RecvState::new(gn, 0));
+                op.grecvs[j as usize] = Some(RecvState::new(gn, Vec::new()));
             }
         }
         // First pass of reduce-scatter, interleaved across destinations so every
@@ -1116,6 +1127,62 @@ impl Endpoint {
         }
     }
 
+    /// Process received datagrams, in order: the same outcome as
+    /// [`handle_datagram`](Self::handle_datagram) on each, but their tags are
+    /// checked together ([`MacKey::tag_many`], several times cheaper per
+    /// MTU-sized datagram than one at a time).
+    pub fn handle_datagrams(&mut self, now: Instant, datagrams: &[&[u8]]) {
+        let batch: Vec<(&[u8], Option<u32>)> = datagrams.iter().map(|d| (*d, wire::peek_src(d))).collect();
+        self.handle_datagrams_from(now, &batch);
+    }
+
+    /// [`handle_datagram_from`](Self::handle_datagram_from) on each
+    /// `(datagram, from)`, in order, with the tags checked together as in
+    /// [`handle_datagrams`](Self::handle_datagrams).
+    pub fn handle_datagrams_from(&mut self, now: Instant, datagrams: &[(&[u8], Option<u32>)]) {
+        self.now = now;
+        // Structure first (as `wire::decode`): only well-formed packets are tagged.
+        let mut auth: Vec<&[u8]> = Vec::with_capacity(datagrams.len());
+        for (d, _) in datagrams {
+            if wire::Packet::new_checked(*d).is_ok() {
+                auth.push(&d[..d.len() - wire::TAG_LEN]);
+            }
+        }
+        let mut tags = vec![[0u8; wire::TAG_LEN]; auth.len()];
+        self.cfg.key.tag_many(&auth, &mut tags);
+        let mut tags = tags.iter();
+        for &(d, from) in datagrams {
+            let before = self.stats.rejected.discarded_on_arrival();
+            let want = if wire::Packet::new_checked(d).is_ok() { tags.next() } else { None };
+            self.handle_tagged(now, d, want);
+            if self.stats.rejected.discarded_on_arrival() != before {
+                self.count_dropped(d, from);
+            }
+        }
+    }
+
+    /// One datagram of a batch: `want` is the tag it must carry, `None` if it
+    /// is not a well-formed packet.
+    fn handle_tagged(&mut self, now: Instant, d: &[u8], want: Option<&[u8; wire::TAG_LEN]>) {
+        let Some(want) = want else {
+            self.stats.rejected.malformed += 1;
+            return;
+        };
+        let got = &d[d.len() - wire::TAG_LEN..];
+        let diff = want.iter().zip(got).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        if diff != 0 {
+            self.stats.rejected.bad_tag += 1;
+            return;
+        }
+        let Ok(p) = wire::Packet::new_checked(d) else { return };
+        let Ok(h) = Header::parse(&p) else {
+            self.stats.rejected.malformed += 1;
+            return;
+        };
+        let payload = &d[wire::HEADER_LEN..wire::HEADER_LEN + usize::from(h.payload_len)];
+        self.handle_authenticated(now, h, payload, d, false);
+    }
+
     /// `replay`: a datagram buffered before its op started, already counted.
     fn handle_datagram_impl(&mut self, now: Instant, datagram: &[u8], replay: bool) {
         self.now = now;
@@ -1130,6 +1197,18 @@ impl Endpoint {
                 return;
             }
         };
+        self.handle_authenticated(now, h, payload, datagram, replay);
+    }
+
+    /// A datagram whose tag checked out, parsed into `h` and `payload`.
+    fn handle_authenticated(
+        &mut self,
+        now: Instant,
+        h: Header,
+        payload: &[u8],
+        datagram: &[u8],
+        replay: bool,
+    ) {
         if h.job != self.cfg.job {
             self.stats.rejected.wrong_job += 1;
             return;
@@ -1552,7 +1631,9 @@ impl Endpoint {
         let shard = layout.shard(me);
         let n = layout.chunks(me);
         let own = &op.input[shard.clone()];
-        let mut out = vec![0.0f32; shard.len()];
+        // Reduce straight into the result's own shard (every chunk is written:
+        // rank 0's term is a copy or a fill).
+        let out = &mut op.result[shard.clone()];
         for c in 0..n {
             let cr = layout.chunk(me, c);
             let mut delivered = 0u32;
@@ -1589,7 +1670,7 @@ impl Endpoint {
                 dst.iter_mut().for_each(|d| *d /= w);
             }
         }
-        op.result[shard.clone()].copy_from_slice(&out);
+        let out = &op.result[shard.clone()];
         // Gather classes: rank own chunks by magnitude within the shard.
         let norms: Vec<f32> = (0..n).map(|c| sq_norm(&out[layout.chunk(me, c)])).collect();
         let ranks = rank_by_norm(&norms);
@@ -1791,11 +1872,42 @@ impl Endpoint {
             Linger { until: now + self.cfg.timers.linger, own_chunks: op.layout.chunks(me), mask: own_mask },
         );
         self.remember_finished(now, id);
-        self.events.push_back(Event::OpComplete { id, result: op.result, report: Box::new(report) });
+        let result = std::mem::take(&mut op.result);
+        self.release(op);
+        self.events.push_back(Event::OpComplete { id, result, report: Box::new(report) });
+    }
+
+    /// Returns a finished op's input and receive buffers to the pool.
+    fn release(&mut self, op: Op) {
+        let now = self.now;
+        self.pool.put(now, op.input);
+        self.pool.put(now, op.result);
+        for r in op.recvs.into_iter().flatten() {
+            self.pool.put(now, r.buf);
+        }
+    }
+
+    /// A buffer of `len` elements with unspecified contents, from the pool of
+    /// finished ops' buffers when one fits (see [`crate::pool`]): for a caller
+    /// that overwrites all of it, e.g. with the next op's input.
+    pub fn take_buffer(&mut self, len: usize) -> Vec<f32> {
+        self.pool.take(len)
+    }
+
+    /// Gives a buffer back to the pool, typically an [`Event::OpComplete`]
+    /// result once the caller has copied it out.
+    pub fn recycle(&mut self, buf: Vec<f32>) {
+        self.pool.put(self.now, buf);
+    }
+
+    /// The buffer pool (for counters and tests).
+    pub fn pool(&self) -> &BufferPool {
+        &self.pool
     }
 
     fn fail(&mut self, id: OpId, error: OpError) {
-        if self.ops.remove(&id).is_some() {
+        if let Some(op) = self.ops.remove(&id) {
+            self.release(op);
             self.stats.ops_failed += 1;
             self.remember_finished(self.now, id);
             self.events.push_back(Event::OpFailed { id, error });
@@ -1816,6 +1928,7 @@ impl Endpoint {
     /// Process timers that expired at or before `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.now = now;
+        self.pool.expire(now);
         let t = self.cfg.timers;
         // Heartbeats.
         if let Some(hb) = self.next_heartbeat
@@ -2036,6 +2149,41 @@ impl Endpoint {
         (next != Instant::MAX).then_some(next)
     }
 
+    /// Up to `max` datagrams, exactly those that `max` calls of
+    /// [`poll_transmit`](Self::poll_transmit) would return, written into `buf`
+    /// at offsets `0, slot, 2·slot, …` (each `slot` bytes of room; `buf` grows
+    /// as needed) and listed in `out` (cleared first) as (transmit, offset).
+    /// Their tags are computed together ([`MacKey::tag_many`]), several times
+    /// cheaper per MTU-sized datagram than one at a time.
+    pub fn poll_transmit_many(
+        &mut self,
+        now: Instant,
+        slot: usize,
+        max: usize,
+        buf: &mut Vec<u8>,
+        out: &mut Vec<(Transmit, usize)>,
+    ) {
+        out.clear();
+        if buf.len() < slot * max {
+            buf.resize(slot * max, 0);
+        }
+        self.defer_tags = true;
+        while out.len() < max {
+            let off = out.len() * slot;
+            match self.poll_transmit(now, &mut buf[off..off + slot]) {
+                Some(t) => out.push((t, off)),
+                None => break,
+            }
+        }
+        self.defer_tags = false;
+        let msgs: Vec<&[u8]> = out.iter().map(|(t, off)| &buf[*off..*off + t.len - wire::TAG_LEN]).collect();
+        let mut tags = vec![[0u8; wire::TAG_LEN]; msgs.len()];
+        self.cfg.key.tag_many(&msgs, &mut tags);
+        for ((t, off), tag) in out.iter().zip(&tags) {
+            buf[off + t.len - wire::TAG_LEN..off + t.len].copy_from_slice(tag);
+        }
+    }
+
     /// Write the next datagram to send into `buf` (which must hold at least
     /// `chunk_bytes + wire::OVERHEAD` bytes), highest class first. Returns `None`
     /// when nothing is queued or the pacer says wait (see `poll_timeout`).
@@ -2155,7 +2303,10 @@ impl Endpoint {
             flags = flags.with(Flags::REQUIRED);
         }
         h.flags = flags;
-        let len = wire::encode_in_place(&self.cfg.key, &h, buf, |p| write_f32s(&data[cr], p)).ok()?;
+        let len = wire::encode_maybe_tagged((!self.defer_tags).then_some(&self.cfg.key), &h, buf, |p| {
+            write_f32s(&data[cr], p)
+        })
+        .ok()?;
         if let Some(op) = self.ops.get_mut(&item.id) {
             let st = match item.phase {
                 Phase::Scatter => op.sends[item.peer as usize].as_mut(),
@@ -2268,7 +2419,13 @@ impl Endpoint {
                                 mask.write_segment(seg, seg_bytes, &mut buf[wire::HEADER_LEN..]);
                             h.chunk_index = first;
                             h.payload_len = len as u16;
-                            let n = wire::encode_in_place(&self.cfg.key, &h, buf, |_| {}).ok()?;
+                            let n = wire::encode_maybe_tagged(
+                                (!self.defer_tags).then_some(&self.cfg.key),
+                                &h,
+                                buf,
+                                |_| {},
+                            )
+                            .ok()?;
                             return Some(self.count_tx(item.peer, Class::CONTROL, n));
                         }
                     }
@@ -2289,7 +2446,8 @@ impl Endpoint {
             h.chunk_index = first;
             h.payload_len = len as u16;
         }
-        let n = wire::encode_in_place(&self.cfg.key, &h, buf, |_| {}).ok()?;
+        let n =
+            wire::encode_maybe_tagged((!self.defer_tags).then_some(&self.cfg.key), &h, buf, |_| {}).ok()?;
         Some(self.count_tx(item.peer, Class::CONTROL, n))
     }
 }

@@ -10,6 +10,7 @@
 //! - [`pacer`]: token-bucket pacing on virtual time.
 //! - [`estimator`]: Jacobson/Karels estimators for probe timers and deadlines.
 //! - [`time`]: virtual [`time::Instant`].
+//! - [`pool`]: reusable `f32` buffers for ops.
 #![forbid(unsafe_code)]
 
 pub mod bitmap;
@@ -17,6 +18,7 @@ pub mod endpoint;
 pub mod estimator;
 pub mod oracle;
 pub mod pacer;
+pub mod pool;
 pub mod priority;
 pub mod sim;
 pub mod time;

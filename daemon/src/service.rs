@@ -74,6 +74,9 @@ pub enum ServiceError {
     Config(String),
 }
 
+/// A received datagram's bytes in the receive batch and its source peer (`None`: not a configured peer).
+type RxSpan = (std::ops::Range<usize>, Option<u32>);
+
 /// Counters of the service itself (the protocol's and datapath's are separate).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ServiceCounters {
@@ -176,8 +179,8 @@ pub struct Service {
     /// The datagrams of one `poll_transmit_many` call: (transmit, offset in `tx_buf`).
     tx_batch: Vec<(dlcp_proto::sim::Transmit, usize)>,
     /// Received datagrams of one datapath receive call, back to back, and
-    /// their spans (see `receive`).
-    rx_batch: (Vec<u8>, Vec<(std::ops::Range<usize>, Option<u32>)>),
+    /// their spans with the configured peer each came from (see `receive`).
+    rx_batch: (Vec<u8>, Vec<RxSpan>),
     tx_buf: Vec<u8>,
     draining: Option<StdInstant>,
     counters: ServiceCounters,

@@ -177,9 +177,20 @@ def fmt_acc(xs):
     return f"{m:.2f} ± {sd:.2f}"
 
 
-def write_outputs(results, gloo, args, out: Path):
+def run_key(r) -> tuple:
+    """The cell and seed of a dlcp run: (link loss, budget, fill, rescale, seed)."""
+    return (r["loss"], r["budget"], r["fill"], r["rescale"], r["seed"])
+
+
+def save_json(results, gloo, args, out: Path):
     out.mkdir(parents=True, exist_ok=True)
-    (out / "train_quality.json").write_text(json.dumps({"args": vars(args), "gloo": gloo, "dlcp": results}, indent=1))
+    tmp = out / "train_quality.json.tmp"
+    tmp.write_text(json.dumps({"args": vars(args), "gloo": gloo, "dlcp": results}, indent=1))
+    tmp.replace(out / "train_quality.json")
+
+
+def write_outputs(results, gloo, args, out: Path):
+    save_json(results, gloo, args, out)
     g_acc = [g["final_acc"] for g in gloo if g["ok"]]
     lines = [
         "# Training quality under loss (bench/train_quality.py)",
@@ -289,7 +300,11 @@ def main() -> int:
         default="zero,local,zero+rescale,local+rescale",
         help="fill[+rescale] variants; all but the first only at --variant-cells",
     )
-    ap.add_argument("--variant-cells", default="5:5,10:10", help="loss:budget cells where the other variants run ('all': every cell)")
+    ap.add_argument(
+        "--variant-cells",
+        default="5:5,10:10",
+        help="loss:budget cells where the other variants run ('all': every cell; 'lossy': every cell with loss and budget > 0)",
+    )
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--lr", type=float, default=0.1)
@@ -297,6 +312,12 @@ def main() -> int:
     ap.add_argument("--prefix", default="torchb", help="testbed name prefix")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     ap.add_argument("--quick", action="store_true", help="losses 0,1,5, budgets 0,1,5, variants at 5:5, 3 seeds")
+    ap.add_argument(
+        "--resume",
+        metavar="JSON",
+        help="start from the runs in this train_quality.json (kept; only missing or failed runs are run, results merged)",
+    )
+    ap.add_argument("--dry-run", action="store_true", help="print the runs that would be made and exit")
     ap.add_argument("--replot", metavar="JSON", help="only rewrite the table and plots from a train_quality.json")
     args = ap.parse_args()
     if args.replot:
@@ -306,8 +327,6 @@ def main() -> int:
         return 0
     if args.quick:
         args.losses, args.budgets, args.variant_cells = "0,1,5", "0,1,5", "5:5"
-    if os.geteuid() != 0:
-        sys.exit("train_quality.py: needs root (network namespaces)")
     for f in ("target/release/dlcpd", "target/release/dlcpctl", "target/release/libdlcp_client.so"):
         if not (ROOT / f).exists():
             sys.exit(f"{f} missing: cargo build --release --bins -p dlcp -p dlcp-client")
@@ -315,44 +334,76 @@ def main() -> int:
     budgets = [float(x) for x in args.budgets.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]
     variants = [(v.split("+")[0], v.endswith("+rescale")) for v in args.variants.split(",")]
-    cells = None if args.variant_cells == "all" else {tuple(float(y) for y in c.split(":")) for c in args.variant_cells.split(",")}
+    if args.variant_cells == "all":
+        cells = None
+    elif args.variant_cells == "lossy":
+        cells = {(lo, b) for lo in losses for b in budgets if lo > 0 and b > 0}
+    else:
+        cells = {tuple(float(y) for y in c.split(":")) for c in args.variant_cells.split(",")}
+    results, gloo = [], []
+    if args.resume and Path(args.resume).exists():
+        # Keep every successful run of an earlier invocation; re-run only what is missing or failed.
+        saved = json.loads(Path(args.resume).read_text())
+        results = [r for r in saved["dlcp"] if r["ok"]]
+        gloo = [g for g in saved["gloo"] if g["ok"]]
+        print(f"resume: {len(results)} dlcp runs and {len(gloo)} gloo runs from {args.resume}", flush=True)
+    done = {run_key(r) for r in results}
+    gloo_todo = [s for s in seeds if s not in {g["seed"] for g in gloo}]
+    plan = []  # (loss, fill, rescale, budget, seed), grouped by link loss (one testbed per loss)
+    for loss in losses:
+        for fill, rescale in variants:
+            for b in budgets:
+                if (fill, rescale) != variants[0] and cells is not None and (loss, b) not in cells:
+                    continue
+                plan += [(loss, fill, rescale, b, s) for s in seeds if (loss, b, fill, rescale, s) not in done]
+    print(f"plan: {len(gloo_todo)} gloo runs, {len(plan)} dlcp runs", flush=True)
+    if args.dry_run:
+        for p in plan:
+            print("  loss {:g}% fill {} rescale {} budget {:g}% seed {}".format(*p))
+        return 0
+    if os.geteuid() != 0:
+        sys.exit("train_quality.py: needs root (network namespaces)")
     work = Path(subprocess.run(["mktemp", "-d", "/tmp/train_quality.XXXXXX"], capture_output=True, text=True).stdout.strip())
     bed = Testbed(args.prefix, 4, work)
-    results, gloo = [], []
     port = 29700
     t_start = time.time()
     try:
-        bed.up(0)
-        for seed in seeds:
+        if gloo_todo:
+            bed.up(0)
+        for seed in gloo_todo:
             port += 1
             r = train(bed, "gloo", 0, seed, args, port)
             r.update(seed=seed)
             gloo.append(r)
             print(f"[{time.time() - t_start:6.0f}s] gloo seed {seed}: {r.get('final_acc', r.get('error'))}", flush=True)
-        for loss in losses:
-            bed.up(loss)
-            for fill, rescale in variants:
-                todo = [b for b in budgets if (fill, rescale) == variants[0] or cells is None or (loss, b) in cells]
-                for b in todo:
-                    for seed in seeds:
-                        bed.start_daemons(fill, rescale)
-                        s0, d0 = bed.loss_counters()
-                        port += 1
-                        r = train(bed, "dlcp", b / 100, seed, args, port)
-                        s1, d1 = bed.loss_counters()
-                        r.update(loss=loss, budget=b, fill=fill, rescale=rescale, seed=seed, nft_seen=s1 - s0, nft_dropped=d1 - d0)
-                        results.append(r)
-                        msg = (
-                            f"acc {r['final_acc']:.4f} min delivered {r['min_delivered']:.4f} "
-                            f"{r['train_seconds']:.1f} s, nft dropped {d1 - d0}/{s1 - s0}"
-                            if r["ok"]
-                            else "FAILED " + r["error"].splitlines()[-1]
-                        )
-                        print(f"[{time.time() - t_start:6.0f}s] loss {loss:g}% budget {b:g}% fill {fill} rescale {rescale} seed {seed}: {msg}", flush=True)
-            bed.stop_daemons()
-            write_outputs(results, gloo, args, Path(args.out))  # partial results as we go
+        current_loss = None
+        for i, (loss, fill, rescale, b, seed) in enumerate(plan):
+            if loss != current_loss:
+                bed.up(loss)
+                current_loss = loss
+            bed.start_daemons(fill, rescale)
+            s0, d0 = bed.loss_counters()
+            port += 1
+            r = train(bed, "dlcp", b / 100, seed, args, port)
+            s1, d1 = bed.loss_counters()
+            r.update(loss=loss, budget=b, fill=fill, rescale=rescale, seed=seed, nft_seen=s1 - s0, nft_dropped=d1 - d0)
+            results.append(r)
+            msg = (
+                f"acc {r['final_acc']:.4f} min delivered {r['min_delivered']:.4f} "
+                f"{r['train_seconds']:.1f} s, nft dropped {d1 - d0}/{s1 - s0}"
+                if r["ok"]
+                else "FAILED " + r["error"].splitlines()[-1]
+            )
+            print(
+                f"[{time.time() - t_start:6.0f}s] {i + 1}/{len(plan)} loss {loss:g}% budget {b:g}% fill {fill} "
+                f"rescale {rescale} seed {seed}: {msg}",
+                flush=True,
+            )
+            save_json(results, gloo, args, Path(args.out))  # every run is kept even if the bench is stopped
+        bed.stop_daemons()
     finally:
         bed.down()
+    print(f"total {time.time() - t_start:.0f} s", flush=True)
     write_outputs(results, gloo, args, Path(args.out))
     return 0 if all(r["ok"] for r in results + gloo) else 1
 

@@ -23,9 +23,9 @@ only its time changes). Writes to ``--out`` (default bench/results/):
   variant.
 
 fill and rescale are dlcpd settings (``[loss] fill``, ``[loss] rescale``): the
-daemons are restarted with each variant. The per-op DLCP_FLAG_* bits of the
-client API are accepted but not applied by this dlcpd version (the daemon's
-[loss] config decides), so the config is the knob used here.
+daemons are restarted with each variant (a trainer's per-op flags could only
+add to them; examples/ddp_train.py sets none). Every run records the dlcpd build
+(sha256 prefix); on --resume, lossy runs of another build are run again.
 
 Needs root (network namespaces), target/release/dlcpd and dlcpctl and
 libdlcp_client.so (``cargo build --release --bins -p dlcp -p dlcp-client``),
@@ -39,6 +39,7 @@ a 2-core machine; ``--quick`` runs a reduced grid.
 """
 
 import argparse
+import hashlib
 import itertools
 import json
 import os
@@ -190,10 +191,17 @@ def run_key(r) -> tuple:
     return (r["loss"], r["budget"], r["fill"], r["rescale"], r["seed"])
 
 
-def save_json(results, gloo, args, out: Path):
+def dlcpd_build_id() -> str:
+    """First 12 hex digits of the sha256 of target/release/dlcpd: which daemon build made a run."""
+    f = ROOT / "target/release/dlcpd"
+    return hashlib.sha256(f.read_bytes()).hexdigest()[:12] if f.exists() else "missing"
+
+
+def save_json(results, gloo, args, out: Path, superseded=()):
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "train_quality.json.tmp"
-    tmp.write_text(json.dumps({"args": vars(args), "gloo": gloo, "dlcp": results}, indent=1))
+    doc = {"args": vars(args), "gloo": gloo, "dlcp": results, "superseded": list(superseded)}
+    tmp.write_text(json.dumps(doc, indent=1))
     tmp.replace(out / "train_quality.json")
 
 
@@ -209,8 +217,8 @@ def mean_pp(xs) -> float:
     return 100 * statistics.fmean(xs)
 
 
-def write_outputs(results, gloo, args, out: Path):
-    save_json(results, gloo, args, out)
+def write_outputs(results, gloo, args, out: Path, superseded=()):
+    save_json(results, gloo, args, out, superseded)
     ok_runs = [r for r in results if r["ok"]]
     g_ok = [g for g in gloo if g["ok"]]
     g_acc = [g["final_acc"] for g in g_ok]
@@ -241,13 +249,20 @@ def write_outputs(results, gloo, args, out: Path):
         return (r["curve"], r["acc_curve"], r["final_acc"]) == (ref["curve"], ref["acc_curve"], ref["final_acc"])
 
     full = set(seeds)
-    # Cells where every variant ran every seed: the variants are compared there.
+    # The daemon build of the newest run; lossy runs of another build are marked (budget 0 is bit-exact).
+    current = next((r["dlcpd"] for r in reversed(results) if r.get("dlcpd")), None)
+
+    def is_current(r) -> bool:
+        return r["budget"] == 0 or r.get("dlcpd") == current
+
+    # Cells where every variant ran every seed with the current build: the variants are compared there.
     common = [
         (lo, b)
         for lo in losses
         for b in budgets_all
-        if all({r["seed"] for r in runs(v, lo, b)} >= full for v in variants)
+        if all({r["seed"] for r in runs(v, lo, b) if is_current(r)} >= full for v in variants)
     ]
+    older = [r for r in ok_runs if not is_current(r)]
     others = [r for r in ok_runs if (r["fill"], r["rescale"]) != BASE]
     b0 = [r for r in others if r["budget"] == 0]
     l0 = [r for r in others if r["loss"] == 0 and r["budget"] > 0]
@@ -266,9 +281,23 @@ def write_outputs(results, gloo, args, out: Path):
         f"**Gloo baseline** (DDP's own allreduce, TCP): {fmt_acc(g_acc)}"
         + (f", training {statistics.fmean(g['train_seconds'] for g in g_ok):.1f} s" if g_acc else ""),
         "",
-        "## Where the variants can differ",
-        "",
     ]
+    if older:
+        lines += [
+            f"Cells marked † hold runs of an earlier dlcpd build ({len(older)} runs at link loss "
+            + ", ".join(f"{x:g}%" for x in sorted({r['loss'] for r in older}))
+            + f"); every other run with budget > 0 is of the current build ({current}, sha256 prefix of "
+            f"target/release/dlcpd). Budget-0 runs are reliable and bit-exact whichever build made them. "
+            f"Only current-build cells enter the comparisons below.",
+            "",
+        ]
+    if superseded:
+        lines += [
+            f"{len(superseded)} runs of an earlier build were re-run with the current one; they are kept "
+            f"in train_quality.json under `superseded`.",
+            "",
+        ]
+    lines += ["## Where the variants can differ", ""]
     if common:
         lines.append(
             "All four variants ran every seed at loss:budget "
@@ -310,6 +339,8 @@ def write_outputs(results, gloo, args, out: Path):
             for b in budgets:
                 rs, ok = runs(v, loss, b, only_ok=False), runs(v, loss, b)
                 cell = fmt_acc([r["final_acc"] for r in ok]) if rs else ""
+                if any(not is_current(r) for r in ok):
+                    cell += " †"
                 if ok and {r["seed"] for r in ok} != full:
                     cell += f" (seed {','.join(str(r['seed']) for r in ok)})"
                 if len(ok) < len(rs):
@@ -408,7 +439,7 @@ def write_outputs(results, gloo, args, out: Path):
             continue
         same = [exact(r) for r in ok]
         lines.append(
-            f"| {loss:g}% | {b:g}% | {vname(*v)} | {len(ok)}/{len(rs)} "
+            f"| {loss:g}% | {b:g}% | {vname(*v)}{' †' if any(not is_current(r) for r in ok) else ''} | {len(ok)}/{len(rs)} "
             f"| {mean_pp([r['final_acc'] for r in ok]) - g_mean:+.2f} "
             f"| {min(r['min_delivered'] for r in ok):.4f} "
             f"| {statistics.fmean(r['ops_below_full'] / max(1, r['ops']) for r in ok) * 100:.0f}% "
@@ -522,7 +553,7 @@ def main() -> int:
     if args.replot:
         saved = json.loads(Path(args.replot).read_text())
         saved_args = argparse.Namespace(**{**vars(args), **saved["args"], "replot": None})
-        write_outputs(saved["dlcp"], saved["gloo"], saved_args, Path(args.out))
+        write_outputs(saved["dlcp"], saved["gloo"], saved_args, Path(args.out), saved.get("superseded", []))
         return 0
     if args.quick:
         args.losses, args.budgets, args.variant_cells = "0,1,5", "0,1,5", "5:5"
@@ -539,22 +570,30 @@ def main() -> int:
         cells = {(lo, b) for lo in losses for b in budgets if lo > 0 and b > 0}
     else:
         cells = {tuple(float(y) for y in c.split(":")) for c in args.variant_cells.split(",")}
-    results, gloo = [], []
+    dlcpd_id = dlcpd_build_id()
+    results, gloo, superseded = [], [], []
     if args.resume and Path(args.resume).exists():
-        # Keep every successful run of an earlier invocation; re-run only what is missing or failed.
+        # Keep every successful run of an earlier invocation; re-run only what is missing or failed, and the
+        # lossy runs (budget > 0) of a different dlcpd build: their delivery depends on the daemon. Budget 0
+        # is reliable (bit-exact), so those runs stand whatever build made them.
         saved = json.loads(Path(args.resume).read_text())
         results = [r for r in saved["dlcp"] if r["ok"]]
         gloo = [g for g in saved["gloo"] if g["ok"]]
+        superseded = saved.get("superseded", [])
         print(f"resume: {len(results)} dlcp runs and {len(gloo)} gloo runs from {args.resume}", flush=True)
-    done = {run_key(r) for r in results}
+    done = {run_key(r) for r in results if r["budget"] == 0 or r.get("dlcpd") == dlcpd_id}
     gloo_todo = [s for s in seeds if s not in {g["seed"] for g in gloo}]
-    plan = []  # (loss, fill, rescale, budget, seed), grouped by link loss (one testbed per loss)
+    # Grouped by link loss (one testbed per loss); within a loss, cells in --budgets order, and in a cell
+    # every variant of one seed before the next seed, so a stopped run leaves paired comparisons.
+    plan = []  # (loss, fill, rescale, budget, seed)
     for loss in losses:
-        for fill, rescale in variants:
-            for b in budgets:
-                if (fill, rescale) != variants[0] and cells is not None and (loss, b) not in cells:
-                    continue
-                plan += [(loss, fill, rescale, b, s) for s in seeds if (loss, b, fill, rescale, s) not in done]
+        for b in budgets:
+            for s in seeds:
+                for fill, rescale in variants:
+                    if (fill, rescale) != variants[0] and cells is not None and (loss, b) not in cells:
+                        continue
+                    if (loss, b, fill, rescale, s) not in done:
+                        plan.append((loss, fill, rescale, b, s))
     print(f"plan: {len(gloo_todo)} gloo runs, {len(plan)} dlcp runs", flush=True)
     if args.dry_run:
         for p in plan:
@@ -586,6 +625,10 @@ def main() -> int:
             r = train(bed, "dlcp", b / 100, seed, args, port)
             s1, d1 = bed.loss_counters()
             r.update(loss=loss, budget=b, fill=fill, rescale=rescale, seed=seed, nft_seen=s1 - s0, nft_dropped=d1 - d0)
+            r["dlcpd"] = dlcpd_id
+            if r["ok"]:
+                superseded += [x for x in results if run_key(x) == run_key(r)]
+                results = [x for x in results if run_key(x) != run_key(r)]
             results.append(r)
             msg = (
                 f"acc {r['final_acc']:.4f} min delivered {r['min_delivered']:.4f} "
@@ -598,12 +641,12 @@ def main() -> int:
                 f"rescale {rescale} seed {seed}: {msg}",
                 flush=True,
             )
-            save_json(results, gloo, args, Path(args.out))  # every run is kept even if the bench is stopped
+            save_json(results, gloo, args, Path(args.out), superseded)  # every run is kept even if the bench is stopped
         bed.stop_daemons()
     finally:
         bed.down()
     print(f"total {time.time() - t_start:.0f} s", flush=True)
-    write_outputs(results, gloo, args, Path(args.out))
+    write_outputs(results, gloo, args, Path(args.out), superseded)
     return 0 if all(r["ok"] for r in results + gloo) else 1
 
 

@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = "/usr/bin/python3"
 JOB = 7
 PORT = 7702
+LOSS_CAP = 0.1  # dlcpd's [loss] budget: the largest budget a trainer may ask for
 
 
 def sh(*cmd, check=True, **kw):
@@ -92,7 +93,10 @@ class Testbed:
             for r in range(self.hosts):
                 cfg += f'[[peers]]\nrank = {r}\naddress = "10.77.0.{r + 1}"\nport = {PORT}\n\n'
             cfg += "[network]\nheartbeat_interval_ms = 100\npeer_timeout_ms = 1000\n\n"
-            cfg += f'[loss]\nhard_timeout_ms = {hard_timeout_ms}\nfill = "{fill}"\nrescale = {str(rescale).lower()}\n\n'
+            # [loss] budget is the operator's cap on what a trainer may ask for (default 1%): at the hard
+            # cap (10%) the trainer's per-op budget, the bench's variable, is what applies.
+            cfg += f"[loss]\nbudget = {LOSS_CAP}\nhard_timeout_ms = {hard_timeout_ms}\n"
+            cfg += f'fill = "{fill}"\nrescale = {str(rescale).lower()}\n\n'
             cfg += f'[control]\nsocket_path = "{self.sock(h)}"\nsocket_mode = "0600"\n\n'
             cfg += "[shm]\narena_bytes = 67108864\nmax_tensor_bytes = 67108864\n\n[log]\nlevel = \"warn\"\n"
             p = self.dir / f"d{h}.toml"
@@ -292,9 +296,13 @@ def write_outputs(results, gloo, args, out: Path, superseded=()):
             "",
         ]
     if superseded:
+        why = {}
+        for x in superseded:
+            why[x.get("superseded_why", "replaced")] = why.get(x.get("superseded_why", "replaced"), 0) + 1
         lines += [
-            f"{len(superseded)} runs of an earlier build were re-run with the current one; they are kept "
-            f"in train_quality.json under `superseded`.",
+            "Runs left out of the tables (kept in train_quality.json under `superseded`): "
+            + "; ".join(f"{n} {w}" for w, n in why.items())
+            + ".",
             "",
         ]
     lines += ["## Where the variants can differ", ""]
@@ -626,8 +634,13 @@ def main() -> int:
             s1, d1 = bed.loss_counters()
             r.update(loss=loss, budget=b, fill=fill, rescale=rescale, seed=seed, nft_seen=s1 - s0, nft_dropped=d1 - d0)
             r["dlcpd"] = dlcpd_id
+            r["loss_cap"] = LOSS_CAP
             if r["ok"]:
-                superseded += [x for x in results if run_key(x) == run_key(r)]
+                superseded += [
+                    {**x, "superseded_why": "run again with the current dlcpd build"}
+                    for x in results
+                    if run_key(x) == run_key(r)
+                ]
                 results = [x for x in results if run_key(x) != run_key(r)]
             results.append(r)
             msg = (

@@ -17,7 +17,7 @@ use dlcp_proto::oracle;
 use dlcp_proto::priority::Class;
 use dlcp_proto::sim::{NetConfig, NetStats, Rng, Sim, TraceEvent, TraceRecord};
 use dlcp_proto::time::{Duration, Instant};
-use dlcp_proto::wire::{MacKey, Packet, PPM};
+use dlcp_proto::wire::{MacKey, PPM, Packet};
 
 /// One rank's result of one op.
 type RankResult = (Vec<f32>, OpReport);

@@ -558,6 +558,9 @@ struct SendState {
     /// the PROBE overtook chunks still in flight).
     last_sent: u32,
     backoff: u32,
+    /// Chunks the receiver was known to hold when this report round began:
+    /// a complete report that adds none means the last repairs were all lost.
+    round_known: u32,
     have: Bitmap,
     segs_seen: Bitmap,
     reported: bool,
@@ -578,6 +581,7 @@ impl SendState {
             probe_timer: None,
             last_sent: 0,
             backoff: 0,
+            round_known: 0,
             have: Bitmap::new(n),
             segs_seen: Bitmap::new(Bitmap::segment_count(n, seg_bytes)),
             reported: false,
@@ -604,6 +608,9 @@ struct RecvState {
     grace: Option<Instant>,
     /// While `grace` runs: the chunk whose arrival ends it early.
     awaited: Option<u32>,
+    /// When the PROBE that set `awaited` arrived (to learn how far PROBEs
+    /// overtake data queued in the network).
+    probe_at: Option<Instant>,
     /// Gather: complete and waiting for the owner's DONE; re-send the
     /// COMPLETE bitmap on this RTT-based timer in case the DONE was lost.
     nudge: Option<(Instant, u32)>,
@@ -631,6 +638,7 @@ impl RecvState {
             deadline_backoff: 0,
             grace: None,
             awaited: None,
+            probe_at: None,
             nudge: None,
             closed_at: None,
             probe_seq: 0,
@@ -746,6 +754,9 @@ pub struct Endpoint {
     /// is skipped and pruned. Keeps `poll_timeout` and `handle_timeout` from
     /// scanning every transfer of every op (O(world) per event).
     timers: BTreeSet<TimerEntry>,
+    /// How far PROBEs were recently seen to overtake the chunk they name
+    /// (see [`Endpoint::close_grace`]).
+    overtake: Duration,
     /// `(last heard, rank)` of every peer that is up, for the peer timeout.
     heard: BTreeSet<(Instant, u32)>,
 }
@@ -832,6 +843,7 @@ impl Endpoint {
             now,
             cfg,
             timers: BTreeSet::new(),
+            overtake: Duration::ZERO,
             heard: BTreeSet::new(),
         }
     }
@@ -898,14 +910,15 @@ impl Endpoint {
                 f.open_transfers += u32::from(r.closed_at.is_none());
             }
         }
-        f.state_bytes += self.lingering.values().map(|l| size_of::<Linger>() + l.mask.heap_bytes()).sum::<usize>()
-            + self.finished.capacity() * size_of::<(Instant, OpId)>()
-            + self.finished_set.capacity() * size_of::<OpId>()
-            + self.queues.iter().map(|q| q.capacity() * size_of::<TxItem>()).sum::<usize>()
-            + self.peers.capacity() * size_of::<PeerState>()
-            + (self.stats.tx_packets_peer.capacity() + self.stats.rx_packets_peer.capacity()) * 8
-            + self.timers.len() * size_of::<TimerEntry>()
-            + self.heard.len() * size_of::<(Instant, u32)>();
+        f.state_bytes +=
+            self.lingering.values().map(|l| size_of::<Linger>() + l.mask.heap_bytes()).sum::<usize>()
+                + self.finished.capacity() * size_of::<(Instant, OpId)>()
+                + self.finished_set.capacity() * size_of::<OpId>()
+                + self.queues.iter().map(|q| q.capacity() * size_of::<TxItem>()).sum::<usize>()
+                + self.peers.capacity() * size_of::<PeerState>()
+                + (self.stats.tx_packets_peer.capacity() + self.stats.rx_packets_peer.capacity()) * 8
+                + self.timers.len() * size_of::<TimerEntry>()
+                + self.heard.len() * size_of::<(Instant, u32)>();
         f.early_bytes = self.early_bytes;
         f.queued = self.queued();
         f
@@ -1240,7 +1253,21 @@ impl Endpoint {
         self.queues[q].push_back(item);
     }
 
+    /// How long a receiver waits after a PROBE for chunks it may have overtaken:
+    /// the configured `close_grace`, or longer when PROBEs were seen to
+    /// overtake data by more (deep switch queues under incast). Answering
+    /// before the queued chunks land would NACK chunks that are not lost, and
+    /// their repairs would deepen the very queues that delayed them.
+    fn close_grace(&self) -> Duration {
+        let t = self.cfg.timers;
+        if t.close_grace.is_zero() {
+            return Duration::ZERO;
+        }
+        t.close_grace.max((self.overtake * 3 / 2).min(t.deadline_min))
+    }
+
     fn on_op_packet(&mut self, now: Instant, id: OpId, h: &Header, payload: &[u8]) {
+        let grace = self.close_grace();
         let me = self.cfg.rank;
         let chunk_bytes = self.cfg.chunk_bytes;
         let Some(op) = self.ops.get_mut(&id) else { return };
@@ -1265,7 +1292,10 @@ impl Endpoint {
                 }
                 op.last_progress = now;
                 read_f32s(payload, &mut r.buf[range]);
-                accept_data_header(r, h, now, &self.deadlines[0], &mut self.stats);
+                let overtake = accept_data_header(r, h, now, &self.deadlines[0], &mut self.stats);
+                if let Some(d) = overtake {
+                    observe_overtake(&mut self.overtake, d);
+                }
                 if r.got.is_full() {
                     self.close_scatter(now, id, h.src, false);
                 }
@@ -1299,11 +1329,12 @@ impl Endpoint {
                         peer: h.src,
                         kind: TxKind::Done { seg: 0 },
                     });
-                } else if let Some(at) = settle_until(r, now, self.cfg.timers.close_grace, h.chunk_index) {
+                } else if let Some(at) = settle_until(r, now, grace, h.chunk_index) {
                     // Chunks may still be in flight behind the PROBE: answer
                     // (close or bitmap) once they had time to land.
                     r.grace.get_or_insert(at);
                     r.awaited = Some(h.chunk_index);
+                    r.probe_at.get_or_insert(now);
                 } else if r.closable() {
                     self.close_scatter(now, id, h.src, false);
                 } else {
@@ -1346,8 +1377,6 @@ impl Endpoint {
                     self.rtt.observe(now - at);
                     st.probe_sent = None;
                 }
-                // The receiver answers: probing starts from the base timeout again.
-                st.backoff = 0;
                 let known = st.have.count_ones();
                 if h.flags.contains(Flags::COMPLETE) {
                     for i in 0..st.n {
@@ -1367,6 +1396,18 @@ impl Endpoint {
                     op.last_progress = now;
                 }
                 if st.stage == Stage::Probing && st.segs_seen.is_full() && !st.done {
+                    // A complete report with news: probing starts from the base
+                    // timeout again. Without news the last repairs were all lost
+                    // (a congested path, or a receiver its own PROBEs and
+                    // repairs keep flooded): keep backing off, which also holds
+                    // the next PROBE after the repairs ([`Endpoint::data_dequeued`]).
+                    let have = st.have.count_ones();
+                    if have > st.round_known || st.round_known == 0 {
+                        st.backoff = 0;
+                    } else {
+                        st.backoff = (st.backoff + 1).min(MAX_BACKOFF);
+                    }
+                    st.round_known = have;
                     match phase {
                         Phase::Scatter => self.decide_scatter(now, id, h.src),
                         _ => {
@@ -1407,7 +1448,9 @@ impl Endpoint {
                 op.last_progress = now;
                 let base = layout.shard(owner).start;
                 read_f32s(payload, &mut op.result[base + range.start..base + range.end]);
-                accept_data_header(r, h, now, &self.deadlines[1], &mut self.stats);
+                if let Some(d) = accept_data_header(r, h, now, &self.deadlines[1], &mut self.stats) {
+                    observe_overtake(&mut self.overtake, d);
+                }
                 if r.got.is_full() && !r.complete_sent {
                     r.complete_sent = true;
                     // All data is here; only the DONE is missing: an RTT-scaled
@@ -1441,9 +1484,10 @@ impl Endpoint {
                 r.probe_seq = r.probe_seq.max(h.seq);
                 arm_deadline(r, now, &self.deadlines[1]);
                 if r.closed_at.is_none() {
-                    if let Some(at) = settle_until(r, now, self.cfg.timers.close_grace, h.chunk_index) {
+                    if let Some(at) = settle_until(r, now, grace, h.chunk_index) {
                         r.grace.get_or_insert(at);
                         r.awaited = Some(h.chunk_index);
+                        r.probe_at.get_or_insert(now);
                         return;
                     }
                     let segs = if r.got.is_full() { 1 } else { Bitmap::segment_count(r.n, chunk_bytes) };
@@ -2158,6 +2202,18 @@ impl Endpoint {
             self.decide_gather(self.now, item.id);
             return;
         }
+        if st.backoff > 0 {
+            // The previous repairs were all lost: probe after the backed-off
+            // timeout instead of at once, so a congested receiver is not
+            // driven by a PROBE / BITMAP / repair loop at full speed.
+            let rto = self.rtt.timeout();
+            let wait = rto.saturating_mul(1 << st.backoff.min(MAX_BACKOFF));
+            let at = self.now + wait.min(self.cfg.timers.probe_max.max(rto));
+            st.probe_timer = Some(at);
+            let side = if item.phase == Phase::Scatter { SIDE_SCATTER_SEND } else { SIDE_GATHER_SEND };
+            self.timers.insert((at, item.id, side, item.peer));
+            return;
+        }
         st.seq = st.seq.wrapping_add(1);
         for _ in 0..PROBE_COPIES {
             self.push(TxItem { id: item.id, phase: item.phase, peer: item.peer, kind: TxKind::Probe });
@@ -2370,23 +2426,34 @@ fn admit_chunk(
     true
 }
 
+/// A PROBE overtook the chunk it named by `d`: track the largest recent
+/// overtake (jump up at once, decay by 1/8 per observation).
+fn observe_overtake(est: &mut Duration, d: Duration) {
+    *est = d.max(*est - *est / 8 + d / 8);
+}
+
+/// Returns how long ago the PROBE arrived if this is the chunk it overtook.
 fn accept_data_header(
     r: &mut RecvState,
     h: &Header,
     now: Instant,
     est: &DeadlineEstimator,
     stats: &mut Stats,
-) {
+) -> Option<Duration> {
     r.required = Some(h.required);
     r.budget_ppm = h.budget_ppm.min(MAX_BUDGET_PPM);
     if h.flags.contains(Flags::REQUIRED) {
         r.got_required += 1;
     }
     r.last_at = Some(now);
+    let mut overtake = None;
     if r.awaited == Some(h.chunk_index) {
         // The chunk the PROBE overtook has landed: answer the PROBE now.
         r.awaited = None;
         r.grace = Some(now);
+        // Only a first-pass chunk proves it was queued behind the PROBE; a
+        // repair of a lost one says nothing about queueing.
+        overtake = r.probe_at.take().filter(|_| !h.flags.contains(Flags::REPAIR)).map(|p| now - p);
     }
     if h.flags.contains(Flags::REPAIR) {
         r.repaired += 1;
@@ -2394,6 +2461,7 @@ fn accept_data_header(
         stats.repairs_received_per_class[h.class.index()] += 1;
     }
     arm_deadline(r, now, est);
+    overtake
 }
 
 /// When a PROBE finds an incomplete transfer whose last-sent chunk

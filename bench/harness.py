@@ -17,6 +17,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -616,8 +617,30 @@ class Bench:
                         ctl += int(w[1])
             row["pkts_per_rank_op"] = pk / n
             row["control_share"] = ctl / pk if pk else 0
-            # Data packets one rank sends per op, ideally: 2(N-1)/N of the tensor in chunks of 1392 B.
+            # Data packets one rank sends per op, ideally: 2(N-1)/N of the tensor in chunks of 1392 B
+            # (replaced below by the simulator's exact figure: every chunk of every shard once).
             row["ideal"] = 2 * (n - 1) / n * size_mb * 1e6 / 1392
+            for line in r.stdout.splitlines():
+                line = line.strip()
+                # "packets per rank per op     1529.9 data (ideal 1512.0: every chunk once), 615.2 control (28.7% of all)"
+                m = re.match(r"packets per rank per op\s+([\d.]+) data \(ideal ([\d.]+):.*?, ([\d.]+) control", line)
+                if m:
+                    row["data_per_rank_op"], row["ideal"], row["control_per_rank_op"] = map(float, m.groups())
+                # "control per rank per op     probe 276.1, bitmap 143.0, done 133.1, hello 63.0"
+                if line.startswith("control per rank per op"):
+                    row["control_types"] = {k: float(v) for k, v in re.findall(r"(\w+) ([\d.]+)", line[23:])}
+                # "per-rank peak (sampled)     state 202.1 KiB, tensor data 2.85 MiB, open transfers 189, queued datagrams 812"
+                m = re.match(r"per-rank peak \(sampled\)\s+state ([\d.]+) KiB, tensor data ([\d.]+) MiB, "
+                             r"open transfers (\d+), queued datagrams (\d+)", line)
+                if m:
+                    row["state_kib"], row["tensor_mib"] = float(m.group(1)), float(m.group(2))
+                    row["open_transfers"], row["queued"] = int(m.group(3)), int(m.group(4))
+                m = re.match(r"op time p50 / p99\s+([\d.]+) ms / ([\d.]+) ms", line)
+                if m:
+                    row["op_p50_ms"], row["op_p99_ms"] = float(m.group(1)), float(m.group(2))
+            log(f"  {n} ranks: {row['wall_s']:.0f} s wall, {row['rss_kb'] / 1024:.0f} MiB RSS, "
+                f"{row.get('data_per_rank_op', 0):.0f} data + {row.get('control_per_rank_op', 0):.0f} control "
+                f"packets per rank per op, {row.get('state_kib', 0):.0f} KiB protocol state per rank")
             self.data["sim"].append(row)
             self.line(f"simulate_{n}_ranks_packets_per_rank", row["pkts_per_rank_op"], row["ideal"], "pkts/op",
                       "ideal data packets, no control", lower_better=True)

@@ -445,6 +445,11 @@ mod tests {
         assert!(s.repairs > 0, "2% loss against a 1% budget must need repairs");
         assert!(s.min_delivered >= 0.99);
         assert!(text.contains("summary") && text.contains("iter    3/3"), "{text}");
+        // Every chunk crosses at least once; PROBEs and DONEs exist; state was sampled.
+        assert!(s.data_per_rank_op() >= s.ideal_data_per_rank_op, "{text}");
+        assert!(s.per_rank_op[2] > 0.0 && s.per_rank_op[4] > 0.0, "{text}");
+        assert!(s.peak.state_bytes > 0 && s.peak.open_transfers > 0 && s.peak.tensor_bytes > 0, "{text}");
+        assert!(text.contains("packets per rank per op") && text.contains("per-rank peak"), "{text}");
     }
 
     #[test]

@@ -560,7 +560,8 @@ struct SendState {
     backoff: u32,
     /// Chunks the receiver was known to hold when this report round began:
     /// a complete report that adds none means the last repairs were all lost.
-    round_known: u32,
+    /// (`None` before the first complete report.)
+    round_known: Option<u32>,
     have: Bitmap,
     segs_seen: Bitmap,
     reported: bool,
@@ -581,7 +582,7 @@ impl SendState {
             probe_timer: None,
             last_sent: 0,
             backoff: 0,
-            round_known: 0,
+            round_known: None,
             have: Bitmap::new(n),
             segs_seen: Bitmap::new(Bitmap::segment_count(n, seg_bytes)),
             reported: false,
@@ -1402,12 +1403,12 @@ impl Endpoint {
                     // repairs keep flooded): keep backing off, which also holds
                     // the next PROBE after the repairs ([`Endpoint::data_dequeued`]).
                     let have = st.have.count_ones();
-                    if have > st.round_known || st.round_known == 0 {
+                    if st.round_known.is_none_or(|k| have > k) {
                         st.backoff = 0;
                     } else {
                         st.backoff = (st.backoff + 1).min(MAX_BACKOFF);
                     }
-                    st.round_known = have;
+                    st.round_known = Some(have);
                     match phase {
                         Phase::Scatter => self.decide_scatter(now, id, h.src),
                         _ => {

@@ -17,6 +17,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -642,19 +643,10 @@ class Bench:
             r = subprocess.CompletedProcess(args, p.returncode, out, err)
             row = {"ranks": n, "args": " ".join(args[1:]), "rss_kb": int(r.stderr.split("MAXRSS_KB")[-1].split()[0]),
                    "wall_s": time.time() - t0}
-            pk = ctl = 0
-            for line in r.stdout.splitlines():
-                w = line.split()
-                if "ops completed / failed" in line:
-                    row["ops"] = f"{w[-3]}/{w[-1]}"
-                if len(w) >= 3 and w[0].isdigit() and w[1].isdigit() and int(w[0]) < 8:
-                    pk += int(w[1])
-                    if "control" in line:
-                        ctl += int(w[1])
-            row["pkts_per_rank_op"] = pk / n
-            row["control_share"] = ctl / pk if pk else 0
-            # Data packets one rank sends per op, ideally: 2(N-1)/N of the tensor in chunks of 1392 B.
-            row["ideal"] = 2 * (n - 1) / n * size_mb * 1e6 / 1392
+            row.update(parse_simulate(r.stdout, n, size_mb))
+            log(f"  {n} ranks: {row['wall_s']:.0f} s wall, {row['rss_kb'] / 1024:.0f} MiB RSS, "
+                f"{row.get('data_per_rank_op', 0):.0f} data + {row.get('control_per_rank_op', 0):.0f} control "
+                f"packets per rank per op, {row.get('state_kib', 0):.0f} KiB protocol state per rank")
             self.data["sim"].append(row)
             self.line(f"simulate_{n}_ranks_packets_per_rank", row["pkts_per_rank_op"], row["ideal"], "pkts/op",
                       "ideal data packets, no control", lower_better=True)
@@ -720,6 +712,44 @@ def resnet50_buckets(cap_bytes=25 * MiB):
     return list(reversed(buckets))
 
 
+def parse_simulate(stdout, n, size_mb):
+    """Figures of one `dlcpd simulate` run from its stdout (keep in sync with daemon/src/simulate.rs)."""
+    row = {}
+    pk = ctl = 0
+    for line in stdout.splitlines():
+        w = line.split()
+        if "ops completed / failed" in line:
+            row["ops"] = f"{w[-3]}/{w[-1]}"
+        if len(w) >= 3 and w[0].isdigit() and w[1].isdigit() and int(w[0]) < 8:
+            pk += int(w[1])
+            if "control" in line:
+                ctl += int(w[1])
+    row["pkts_per_rank_op"] = pk / n
+    row["control_share"] = ctl / pk if pk else 0
+    # Data packets one rank sends per op, ideally: 2(N-1)/N of the tensor in chunks of 1392 B
+    # (replaced below by the simulator's exact figure: every chunk of every shard once).
+    row["ideal"] = 2 * (n - 1) / n * size_mb * 1e6 / 1392
+    for line in stdout.splitlines():
+        line = line.strip()
+        # "packets per rank per op     1529.9 data (ideal 1512.0: every chunk once), 615.2 control (28.7% of all)"
+        m = re.match(r"packets per rank per op\s+([\d.]+) data \(ideal ([\d.]+):.*?, ([\d.]+) control", line)
+        if m:
+            row["data_per_rank_op"], row["ideal"], row["control_per_rank_op"] = map(float, m.groups())
+        # "control per rank per op     probe 276.1, bitmap 143.0, done 133.1, hello 63.0"
+        if line.startswith("control per rank per op"):
+            row["control_types"] = {k: float(v) for k, v in re.findall(r"(\w+) ([\d.]+)", line[23:])}
+        # "per-rank peak (sampled)     state 202.1 KiB, tensor data 2.85 MiB, open transfers 189, queued datagrams 812"
+        m = re.match(r"per-rank peak \(sampled\)\s+state ([\d.]+) KiB, tensor data ([\d.]+) MiB, "
+                     r"open transfers (\d+), queued datagrams (\d+)", line)
+        if m:
+            row["state_kib"], row["tensor_mib"] = float(m.group(1)), float(m.group(2))
+            row["open_transfers"], row["queued"] = int(m.group(3)), int(m.group(4))
+        m = re.match(r"op time p50 / p99\s+([\d.]+) ms / ([\d.]+) ms", line)
+        if m:
+            row["op_p50_ms"], row["op_p99_ms"] = float(m.group(1)), float(m.group(2))
+    return row
+
+
 def self_check():
     """Cheap checks of the harness's own logic (CI runs this; no root, no testbed)."""
     params = resnet50_params()
@@ -732,6 +762,18 @@ def self_check():
     assert abs(cpu_per_gib(run) - 2.0) < 1e-9
     assert combine("x", [{"cpu_s": 1, "results": [{"elems": 1, "times": [1, 5]}]},
                          {"cpu_s": 2, "results": [{"elems": 1, "times": [3, 2]}]}])["results"][0]["times"] == [3, 5]
+    sample = ("  ops completed / failed      64 / 0\n"
+              "  op time p50 / p99           3.251 ms / 3.254 ms (virtual)\n"
+              "      2      25340    100.000%\n      7      39375    100.000% (control)\n"
+              "  packets per rank per op     1529.9 data (ideal 1512.0: every chunk once), 615.2 control (28.7% of all)\n"
+              "  control per rank per op     probe 276.1, bitmap 143.0, done 133.1, hello 63.0\n"
+              "  per-rank peak (sampled)     state 202.1 KiB, tensor data 2.85 MiB, open transfers 189, "
+              "queued datagrams 812\n")
+    sim = parse_simulate(sample, 64, 1)
+    assert sim["ops"] == "64/0" and abs(sim["pkts_per_rank_op"] - (25340 + 39375) / 64) < 1e-9, sim
+    assert sim["ideal"] == 1512.0 and sim["control_per_rank_op"] == 615.2 and sim["data_per_rank_op"] == 1529.9, sim
+    assert sim["control_types"] == {"probe": 276.1, "bitmap": 143.0, "done": 133.1, "hello": 63.0}, sim
+    assert sim["state_kib"] == 202.1 and sim["open_transfers"] == 189 and sim["op_p99_ms"] == 3.254, sim
     print("harness self-check: ok (ResNet-50 161 tensors, 25557032 parameters, "
           f"{len(b)} buckets; percentiles, CPU/GiB, per-rep max over ranks)")
 

@@ -209,12 +209,18 @@ def write(b, outdir):
 
     if d["sim"]:
         w("## Protocol-core simulation (`dlcpd simulate`, virtual time, 10 Gbit/s star)\n")
-        w("| ranks | command | ops ok/failed | per-rank packets per op | ideal data packets per rank per op | "
-          "control share | RSS per rank | wall s |")
-        w("|---:|---|---|---:|---:|---:|---:|---:|")
+        w("| ranks | command | ops ok/failed | per-rank packets per op (data + control) | "
+          "ideal data packets per rank per op | control share | protocol state per rank (peak) | "
+          "open transfers per rank (peak) | RSS per rank | wall s |")
+        w("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for s in d["sim"]:
-            w(f"| {s['ranks']} | `dlcpd {s['args']}` | {s.get('ops', '?')} | {s.get('pkts_per_rank_op', 0):.0f} | "
-              f"{s.get('ideal', 0):.0f} | {s.get('control_share', 0) * 100:.1f}% | "
+            split = (f" ({s['data_per_rank_op']:.0f} + {s['control_per_rank_op']:.0f})"
+                     if "data_per_rank_op" in s else "")
+            state = f"{s['state_kib']:.0f} KiB" if "state_kib" in s else "?"
+            w(f"| {s['ranks']} | `dlcpd {s['args']}` | {s.get('ops', '?')} | "
+              f"{s.get('pkts_per_rank_op', 0):.0f}{split} | "
+              f"{s.get('ideal', 0):.0f} | {s.get('control_share', 0) * 100:.1f}% | {state} | "
+              f"{s.get('open_transfers', '?')} | "
               f"{s['rss_kb'] / s['ranks'] / 1024:.2f} MiB | {s['wall_s']:.0f} |")
         sims = d["sim"]
         if len(sims) >= 2:
@@ -223,9 +229,13 @@ def write(b, outdir):
             rss = (z["rss_kb"] / z["ranks"]) / (a["rss_kb"] / a["ranks"])
             w(f"\nFrom {a['ranks']} to {z['ranks']} ranks ({z['ranks'] // a['ranks']}× the ranks, the same "
               f"tensor): packets per rank per op ×{pk:.2f}, memory per rank ×{rss:.2f}. The ideal column is the "
-              "data packets of the transpose scheme, 2(N−1)/N · size / 1392-byte chunks; the rest are control "
-              "packets (PROBE, BITMAP, DONE, HELLO) and repairs. RSS per rank is the simulator process's peak "
-              "RSS divided by the ranks (all ranks' buffers, the simulated network's queues included).\n")
+              "data packets of the transpose scheme, every chunk of every shard once (2(N−1)/N of the tensor, "
+              "rounded up to whole 1392-byte chunks per shard); the rest are repairs and control packets (PROBE, "
+              "BITMAP, DONE, HELLO: one transfer per peer and phase, so control per rank grows with the peers). "
+              "Protocol state is the endpoint's own accounting (ops, transfers, bitmaps, queues, timers; tensor "
+              "buffers excluded), sampled during the run. RSS per rank is the simulator process's peak RSS "
+              "divided by the ranks (all ranks' tensors and buffers, the simulated network's queues "
+              "included).\n")
         else:
             w("")
 

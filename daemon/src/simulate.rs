@@ -7,15 +7,17 @@
 //! from the inputs, the delivery bitmaps and the fill rule, and prints a progress
 //! line; the run ends with a summary table.
 
+use std::cell::RefCell;
 use std::io::{self, Write};
+use std::rc::Rc;
 use std::time::Instant as WallClock;
 
-use dlcp_proto::endpoint::{Endpoint, EndpointConfig, Event, OpId, OpOptions, OpReport};
+use dlcp_proto::endpoint::{Endpoint, EndpointConfig, Event, Footprint, OpId, OpOptions, OpReport};
 use dlcp_proto::oracle;
 use dlcp_proto::priority::Class;
-use dlcp_proto::sim::{NetConfig, NetStats, Rng, Sim};
+use dlcp_proto::sim::{NetConfig, NetStats, Rng, Sim, TraceEvent, TraceRecord};
 use dlcp_proto::time::{Duration, Instant};
-use dlcp_proto::wire::{MacKey, PPM};
+use dlcp_proto::wire::{MacKey, PPM, Packet};
 
 /// One rank's result of one op.
 type RankResult = (Vec<f32>, OpReport);
@@ -110,6 +112,25 @@ pub struct SimSummary {
     pub min_delivered: f64,
     /// Wall-clock run time.
     pub wall: std::time::Duration,
+    /// Datagrams sent per rank per op, by wire packet type (index: type value;
+    /// 1 DATA, 2 PROBE, 3 BITMAP, 4 DONE, 5 HELLO).
+    pub per_rank_op: [f64; 6],
+    /// DATA packets per rank per op if every chunk crossed the network once.
+    pub ideal_data_per_rank_op: f64,
+    /// Largest per-rank memory and state figures sampled during the run.
+    pub peak: PeakFootprint,
+}
+
+impl SimSummary {
+    /// DATA packets per rank per op.
+    pub fn data_per_rank_op(&self) -> f64 {
+        self.per_rank_op[1]
+    }
+
+    /// Control packets (PROBE, BITMAP, DONE, HELLO) per rank per op.
+    pub fn control_per_rank_op(&self) -> f64 {
+        self.per_rank_op[2..].iter().sum()
+    }
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -122,6 +143,36 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// One rank's seeded input tensor.
+fn tensor(rng: &mut Rng, elems: usize) -> Vec<f32> {
+    (0..elems).map(|_| (rng.next_f64() * 2.0 - 1.0) as f32).collect()
+}
+
+/// Events between two footprint samples (one rank per sample, round robin).
+const FOOTPRINT_EVERY: u64 = 512;
+
+/// The largest per-rank figures seen in footprint samples.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeakFootprint {
+    /// Protocol state bytes of one endpoint (see [`Footprint::state_bytes`]).
+    pub state_bytes: usize,
+    /// Tensor bytes of one endpoint.
+    pub tensor_bytes: usize,
+    /// Open transfers of one endpoint.
+    pub open_transfers: u32,
+    /// Datagrams queued in one endpoint.
+    pub queued: usize,
+}
+
+impl PeakFootprint {
+    fn observe(&mut self, f: Footprint) {
+        self.state_bytes = self.state_bytes.max(f.state_bytes + f.early_bytes);
+        self.tensor_bytes = self.tensor_bytes.max(f.tensor_bytes);
+        self.open_transfers = self.open_transfers.max(f.open_transfers);
+        self.queued = self.queued.max(f.queued);
+    }
 }
 
 /// Run the demo, writing progress and the summary to `out`.
@@ -142,6 +193,17 @@ pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
         .with_link_rate((opts.link_gbps * 1e9) as u64)
         .with_loss(opts.loss_pct / 100.0);
     let mut sim = Sim::new(net, nodes);
+    // Datagrams handed to the network, by packet type (index = wire type value).
+    let sent_by_type = Rc::new(RefCell::new([0u64; 6]));
+    let counter = Rc::clone(&sent_by_type);
+    sim.set_trace(Some(Box::new(move |t: &TraceRecord<'_>| {
+        if t.event == TraceEvent::Sent
+            && let Ok(p) = Packet::new_checked(t.datagram)
+        {
+            let ty = usize::from(p.raw_type()).min(5);
+            counter.borrow_mut()[ty] += 1;
+        }
+    })));
     let elems = opts.elems_per_tensor();
     writeln!(
         out,
@@ -160,27 +222,44 @@ pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
     let mut verified = true;
     let (mut completed, mut failed) = (0u64, 0u64);
     let mut min_delivered = 1.0f64;
+    let mut peak = PeakFootprint::default();
     for it in 0..opts.iters {
         let start = sim.now();
         let mut batch = Vec::new();
         for l in 0..opts.layers {
             let id = OpId { seq: u64::from(it), tensor: l };
             let o = OpOptions { layer: l, layers: opts.layers, budget_ppm, ..OpOptions::default() };
-            let inputs: Vec<Vec<f32>> = (0..world)
-                .map(|_| (0..elems).map(|_| (rng.next_f64() * 2.0 - 1.0) as f32).collect())
-                .collect();
+            // The inputs move into the endpoints; the check regenerates them
+            // from this copy of the generator (a world of inputs is big).
+            let input_rng = rng.clone();
             let now = sim.now();
             for r in 0..world {
+                let input = tensor(&mut rng, elems);
                 sim.node_mut(r)
-                    .start_allreduce(now, id, inputs[r as usize].clone(), o)
+                    .start_allreduce(now, id, input, o)
                     .map_err(|e| io::Error::other(e.to_string()))?;
             }
-            batch.push((id, o, inputs));
+            for r in 0..world {
+                peak.observe(sim.node(r).footprint());
+            }
+            batch.push((id, o, input_rng));
         }
+        // Done when every rank's ops finished (ops only finish during the run,
+        // so the scan resumes where it stopped); sample a rank's footprint
+        // every so often (amortised O(1) per event).
+        let (mut next_busy, mut steps) = (0u32, 0u64);
         sim.run_until(start + Duration::from_secs(120), |s| {
-            (0..world).all(|r| s.node(r).ops_in_flight() == 0)
+            steps += 1;
+            if steps % FOOTPRINT_EVERY == 0 {
+                peak.observe(s.node(((steps / FOOTPRINT_EVERY) % u64::from(world)) as u32).footprint());
+            }
+            while next_busy < world && s.node(next_busy).ops_in_flight() == 0 {
+                next_busy += 1;
+            }
+            next_busy == world
         });
-        let mut results: Vec<Vec<Option<RankResult>>> = vec![vec![None; world as usize]; batch.len()];
+        let mut results: Vec<Vec<Option<RankResult>>> =
+            (0..batch.len()).map(|_| (0..world).map(|_| None).collect()).collect();
         for r in 0..world {
             while let Some(ev) = sim.node_mut(r).poll_event() {
                 match ev {
@@ -201,11 +280,13 @@ pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
         let mut iter_ok = true;
         let mut iter_end = start;
         let mut iter_min = 1.0f64;
-        for (i, (_, o, inputs)) in batch.iter().enumerate() {
-            let Some(res) = results[i].iter().cloned().collect::<Option<Vec<_>>>() else {
+        for (i, (_, o, input_rng)) in batch.iter().enumerate() {
+            let Some(res) = std::mem::take(&mut results[i]).into_iter().collect::<Option<Vec<_>>>() else {
                 iter_ok = false;
                 continue;
             };
+            let mut g = input_rng.clone();
+            let inputs: Vec<Vec<f32>> = (0..world).map(|_| tensor(&mut g, elems)).collect();
             let reports: Vec<&OpReport> = res.iter().map(|(_, rep)| rep).collect();
             let ins: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
             let want: Vec<u32> =
@@ -250,6 +331,13 @@ pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
     let sum =
         |f: fn(&dlcp_proto::endpoint::Stats) -> u64| (0..world).map(|r| f(sim.node(r).stats())).sum::<u64>();
     iter_gbps.sort_by(f64::total_cmp);
+    let ops_per_rank = f64::from(opts.iters) * f64::from(opts.layers);
+    // Every chunk once: each rank sends every other owner's shard and its own
+    // reduced shard to every other rank.
+    let chunk_elems = CHUNK_BYTES / 4;
+    let all_chunks: u64 =
+        (0..world).map(|s| oracle::shard(elems, world, s).len().div_ceil(chunk_elems) as u64).sum();
+    let ideal_data = 2.0 * (all_chunks as f64) * f64::from(world - 1) / f64::from(world);
     let summary = SimSummary {
         verified,
         ops_completed: completed,
@@ -262,6 +350,9 @@ pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
         deadlines: sum(|s| s.deadlines_fired),
         min_delivered,
         wall: wall.elapsed(),
+        per_rank_op: sent_by_type.borrow().map(|n| n as f64 / f64::from(world) / ops_per_rank),
+        ideal_data_per_rank_op: ideal_data,
+        peak,
     };
     writeln!(out)?;
     writeln!(out, "summary ({world} hosts, {} iterations × {} tensors)", opts.iters, opts.layers)?;
@@ -310,6 +401,30 @@ pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
             "FAILED"
         }
     )?;
+    let (data, ctl) = (summary.data_per_rank_op(), summary.control_per_rank_op());
+    writeln!(
+        out,
+        "  packets per rank per op     {:.1} data (ideal {:.1}: every chunk once), {:.1} control ({:.1}% of all)",
+        data,
+        summary.ideal_data_per_rank_op,
+        ctl,
+        if data + ctl > 0.0 { 100.0 * ctl / (data + ctl) } else { 0.0 }
+    )?;
+    let t = &summary.per_rank_op;
+    writeln!(
+        out,
+        "  control per rank per op     probe {:.1}, bitmap {:.1}, done {:.1}, hello {:.1}",
+        t[2], t[3], t[4], t[5]
+    )?;
+    let p = &summary.peak;
+    writeln!(
+        out,
+        "  per-rank peak (sampled)     state {:.1} KiB, tensor data {:.2} MiB, open transfers {}, queued datagrams {}",
+        p.state_bytes as f64 / 1024.0,
+        p.tensor_bytes as f64 / (1024.0 * 1024.0),
+        p.open_transfers,
+        p.queued
+    )?;
     writeln!(out, "  wall time                   {:.2} s", summary.wall.as_secs_f64())?;
     Ok(summary)
 }
@@ -330,6 +445,11 @@ mod tests {
         assert!(s.repairs > 0, "2% loss against a 1% budget must need repairs");
         assert!(s.min_delivered >= 0.99);
         assert!(text.contains("summary") && text.contains("iter    3/3"), "{text}");
+        // Every chunk crosses at least once; PROBEs and DONEs exist; state was sampled.
+        assert!(s.data_per_rank_op() >= s.ideal_data_per_rank_op, "{text}");
+        assert!(s.per_rank_op[2] > 0.0 && s.per_rank_op[4] > 0.0, "{text}");
+        assert!(s.peak.state_bytes > 0 && s.peak.open_transfers > 0 && s.peak.tensor_bytes > 0, "{text}");
+        assert!(text.contains("packets per rank per op") && text.contains("per-rank peak"), "{text}");
     }
 
     #[test]

@@ -27,6 +27,11 @@ impl Bitmap {
         b
     }
 
+    /// Heap bytes the bitmap holds (its words).
+    pub fn heap_bytes(&self) -> usize {
+        self.words.capacity() * 8
+    }
+
     /// Number of bits.
     pub fn len(&self) -> u32 {
         self.len

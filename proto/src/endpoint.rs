@@ -48,7 +48,7 @@
 //! Packets for ops this rank has not started yet are buffered (bounded) and
 //! replayed when it starts them.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::ops::Range;
 
 use crate::bitmap::Bitmap;
@@ -389,6 +389,24 @@ pub enum Event {
     },
 }
 
+/// What an endpoint holds in memory ([`Endpoint::footprint`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// Protocol state: ops, transfers, bitmaps, classes, transmit queues,
+    /// timer index, peers, lingering and finished ops (heap capacity plus
+    /// struct sizes; allocator overhead not counted).
+    pub state_bytes: usize,
+    /// Tensor data: inputs, results and reduce-scatter receive buffers
+    /// (proportional to the tensor, not to the world).
+    pub tensor_bytes: usize,
+    /// Bytes of datagrams buffered for ops not started yet.
+    pub early_bytes: usize,
+    /// Transfers (send and receive, both phases) not yet closed.
+    pub open_transfers: u32,
+    /// Datagrams waiting in the transmit queues.
+    pub queued: usize,
+}
+
 /// Counters of rejected or ignored datagrams, by reason.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RejectCounters {
@@ -622,6 +640,10 @@ struct SendState {
     /// the PROBE overtook chunks still in flight).
     last_sent: u32,
     backoff: u32,
+    /// Chunks the receiver was known to hold when this report round began:
+    /// a complete report that adds none means the last repairs were all lost.
+    /// (`None` before the first complete report.)
+    round_known: Option<u32>,
     have: Bitmap,
     segs_seen: Bitmap,
     reported: bool,
@@ -642,6 +664,7 @@ impl SendState {
             probe_timer: None,
             last_sent: 0,
             backoff: 0,
+            round_known: None,
             have: Bitmap::new(n),
             segs_seen: Bitmap::new(Bitmap::segment_count(n, seg_bytes)),
             reported: false,
@@ -668,6 +691,9 @@ struct RecvState {
     grace: Option<Instant>,
     /// While `grace` runs: the chunk whose arrival ends it early.
     awaited: Option<u32>,
+    /// When the PROBE that set `awaited` arrived (to learn how far PROBEs
+    /// overtake data queued in the network).
+    probe_at: Option<Instant>,
     /// Gather: complete and waiting for the owner's DONE; re-send the
     /// COMPLETE bitmap on this RTT-based timer in case the DONE was lost.
     nudge: Option<(Instant, u32)>,
@@ -697,6 +723,7 @@ impl RecvState {
             deadline_backoff: 0,
             grace: None,
             awaited: None,
+            probe_at: None,
             nudge: None,
             closed_at: None,
             probe_seq: 0,
@@ -810,6 +837,38 @@ pub struct Endpoint {
     /// Inside [`Endpoint::poll_transmit_many`]: encode without tags (they
     /// are computed for the whole batch before it returns).
     defer_tags: bool,
+    /// Index of transfer timers: every value a probe timer, receive deadline,
+    /// grace or nudge was armed with, keyed by transfer. Entries are checked
+    /// against the transfer when read ([`Endpoint::timer_live`]), so a timer
+    /// that was re-armed, cleared or whose op ended leaves a stale entry that
+    /// is skipped and pruned. Keeps `poll_timeout` and `handle_timeout` from
+    /// scanning every transfer of every op (O(world) per event).
+    timers: BTreeSet<TimerEntry>,
+    /// How far PROBEs were recently seen to overtake the chunk they name
+    /// (see [`Endpoint::close_grace`]).
+    overtake: Duration,
+    /// `(last heard, rank)` of every peer that is up, for the peer timeout.
+    heard: BTreeSet<(Instant, u32)>,
+}
+
+/// A transfer's side, in the order `handle_timeout` serves them.
+const SIDE_SCATTER_SEND: u8 = 0;
+const SIDE_GATHER_SEND: u8 = 1;
+const SIDE_SCATTER_RECV: u8 = 2;
+const SIDE_GATHER_RECV: u8 = 3;
+
+/// `(when, op, side, peer)`: one armed timer of one transfer.
+type TimerEntry = (Instant, OpId, u8, u32);
+
+/// The probe timer of a send transfer, if it is live.
+fn send_timer(st: &SendState) -> Option<Instant> {
+    st.probe_timer.filter(|_| !st.done && st.stage == Stage::Probing && !st.reported)
+}
+
+/// Every live timer of a receive transfer.
+fn recv_timers(r: &RecvState) -> impl Iterator<Item = Instant> {
+    let open = r.closed_at.is_none();
+    [r.deadline, r.grace, r.nudge.map(|n| n.0)].into_iter().flatten().filter(move |_| open)
 }
 
 /// Index of the repair queue in `Endpoint::queues` (after the 8 class queues).
@@ -880,6 +939,9 @@ impl Endpoint {
             cfg,
             pool: BufferPool::new(),
             defer_tags: false,
+            timers: BTreeSet::new(),
+            overtake: Duration::ZERO,
+            heard: BTreeSet::new(),
         }
     }
 
@@ -912,6 +974,51 @@ impl Endpoint {
     /// The last generation seen from `rank`, if any.
     pub fn peer_generation(&self, rank: u32) -> Option<u32> {
         self.peers.get(rank as usize).and_then(|p| p.generation)
+    }
+
+    /// How much memory this endpoint holds, and in how many open transfers.
+    /// O(ops × world): for tests, benchmarks and diagnostics, not per packet.
+    pub fn footprint(&self) -> Footprint {
+        use std::mem::size_of;
+        let mut f = Footprint::default();
+        let send = |st: &SendState| size_of::<SendState>() + st.have.heap_bytes() + st.segs_seen.heap_bytes();
+        let recv = |r: &RecvState| {
+            size_of::<RecvState>()
+                + r.got.heap_bytes()
+                + r.mask.as_ref().map_or(0, Bitmap::heap_bytes)
+                + r.mask_parts.as_ref().map_or(0, |(a, b)| a.heap_bytes() + b.heap_bytes())
+        };
+        for op in self.ops.values() {
+            f.tensor_bytes += (op.input.capacity() + op.result.capacity()) * 4;
+            f.state_bytes += size_of::<Op>()
+                + (op.sends.capacity() + op.gsends.capacity()) * size_of::<Option<SendState>>()
+                + (op.recvs.capacity() + op.grecvs.capacity()) * size_of::<Option<RecvState>>()
+                + op.classes.iter().map(|c| c.capacity() + size_of::<Vec<Class>>()).sum::<usize>()
+                + op.gclasses.capacity()
+                + op.peer_gen.capacity() * size_of::<Option<u32>>()
+                + op.gmask.as_ref().map_or(0, Bitmap::heap_bytes);
+            for st in op.sends.iter().chain(&op.gsends).flatten() {
+                f.state_bytes += send(st);
+                f.open_transfers += u32::from(!st.done);
+            }
+            for r in op.recvs.iter().chain(&op.grecvs).flatten() {
+                f.state_bytes += recv(r);
+                f.tensor_bytes += r.buf.capacity() * 4;
+                f.open_transfers += u32::from(r.closed_at.is_none());
+            }
+        }
+        f.state_bytes +=
+            self.lingering.values().map(|l| size_of::<Linger>() + l.mask.heap_bytes()).sum::<usize>()
+                + self.finished.capacity() * size_of::<(Instant, OpId)>()
+                + self.finished_set.capacity() * size_of::<OpId>()
+                + self.queues.iter().map(|q| q.capacity() * size_of::<TxItem>()).sum::<usize>()
+                + self.peers.capacity() * size_of::<PeerState>()
+                + (self.stats.tx_packets_peer.capacity() + self.stats.rx_packets_peer.capacity()) * 8
+                + self.timers.len() * size_of::<TimerEntry>()
+                + self.heard.len() * size_of::<(Instant, u32)>();
+        f.early_bytes = self.early_bytes;
+        f.queued = self.queued();
+        f
     }
 
     /// Datagrams waiting in the per-class transmit queues.
@@ -1089,6 +1196,7 @@ impl Endpoint {
             }
         }
         self.check_complete(id);
+        self.prune_timers();
         Ok(())
     }
 
@@ -1110,6 +1218,7 @@ impl Endpoint {
         if self.stats.rejected.discarded_on_arrival() != before {
             self.count_dropped(datagram, from);
         }
+        self.prune_timers();
     }
 
     /// Count a received datagram the caller discarded before handing it over
@@ -1159,6 +1268,7 @@ impl Endpoint {
                 self.count_dropped(d, from);
             }
         }
+        self.prune_timers();
     }
 
     /// One datagram of a batch: `want` is the tag it must carry, `None` if it
@@ -1238,6 +1348,13 @@ impl Endpoint {
         let id = OpId { seq: h.op, tensor: h.tensor };
         if self.ops.contains_key(&id) {
             self.on_op_packet(now, id, &h, payload);
+            let side = match (h.ty, h.phase) {
+                (PacketType::Bitmap | PacketType::Done, Phase::Scatter) => SIDE_SCATTER_SEND,
+                (PacketType::Bitmap, _) => SIDE_GATHER_SEND,
+                (_, Phase::Scatter) => SIDE_SCATTER_RECV,
+                _ => SIDE_GATHER_RECV,
+            };
+            self.index_timers(id, side, h.src);
             self.check_complete(id);
         } else if let Some(l) = self.lingering.get(&id) {
             match (h.ty, h.phase) {
@@ -1303,7 +1420,13 @@ impl Endpoint {
             }
         }
         let p = &mut self.peers[src as usize];
+        if p.up
+            && let Some(h) = p.last_heard
+        {
+            self.heard.remove(&(h, src));
+        }
         p.last_heard = Some(now);
+        self.heard.insert((now, src));
         if !p.up {
             p.up = true;
             self.events.push_back(Event::PeerUp { rank: src, generation });
@@ -1328,7 +1451,21 @@ impl Endpoint {
         self.queues[q].push_back(item);
     }
 
+    /// How long a receiver waits after a PROBE for chunks it may have overtaken:
+    /// the configured `close_grace`, or longer when PROBEs were seen to
+    /// overtake data by more (deep switch queues under incast). Answering
+    /// before the queued chunks land would NACK chunks that are not lost, and
+    /// their repairs would deepen the very queues that delayed them.
+    fn close_grace(&self) -> Duration {
+        let t = self.cfg.timers;
+        if t.close_grace.is_zero() {
+            return Duration::ZERO;
+        }
+        t.close_grace.max((self.overtake * 3 / 2).min(t.deadline_min))
+    }
+
     fn on_op_packet(&mut self, now: Instant, id: OpId, h: &Header, payload: &[u8]) {
+        let grace = self.close_grace();
         let me = self.cfg.rank;
         let chunk_bytes = self.cfg.chunk_bytes;
         let Some(op) = self.ops.get_mut(&id) else { return };
@@ -1353,7 +1490,10 @@ impl Endpoint {
                 }
                 op.last_progress = now;
                 read_f32s(payload, &mut r.buf[range]);
-                accept_data_header(r, h, now, &self.deadlines[0], &mut self.stats);
+                let overtake = accept_data_header(r, h, now, &self.deadlines[0], &mut self.stats);
+                if let Some(d) = overtake {
+                    observe_overtake(&mut self.overtake, d);
+                }
                 if r.got.is_full() {
                     self.close_scatter(now, id, h.src, false);
                 }
@@ -1387,11 +1527,12 @@ impl Endpoint {
                         peer: h.src,
                         kind: TxKind::Done { seg: 0 },
                     });
-                } else if let Some(at) = settle_until(r, now, self.cfg.timers.close_grace, h.chunk_index) {
+                } else if let Some(at) = settle_until(r, now, grace, h.chunk_index) {
                     // Chunks may still be in flight behind the PROBE: answer
                     // (close or bitmap) once they had time to land.
                     r.grace.get_or_insert(at);
                     r.awaited = Some(h.chunk_index);
+                    r.probe_at.get_or_insert(now);
                 } else if r.closable() {
                     self.close_scatter(now, id, h.src, false);
                 } else {
@@ -1434,8 +1575,6 @@ impl Endpoint {
                     self.rtt.observe(now - at);
                     st.probe_sent = None;
                 }
-                // The receiver answers: probing starts from the base timeout again.
-                st.backoff = 0;
                 let known = st.have.count_ones();
                 if h.flags.contains(Flags::COMPLETE) {
                     for i in 0..st.n {
@@ -1455,6 +1594,18 @@ impl Endpoint {
                     op.last_progress = now;
                 }
                 if st.stage == Stage::Probing && st.segs_seen.is_full() && !st.done {
+                    // A complete report with news: probing starts from the base
+                    // timeout again. Without news the last repairs were all lost
+                    // (a congested path, or a receiver its own PROBEs and
+                    // repairs keep flooded): keep backing off, which also holds
+                    // the next PROBE after the repairs ([`Endpoint::data_dequeued`]).
+                    let have = st.have.count_ones();
+                    if st.round_known.is_none_or(|k| have > k) {
+                        st.backoff = 0;
+                    } else {
+                        st.backoff = (st.backoff + 1).min(MAX_BACKOFF);
+                    }
+                    st.round_known = Some(have);
                     match phase {
                         Phase::Scatter => self.decide_scatter(now, id, h.src),
                         _ => {
@@ -1495,7 +1646,9 @@ impl Endpoint {
                 op.last_progress = now;
                 let base = layout.shard(owner).start;
                 read_f32s(payload, &mut op.result[base + range.start..base + range.end]);
-                accept_data_header(r, h, now, &self.deadlines[1], &mut self.stats);
+                if let Some(d) = accept_data_header(r, h, now, &self.deadlines[1], &mut self.stats) {
+                    observe_overtake(&mut self.overtake, d);
+                }
                 if r.got.is_full() && !r.complete_sent {
                     r.complete_sent = true;
                     // All data is here; only the DONE is missing: an RTT-scaled
@@ -1529,9 +1682,10 @@ impl Endpoint {
                 r.probe_seq = r.probe_seq.max(h.seq);
                 arm_deadline(r, now, &self.deadlines[1]);
                 if r.closed_at.is_none() {
-                    if let Some(at) = settle_until(r, now, self.cfg.timers.close_grace, h.chunk_index) {
+                    if let Some(at) = settle_until(r, now, grace, h.chunk_index) {
                         r.grace.get_or_insert(at);
                         r.awaited = Some(h.chunk_index);
+                        r.probe_at.get_or_insert(now);
                         return;
                     }
                     let segs = if r.got.is_full() { 1 } else { Bitmap::segment_count(r.n, chunk_bytes) };
@@ -1946,12 +2100,19 @@ impl Endpoint {
             self.hello_seq = self.hello_seq.wrapping_add(1);
             self.next_heartbeat = Some(now + t.heartbeat);
         }
-        // Peers silent for the peer timeout.
-        for (j, p) in self.peers.iter_mut().enumerate() {
-            if p.up && p.last_heard.is_some_and(|h| h + t.peer_timeout <= now) {
-                p.up = false;
-                self.events.push_back(Event::PeerDown { rank: j as u32 });
+        // Peers silent for the peer timeout (reported in rank order).
+        let mut down = Vec::new();
+        while let Some(&(h, j)) = self.heard.first() {
+            if h + t.peer_timeout > now {
+                break;
             }
+            self.heard.pop_first();
+            down.push(j);
+        }
+        down.sort_unstable();
+        for j in down {
+            self.peers[j as usize].up = false;
+            self.events.push_back(Event::PeerDown { rank: j });
         }
         // Lingering ops and finished ids age out.
         self.lingering.retain(|_, l| l.until > now);
@@ -1977,15 +2138,84 @@ impl Endpoint {
             self.early_bytes -= expired_bytes;
             self.stats.rejected.early_expired += expired;
         }
-        // Per-op timers.
+        // Per-op timers: the transfers with a timer due, in (op, side, peer) order.
+        let mut due: Vec<(OpId, u8, u32)> = Vec::new();
+        while let Some(&e) = self.timers.first() {
+            if e.0 > now {
+                break;
+            }
+            self.timers.pop_first();
+            if self.timer_live(&e) {
+                due.push((e.1, e.2, e.3));
+            }
+        }
+        due.sort_unstable();
+        due.dedup();
         let ids: Vec<OpId> = self.ops.keys().copied().collect();
         for id in ids {
-            self.op_timers(now, id);
+            let a = due.partition_point(|d| d.0 < id);
+            let b = due.partition_point(|d| d.0 <= id);
+            let keys: Vec<(u8, u32)> = due[a..b].iter().map(|d| (d.1, d.2)).collect();
+            self.op_timers(now, id, &keys);
+            for &(side, j) in &keys {
+                self.index_timers(id, side, j);
+            }
             self.check_complete(id);
+        }
+        self.prune_timers();
+    }
+
+    /// Index every live timer of one transfer (after it may have been armed).
+    fn index_timers(&mut self, id: OpId, side: u8, peer: u32) {
+        let Some(op) = self.ops.get(&id) else { return };
+        let j = peer as usize;
+        match side {
+            SIDE_SCATTER_SEND | SIDE_GATHER_SEND => {
+                let v = if side == SIDE_SCATTER_SEND { &op.sends } else { &op.gsends };
+                if let Some(t) = v.get(j).and_then(Option::as_ref).and_then(send_timer) {
+                    self.timers.insert((t, id, side, peer));
+                }
+            }
+            _ => {
+                let v = if side == SIDE_SCATTER_RECV { &op.recvs } else { &op.grecvs };
+                if let Some(r) = v.get(j).and_then(Option::as_ref) {
+                    for t in recv_timers(r) {
+                        self.timers.insert((t, id, side, peer));
+                    }
+                }
+            }
         }
     }
 
-    fn op_timers(&mut self, now: Instant, id: OpId) {
+    /// Whether an index entry is still one of its transfer's live timers.
+    fn timer_live(&self, &(at, id, side, peer): &TimerEntry) -> bool {
+        let Some(op) = self.ops.get(&id) else { return false };
+        let j = peer as usize;
+        match side {
+            SIDE_SCATTER_SEND | SIDE_GATHER_SEND => {
+                let v = if side == SIDE_SCATTER_SEND { &op.sends } else { &op.gsends };
+                v.get(j).and_then(Option::as_ref).and_then(send_timer) == Some(at)
+            }
+            _ => {
+                let v = if side == SIDE_SCATTER_RECV { &op.recvs } else { &op.grecvs };
+                v.get(j).and_then(Option::as_ref).is_some_and(|r| recv_timers(r).any(|t| t == at))
+            }
+        }
+    }
+
+    /// Drop stale entries from the front of the timer index.
+    fn prune_timers(&mut self) {
+        while let Some(e) = self.timers.first() {
+            if self.timer_live(e) {
+                break;
+            }
+            self.timers.pop_first();
+        }
+    }
+
+    /// Serve the due timers of op `id`: `keys` are its transfers with a live
+    /// timer at or before `now`, as (side, peer), sorted.
+    fn op_timers(&mut self, now: Instant, id: OpId, keys: &[(u8, u32)]) {
         let t = self.cfg.timers;
         let me = self.cfg.rank;
         let rto = self.rtt.timeout();
@@ -2000,9 +2230,15 @@ impl Endpoint {
         let mut pushes = Vec::new();
         let mut close = Vec::new();
         let mut grace_close = Vec::new();
-        for (phase, sends) in [(Phase::Scatter, &mut op.sends), (Phase::Gather, &mut op.gsends)] {
-            for (j, st) in sends.iter_mut().enumerate() {
-                let Some(st) = st.as_mut() else { continue };
+        for &(side, j) in keys.iter().filter(|k| k.0 <= SIDE_GATHER_SEND) {
+            let j = j as usize;
+            let (phase, sends) = if side == SIDE_SCATTER_SEND {
+                (Phase::Scatter, &mut op.sends)
+            } else {
+                (Phase::Gather, &mut op.gsends)
+            };
+            {
+                let Some(st) = sends.get_mut(j).and_then(Option::as_mut) else { continue };
                 if st.done || st.stage != Stage::Probing || st.reported {
                     continue;
                 }
@@ -2017,9 +2253,15 @@ impl Endpoint {
             }
         }
         let seg_bytes = self.cfg.chunk_bytes;
-        for (phase, recvs) in [(Phase::Scatter, &mut op.recvs), (Phase::Gather, &mut op.grecvs)] {
-            for (j, r) in recvs.iter_mut().enumerate() {
-                let Some(r) = r.as_mut() else { continue };
+        for &(side, j) in keys.iter().filter(|k| k.0 >= SIDE_SCATTER_RECV) {
+            let j = j as usize;
+            let (phase, recvs) = if side == SIDE_SCATTER_RECV {
+                (Phase::Scatter, &mut op.recvs)
+            } else {
+                (Phase::Gather, &mut op.grecvs)
+            };
+            {
+                let Some(r) = recvs.get_mut(j).and_then(Option::as_mut) else { continue };
                 if r.closed_at.is_some() {
                     continue;
                 }
@@ -2101,12 +2343,8 @@ impl Endpoint {
         if let Some(hb) = self.next_heartbeat {
             consider(hb);
         }
-        for p in &self.peers {
-            if p.up
-                && let Some(h) = p.last_heard
-            {
-                consider(h + t.peer_timeout);
-            }
+        if let Some(&(h, _)) = self.heard.first() {
+            consider(h + t.peer_timeout);
         }
         for l in self.lingering.values() {
             consider(l.until);
@@ -2119,29 +2357,11 @@ impl Endpoint {
         }
         for op in self.ops.values() {
             consider(op.last_progress + t.hard_timeout);
-            for st in op.sends.iter().chain(&op.gsends).flatten() {
-                if let Some(pt) = st.probe_timer
-                    && !st.done
-                    && st.stage == Stage::Probing
-                    && !st.reported
-                {
-                    consider(pt);
-                }
-            }
-            for r in op.recvs.iter().chain(&op.grecvs).flatten() {
-                if r.closed_at.is_some() {
-                    continue;
-                }
-                if let Some(d) = r.deadline {
-                    consider(d);
-                }
-                if let Some(g) = r.grace {
-                    consider(g);
-                }
-                if let Some((n, _)) = r.nudge {
-                    consider(n);
-                }
-            }
+        }
+        // The earliest live transfer timer (stale entries are skipped; the
+        // mutating entry points prune them, so this is usually the first).
+        if let Some(e) = self.timers.iter().find(|e| self.timer_live(e)) {
+            consider(e.0);
         }
         if self.queues.iter().any(|q| !q.is_empty()) && self.pacer.rate() > 0 {
             consider(self.pacer.ready_at(self.now, self.cfg.chunk_bytes + wire::OVERHEAD));
@@ -2188,6 +2408,12 @@ impl Endpoint {
     /// `chunk_bytes + wire::OVERHEAD` bytes), highest class first. Returns `None`
     /// when nothing is queued or the pacer says wait (see `poll_timeout`).
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        let tx = self.next_transmit(now, buf);
+        self.prune_timers();
+        tx
+    }
+
+    fn next_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         self.now = now;
         loop {
             let qi = SERVICE_ORDER.into_iter().find(|&i| !self.queues[i].is_empty())?;
@@ -2252,6 +2478,18 @@ impl Endpoint {
         if item.phase == Phase::Gather && st.have.is_full() {
             st.reported = true;
             self.decide_gather(self.now, item.id);
+            return;
+        }
+        if st.backoff > 0 {
+            // The previous repairs were all lost: probe after the backed-off
+            // timeout instead of at once, so a congested receiver is not
+            // driven by a PROBE / BITMAP / repair loop at full speed.
+            let rto = self.rtt.timeout();
+            let wait = rto.saturating_mul(1 << st.backoff.min(MAX_BACKOFF));
+            let at = self.now + wait.min(self.cfg.timers.probe_max.max(rto));
+            st.probe_timer = Some(at);
+            let side = if item.phase == Phase::Scatter { SIDE_SCATTER_SEND } else { SIDE_GATHER_SEND };
+            self.timers.insert((at, item.id, side, item.peer));
             return;
         }
         st.seq = st.seq.wrapping_add(1);
@@ -2361,7 +2599,10 @@ impl Endpoint {
                 h.seq = st.seq;
                 st.probe_sent = Some((st.seq, now));
                 let backoff = rto.saturating_mul(1 << st.backoff.min(MAX_BACKOFF));
-                st.probe_timer = Some(now + backoff.min(self.cfg.timers.probe_max.max(rto)));
+                let at = now + backoff.min(self.cfg.timers.probe_max.max(rto));
+                st.probe_timer = Some(at);
+                let side = if item.phase == Phase::Scatter { SIDE_SCATTER_SEND } else { SIDE_GATHER_SEND };
+                self.timers.insert((at, item.id, side, item.peer));
                 self.stats.probes_sent += 1;
             }
             TxKind::Bitmap { seg } => {
@@ -2476,23 +2717,34 @@ fn admit_chunk(
     true
 }
 
+/// A PROBE overtook the chunk it named by `d`: track the largest recent
+/// overtake (jump up at once, decay by 1/8 per observation).
+fn observe_overtake(est: &mut Duration, d: Duration) {
+    *est = d.max(*est - *est / 8 + d / 8);
+}
+
+/// Returns how long ago the PROBE arrived if this is the chunk it overtook.
 fn accept_data_header(
     r: &mut RecvState,
     h: &Header,
     now: Instant,
     est: &DeadlineEstimator,
     stats: &mut Stats,
-) {
+) -> Option<Duration> {
     r.required = Some(h.required);
     r.budget_ppm = h.budget_ppm.min(MAX_BUDGET_PPM);
     if h.flags.contains(Flags::REQUIRED) {
         r.got_required += 1;
     }
     r.last_at = Some(now);
+    let mut overtake = None;
     if r.awaited == Some(h.chunk_index) {
         // The chunk the PROBE overtook has landed: answer the PROBE now.
         r.awaited = None;
         r.grace = Some(now);
+        // Only a first-pass chunk proves it was queued behind the PROBE; a
+        // repair of a lost one says nothing about queueing.
+        overtake = r.probe_at.take().filter(|_| !h.flags.contains(Flags::REPAIR)).map(|p| now - p);
     }
     if h.flags.contains(Flags::REPAIR) {
         r.repaired += 1;
@@ -2505,6 +2757,7 @@ fn accept_data_header(
         }
     }
     arm_deadline(r, now, est);
+    overtake
 }
 
 /// When a PROBE finds an incomplete transfer whose last-sent chunk

@@ -33,15 +33,25 @@ pub fn recompute(
     for s in 0..world {
         let sh = shard(len, world, s);
         let rep = owner_reports[s as usize];
+        // Which ranks' contributions of each chunk arrived: one pass over the
+        // owner's reports per chunk (the per-element loop below is O(world)).
+        let mut present = vec![false; world as usize];
         for (c, start) in sh.clone().step_by(chunk_elems.max(1)).enumerate() {
             let end = (start + chunk_elems).min(sh.end);
-            let present =
-                |j: u32| j == s || rep.scatter.iter().any(|t| t.peer == j && t.delivered.get(c as u32));
-            let delivered = (0..world).filter(|&j| present(j)).count() as u32;
+            present.iter_mut().for_each(|p| *p = false);
+            present[s as usize] = true;
+            for t in &rep.scatter {
+                if let Some(p) = present.get_mut(t.peer as usize)
+                    && t.delivered.get(c as u32)
+                {
+                    *p = true;
+                }
+            }
+            let delivered = present.iter().filter(|&&p| p).count() as u32;
             let masked = rep.own_mask.get(c as u32);
             for e in start..end {
                 let v = |j: u32| {
-                    if present(j) {
+                    if present[j as usize] {
                         inputs[j as usize][e]
                     } else {
                         match opts.fill {

@@ -618,12 +618,14 @@ impl What {
     }
 }
 
+/// A heap entry: the ordering key and the slot of its payload in
+/// `Sim::slots` (the heap moves only these 24 bytes, not the packet).
 #[derive(Debug)]
 struct Event {
     at: Instant,
     kind: u8,
     seq: u64,
-    what: What,
+    slot: u32,
 }
 
 impl Event {
@@ -684,6 +686,10 @@ pub struct Sim<N> {
     hosts: Vec<Host>,
     ports: Vec<Port>,
     events: BinaryHeap<Event>,
+    /// Payloads of pending events, indexed by `Event::slot`.
+    slots: Vec<Option<What>>,
+    /// Free indices of `slots`.
+    free_slots: Vec<u32>,
     seq: u64,
     now: Instant,
     txbuf: Vec<u8>,
@@ -722,6 +728,8 @@ impl<N: Node> Sim<N> {
             hosts: (0..n).map(|_| Host::default()).collect(),
             ports,
             events: BinaryHeap::new(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
             seq: 0,
             now: Instant::ZERO,
             pool: Vec::new(),
@@ -840,7 +848,9 @@ impl<N: Node> Sim<N> {
         let Some(ev) = self.events.pop() else { return false };
         debug_assert!(ev.at >= self.now, "event in the past");
         self.now = ev.at;
-        match ev.what {
+        let what = self.slots[ev.slot as usize].take().expect("sim: event payload missing");
+        self.free_slots.push(ev.slot);
+        match what {
             What::PortDone(port) => self.on_port_done(port),
             What::Arrive(pkt) => self.on_arrive(pkt),
             What::Deliver { pkt, corrupt } => self.on_deliver(pkt, corrupt),
@@ -889,7 +899,17 @@ impl<N: Node> Sim<N> {
     fn push(&mut self, at: Instant, what: What) {
         let kind = what.kind();
         self.seq += 1;
-        self.events.push(Event { at, kind, seq: self.seq, what });
+        let slot = match self.free_slots.pop() {
+            Some(i) => {
+                self.slots[i as usize] = Some(what);
+                i
+            }
+            None => {
+                self.slots.push(Some(what));
+                u32::try_from(self.slots.len() - 1).expect("sim: more than 2^32 pending events")
+            }
+        };
+        self.events.push(Event { at, kind, seq: self.seq, slot });
     }
 
     fn schedule_wake(&mut self, rank: u32) {
@@ -1239,7 +1259,7 @@ mod tests {
 
     #[test]
     fn events_order_by_time_then_kind_then_seq() {
-        let mk = |at, what: What, seq| Event { at: Instant::from_nanos(at), kind: what.kind(), seq, what };
+        let mk = |at, what: What, seq| Event { at: Instant::from_nanos(at), kind: what.kind(), seq, slot: 0 };
         let mut h = BinaryHeap::new();
         h.push(mk(5, What::Timer { rank: 0, generation: 0 }, 1));
         h.push(mk(5, What::Wake(0), 2));

@@ -603,6 +603,11 @@ def main() -> int:
         # lossy runs (budget > 0) of a different dlcpd build: their delivery depends on the daemon. Budget 0
         # is reliable (bit-exact), so those runs stand whatever build made them.
         saved = json.loads(Path(args.resume).read_text())
+        # Runs of other training settings are not comparable: refuse to mix them.
+        for k in ("epochs", "lr", "seeds"):
+            if k in saved["args"] and saved["args"][k] != getattr(args, k):
+                sys.exit(f"--resume {args.resume}: its runs used --{k} {saved['args'][k]}, this one "
+                         f"{getattr(args, k)}; pass --{k} {saved['args'][k]} (or start a new file)")
         results = [r for r in saved["dlcp"] if r["ok"]]
         gloo = [g for g in saved["gloo"] if g["ok"]]
         superseded = saved.get("superseded", [])

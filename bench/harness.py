@@ -33,13 +33,14 @@ PY = "/usr/bin/python3"
 MiB = 1 << 20
 JOB = 7
 PORT = 7702
-# dlcpd's only non-default setting here: pace each daemon's sends at 1 Gbit/s.
+# dlcpd's only non-default setting here: pace each daemon's sends at PACING_MBPS.
 # Unpaced, four daemons on two cores overran the veths' receive path and repaired
 # half their packets (16 MiB op 1.9 s unpaced, 1.5 s paced at 1 Gbit/s, repairs
 # 77397 -> 147) — before PROBEs stopped overtaking their data. Since then (quick
 # run, quiet machine, 16 MiB p50): unpaced 720 ms, 1 Gbit/s 662 ms, 3 Gbit/s 608 ms;
 # at 1 Gbit/s a daemon pair reached only 0.54x iperf3 UDP, at 3 Gbit/s 1.02x.
-DLCP_PACING = "[pacing]\nrate_mbps = 3000\n"
+PACING_MBPS = 3000
+DLCP_PACING = f"[pacing]\nrate_mbps = {PACING_MBPS}\n"
 T_START = time.time()
 CC_SAVE = "/run/dlcp-bench-allowed-cc"
 
@@ -421,9 +422,9 @@ class Bench:
             args = ["ip", "netns", "exec", self.bed.ns(0), "iperf3", "-c", "10.77.0.2", "-p", "5201", "-t", secs,
                     "--bidir", "-J"]
             if mode == "udp":
-                # Same socket buffers (4 MiB) and pace (1 Gbit/s) as dlcpd here; unpaced
+                # Same socket buffers (4 MiB) and pace (PACING_MBPS) as dlcpd here; unpaced
                 # (-b 0) UDP loses over half its datagrams at the receiver on two cores.
-                args += ["-u", "-b", "1000M", "-w", "4M", "-l", "1472"]
+                args += ["-u", "-b", f"{PACING_MBPS}M", "-w", "4M", "-l", "1472"]
             r = sh(args, timeout=60)
             j = json.loads(r.stdout)
             end = j["end"]
@@ -452,7 +453,8 @@ class Bench:
             tcp = self.iperf("tcp")
             self.data["datapath"] = {"size": size, "reps": reps, "dlcp_mbps": dl, "udp_mbps": udp,
                                      "tcp_mbps": tcp, "p50": t["p50"]}
-            self.line("datapath_vs_iperf3_udp", dl, udp, "Mbit/s", "iperf3 UDP 1472 B at 1 Gbit/s, 4 MiB buffers, --bidir")
+            self.line("datapath_vs_iperf3_udp", dl, udp, "Mbit/s",
+                      f"iperf3 UDP 1472 B paced at {PACING_MBPS / 1000:g} Gbit/s like dlcpd, 4 MiB buffers, --bidir")
             self.line("datapath_vs_iperf3_tcp", dl, tcp, "Mbit/s", "iperf3 TCP, --bidir")
             self.dpdk_datapath(size, reps, udp)
         finally:

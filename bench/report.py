@@ -119,7 +119,7 @@ def write(b, outdir):
         w("| | Mbit/s per direction | dlcp / it |")
         w("|---|---:|---:|")
         w(f"| dlcp socket datapath | {dp['dlcp_mbps']:.0f} | |")
-        w(f"| iperf3 UDP (1472 B, paced at 1 Gbit/s and 4 MiB socket buffers like dlcpd; unpaced it loses > 50% at the receiver) | {dp['udp_mbps']:.0f} | {dp['dlcp_mbps'] / dp['udp_mbps']:.2f} |")
+        w(f"| iperf3 UDP (1472 B, paced at dlcpd's rate (`DLCP_PACING` in harness.py) with 4 MiB socket buffers like dlcpd; unpaced it loses > 50% at the receiver) | {dp['udp_mbps']:.0f} | {dp['dlcp_mbps'] / dp['udp_mbps']:.2f} |")
         w(f"| iperf3 TCP | {dp['tcp_mbps']:.0f} | {dp['dlcp_mbps'] / dp['tcp_mbps']:.2f} |")
         dk = dp.get("dpdk") or {}
         if "dlcp_mbps" in dk:

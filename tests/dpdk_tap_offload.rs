@@ -10,108 +10,30 @@
 #![cfg(dpdk)]
 
 mod daemon_common;
+mod tap_common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use daemon_common::{JOB, data};
+use tap_common::{Tap, ctl, ip};
 
 const NS: &str = "dpdktap";
 
-struct Guard {
-    dir: tempfile::TempDir,
-    children: Vec<Child>,
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if std::thread::panicking() {
-            for r in 0..2 {
-                let log = std::fs::read_to_string(self.dir.path().join(format!("d{r}.log")));
-                eprintln!("---- dlcpd {r} log ----\n{}", log.unwrap_or_default());
-            }
-        }
-        let _ = Command::new("ip").args(["netns", "del", NS]).stderr(Stdio::null()).status();
-    }
-}
-
-fn ip(args: &[&str]) -> bool {
-    Command::new("ip").args(args).status().is_ok_and(|s| s.success())
-}
-
-fn config(rank: usize, socket: &Path, extra: &str) -> String {
-    format!(
-        "[node]\nrank = {rank}\njob_id = {JOB}\njob_secret = \"tap offload test secret 0123456789\"\ngeneration = \"auto\"\n\n\
-         [[peers]]\nrank = 0\naddress = \"10.78.0.2\"\nport = 7703\n\n[[peers]]\nrank = 1\naddress = \"10.78.0.1\"\nport = 7703\n\n\
-         [network]\nheartbeat_interval_ms = 100\npeer_timeout_ms = 1000\n\n[loss]\nhard_timeout_ms = 10000\n\n\
-         [control]\nsocket_path = \"{}\"\n\n[shm]\narena_bytes = 67108864\nmax_tensor_bytes = 67108864\n\n[log]\nlevel = \"info\"\n{extra}\n",
-        socket.display()
-    )
-}
-
-fn ctl(socket: &Path, args: &[&str]) -> Result<serde_json::Value, String> {
-    let out = Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-    }
-    serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
-}
-
-fn spawn(g: &mut Guard, r: usize, extra: &str) -> PathBuf {
-    let socket = g.dir.path().join(format!("d{r}.sock"));
-    let cfg = g.dir.path().join(format!("d{r}.toml"));
-    std::fs::write(&cfg, config(r, &socket, extra)).unwrap();
-    let log = std::fs::File::create(g.dir.path().join(format!("d{r}.log"))).unwrap();
-    let child = Command::new("ip")
-        .args(["netns", "exec", NS, env!("CARGO_BIN_EXE_dlcpd"), "--config"])
-        .arg(&cfg)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    g.children.push(child);
-    let t0 = Instant::now();
-    while ctl(&socket, &["stats", "--json"]).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(20), "dlcpd {r} did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    socket
-}
-
 #[test]
 fn offloaded_checksums_are_accepted_by_the_kernel() {
-    if !Path::new("/dev/net/tun").exists() {
-        eprintln!("\n!!!!!!!! SKIPPED tap offload test: no /dev/net/tun !!!!!!!!\n");
-        return;
-    }
-    // A namespace left by a killed run (usually none: its absence is fine).
-    let _ = Command::new("ip").args(["netns", "del", NS]).stderr(Stdio::null()).status();
-    if !ip(&["netns", "add", NS]) {
-        eprintln!(
-            "\n!!!!!!!! SKIPPED tap offload test: cannot create a network namespace (not root?) !!!!!!!!\n"
-        );
-        return;
-    }
-    let dir = tempfile::Builder::new().prefix("dlcp-tap-").tempdir().unwrap();
-    let mut g = Guard { dir, children: Vec::new() };
-    assert!(ip(&["-n", NS, "link", "set", "lo", "up"]));
-    let dpdk = "[datapath]\nkind = \"dpdk\"\n[datapath.dpdk]\neal_args = [\"--no-huge\", \"--no-pci\", \"--no-shconf\", \"--no-telemetry\", \"-m\", \"256\", \"-l\", \"0\", \"--file-prefix\", \"dpdktap\", \"--vdev=net_tap0,iface=dtap0\"]\n";
-    let s0 = spawn(&mut g, 0, dpdk);
+    let mut g = match Tap::new(NS, 7703) {
+        Ok(g) => g,
+        Err(why) => {
+            eprintln!("\n!!!!!!!! SKIPPED tap offload test: {why} !!!!!!!!\n");
+            return;
+        }
+    };
+    let dpdk = g.dpdk_datapath("dtap0");
+    let s0 = g.spawn(0, &dpdk);
     // The tap's kernel side: host 1's address (the kernel owns it, not DPDK).
     assert!(ip(&["-n", NS, "addr", "add", "10.78.0.1/24", "dev", "dtap0"]));
     assert!(ip(&["-n", NS, "link", "set", "dtap0", "up"]));
-    let s1 = spawn(&mut g, 1, "");
+    let s1 = g.spawn(1, "");
 
     let st = ctl(&s0, &["stats", "--json"]).unwrap();
     let detail = &st["datapath_counters"]["detail"];

@@ -19,91 +19,23 @@ fn dscp_reload_applies_live_on_dpdk() {
 
 #[cfg(dpdk)]
 mod daemon_common;
+#[cfg(dpdk)]
+mod tap_common;
 
 #[cfg(dpdk)]
 mod on_tap {
     use std::io::{BufRead, BufReader};
-    use std::path::{Path, PathBuf};
-    use std::process::{Child, Command, Stdio};
-    use std::time::{Duration, Instant};
+    use std::path::PathBuf;
+    use std::process::{Command, Stdio};
+    use std::time::Duration;
 
     use super::daemon_common::{JOB, data};
+    use super::tap_common::{Tap, ctl, ip};
 
     const NS: &str = "dpdkrl";
     const IFACE: &str = "drltap0";
     /// Every class moves to a DSCP other than its default one.
     const NEW_DSCP: [u8; 8] = [8, 12, 20, 28, 36, 44, 38, 56];
-
-    struct Guard {
-        dir: tempfile::TempDir,
-        children: Vec<Child>,
-    }
-
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            for c in &mut self.children {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-            if std::thread::panicking() {
-                for r in 0..2 {
-                    let log = std::fs::read_to_string(self.dir.path().join(format!("d{r}.log")));
-                    eprintln!("---- dlcpd {r} log ----\n{}", log.unwrap_or_default());
-                }
-            }
-            let _ = Command::new("ip").args(["netns", "del", NS]).stderr(Stdio::null()).status();
-        }
-    }
-
-    fn ip(args: &[&str]) -> bool {
-        Command::new("ip").args(args).status().is_ok_and(|s| s.success())
-    }
-
-    fn config(rank: usize, socket: &Path, extra: &str) -> String {
-        format!(
-            "[node]\nrank = {rank}\njob_id = {JOB}\njob_secret = \"tap reload test secret 0123456789\"\ngeneration = \"auto\"\n\n\
-             [[peers]]\nrank = 0\naddress = \"10.78.0.2\"\nport = 7704\n\n[[peers]]\nrank = 1\naddress = \"10.78.0.1\"\nport = 7704\n\n\
-             [network]\nheartbeat_interval_ms = 100\npeer_timeout_ms = 1000\n\n[loss]\nhard_timeout_ms = 10000\n\n\
-             [control]\nsocket_path = \"{}\"\n\n[shm]\narena_bytes = 67108864\nmax_tensor_bytes = 67108864\n\n\
-             [metrics]\nenabled = false\n\n[log]\nlevel = \"info\"\n{extra}\n",
-            socket.display()
-        )
-    }
-
-    fn ctl(socket: &Path, args: &[&str]) -> Result<serde_json::Value, String> {
-        let out = Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
-            .arg("--socket")
-            .arg(socket)
-            .args(args)
-            .output()
-            .map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-        }
-        serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
-    }
-
-    fn spawn(g: &mut Guard, r: usize, extra: &str) -> PathBuf {
-        let socket = g.dir.path().join(format!("d{r}.sock"));
-        let cfg = g.dir.path().join(format!("d{r}.toml"));
-        std::fs::write(&cfg, config(r, &socket, extra)).unwrap();
-        let log = std::fs::File::create(g.dir.path().join(format!("d{r}.log"))).unwrap();
-        let child = Command::new("ip")
-            .args(["netns", "exec", NS, env!("CARGO_BIN_EXE_dlcpd"), "--config"])
-            .arg(&cfg)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        g.children.push(child);
-        let t0 = Instant::now();
-        while ctl(&socket, &["stats", "--json"]).is_err() {
-            assert!(t0.elapsed() < Duration::from_secs(20), "dlcpd {r} did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        socket
-    }
 
     /// The Internet checksum over `b` (plus `init`) folds to 0xffff.
     fn folds_to_ffff(b: &[u8], init: u32) -> bool {
@@ -164,7 +96,7 @@ mod on_tap {
 
     /// Capture what dlcpd 0 (DPDK) sends while both ranks run one allreduce
     /// (tensor `id`), check its results; returns (class, DSCP) per frame.
-    fn allreduce_captured(g: &Guard, sockets: &[PathBuf; 2], id: u32) -> Vec<(u8, u8)> {
+    fn allreduce_captured(g: &Tap, sockets: &[PathBuf; 2], id: u32) -> Vec<(u8, u8)> {
         let file = g.dir.path().join(format!("cap{id}.pcap"));
         let mut dump = Command::new("ip")
             .args(["netns", "exec", NS, "tcpdump", "-i", IFACE, "-nn", "-U", "-s", "2048", "-w"])
@@ -231,32 +163,22 @@ mod on_tap {
 
     #[test]
     fn dscp_reload_applies_live_on_dpdk() {
-        if !Path::new("/dev/net/tun").exists() {
-            eprintln!("\n!!!!!!!! SKIPPED DPDK DSCP reload test: no /dev/net/tun !!!!!!!!\n");
-            return;
-        }
         if Command::new("tcpdump").arg("--version").output().is_err() {
             eprintln!("\n!!!!!!!! SKIPPED DPDK DSCP reload test: no tcpdump !!!!!!!!\n");
             return;
         }
-        let _ = Command::new("ip").args(["netns", "del", NS]).stderr(Stdio::null()).status();
-        if !ip(&["netns", "add", NS]) {
-            eprintln!(
-                "\n!!!!!!!! SKIPPED DPDK DSCP reload test: cannot create a network namespace (not root?) !!!!!!!!\n"
-            );
-            return;
-        }
-        let dir = tempfile::Builder::new().prefix("dlcp-tapreload-").tempdir().unwrap();
-        let mut g = Guard { dir, children: Vec::new() };
-        assert!(ip(&["-n", NS, "link", "set", "lo", "up"]));
-        let dpdk = format!(
-            "[datapath]\nkind = \"dpdk\"\n[datapath.dpdk]\neal_args = [\"--no-huge\", \"--no-pci\", \"--no-shconf\", \
-             \"--no-telemetry\", \"-m\", \"256\", \"-l\", \"0\", \"--file-prefix\", \"{NS}\", \"--vdev=net_tap0,iface={IFACE}\"]\n"
-        );
-        let s0 = spawn(&mut g, 0, &dpdk);
+        let mut g = match Tap::new(NS, 7704) {
+            Ok(g) => g,
+            Err(why) => {
+                eprintln!("\n!!!!!!!! SKIPPED DPDK DSCP reload test: {why} !!!!!!!!\n");
+                return;
+            }
+        };
+        let dpdk = g.dpdk_datapath(IFACE);
+        let s0 = g.spawn(0, &dpdk);
         assert!(ip(&["-n", NS, "addr", "add", "10.78.0.1/24", "dev", IFACE]));
         assert!(ip(&["-n", NS, "link", "set", IFACE, "up"]));
-        let s1 = spawn(&mut g, 1, "");
+        let s1 = g.spawn(1, "");
         let sockets = [s0.clone(), s1];
         let st = ctl(&s0, &["status", "--json"]).unwrap();
         assert!(st.to_string().contains("dpdk (port 0"), "dlcpd 0 runs on DPDK: {st}");

@@ -87,7 +87,7 @@ pub struct Sample {
     pub probes_duplicate: u64,
     /// Receive deadlines that fired.
     pub deadlines_fired: u64,
-    /// Receive transfers a deadline ended (within budget, no PROBE came).
+    /// Receive transfers a deadline ended (within budget, NACKed once, still no PROBE).
     pub deadline_closes: u64,
     /// Deadlines that re-sent a BITMAP (NACK) to a quiet sender.
     pub deadline_nacks: u64,
@@ -324,7 +324,7 @@ impl Metrics {
         );
         r.register(
             "deadline_closes",
-            "Receive transfers a deadline ended: within budget, but the sender's PROBE never came",
+            "Receive transfers a deadline ended: within budget, NACKed once, and still no PROBE from the sender",
             m.deadline_closes.clone(),
         );
         r.register(

@@ -549,11 +549,14 @@ pub struct Stats {
     pub probes_duplicate: u64,
     /// Receive deadlines that fired (`deadline_closes + deadline_nacks`).
     pub deadlines_fired: u64,
-    /// Receive transfers a deadline ended: within budget but the sender's
-    /// PROBE never came, so the receiver closed on its own.
+    /// Receive transfers a deadline ended: within budget, NACKed once, and
+    /// still no PROBE from the sender one retry later, so the receiver closed
+    /// on its own.
     pub deadline_closes: u64,
     /// Deadlines that re-sent the receiver's BITMAP (a NACK) to a sender gone
-    /// quiet with the transfer not yet within budget; the transfer goes on.
+    /// quiet: always the first firing (a within-budget BITMAP makes the sender
+    /// PROBE at once), and every firing while the transfer is not yet within
+    /// budget; the transfer goes on.
     pub deadline_nacks: u64,
     /// Ops failed by the hard timeout.
     pub hard_timeouts: u64,

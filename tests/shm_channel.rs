@@ -81,7 +81,7 @@ fn child_main() {
             let good = dlcp::shm::SubmitDesc {
                 len_elems: 16,
                 layers: 1,
-                dtype: dlcp::shm::Dtype::F32 as u16,
+                dtype: dlcp::shm::ElemType::F32 as u16,
                 opcode: dlcp::shm::layout::Opcode::AllReduce as u16,
                 ..Default::default()
             };

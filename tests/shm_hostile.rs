@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use dlcp::shm::layout::{ARENA_ALIGN, FLAG_RESCALE, Opcode};
 use dlcp::shm::{
-    Attachment, ChannelError, Client, CompleteError, DescError, Dtype, RingError, Status, SubmitDesc,
+    Attachment, ChannelError, Client, CompleteError, DescError, ElemType, RingError, Status, SubmitDesc,
 };
 use rustix::fs::SealFlags;
 use shm_common::{WAIT, config, data, pair, transform};
@@ -49,7 +49,7 @@ fn good(arena: u64) -> SubmitDesc {
         layers: 1,
         budget_ppm: 0,
         flags: FLAG_RESCALE,
-        dtype: Dtype::F32 as u16,
+        dtype: ElemType::F32 as u16,
         opcode: Opcode::AllReduce as u16,
         reserved: [0; 8],
     }

@@ -17,7 +17,7 @@ use super::alloc::ArenaAllocator;
 use super::control::{self, BadReply, REPLY_FDS, REPLY_LEN, Registration, RejectReason, Reply};
 use super::doorbell::{Doorbell, poll_readable};
 use super::layout::{
-    CompletionDesc, DESC_WORDS, Dtype, Geometry, GeometryError, Header, Opcode, Status, SubmitDesc,
+    CompletionDesc, DESC_WORDS, ElemType, Geometry, GeometryError, Opcode, SegmentHeader, Status, SubmitDesc,
 };
 use super::mapping::Mapping;
 use super::ring::{Consumer, Producer, RingError, RingLayout};
@@ -231,7 +231,7 @@ impl Client {
         let map = Mapping::map(memfd.as_fd(), geometry.total_size).map_err(AttachError::Map)?;
         let mut words = [0u64; 16];
         map.load_words(0, &mut words).map_err(|e| AttachError::Map(io::Error::other(e)))?;
-        let header = Header::from_words(words);
+        let header = SegmentHeader::from_words(words);
         let checked = Geometry::check_header(&header)?;
         if checked != geometry {
             return Err(AttachError::Header(GeometryError::Mismatch {
@@ -288,7 +288,7 @@ impl Client {
         if len_elems == 0 {
             return Err(ClientError::ZeroLength);
         }
-        let bytes = len_elems.saturating_mul(Dtype::F32.size());
+        let bytes = len_elems.saturating_mul(ElemType::F32.size());
         let offset = self
             .alloc
             .alloc(bytes)
@@ -301,7 +301,7 @@ impl Client {
     /// Frees a tensor by name (do not free a tensor with an op in flight).
     pub fn free(&mut self, name: &str) -> Result<(), ClientError> {
         let t = self.tensors.remove(name).ok_or_else(|| ClientError::UnknownTensor(name.to_owned()))?;
-        self.alloc.free(t.offset, t.len_elems * Dtype::F32.size());
+        self.alloc.free(t.offset, t.len_elems * ElemType::F32.size());
         Ok(())
     }
 
@@ -356,7 +356,7 @@ impl Client {
             layers: o.layers,
             budget_ppm: o.budget_ppm,
             flags: o.flags,
-            dtype: Dtype::F32 as u16,
+            dtype: ElemType::F32 as u16,
             opcode: Opcode::AllReduce as u16,
             reserved: [0; 8],
         };

@@ -16,7 +16,7 @@
 //!
 //! | offset | size | region | contents |
 //! |-------:|-----:|--------|----------|
-//! | 0 | 128 (page reserved) | header | 16 × u64: magic `"DLCPSHM1"`, version, header size, total size, sq offset, sq capacity, cq offset, cq capacity, sq/cq descriptor sizes, arena offset, arena size, attachment id, job id, local rank, local world ([`layout::Header`]) |
+//! | 0 | 128 (page reserved) | header | 16 × u64: magic `"DLCPSHM1"`, version, header size, total size, sq offset, sq capacity, cq offset, cq capacity, sq/cq descriptor sizes, arena offset, arena size, attachment id, job id, local rank, local world ([`layout::SegmentHeader`]) |
 //! | 4096 | 128 + 64·sq_cap, page-rounded | submission ring | `head` u32 @+0 (own cache line, written by the daemon), `tail` u32 @+64 (own cache line, written by the trainer), ([`layout::RingCtl`]), then `sq_cap` × 64-byte [`layout::SubmitDesc`] |
 //! | after sq | 128 + 64·cq_cap, page-rounded | completion ring | same control block (daemon writes `tail`, trainer writes `head`), then `cq_cap` × 64-byte [`layout::CompletionDesc`] |
 //! | after cq | arena_size (multiple of 4096) | buffer arena | tensors, each at a 64-byte-aligned offset chosen by the trainer's allocator |
@@ -116,7 +116,7 @@ pub mod server;
 
 pub use client::{AttachError, Client, ClientError, Completion, SubmitOptions, Tensor};
 pub use control::{PeerCred, PeerPolicy, Registration, RejectReason};
-pub use layout::{CompletionDesc, DescError, Dtype, Geometry, Limits, Status, Submission, SubmitDesc};
+pub use layout::{CompletionDesc, DescError, ElemType, Geometry, Limits, Status, Submission, SubmitDesc};
 pub use ring::RingError;
 pub use server::{
     AcceptError, ArenaError, Attachment, AttachmentStats, BindError, ChannelError, CompleteError, Liveness,

@@ -1,0 +1,301 @@
+//! What a submission descriptor must satisfy before the daemon touches the arena:
+//! [`SubmitDesc::validate`] checks a private copy against the arena size and the
+//! daemon's [`Limits`], one [`DescError`] variant per rule, and yields a typed
+//! [`Submission`]. Pure data: no `unsafe`, no I/O.
+
+use thiserror::Error;
+
+use super::desc::{ElemType, KNOWN_FLAGS, Opcode, SubmitDesc};
+use super::segment::ARENA_ALIGN;
+
+/// Per-daemon bounds a submission must respect beyond the arena itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Tensor ids must be below this.
+    pub max_tensor_ids: u32,
+    /// `layers` must be in `1..=max_layers`.
+    pub max_layers: u32,
+    /// `budget_ppm` must be at most this (the loss contract's hard cap is 10%).
+    pub max_budget_ppm: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_tensor_ids: 1 << 20, max_layers: 1 << 16, max_budget_ppm: 100_000 }
+    }
+}
+
+/// Why a submission descriptor was rejected. One variant per rule; the check order
+/// is the variant order.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DescError {
+    /// The reserved bytes are not zero (a newer client, or garbage).
+    #[error("reserved descriptor bytes are not zero")]
+    ReservedNonZero,
+    /// Unknown opcode.
+    #[error("unknown opcode {0}")]
+    UnknownOpcode(u16),
+    /// Unknown dtype.
+    #[error("unknown dtype {0}")]
+    UnknownDtype(u16),
+    /// A flag bit this version does not know.
+    #[error("unknown flag bits {0:#x}")]
+    UnknownFlags(u32),
+    /// Zero-length tensor.
+    #[error("tensor length is zero")]
+    EmptyTensor,
+    /// `len_elems * dtype size` or `offset + bytes` overflows u64.
+    #[error("tensor of {len_elems} elements at offset {offset} overflows")]
+    LengthOverflow {
+        /// Offset in the descriptor.
+        offset: u64,
+        /// Length in the descriptor.
+        len_elems: u64,
+    },
+    /// The tensor's arena offset is not a multiple of [`ARENA_ALIGN`].
+    #[error("arena offset {offset} is not a multiple of {ARENA_ALIGN}")]
+    Misaligned {
+        /// Offset in the descriptor.
+        offset: u64,
+    },
+    /// The tensor does not lie inside the arena.
+    #[error("tensor bytes {offset}..{end} lie outside the arena of {arena_size} bytes")]
+    OutOfArena {
+        /// Start offset.
+        offset: u64,
+        /// End offset (exclusive).
+        end: u64,
+        /// Arena size.
+        arena_size: u64,
+    },
+    /// Tensor id at or above the limit.
+    #[error("tensor id {id} is not below {max}")]
+    TensorIdOutOfRange {
+        /// Id in the descriptor.
+        id: u32,
+        /// The limit.
+        max: u32,
+    },
+    /// `layers` is zero or above the limit.
+    #[error("layer count {layers} is not in 1..={max}")]
+    BadLayerCount {
+        /// Layer count in the descriptor.
+        layers: u32,
+        /// The limit.
+        max: u32,
+    },
+    /// `layer >= layers`.
+    #[error("layer {layer} is not below the layer count {layers}")]
+    LayerOutOfRange {
+        /// Layer in the descriptor.
+        layer: u32,
+        /// Layer count in the descriptor.
+        layers: u32,
+    },
+    /// Budget above the cap.
+    #[error("loss budget {ppm} ppm exceeds the cap {max} ppm")]
+    BudgetOutOfRange {
+        /// Budget in the descriptor.
+        ppm: u32,
+        /// The cap.
+        max: u32,
+    },
+}
+
+impl DescError {
+    /// Stable numeric code, sent back in [`CompletionDesc::detail`](super::desc::CompletionDesc::detail).
+    pub fn code(&self) -> u32 {
+        match self {
+            DescError::ReservedNonZero => 1,
+            DescError::UnknownOpcode(_) => 2,
+            DescError::UnknownDtype(_) => 3,
+            DescError::UnknownFlags(_) => 4,
+            DescError::EmptyTensor => 5,
+            DescError::LengthOverflow { .. } => 6,
+            DescError::Misaligned { .. } => 7,
+            DescError::OutOfArena { .. } => 8,
+            DescError::TensorIdOutOfRange { .. } => 9,
+            DescError::BadLayerCount { .. } => 10,
+            DescError::LayerOutOfRange { .. } => 11,
+            DescError::BudgetOutOfRange { .. } => 12,
+        }
+    }
+
+    /// Number of distinct codes (codes are `1..=COUNT`).
+    pub const COUNT: usize = 12;
+}
+
+/// A byte range of the arena that passed validation: `offset + len_elems * 4 <= arena_size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArenaSpan {
+    /// Byte offset from the start of the arena.
+    pub offset: u64,
+    /// Length in elements.
+    pub len_elems: u64,
+    /// Element type.
+    pub dtype: ElemType,
+}
+
+impl ArenaSpan {
+    /// Length in bytes (cannot overflow: checked at validation).
+    pub fn bytes(&self) -> u64 {
+        self.len_elems * self.dtype.size()
+    }
+}
+
+/// A submission that passed every check: typed fields, nothing left to trust.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Submission {
+    /// Trainer's op sequence number.
+    pub op_seq: u64,
+    /// Trainer's cookie.
+    pub cookie: u64,
+    /// Operation.
+    pub opcode: Opcode,
+    /// Where the tensor is.
+    pub span: ArenaSpan,
+    /// Tensor id (`< max_tensor_ids`).
+    pub tensor_id: u32,
+    /// Layer (`< layers`).
+    pub layer: u32,
+    /// Layer count (`1..=max_layers`).
+    pub layers: u32,
+    /// Budget (`<= max_budget_ppm`).
+    pub budget_ppm: u32,
+    /// Known flag bits only.
+    pub flags: u32,
+}
+
+impl SubmitDesc {
+    /// Checks a descriptor that was already copied out of shared memory against the
+    /// arena size and the limits. Checks run in [`DescError`] variant order.
+    pub fn validate(&self, arena_size: u64, limits: &Limits) -> Result<Submission, DescError> {
+        if self.reserved != [0u8; 8] {
+            return Err(DescError::ReservedNonZero);
+        }
+        let opcode = Opcode::from_raw(self.opcode).ok_or(DescError::UnknownOpcode(self.opcode))?;
+        let dtype = ElemType::from_raw(self.dtype).ok_or(DescError::UnknownDtype(self.dtype))?;
+        if self.flags & !KNOWN_FLAGS != 0 {
+            return Err(DescError::UnknownFlags(self.flags & !KNOWN_FLAGS));
+        }
+        if self.len_elems == 0 {
+            return Err(DescError::EmptyTensor);
+        }
+        let overflow = DescError::LengthOverflow { offset: self.arena_offset, len_elems: self.len_elems };
+        let bytes = self.len_elems.checked_mul(dtype.size()).ok_or(overflow.clone())?;
+        let end = self.arena_offset.checked_add(bytes).ok_or(overflow)?;
+        if self.arena_offset % ARENA_ALIGN != 0 {
+            return Err(DescError::Misaligned { offset: self.arena_offset });
+        }
+        if end > arena_size {
+            return Err(DescError::OutOfArena { offset: self.arena_offset, end, arena_size });
+        }
+        if self.tensor_id >= limits.max_tensor_ids {
+            return Err(DescError::TensorIdOutOfRange { id: self.tensor_id, max: limits.max_tensor_ids });
+        }
+        if self.layers == 0 || self.layers > limits.max_layers {
+            return Err(DescError::BadLayerCount { layers: self.layers, max: limits.max_layers });
+        }
+        if self.layer >= self.layers {
+            return Err(DescError::LayerOutOfRange { layer: self.layer, layers: self.layers });
+        }
+        if self.budget_ppm > limits.max_budget_ppm {
+            return Err(DescError::BudgetOutOfRange { ppm: self.budget_ppm, max: limits.max_budget_ppm });
+        }
+        Ok(Submission {
+            op_seq: self.op_seq,
+            cookie: self.cookie,
+            opcode,
+            span: ArenaSpan { offset: self.arena_offset, len_elems: self.len_elems, dtype },
+            tensor_id: self.tensor_id,
+            layer: self.layer,
+            layers: self.layers,
+            budget_ppm: self.budget_ppm,
+            flags: self.flags,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::desc::FLAG_RESCALE;
+    use super::super::desc::tests::good;
+    use super::*;
+
+    const ARENA: u64 = 1 << 20;
+
+    fn check(d: SubmitDesc) -> Result<Submission, DescError> {
+        d.validate(ARENA, &Limits::default())
+    }
+    #[test]
+    fn a_good_descriptor_validates() {
+        let s = check(good()).unwrap();
+        assert_eq!(s.span, ArenaSpan { offset: 4096, len_elems: 1000, dtype: ElemType::F32 });
+        assert_eq!(s.span.bytes(), 4000);
+        assert_eq!((s.op_seq, s.cookie, s.tensor_id, s.layer, s.layers), (7, 0xdead_beef, 3, 1, 4));
+        // Exactly filling the arena is fine.
+        let full = SubmitDesc { arena_offset: 0, len_elems: ARENA / 4, ..good() };
+        assert!(check(full).is_ok());
+        let last = SubmitDesc { arena_offset: ARENA - 64, len_elems: 16, ..good() };
+        assert!(check(last).is_ok());
+    }
+
+    #[test]
+    fn every_error_variant_is_reachable() {
+        let cases: Vec<(SubmitDesc, DescError)> = vec![
+            (SubmitDesc { reserved: [0, 0, 0, 0, 0, 0, 0, 1], ..good() }, DescError::ReservedNonZero),
+            (SubmitDesc { opcode: 0, ..good() }, DescError::UnknownOpcode(0)),
+            (SubmitDesc { opcode: 99, ..good() }, DescError::UnknownOpcode(99)),
+            (SubmitDesc { dtype: 0, ..good() }, DescError::UnknownDtype(0)),
+            (SubmitDesc { dtype: 0xffff, ..good() }, DescError::UnknownDtype(0xffff)),
+            (SubmitDesc { flags: 1 << 31 | FLAG_RESCALE, ..good() }, DescError::UnknownFlags(1 << 31)),
+            (SubmitDesc { len_elems: 0, ..good() }, DescError::EmptyTensor),
+            (
+                SubmitDesc { len_elems: u64::MAX / 2, ..good() },
+                DescError::LengthOverflow { offset: 4096, len_elems: u64::MAX / 2 },
+            ),
+            (
+                SubmitDesc { arena_offset: u64::MAX - 63, len_elems: 16, ..good() },
+                DescError::LengthOverflow { offset: u64::MAX - 63, len_elems: 16 },
+            ),
+            (SubmitDesc { arena_offset: 4100, ..good() }, DescError::Misaligned { offset: 4100 }),
+            (
+                SubmitDesc { arena_offset: ARENA, len_elems: 1, ..good() },
+                DescError::OutOfArena { offset: ARENA, end: ARENA + 4, arena_size: ARENA },
+            ),
+            (
+                SubmitDesc { arena_offset: ARENA - 64, len_elems: 17, ..good() },
+                DescError::OutOfArena { offset: ARENA - 64, end: ARENA + 4, arena_size: ARENA },
+            ),
+            (
+                SubmitDesc { arena_offset: 1 << 62, ..good() },
+                DescError::OutOfArena { offset: 1 << 62, end: (1 << 62) + 4000, arena_size: ARENA },
+            ),
+            (
+                SubmitDesc { tensor_id: u32::MAX, ..good() },
+                DescError::TensorIdOutOfRange { id: u32::MAX, max: 1 << 20 },
+            ),
+            (
+                SubmitDesc { layers: 0, layer: 0, ..good() },
+                DescError::BadLayerCount { layers: 0, max: 1 << 16 },
+            ),
+            (
+                SubmitDesc { layers: (1 << 16) + 1, ..good() },
+                DescError::BadLayerCount { layers: (1 << 16) + 1, max: 1 << 16 },
+            ),
+            (SubmitDesc { layer: 4, ..good() }, DescError::LayerOutOfRange { layer: 4, layers: 4 }),
+            (
+                SubmitDesc { budget_ppm: 100_001, ..good() },
+                DescError::BudgetOutOfRange { ppm: 100_001, max: 100_000 },
+            ),
+        ];
+        let mut seen = [false; DescError::COUNT + 1];
+        for (d, want) in cases {
+            let got = check(d).unwrap_err();
+            assert_eq!(got, want, "descriptor {d:?}");
+            seen[got.code() as usize] = true;
+            assert!(!got.to_string().is_empty());
+        }
+        assert!(seen[1..].iter().all(|&s| s), "every code covered: {seen:?}");
+    }
+}

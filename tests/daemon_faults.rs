@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use daemon_common::*;
-use dlcp::shm::{Client, Status, SubmitOptions};
+use dlcp::shm::{Status, SubmitOptions, TrainerChannel};
 
 const N: usize = 10_000;
 
@@ -18,7 +18,7 @@ const N: usize = 10_000;
 fn child_trainer_entry() {
     let Ok(socket) = std::env::var("DLCP_CHILD_SOCKET") else { return };
     let rank: u32 = std::env::var("DLCP_CHILD_RANK").unwrap().parse().unwrap();
-    let _cl = Client::attach(&socket, u64::from(JOB), rank, 2).expect("child attach");
+    let _cl = TrainerChannel::attach(&socket, u64::from(JOB), rank, 2).expect("child attach");
     println!("ATTACHED");
     std::thread::sleep(Duration::from_secs(60));
 }
@@ -47,7 +47,7 @@ fn spawn_child_trainer(socket: &std::path::Path, rank: u32) -> std::process::Chi
 }
 
 fn submit_and_wait(
-    cl: &mut Client,
+    cl: &mut TrainerChannel,
     seq: u64,
     tensor: u32,
     x: &[f32],
@@ -78,7 +78,7 @@ fn killed_trainer_fails_its_ops_cleanly_and_a_new_trainer_can_attach() {
             let s1 = s1.clone();
             let x = x.clone();
             std::thread::spawn(move || {
-                let mut cl = Client::attach(&s1, u64::from(JOB), k, 2).unwrap();
+                let mut cl = TrainerChannel::attach(&s1, u64::from(JOB), k, 2).unwrap();
                 let first = submit_and_wait(&mut cl, 1, 0, &x, Duration::from_secs(30)).0;
                 // Op 2 runs after host 0's replacement trainer joins.
                 let second = submit_and_wait(&mut cl, 2, 0, &x, Duration::from_secs(30));
@@ -86,7 +86,7 @@ fn killed_trainer_fails_its_ops_cleanly_and_a_new_trainer_can_attach() {
             })
         })
         .collect();
-    let mut t0 = Client::attach(&s0, u64::from(JOB), 0, 2).unwrap();
+    let mut t0 = TrainerChannel::attach(&s0, u64::from(JOB), 0, 2).unwrap();
     let tensor = t0.alloc("op1", N as u64).unwrap();
     t0.write(&tensor, &x).unwrap();
     t0.set_next_op_seq(1);
@@ -100,7 +100,7 @@ fn killed_trainer_fails_its_ops_cleanly_and_a_new_trainer_can_attach() {
     assert!(started.elapsed() < Duration::from_secs(2), "failure took {:?}", started.elapsed());
     t0.free("op1").unwrap();
     // A replacement trainer attaches as local rank 1; op 2 succeeds everywhere.
-    let mut t1 = Client::attach(&s0, u64::from(JOB), 1, 2).expect("a new trainer can attach");
+    let mut t1 = TrainerChannel::attach(&s0, u64::from(JOB), 1, 2).expect("a new trainer can attach");
     let r = std::thread::spawn(move || submit_and_wait(&mut t1, 2, 0, &data(1, N), Duration::from_secs(30)));
     let (st0, out0) = submit_and_wait(&mut t0, 2, 0, &x, Duration::from_secs(30));
     let (st1, out1) = r.join().unwrap();
@@ -147,7 +147,7 @@ fn garbage_descriptors_and_random_datagrams_are_counted_and_service_continues() 
         udp.send_to(&d, ("127.0.0.1", c.ports[(i % 2) as usize])).unwrap();
     }
     // Garbage descriptors straight into host 0's submission ring.
-    let mut bad = Client::attach(&c.daemons[0].socket, u64::from(JOB), 0, 1).unwrap();
+    let mut bad = TrainerChannel::attach(&c.daemons[0].socket, u64::from(JOB), 0, 1).unwrap();
     // (offset, length): length overflow, offset at the end of the address space, offset far past the arena.
     for (i, (offset, len)) in [(0u64, u64::MAX / 4), (u64::MAX - 8, 16), (1 << 40, 1)].into_iter().enumerate()
     {
@@ -165,7 +165,7 @@ fn garbage_descriptors_and_random_datagrams_are_counted_and_service_continues() 
             opcode: 1,
             reserved: [0; 8],
         };
-        bad.submit_raw(&d).unwrap();
+        bad.debug_submit_raw(&d).unwrap();
         let done = bad.wait_completion(Duration::from_secs(10)).unwrap();
         assert_eq!(done.status, Status::InvalidDescriptor, "{done:?}");
     }
@@ -188,7 +188,7 @@ fn garbage_descriptors_and_random_datagrams_are_counted_and_service_continues() 
             let sock = c.daemons[h].socket.clone();
             let x = x.clone();
             std::thread::spawn(move || {
-                let mut cl = Client::attach(&sock, u64::from(JOB), 0, 1).unwrap();
+                let mut cl = TrainerChannel::attach(&sock, u64::from(JOB), 0, 1).unwrap();
                 submit_and_wait(&mut cl, 1, 3, &x, Duration::from_secs(30))
             })
         })
@@ -212,7 +212,7 @@ fn killed_peer_daemon_fails_ops_within_the_hard_timeout_and_its_restart_rejoins(
                 let sock = c.daemons[h].socket.clone();
                 let x = x.clone();
                 std::thread::spawn(move || {
-                    let mut cl = Client::attach(&sock, u64::from(JOB), 0, 1).unwrap();
+                    let mut cl = TrainerChannel::attach(&sock, u64::from(JOB), 0, 1).unwrap();
                     let t0 = Instant::now();
                     let r = submit_and_wait(&mut cl, seq, 0, &x, Duration::from_secs(30));
                     (r, t0.elapsed())
@@ -267,7 +267,7 @@ fn sigterm_drains_an_op_in_flight_then_exits_zero() {
     let s0 = c.daemons[0].socket.clone();
     let x0 = x.clone();
     let t0 = std::thread::spawn(move || {
-        let mut cl = Client::attach(&s0, u64::from(JOB), 0, 1).unwrap();
+        let mut cl = TrainerChannel::attach(&s0, u64::from(JOB), 0, 1).unwrap();
         submit_and_wait(&mut cl, 1, 0, &x0, Duration::from_secs(30))
     });
     // Daemon 0 has the op in flight (waiting for host 1) when SIGTERM arrives.
@@ -279,7 +279,7 @@ fn sigterm_drains_an_op_in_flight_then_exits_zero() {
     c.kill(0, 15);
     std::thread::sleep(Duration::from_millis(200));
     assert!(c.wait_exit(0, Duration::from_millis(10)).is_none(), "exited without draining its op");
-    let mut cl = Client::attach(&c.daemons[1].socket, u64::from(JOB), 0, 1).unwrap();
+    let mut cl = TrainerChannel::attach(&c.daemons[1].socket, u64::from(JOB), 0, 1).unwrap();
     let (st1, out1) = submit_and_wait(&mut cl, 1, 0, &x, Duration::from_secs(30));
     let (st0, out0) = t0.join().unwrap();
     assert_eq!((st0, st1), (Status::Ok, Status::Ok));
@@ -295,14 +295,14 @@ fn a_peer_daemon_down_at_start_up_is_not_fatal() {
     let s0 = c.daemons[0].socket.clone();
     let x0 = x.clone();
     let t0 = std::thread::spawn(move || {
-        let mut cl = Client::attach(&s0, u64::from(JOB), 0, 1).unwrap();
+        let mut cl = TrainerChannel::attach(&s0, u64::from(JOB), 0, 1).unwrap();
         submit_and_wait(&mut cl, 1, 0, &x0, Duration::from_secs(30))
     });
     // Host 1's daemon comes up half a second later; the op still completes.
     std::thread::sleep(Duration::from_millis(500));
     c.spawn(1, 0.0);
     c.wait_ready(1);
-    let mut cl = Client::attach(&c.daemons[1].socket, u64::from(JOB), 0, 1).unwrap();
+    let mut cl = TrainerChannel::attach(&c.daemons[1].socket, u64::from(JOB), 0, 1).unwrap();
     let (st1, out1) = submit_and_wait(&mut cl, 1, 0, &x, Duration::from_secs(30));
     let (st0, out0) = t0.join().unwrap();
     assert_eq!((st0, st1), (Status::Ok, Status::Ok));

@@ -6,7 +6,7 @@ mod daemon_common;
 use std::time::Duration;
 
 use daemon_common::*;
-use dlcp::shm::{Client, Status, SubmitOptions};
+use dlcp::shm::{Status, SubmitOptions, TrainerChannel};
 
 const HOSTS: u32 = 4;
 const TRAINERS: u32 = 2;
@@ -48,7 +48,7 @@ fn run_ops(c: &Cluster, budget_ppm: u32, flags: u32, ops: usize) -> Vec<Vec<(Vec
         for k in 0..TRAINERS {
             let socket = c.daemons[h as usize].socket.clone();
             handles.push(std::thread::spawn(move || {
-                let mut cl = Client::attach(&socket, u64::from(JOB), k, TRAINERS).expect("attach");
+                let mut cl = TrainerChannel::attach(&socket, u64::from(JOB), k, TRAINERS).expect("attach");
                 let mut out = Vec::new();
                 for (i, &n) in SIZES.iter().enumerate().take(ops) {
                     let t = cl.alloc(&format!("t{i}"), n as u64).expect("alloc");
@@ -184,7 +184,7 @@ fn loss_driven_pacing_cuts_the_rate_under_loss_and_results_stay_exact() {
             let sock = c.daemons[h].socket.clone();
             let x = x.clone();
             std::thread::spawn(move || {
-                let mut cl = Client::attach(&sock, u64::from(JOB), 0, 1).unwrap();
+                let mut cl = TrainerChannel::attach(&sock, u64::from(JOB), 0, 1).unwrap();
                 let t = cl.alloc("g", x.len() as u64).unwrap();
                 let mut outs = Vec::new();
                 for _ in 0..3 {
@@ -228,7 +228,7 @@ fn ipv6_daemons_are_bit_exact() {
             let sock = c.daemons[h].socket.clone();
             let x = x.clone();
             std::thread::spawn(move || {
-                let mut cl = Client::attach(&sock, u64::from(JOB), 0, 1).unwrap();
+                let mut cl = TrainerChannel::attach(&sock, u64::from(JOB), 0, 1).unwrap();
                 let t = cl.alloc("v6", x.len() as u64).unwrap();
                 cl.write(&t, &x).unwrap();
                 cl.submit(&t, SubmitOptions::default()).unwrap();

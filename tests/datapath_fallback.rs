@@ -97,7 +97,8 @@ fn auto_falls_back_to_sockets_with_one_line_why_and_allreduces() {
         .map(|r| {
             let sock = c.daemons[r as usize].socket.clone();
             std::thread::spawn(move || {
-                let mut cl = dlcp::shm::Client::attach(&sock, u64::from(daemon_common::JOB), 0, 1).unwrap();
+                let mut cl =
+                    dlcp::shm::TrainerChannel::attach(&sock, u64::from(daemon_common::JOB), 0, 1).unwrap();
                 let t = cl.alloc("t", n as u64).unwrap();
                 cl.write(&t, &daemon_common::data(u64::from(r), n)).unwrap();
                 let o = dlcp::shm::SubmitOptions { tensor_id: 1, budget_ppm: 0, ..Default::default() };

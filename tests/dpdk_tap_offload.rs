@@ -45,7 +45,7 @@ fn offloaded_checksums_are_accepted_by_the_kernel() {
         .enumerate()
         .map(|(r, sock)| {
             std::thread::spawn(move || {
-                let mut cl = dlcp::shm::Client::attach(&sock, u64::from(JOB), 0, 1).unwrap();
+                let mut cl = dlcp::shm::TrainerChannel::attach(&sock, u64::from(JOB), 0, 1).unwrap();
                 let mut out = Vec::new();
                 for i in 0..3u32 {
                     let t = cl.alloc(&format!("t{i}"), n as u64).unwrap();

@@ -118,7 +118,7 @@ mod on_tap {
             .enumerate()
             .map(|(r, sock)| {
                 std::thread::spawn(move || {
-                    let mut cl = dlcp::shm::Client::attach(&sock, u64::from(JOB), 0, 1).unwrap();
+                    let mut cl = dlcp::shm::TrainerChannel::attach(&sock, u64::from(JOB), 0, 1).unwrap();
                     let t = cl.alloc("t", n as u64).unwrap();
                     cl.write(&t, &data(u64::from(r as u32 * 10 + id), n)).unwrap();
                     let o = dlcp::shm::SubmitOptions { tensor_id: id, budget_ppm: 0, ..Default::default() };

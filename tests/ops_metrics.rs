@@ -10,7 +10,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use daemon_common::*;
-use dlcp::shm::{Client, Status, SubmitOptions};
+use dlcp::shm::{Status, SubmitOptions, TrainerChannel};
 
 /// One sample: metric name, labels, value.
 type Samples = Vec<(String, BTreeMap<String, String>, f64)>;
@@ -171,7 +171,7 @@ fn counters_move_after_an_allreduce_and_parse_as_prometheus_text() {
         .map(|h| {
             let socket = c.daemons[h as usize].socket.clone();
             std::thread::spawn(move || {
-                let mut cl = Client::attach(&socket, u64::from(JOB), 0, 1).unwrap();
+                let mut cl = TrainerChannel::attach(&socket, u64::from(JOB), 0, 1).unwrap();
                 let t = cl.alloc("g", N as u64).unwrap();
                 cl.write(&t, &data(u64::from(h), N)).unwrap();
                 cl.submit(&t, SubmitOptions { tensor_id: 1, budget_ppm: 0, ..Default::default() }).unwrap();
@@ -470,7 +470,7 @@ fn dropped_datagrams_are_counted_per_class_and_per_peer() {
             let socket = c.daemons[h].socket.clone();
             let x = x[h].clone();
             std::thread::spawn(move || {
-                let mut cl = Client::attach(&socket, u64::from(JOB), 0, 1).unwrap();
+                let mut cl = TrainerChannel::attach(&socket, u64::from(JOB), 0, 1).unwrap();
                 let t = cl.alloc("g", N as u64).unwrap();
                 cl.write(&t, &x).unwrap();
                 cl.submit(&t, SubmitOptions { tensor_id: 1, budget_ppm: 0, ..Default::default() }).unwrap();

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use daemon_common::*;
-use dlcp::shm::{Client, Completion, Status, SubmitOptions};
+use dlcp::shm::{Completion, Status, SubmitOptions, TrainerChannel};
 
 const N: usize = 200_000;
 
@@ -62,7 +62,7 @@ fn allreduce(c: &Cluster, seq: u64, budget_ppm: u32) -> Vec<(Completion, Vec<f32
 }
 
 fn submit(socket: &Path, h: u32, seq: u64, budget_ppm: u32, delay: Duration) -> (Completion, Vec<f32>) {
-    let mut cl = Client::attach(socket, u64::from(JOB), 0, 1).expect("attach");
+    let mut cl = TrainerChannel::attach(socket, u64::from(JOB), 0, 1).expect("attach");
     let t = cl.alloc("g", N as u64).unwrap();
     cl.write(&t, &data(u64::from(h) << 20 | seq, N)).unwrap();
     std::thread::sleep(delay);

@@ -6,7 +6,9 @@ mod shm_common;
 
 use std::time::Duration;
 
-use dlcp::shm::{AttachError, Client, ClientError, Liveness, PeerPolicy, RejectReason, SubmitOptions};
+use dlcp::shm::{
+    AttachError, Liveness, PeerPolicy, RejectReason, SubmitOptions, TrainerChannel, TrainerError,
+};
 use shm_common::{ChildGuard, Event, HOLD_TENSOR, TestDaemon, WAIT, config, round_trip};
 
 const STRESS_OPS: u64 = 3000;
@@ -17,7 +19,7 @@ const SIZES: &[usize] = &[1, 15, 16, 17, 1000, 4096, 65_539, 1 << 20];
 fn child_main() {
     let Ok(mode) = std::env::var("DLCP_SHM_CHILD") else { return };
     let sock = std::env::var("DLCP_SHM_SOCK").unwrap();
-    let mut client = Client::attach(&sock, 0x5151, 1, 2).unwrap();
+    let mut client = TrainerChannel::attach(&sock, 0x5151, 1, 2).unwrap();
     println!("CHILD:ATTACHED {}", client.attachment_id());
     match mode.as_str() {
         "roundtrip" => {
@@ -30,7 +32,8 @@ fn child_main() {
             let ts: Vec<_> = (0..4u64).map(|i| client.alloc(&format!("s{i}"), 37 + i).unwrap()).collect();
             let mut pending = std::collections::VecDeque::new();
             let check =
-                |client: &mut Client, pending: &mut std::collections::VecDeque<(u64, usize, Vec<f32>)>| {
+                |client: &mut TrainerChannel,
+                 pending: &mut std::collections::VecDeque<(u64, usize, Vec<f32>)>| {
                     let (seq, slot, input) = pending.pop_front().unwrap();
                     let c = client.wait_completion(WAIT).unwrap();
                     assert_eq!((c.op_seq, c.status), (seq, dlcp::shm::Status::Ok));
@@ -93,11 +96,11 @@ fn child_main() {
                 dlcp::shm::SubmitDesc { tensor_id: u32::MAX, ..good },
             ];
             for g in &garbage {
-                client.submit_raw(g).unwrap();
+                client.debug_submit_raw(g).unwrap();
                 let c = client.wait_completion(WAIT).unwrap();
                 assert_eq!(c.status, dlcp::shm::Status::InvalidDescriptor);
             }
-            let fd = client.memfd();
+            let fd = client.debug_memfd();
             assert_eq!(rustix::fs::ftruncate(fd, 0), Err(rustix::io::Errno::PERM));
             client.debug_store_sq_tail(1 << 30);
             client.debug_ring_doorbell().unwrap();
@@ -125,7 +128,7 @@ fn child_main() {
 fn in_process_client_round_trips_tensors_of_many_sizes() {
     let dir = tempfile::tempdir().unwrap();
     let d = TestDaemon::start(config(dir.path()));
-    let mut client = Client::attach(&d.path, 42, 0, 1).unwrap();
+    let mut client = TrainerChannel::attach(&d.path, 42, 0, 1).unwrap();
     let (peer, reg) = d.expect("attach", |e| match e {
         Event::Attached { peer, reg, .. } => Some((*peer, *reg)),
         _ => None,
@@ -154,7 +157,7 @@ fn in_process_client_round_trips_tensors_of_many_sizes() {
             .collect();
         assert_eq!(client.read(t).unwrap(), want);
     }
-    assert!(matches!(client.wait_completion(Duration::from_millis(50)), Err(ClientError::Timeout(_))));
+    assert!(matches!(client.wait_completion(Duration::from_millis(50)), Err(TrainerError::Timeout(_))));
 }
 
 #[test]
@@ -187,7 +190,7 @@ fn sigkilled_client_is_detected_its_segment_reclaimed_and_a_new_client_attaches(
     let dir = tempfile::tempdir().unwrap();
     let d = TestDaemon::start(config(dir.path()));
     // One healthy trainer stays attached throughout.
-    let mut survivor = Client::attach(&d.path, 0x5151, 0, 2).unwrap();
+    let mut survivor = TrainerChannel::attach(&d.path, 0x5151, 0, 2).unwrap();
     let survivor_id = d.expect("survivor attach", |e| match e {
         Event::Attached { id, .. } => Some(*id),
         _ => None,
@@ -215,7 +218,7 @@ fn sigkilled_client_is_detected_its_segment_reclaimed_and_a_new_client_attaches(
 
     // The survivor is unaffected, and a new trainer can take the dead one's place.
     round_trip(&mut survivor, 2, &[10, 1000]);
-    let mut fresh = Client::attach(&d.path, 0x5151, 1, 2).unwrap();
+    let mut fresh = TrainerChannel::attach(&d.path, 0x5151, 1, 2).unwrap();
     let fresh_id = d.expect("fresh attach", |e| match e {
         Event::Attached { id, .. } => Some(*id),
         _ => None,
@@ -231,7 +234,7 @@ fn peer_policy_refusal_is_sent_back_and_counted() {
     let me = rustix::process::getuid().as_raw();
     cfg.policy = PeerPolicy { uids: vec![me.wrapping_add(1)], gids: vec![], hook: None };
     let d = TestDaemon::start(cfg);
-    match Client::attach(&d.path, 1, 0, 1) {
+    match TrainerChannel::attach(&d.path, 1, 0, 1) {
         Err(AttachError::Rejected(RejectReason::PolicyDenied)) => {}
         other => panic!("expected a policy refusal, got {other:?}"),
     }
@@ -245,12 +248,12 @@ fn peer_policy_refusal_is_sent_back_and_counted() {
 #[test]
 fn malformed_registration_and_missing_daemon_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
-    match Client::attach(dir.path().join("nobody.sock"), 1, 0, 1) {
+    match TrainerChannel::attach(dir.path().join("nobody.sock"), 1, 0, 1) {
         Err(e @ AttachError::Connect(_)) => assert!(e.to_string().contains("is dlcpd running")),
         other => panic!("{other:?}"),
     }
     let d = TestDaemon::start(config(dir.path()));
-    match Client::attach(&d.path, 1, 2, 2) {
+    match TrainerChannel::attach(&d.path, 1, 2, 2) {
         Err(AttachError::Rejected(RejectReason::BadRequest)) => {}
         other => panic!("rank 2 of 2: {other:?}"),
     }
@@ -267,7 +270,7 @@ fn malformed_registration_and_missing_daemon_are_clear_errors() {
         failures += 1;
     }
     // And the daemon still serves.
-    let mut c = Client::attach(&d.path, 1, 0, 1).unwrap();
+    let mut c = TrainerChannel::attach(&d.path, 1, 0, 1).unwrap();
     round_trip(&mut c, 4, &[33]);
 }
 
@@ -297,24 +300,24 @@ fn bind_replaces_a_stale_socket_but_not_a_live_one() {
 fn a_local_rank_is_held_until_its_trainer_is_reclaimed() {
     let dir = tempfile::tempdir().unwrap();
     let d = TestDaemon::start(config(dir.path()));
-    let first = Client::attach(&d.path, 7, 0, 2).unwrap();
+    let first = TrainerChannel::attach(&d.path, 7, 0, 2).unwrap();
     let first_id = d.expect("attach", |e| match e {
         Event::Attached { id, .. } => Some(*id),
         _ => None,
     });
-    match Client::attach(&d.path, 7, 0, 2) {
+    match TrainerChannel::attach(&d.path, 7, 0, 2) {
         Err(AttachError::Rejected(RejectReason::RankInUse)) => {}
         other => panic!("same rank twice: {other:?}"),
     }
-    match Client::attach(&d.path, 7, 1, 3) {
+    match TrainerChannel::attach(&d.path, 7, 1, 3) {
         Err(AttachError::Rejected(RejectReason::WorldMismatch)) => {}
         other => panic!("other world size: {other:?}"),
     }
     // Another job may use rank 0 and any world size.
-    let _other_job = Client::attach(&d.path, 8, 0, 3).unwrap();
+    let _other_job = TrainerChannel::attach(&d.path, 8, 0, 3).unwrap();
     drop(first);
     d.expect("detach", |e| matches!(e, Event::Detached { id, .. } if *id == first_id).then_some(()));
-    let mut again = Client::attach(&d.path, 7, 0, 2).unwrap();
+    let mut again = TrainerChannel::attach(&d.path, 7, 0, 2).unwrap();
     round_trip(&mut again, 9, &[64]);
 }
 
@@ -381,10 +384,10 @@ fn a_refused_user_is_turned_away_before_the_handshake_and_hooks_see_the_registra
         Some(std::sync::Arc::new(|_: &dlcp::shm::PeerCred, r: &dlcp::shm::Registration| r.job_id != 13));
     let d = TestDaemon::start(cfg);
     assert!(matches!(
-        Client::attach(&d.path, 13, 0, 1),
+        TrainerChannel::attach(&d.path, 13, 0, 1),
         Err(AttachError::Rejected(RejectReason::PolicyDenied))
     ));
-    let mut ok = Client::attach(&d.path, 14, 0, 1).unwrap();
+    let mut ok = TrainerChannel::attach(&d.path, 14, 0, 1).unwrap();
     round_trip(&mut ok, 11, &[5]);
 }
 
@@ -401,7 +404,7 @@ fn dropped_attachments_release_every_fd_and_mapping() {
 fn a_hostile_trainer_process_is_rejected_counted_and_the_daemon_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
     let d = TestDaemon::start(config(dir.path()));
-    let mut bystander = Client::attach(&d.path, 0x5151, 0, 2).unwrap();
+    let mut bystander = TrainerChannel::attach(&d.path, 0x5151, 0, 2).unwrap();
     let mut child = ChildGuard::spawn("child_main", "garbage", &d.path);
     let hostile = d.expect("attach", |e| match e {
         Event::Attached { id, peer, .. } if peer.pid == child.pid() => Some(*id),

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use dlcp::shm::layout::{ARENA_ALIGN, FLAG_RESCALE, Opcode};
 use dlcp::shm::{
-    Attachment, ChannelError, Client, CompleteError, DescError, ElemType, RingError, Status, SubmitDesc,
+    Attachment, ChannelError, CompleteError, DescError, ElemType, RingError, Status, SubmitDesc,
+    TrainerChannel,
 };
 use rustix::fs::SealFlags;
 use shm_common::{WAIT, config, data, pair, transform};
@@ -25,7 +26,7 @@ fn serve_one(att: &mut Attachment) {
 }
 
 /// A valid op round trip through `att` and `client`.
-fn still_works(att: &mut Attachment, client: &mut Client, seed: u64) {
+fn still_works(att: &mut Attachment, client: &mut TrainerChannel, seed: u64) {
     let name = format!("ok{seed}");
     let t = client.alloc(&name, 257).unwrap();
     let input = data(seed, 257);
@@ -98,7 +99,7 @@ fn garbage_descriptors_are_rejected_counted_and_answered() {
     let mut codes = vec![0u64; DescError::COUNT + 1];
     for (i, (bad, want)) in cases.iter().enumerate() {
         let bad = SubmitDesc { op_seq: 1000 + i as u64, cookie: i as u64, ..*bad };
-        client.submit_raw(&bad).unwrap();
+        client.debug_submit_raw(&bad).unwrap();
         match att.next_submission() {
             Err(ChannelError::Rejected { op_seq, cookie, error }) => {
                 assert_eq!(&error, want);
@@ -129,7 +130,7 @@ fn garbage_descriptors_are_rejected_counted_and_answered() {
     };
     for _ in 0..200 {
         let d = SubmitDesc::from_words(core::array::from_fn(|_| rand()));
-        client.submit_raw(&d).unwrap();
+        client.debug_submit_raw(&d).unwrap();
         assert!(matches!(att.next_submission(), Err(ChannelError::Rejected { .. })));
         assert_eq!(client.wait_completion(WAIT).unwrap().status, Status::InvalidDescriptor);
     }
@@ -189,7 +190,10 @@ fn full_completion_ring_is_an_error_not_a_block() {
     for _ in 0..cap {
         client.submit(&t, Default::default()).unwrap();
     }
-    assert!(matches!(client.submit(&t, Default::default()), Err(dlcp::shm::ClientError::TooManyInFlight(_))));
+    assert!(matches!(
+        client.submit(&t, Default::default()),
+        Err(dlcp::shm::TrainerError::TooManyInFlight(_))
+    ));
     // A hostile trainer ignores the limit; the daemon must not block or overwrite.
     let mut served = Vec::new();
     while let Some(s) = att.next_submission().unwrap() {
@@ -212,7 +216,7 @@ fn memfd_seals_stop_truncation_and_resealing() {
     let dir = tempfile::tempdir().unwrap();
     let (_server, mut att, mut client) = pair(config(dir.path()), 9);
     let size = att.geometry().total_size;
-    let fd = client.memfd();
+    let fd = client.debug_memfd();
     let seals = rustix::fs::fcntl_get_seals(fd).unwrap();
     assert!(seals.contains(SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL), "{seals:?}");
     assert_eq!(rustix::fs::ftruncate(fd, 0), Err(rustix::io::Errno::PERM), "shrink refused");
@@ -282,7 +286,7 @@ fn client_learns_the_daemon_is_gone_instead_of_hanging() {
     drop(att); // the daemon reclaims the attachment (e.g. it is shutting down)
     assert_eq!(server.live_attachments(), 0);
     let t0 = std::time::Instant::now();
-    assert!(matches!(client.wait_completion(WAIT), Err(dlcp::shm::ClientError::DaemonGone)));
+    assert!(matches!(client.wait_completion(WAIT), Err(dlcp::shm::TrainerError::DaemonGone)));
     assert!(t0.elapsed() < Duration::from_secs(2));
     // The client's own mapping stays valid after the daemon let go.
     assert_eq!(client.read(&t).unwrap().len(), 16);
@@ -290,24 +294,24 @@ fn client_learns_the_daemon_is_gone_instead_of_hanging() {
 
 #[test]
 fn client_api_errors_are_typed() {
-    use dlcp::shm::ClientError;
+    use dlcp::shm::TrainerError;
     let dir = tempfile::tempdir().unwrap();
     let (_server, _att, mut client) = pair(config(dir.path()), 9);
     let arena = client.geometry().arena_size;
     let t = client.alloc("a", 10).unwrap();
-    assert!(matches!(client.alloc("a", 10), Err(ClientError::NameInUse(n)) if n == "a"));
-    assert!(matches!(client.alloc("z", 0), Err(ClientError::ZeroLength)));
+    assert!(matches!(client.alloc("a", 10), Err(TrainerError::NameInUse(n)) if n == "a"));
+    assert!(matches!(client.alloc("z", 0), Err(TrainerError::ZeroLength)));
     assert!(matches!(
         client.alloc("big", arena / 4),
-        Err(ClientError::ArenaFull { requested, largest_free }) if requested == arena && largest_free == arena - 64
+        Err(TrainerError::ArenaFull { requested, largest_free }) if requested == arena && largest_free == arena - 64
     ));
     assert!(matches!(
         client.write(&t, &[1.0; 11]),
-        Err(ClientError::LengthMismatch { expected: 10, got: 11 })
+        Err(TrainerError::LengthMismatch { expected: 10, got: 11 })
     ));
-    assert!(matches!(client.free("nope"), Err(ClientError::UnknownTensor(_))));
+    assert!(matches!(client.free("nope"), Err(TrainerError::UnknownTensor(_))));
     client.free("a").unwrap();
     assert!(client.tensor("a").is_none());
     let all = client.alloc("big", arena / 4).unwrap();
-    assert_eq!(all.offset, 0, "freed space is reused");
+    assert_eq!(all.arena_offset, 0, "freed space is reused");
 }

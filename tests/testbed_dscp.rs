@@ -13,7 +13,7 @@ mod testbed_common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use dlcp::shm::{Client, Status, SubmitOptions};
+use dlcp::shm::{Status, SubmitOptions, TrainerChannel};
 use testbed_common::*;
 
 /// Namespace prefix of this test's testbed (distinct from the shell tests').
@@ -43,7 +43,7 @@ fn dlcp_marks_every_datagram_with_its_class_dscp_on_the_wire() {
         .map(|(h, sock)| {
             let sock = sock.clone();
             std::thread::spawn(move || {
-                let mut cl = Client::attach(&sock, u64::from(JOB), 0, 1).expect("attach");
+                let mut cl = TrainerChannel::attach(&sock, u64::from(JOB), 0, 1).expect("attach");
                 let mut out = Vec::new();
                 for round in 0..3u32 {
                     for layer in 0..LAYERS {

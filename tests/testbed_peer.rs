@@ -16,7 +16,7 @@ mod testbed_common;
 
 use std::time::{Duration, Instant};
 
-use dlcp::shm::{Client, Status, SubmitOptions};
+use dlcp::shm::{Status, SubmitOptions, TrainerChannel};
 use testbed_common::*;
 
 const PREFIX: &str = "dlcptbp";
@@ -30,7 +30,7 @@ const BEFORE: usize = 5;
 
 /// One op: (seq, status, submit-to-completion time); a client error or a hang
 /// (no completion within 10 s) is an `Err`.
-fn one_op(cl: &mut Client, h: usize, i: usize) -> Result<(u64, Status, Duration), String> {
+fn one_op(cl: &mut TrainerChannel, h: usize, i: usize) -> Result<(u64, Status, Duration), String> {
     let t = cl.alloc(&format!("t{i}"), N as u64).map_err(|e| format!("{e:?}"))?;
     cl.write(&t, &data(seed(h, i), N)).map_err(|e| format!("{e:?}"))?;
     let t0 = Instant::now();
@@ -56,7 +56,7 @@ fn sigkilled_peer_daemon_fails_ops_within_the_hard_timeout_and_its_restart_rejoi
             let s = bed.sockets[h].clone();
             let (killed, resume) = (killed.clone(), resume.clone());
             std::thread::spawn(move || {
-                let mut cl = Client::attach(&s, u64::from(JOB), 0, 1).expect("attach");
+                let mut cl = TrainerChannel::attach(&s, u64::from(JOB), 0, 1).expect("attach");
                 let mut log = Vec::new();
                 for i in 0..BEFORE {
                     log.push(one_op(&mut cl, h, i));

@@ -11,7 +11,7 @@ mod testbed_common;
 
 use std::time::{Duration, Instant};
 
-use dlcp::shm::{Client, Status, SubmitOptions};
+use dlcp::shm::{Status, SubmitOptions, TrainerChannel};
 use testbed_common::*;
 
 const PREFIX: &str = "dlcptbm";
@@ -25,7 +25,7 @@ const N: usize = 200_003;
 type Log = (Vec<(u64, Status, Duration)>, Option<String>);
 
 fn trainer_loop(socket: std::path::PathBuf, h: usize, max_ops: usize) -> Log {
-    let mut cl = Client::attach(&socket, u64::from(JOB), 0, 1).expect("attach");
+    let mut cl = TrainerChannel::attach(&socket, u64::from(JOB), 0, 1).expect("attach");
     let mut log = Vec::new();
     for i in 0..max_ops {
         let mut step = || -> Result<(u64, Status, Duration), String> {

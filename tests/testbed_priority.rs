@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use dlcp::shm::{Client, Status, SubmitOptions};
+use dlcp::shm::{Status, SubmitOptions, TrainerChannel};
 use testbed_common::*;
 
 const PREFIX: &str = "dlcptbq";
@@ -66,7 +66,7 @@ fn bottleneck_with_cross_traffic_front_layer_loses_less_and_completes_first() {
         .map(|h| {
             let s = bed.sockets[h].clone();
             std::thread::spawn(move || {
-                let mut cl = Client::attach(&s, u64::from(JOB), 0, 1).expect("attach");
+                let mut cl = TrainerChannel::attach(&s, u64::from(JOB), 0, 1).expect("attach");
                 let mut rounds = Vec::new();
                 for r in 0..ROUNDS {
                     let back = cl.alloc(&format!("back{r}"), N as u64).unwrap();

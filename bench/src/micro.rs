@@ -7,7 +7,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use dlcp::shm::server::{ServerConfig, ShmServer};
-use dlcp::shm::{Client, Geometry, Status, SubmitOptions};
+use dlcp::shm::{Geometry, Status, SubmitOptions, TrainerChannel};
 use dlcp_proto::priority::Class;
 use dlcp_proto::wire::{self, Header, MacKey, OVERHEAD, Packet, PacketType, Phase};
 
@@ -235,8 +235,8 @@ fn shm_figures(dur: Duration) -> Result<Vec<Figure>, String> {
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let r = (|| {
         let (path, server) = shm_server(&dir, 64 << 20)?;
-        let mut cl = Client::attach(&path, 1, 0, 1).map_err(|e| format!("attach: {e}"))?;
-        let op = |cl: &mut Client, t: &dlcp::shm::Tensor| {
+        let mut cl = TrainerChannel::attach(&path, 1, 0, 1).map_err(|e| format!("attach: {e}"))?;
+        let op = |cl: &mut TrainerChannel, t: &dlcp::shm::Tensor| {
             cl.submit(t, SubmitOptions::default()).expect("submit");
             let c = cl.wait_completion(Duration::from_secs(10)).expect("completion");
             assert_eq!(c.status, Status::Ok);

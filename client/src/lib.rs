@@ -3,8 +3,20 @@
 //! A trainer process attaches to the local `dlcpd` over its Unix control socket,
 //! allocates named f32 tensors in a shared-memory arena, writes gradients into
 //! them, submits allreduce operations and waits for their completions; the
-//! reduced result replaces the tensor's contents in place. The ring and atomic
-//! code is the channel of [`dlcp_shm`]; this crate wraps it for three audiences:
+//! reduced result replaces the tensor's contents in place.
+//!
+//! ## What is here and what is in `dlcp_shm`
+//!
+//! The channel itself is [`dlcp_shm::TrainerChannel`]: the attach handshake, the
+//! one mapping of the segment, the rings and doorbells, and the one tensor
+//! registry (arena allocation, names, [`TensorId`]s). [`Client`] owns one and adds
+//! only what a user of the channel needs on top, keeping no channel state of its
+//! own: argument checks, the in-flight rules below (which op owns which tensor),
+//! completions kept while [`Client::wait_for`] waits for another op, and errors
+//! with stable codes. Raw pointers for in-place access
+//! ([`Client::data_ptr`]) come from the channel's one mapping.
+//!
+//! This crate serves three audiences:
 //!
 //! - **Rust**: [`Client`] (this module);
 //! - **C**: the ABI in [`capi`], declared by `client/include/dlcp.h`, built as
@@ -42,42 +54,20 @@
 
 #[allow(unsafe_code)]
 pub mod capi;
-#[allow(unsafe_code)]
-mod view;
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CStr;
-use std::io;
 use std::path::Path;
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use dlcp_shm as shm;
 pub use dlcp_shm::layout::{FLAG_FILL_LOCAL, FLAG_RESCALE, KNOWN_FLAGS};
-pub use dlcp_shm::{AttachError, ClientError, Completion, Geometry, Status};
+pub use dlcp_shm::{AttachError, Completion, Geometry, Status, Tensor, TensorId, TrainerError};
+use dlcp_shm::{SubmitOptions, TrainerChannel};
 use thiserror::Error;
-
-use crate::view::ArenaView;
 
 /// Longest single wait handed to the channel (its deadline arithmetic must not overflow).
 const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// Handle of a tensor allocated by [`Client::alloc`]; also its tensor id on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TensorId(pub u32);
-
-/// A tensor allocated in the arena.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TensorInfo {
-    /// Its handle / wire id.
-    pub id: TensorId,
-    /// Name given at allocation.
-    pub name: String,
-    /// Length in f32 elements.
-    pub len_elems: u64,
-    /// Byte offset in the arena (64-byte aligned).
-    pub arena_offset: u64,
-}
 
 /// Per-operation parameters of [`Client::submit`] / [`Client::allreduce`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -255,12 +245,9 @@ pub enum Error {
     /// Attaching failed (connect, refused, bad handshake or segment).
     #[error("attach failed: {0}")]
     Attach(#[from] AttachError),
-    /// The extra mapping for in-place access could not be made.
-    #[error("attach failed: cannot map the segment for in-place access: {0}")]
-    Map(io::Error),
     /// The channel reported an error.
     #[error(transparent)]
-    Channel(#[from] ClientError),
+    Channel(#[from] TrainerError),
     /// No tensor with this id.
     #[error("no tensor with id {0} (allocate it with alloc first)")]
     UnknownTensor(u32),
@@ -289,17 +276,19 @@ impl Error {
         match self {
             Error::Attach(AttachError::Connect(_)) => ErrorCode::Connect,
             Error::Attach(AttachError::Rejected(_)) => ErrorCode::Rejected,
-            Error::Attach(_) | Error::Map(_) => ErrorCode::Protocol,
+            Error::Attach(_) => ErrorCode::Protocol,
             Error::Channel(e) => match e {
-                ClientError::ArenaFull { .. } => ErrorCode::ArenaFull,
-                ClientError::ZeroLength => ErrorCode::InvalidArg,
-                ClientError::NameInUse(_) => ErrorCode::NameInUse,
-                ClientError::UnknownTensor(_) | ClientError::LengthMismatch { .. } => ErrorCode::InvalidArg,
-                ClientError::TooManyInFlight(_) | ClientError::RingFull => ErrorCode::Busy,
-                ClientError::Ring(_) => ErrorCode::Corrupted,
-                ClientError::Timeout(_) => ErrorCode::Timeout,
-                ClientError::DaemonGone => ErrorCode::DaemonGone,
-                ClientError::Io(_) => ErrorCode::Io,
+                TrainerError::ArenaFull { .. } => ErrorCode::ArenaFull,
+                TrainerError::ZeroLength => ErrorCode::InvalidArg,
+                TrainerError::NameInUse(_) => ErrorCode::NameInUse,
+                TrainerError::UnknownTensor(_)
+                | TrainerError::TooManyTensors
+                | TrainerError::LengthMismatch { .. } => ErrorCode::InvalidArg,
+                TrainerError::TooManyInFlight(_) | TrainerError::RingFull => ErrorCode::Busy,
+                TrainerError::Ring(_) => ErrorCode::Corrupted,
+                TrainerError::Timeout(_) => ErrorCode::Timeout,
+                TrainerError::DaemonGone => ErrorCode::DaemonGone,
+                TrainerError::Io(_) => ErrorCode::Io,
             },
             Error::UnknownTensor(_) | Error::InvalidArgument(_) => ErrorCode::InvalidArg,
             Error::TensorBusy { .. } => ErrorCode::TensorBusy,
@@ -349,25 +338,16 @@ fn describe_status(c: &Completion) -> String {
     }
 }
 
-#[derive(Debug)]
-struct Entry {
-    info: TensorInfo,
-    inner: shm::Tensor,
-    in_flight: Option<u64>,
-}
-
 /// A trainer's attachment to the local daemon.
 ///
 /// Dropping it detaches: the daemon sees the control socket close and reclaims
 /// the segment; pointers from [`Client::data_ptr`] become invalid.
 #[derive(Debug)]
 pub struct Client {
-    // Field order: the view is unmapped before the channel closes.
-    view: ArenaView,
-    inner: shm::Client,
-    tensors: Vec<Option<Entry>>,
-    by_name: HashMap<String, TensorId>,
-    /// op_seq → tensor, for ops submitted and not yet completed.
+    /// The channel: mapping, rings, doorbells and the tensor registry.
+    channel: TrainerChannel,
+    /// op_seq → tensor, for ops submitted and not yet completed. A tensor is busy
+    /// (owned by the daemon) while an op on it is here.
     ops: HashMap<u64, TensorId>,
     /// Completions received while waiting for another op.
     ready: VecDeque<Completion>,
@@ -388,26 +368,18 @@ impl Client {
                 "local rank {local_rank} is not below the local world size {local_world}"
             )));
         }
-        let inner = shm::Client::attach(socket_path, job_id, local_rank, local_world)?;
-        let view = ArenaView::map(inner.memfd(), &inner.geometry()).map_err(Error::Map)?;
-        Ok(Client {
-            view,
-            inner,
-            tensors: Vec::new(),
-            by_name: HashMap::new(),
-            ops: HashMap::new(),
-            ready: VecDeque::new(),
-        })
+        let channel = TrainerChannel::attach(socket_path, job_id, local_rank, local_world)?;
+        Ok(Client { channel, ops: HashMap::new(), ready: VecDeque::new() })
     }
 
     /// The segment geometry (ring capacities, arena size).
     pub fn geometry(&self) -> Geometry {
-        self.inner.geometry()
+        self.channel.geometry()
     }
 
     /// The daemon's id for this attachment.
     pub fn attachment_id(&self) -> u64 {
-        self.inner.attachment_id()
+        self.channel.attachment_id()
     }
 
     /// Operations submitted whose completion has not been received yet.
@@ -420,7 +392,7 @@ impl Client {
     /// The daemon matches an op across trainers by (op_seq, tensor id): every
     /// trainer of a job must submit the same sequence of ops.
     pub fn next_op_seq(&self) -> u64 {
-        self.inner.next_op_seq()
+        self.channel.next_op_seq()
     }
 
     /// Sets the op sequence number the next [`submit`](Self::submit) uses: after a
@@ -433,74 +405,62 @@ impl Client {
                 "op {s} is still in flight: the next op_seq must be above it, not {seq}"
             )));
         }
-        self.inner.set_next_op_seq(seq);
+        self.channel.set_next_op_seq(seq);
         Ok(())
     }
 
     /// Allocates a named f32 tensor of `len_elems` elements in the shared arena.
     /// Its contents start as whatever the arena held (zero for a fresh segment).
     pub fn alloc(&mut self, name: &str, len_elems: u64) -> Result<TensorId, Error> {
-        let id = u32::try_from(self.tensors.len())
-            .map_err(|_| Error::InvalidArgument("too many tensors allocated".into()))?;
-        let inner = self.inner.alloc(name, len_elems)?;
-        let info =
-            TensorInfo { id: TensorId(id), name: name.to_owned(), len_elems, arena_offset: inner.offset };
-        self.by_name.insert(name.to_owned(), info.id);
-        self.tensors.push(Some(Entry { info, inner, in_flight: None }));
-        Ok(TensorId(id))
+        Ok(self.channel.alloc(name, len_elems)?.id)
     }
 
     /// Frees a tensor (refused while an op on it is in flight). Its id is not reused;
     /// pointers from [`Client::data_ptr`] to it must not be used any more.
     pub fn free(&mut self, id: TensorId) -> Result<(), Error> {
-        let e = self.entry(id)?;
-        if let Some(op_seq) = e.in_flight {
-            return Err(Error::TensorBusy { name: e.info.name.clone(), op_seq });
-        }
-        let name = e.info.name.clone();
-        self.inner.free(&name)?;
-        self.by_name.remove(&name);
-        self.tensors[id.0 as usize] = None;
+        let name = self.idle(id)?.name.clone();
+        self.channel.free(&name)?;
         Ok(())
     }
 
     /// The tensor with this id.
-    pub fn tensor(&self, id: TensorId) -> Option<&TensorInfo> {
-        self.tensors.get(id.0 as usize)?.as_ref().map(|e| &e.info)
+    pub fn tensor(&self, id: TensorId) -> Option<&Tensor> {
+        self.channel.tensor_by_id(id)
     }
 
     /// The id of the tensor with this name.
     pub fn lookup(&self, name: &str) -> Option<TensorId> {
-        self.by_name.get(name).copied()
+        self.channel.tensor(name).map(|t| t.id)
     }
 
-    fn entry(&self, id: TensorId) -> Result<&Entry, Error> {
-        self.tensors.get(id.0 as usize).and_then(Option::as_ref).ok_or(Error::UnknownTensor(id.0))
+    fn known(&self, id: TensorId) -> Result<&Tensor, Error> {
+        self.channel.tensor_by_id(id).ok_or(Error::UnknownTensor(id.0))
     }
 
-    fn idle_entry(&self, id: TensorId) -> Result<&Entry, Error> {
-        let e = self.entry(id)?;
-        match e.in_flight {
-            Some(op_seq) => Err(Error::TensorBusy { name: e.info.name.clone(), op_seq }),
-            None => Ok(e),
+    /// The tensor, if no op on it is in flight.
+    fn idle(&self, id: TensorId) -> Result<&Tensor, Error> {
+        let t = self.known(id)?;
+        match self.ops.iter().find(|&(_, &busy)| busy == id) {
+            Some((&op_seq, _)) => Err(Error::TensorBusy { name: t.name.clone(), op_seq }),
+            None => Ok(t),
         }
     }
 
     /// Copies `data` into the tensor's buffer (refused while an op is in flight).
     pub fn write(&self, id: TensorId, data: &[f32]) -> Result<(), Error> {
-        let e = self.idle_entry(id)?;
-        Ok(self.inner.write(&e.inner, data)?)
+        Ok(self.channel.write(self.idle(id)?, data)?)
     }
 
     /// Copies the tensor's buffer out (refused while an op is in flight).
     pub fn read(&self, id: TensorId) -> Result<Vec<f32>, Error> {
-        let e = self.idle_entry(id)?;
-        Ok(self.inner.read(&e.inner)?)
+        Ok(self.channel.read(self.idle(id)?)?)
     }
 
     /// Raw pointer to the tensor's `len_elems` f32 in the shared arena, for
     /// in-place access from C or Python (Rust code should prefer [`write`](Self::write)
-    /// and [`read`](Self::read)).
+    /// and [`read`](Self::read)). It points into the channel's one mapping of the
+    /// segment ([`TrainerChannel::data_ptr`], which also explains why the rings'
+    /// ordering covers it).
     ///
     /// Contract for whoever dereferences it: the pointer is valid until the client
     /// is dropped (or the tensor freed); the memory must not be read or written
@@ -508,10 +468,10 @@ impl Client {
     /// completion (the daemon writes the result there); never form a Rust `&[f32]`
     /// over it while an op is in flight.
     pub fn data_ptr(&self, id: TensorId) -> Result<NonNull<f32>, Error> {
-        let e = self.entry(id)?;
-        self.view
-            .f32_ptr(e.info.arena_offset, e.info.len_elems)
-            .ok_or_else(|| Error::InvalidArgument(format!("tensor {} lies outside the arena", e.info.name)))
+        let t = self.known(id)?;
+        self.channel
+            .data_ptr(t)
+            .ok_or_else(|| Error::InvalidArgument(format!("tensor {} lies outside the arena", t.name)))
     }
 
     /// Submits an allreduce of tensor `id`; returns its op_seq. When its
@@ -527,8 +487,8 @@ impl Client {
         if o.flags & !KNOWN_FLAGS != 0 {
             return Err(Error::InvalidArgument(format!("unknown flag bits {:#x}", o.flags & !KNOWN_FLAGS)));
         }
-        let inner = self.idle_entry(id)?.inner.clone();
-        let opts = shm::SubmitOptions {
+        let t = self.idle(id)?.clone();
+        let opts = SubmitOptions {
             tensor_id: id.0,
             layer: o.layer,
             layers: o.layers,
@@ -536,21 +496,9 @@ impl Client {
             flags: o.flags,
             cookie: o.cookie,
         };
-        let op_seq = self.inner.submit(&inner, opts)?;
+        let op_seq = self.channel.submit(&t, opts)?;
         self.ops.insert(op_seq, id);
-        if let Some(Some(e)) = self.tensors.get_mut(id.0 as usize) {
-            e.in_flight = Some(op_seq);
-        }
         Ok(op_seq)
-    }
-
-    fn received(&mut self, c: &Completion) {
-        if let Some(id) = self.ops.remove(&c.op_seq)
-            && let Some(Some(e)) = self.tensors.get_mut(id.0 as usize)
-            && e.in_flight == Some(c.op_seq)
-        {
-            e.in_flight = None;
-        }
     }
 
     /// A completion if one is ready (never blocks).
@@ -558,9 +506,9 @@ impl Client {
         if let Some(c) = self.ready.pop_front() {
             return Ok(Some(c));
         }
-        let c = self.inner.try_completion()?;
+        let c = self.channel.try_completion()?;
         if let Some(c) = &c {
-            self.received(c);
+            self.ops.remove(&c.op_seq);
         }
         Ok(c)
     }
@@ -573,8 +521,8 @@ impl Client {
         if let Some(c) = self.ready.pop_front() {
             return Ok(c);
         }
-        let c = self.inner.wait_completion(timeout.min(MAX_WAIT))?;
-        self.received(&c);
+        let c = self.channel.wait_completion(timeout.min(MAX_WAIT))?;
+        self.ops.remove(&c.op_seq);
         Ok(c)
     }
 
@@ -591,12 +539,12 @@ impl Client {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let c = match self.inner.wait_completion(left) {
+            let c = match self.channel.wait_completion(left) {
                 Ok(c) => c,
-                Err(ClientError::Timeout(_)) => return Err(ClientError::Timeout(timeout).into()),
+                Err(TrainerError::Timeout(_)) => return Err(TrainerError::Timeout(timeout).into()),
                 Err(e) => return Err(e.into()),
             };
-            self.received(&c);
+            self.ops.remove(&c.op_seq);
             if c.op_seq == op_seq {
                 return Ok(c);
             }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use common::{
     FAKE_DELIVERED_PPM, FAKE_REPAIRS, FakeReducer, HOLD_BUDGET_PPM, PEER_DOWN_BUDGET_PPM, WAIT, data,
 };
-use dlcp_client::{Client, ClientError, Error, ErrorCode, Options, Status, TensorId};
+use dlcp_client::{Client, Error, ErrorCode, Options, Status, TensorId, TrainerError};
 
 #[test]
 fn allreduce_writes_the_result_back_and_reports() {
@@ -134,7 +134,7 @@ fn failed_ops_timeouts_and_rejected_descriptors_are_errors() {
     let e = c
         .allreduce(t, Options::default().budget_ppm(HOLD_BUDGET_PPM), Duration::from_millis(50))
         .unwrap_err();
-    assert!(matches!(e, Error::Channel(ClientError::Timeout(d)) if d == Duration::from_millis(50)), "{e:?}");
+    assert!(matches!(e, Error::Channel(TrainerError::Timeout(d)) if d == Duration::from_millis(50)), "{e:?}");
     assert_eq!(e.code(), ErrorCode::Timeout);
     assert_eq!(c.in_flight(), 1);
     assert_eq!(c.submit(t, Options::default()).unwrap_err().code(), ErrorCode::TensorBusy);

@@ -4,7 +4,8 @@
 //!
 //! Every daemon is a full [`Service`] (its own thread, UDP sockets on
 //! 127.0.0.1, control socket in a private temp directory); every trainer is a
-//! thread using the trainer client ([`crate::shm::Client`]). With `--loss` each
+//! thread on the trainer end of the shared-memory channel
+//! ([`crate::shm::TrainerChannel`]). With `--loss` each
 //! daemon drops that share of received datagrams before the protocol sees them,
 //! so the bounded-loss behaviour shows without root or a lossy network. Results
 //! are checked: byte-identical on every trainer, and bit-exact against a local
@@ -19,7 +20,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::service::Service;
-use crate::shm::{Client, Status, SubmitOptions};
+use crate::shm::{Status, SubmitOptions, TrainerChannel};
 
 /// What to run.
 #[derive(Debug, Clone, PartialEq)]
@@ -231,7 +232,7 @@ pub fn run(o: &DemoOptions, out: &mut impl Write) -> io::Result<DemoSummary> {
         for k in 0..o.trainers {
             let (socket, tx, o) = (sockets[h as usize].clone(), tx.clone(), o.clone());
             trainers.push(std::thread::spawn(move || -> Result<(), String> {
-                let mut cl = Client::attach(&socket, 1, k, o.trainers).map_err(|e| e.to_string())?;
+                let mut cl = TrainerChannel::attach(&socket, 1, k, o.trainers).map_err(|e| e.to_string())?;
                 let tensors: Vec<_> = (0..o.layers)
                     .map(|l| cl.alloc(&format!("layer{l}"), n as u64).map_err(|e| e.to_string()))
                     .collect::<Result<_, _>>()?;

@@ -22,7 +22,7 @@
 //! | after cq | arena_size (multiple of 4096) | buffer arena | tensors, each at a 64-byte-aligned offset chosen by the trainer's allocator |
 //!
 //! Offsets are a pure function of (sq capacity, cq capacity, arena size)
-//! ([`layout::Geometry::new`]); both sides recompute them and compare: the client
+//! ([`layout::Geometry::new`]); both sides recompute them and compare: the trainer
 //! checks the header against the geometry in the attach reply and against the
 //! memfd's size. The daemon never reads the header back — it keeps its own
 //! [`Geometry`] — so a trainer scribbling on it harms only itself.
@@ -66,14 +66,24 @@
 //! segment and closes its fds. Peers are checked with `SO_PEERCRED` against a
 //! [`PeerPolicy`] (same uid as the daemon, allowed gids, optional hook).
 //!
-//! ## Client
+//! ## The two ends, and who builds on them
 //!
-//! [`Client`] is the trainer side (moving to the `client/` crate later):
-//! `attach`, `alloc` a named tensor, `write`, `submit`, `wait_completion`, `read`.
+//! - daemon end: [`ShmServer`] and one [`Attachment`] per trainer ([`server`]);
+//! - trainer end: [`TrainerChannel`] ([`trainer`]), one per attachment, holding the
+//!   one mapping of the segment, the rings, the doorbells and the one tensor
+//!   registry of the arena: `attach`, `alloc` a named tensor, `write` / `data_ptr`,
+//!   `submit`, `wait_completion`, `read`.
+//!
+//! What trainers program against is not this crate but `dlcp_client::Client`
+//! (Rust, C ABI, Python), a thin layer over [`TrainerChannel`] that adds the user
+//! rules (typed handles, argument checks, busy tensors, waiting for one op) and
+//! keeps no channel state of its own. The `debug-hooks` cargo feature (off by
+//! default, enabled by the tests) adds hooks that make a [`TrainerChannel`] behave
+//! like a buggy or hostile trainer.
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use dlcp_shm::{Client, Liveness, ServerConfig, ShmServer, Status, SubmitOptions};
+//! use dlcp_shm::{Liveness, ServerConfig, ShmServer, Status, SubmitOptions, TrainerChannel};
 //!
 //! // Daemon side (normally inside the event loop).
 //! let mut server = ShmServer::bind(ServerConfig::new("/run/dlcp/dlcpd.sock", 0o660))?;
@@ -92,20 +102,19 @@
 //! }
 //!
 //! // Trainer side.
-//! let mut client = Client::attach("/run/dlcp/dlcpd.sock", 0x10b, 0, 1)?;
-//! let t = client.alloc("layer3.grad", 4096)?;
-//! client.write(&t, &vec![0.5; 4096])?;
-//! client.submit(&t, SubmitOptions { tensor_id: 3, layer: 3, layers: 12, budget_ppm: 10_000, ..Default::default() })?;
-//! let done = client.wait_completion(Duration::from_secs(30))?;
+//! let mut trainer = TrainerChannel::attach("/run/dlcp/dlcpd.sock", 0x10b, 0, 1)?;
+//! let t = trainer.alloc("layer3.grad", 4096)?;
+//! trainer.write(&t, &vec![0.5; 4096])?;
+//! trainer.submit(&t, SubmitOptions { tensor_id: 3, layer: 3, layers: 12, budget_ppm: 10_000, ..Default::default() })?;
+//! let done = trainer.wait_completion(Duration::from_secs(30))?;
 //! assert_eq!(done.status, Status::Ok);
-//! let reduced = client.read(&t)?;
+//! let reduced = trainer.read(&t)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 #![deny(unsafe_code)]
 
 pub mod alloc;
-pub mod client;
 pub mod control;
 pub mod doorbell;
 pub mod layout;
@@ -113,8 +122,8 @@ pub mod layout;
 pub mod mapping;
 pub mod ring;
 pub mod server;
+pub mod trainer;
 
-pub use client::{AttachError, Client, ClientError, Completion, SubmitOptions, Tensor};
 pub use control::{PeerCred, PeerPolicy, Registration, RejectReason};
 pub use layout::{CompletionDesc, DescError, ElemType, Geometry, Limits, Status, Submission, SubmitDesc};
 pub use ring::RingError;
@@ -122,3 +131,4 @@ pub use server::{
     AcceptError, ArenaError, Attachment, AttachmentStats, BindError, ChannelError, CompleteError, Liveness,
     ServerConfig, ServerStats, ShmServer, Wakeup,
 };
+pub use trainer::{AttachError, Completion, SubmitOptions, Tensor, TensorId, TrainerChannel, TrainerError};

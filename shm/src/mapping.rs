@@ -7,7 +7,10 @@
 //! - descriptors and the header: word-by-word `AtomicU64` loads and stores, so a
 //!   descriptor is copied out exactly once into a local value;
 //! - tensor data: `ptr::copy_nonoverlapping` between the mapping and a private
-//!   buffer, after a bounds check that returns an error instead of panicking.
+//!   buffer, after a bounds check that returns an error instead of panicking;
+//! - in-place tensor access for the trainer's C and Python users: a bounds-checked
+//!   raw pointer ([`Mapping::f32_ptr`]), never dereferenced here; whoever does
+//!   follows the contract on `TrainerChannel::data_ptr`.
 //!
 //! The other process is outside Rust's memory model. It may write any bytes at any
 //! time; we never let that produce UB on our side: an atomic word read returns
@@ -170,6 +173,20 @@ impl Mapping {
         Ok(())
     }
 
+    /// Raw pointer to `len_elems` f32 at byte `offset`, checked to lie inside the
+    /// mapping and to be 4-aligned. Nothing here dereferences it and no reference
+    /// is formed; it stays valid as long as the mapping (the caller's contract for
+    /// using it is on `TrainerChannel::data_ptr`).
+    pub fn f32_ptr(&self, offset: u64, len_elems: u64) -> Result<NonNull<f32>, OutOfBounds> {
+        let bytes =
+            len_elems.checked_mul(4).ok_or(OutOfBounds { offset, len: u64::MAX, size: self.len as u64 })?;
+        let off = self.check(offset, bytes, 4)?;
+        // SAFETY: `off..off + bytes` lies inside the mapping (checked above), so the
+        // offset pointer stays within the one mapped object and cannot wrap.
+        let p = unsafe { self.ptr.add(off) };
+        Ok(p.cast::<f32>())
+    }
+
     /// Copies `src` into the mapping at byte `offset`.
     pub fn copy_in_f32(&self, offset: u64, src: &[f32]) -> Result<(), OutOfBounds> {
         let bytes = (src.len() as u64).checked_mul(4).ok_or(OutOfBounds {
@@ -247,6 +264,20 @@ mod tests {
         let mut r = [0u64; 3];
         map.load_words(64, &mut r).unwrap();
         assert_eq!(r, [1, 2, 3]);
+    }
+
+    #[test]
+    fn f32_pointers_are_bounds_checked_and_alias_the_copies() {
+        let (_fd, map) = create_and_map("dlcp-test", 4096).unwrap();
+        assert!(map.f32_ptr(4096 - 16, 4).is_ok());
+        assert!(map.f32_ptr(4096 - 12, 4).is_err());
+        assert!(map.f32_ptr(2, 1).is_err(), "misaligned");
+        assert!(map.f32_ptr(0, u64::MAX).is_err());
+        let p = map.f32_ptr(64, 2).unwrap();
+        map.copy_in_f32(64, &[3.5, 4.5]).unwrap();
+        // SAFETY: `p` points to 2 f32 inside `map`, which outlives this read; nothing
+        // else accesses them concurrently.
+        assert_eq!(unsafe { p.add(1).read_volatile() }, 4.5);
     }
 
     #[test]

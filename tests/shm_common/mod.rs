@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use dlcp::shm::doorbell::{Doorbell, poll_readable};
 use dlcp::shm::{
-    Attachment, AttachmentStats, ChannelError, Client, Liveness, PeerCred, Registration, ServerConfig,
-    ShmServer, Status, Submission,
+    Attachment, AttachmentStats, ChannelError, Liveness, PeerCred, Registration, ServerConfig, ShmServer,
+    Status, Submission, TrainerChannel,
 };
 
 /// Bound for every wait in these tests.
@@ -53,10 +53,10 @@ pub fn config(dir: &Path) -> ServerConfig {
 
 /// Accepts one client in-process: the client attaches from a helper thread while
 /// this thread accepts. Returns the server, the daemon side and the client.
-pub fn pair(cfg: ServerConfig, job: u64) -> (ShmServer, Attachment, Client) {
+pub fn pair(cfg: ServerConfig, job: u64) -> (ShmServer, Attachment, TrainerChannel) {
     let path = cfg.socket_path.clone();
     let mut server = ShmServer::bind(cfg).unwrap();
-    let t = std::thread::spawn(move || Client::attach(&path, job, 0, 1));
+    let t = std::thread::spawn(move || TrainerChannel::attach(&path, job, 0, 1));
     let deadline = Instant::now() + WAIT;
     let att = loop {
         assert!(Instant::now() < deadline, "no connection");
@@ -70,9 +70,9 @@ pub fn pair(cfg: ServerConfig, job: u64) -> (ShmServer, Attachment, Client) {
 }
 
 /// Attaches one client to an already bound server (client in a helper thread).
-pub fn attach_one(server: &mut ShmServer, job: u64, rank: u32, world: u32) -> (Attachment, Client) {
+pub fn attach_one(server: &mut ShmServer, job: u64, rank: u32, world: u32) -> (Attachment, TrainerChannel) {
     let path = server.socket_path().to_owned();
-    let t = std::thread::spawn(move || Client::attach(&path, job, rank, world));
+    let t = std::thread::spawn(move || TrainerChannel::attach(&path, job, rank, world));
     let deadline = Instant::now() + WAIT;
     let att = loop {
         assert!(Instant::now() < deadline, "no connection");
@@ -321,7 +321,7 @@ impl Drop for ChildGuard {
 }
 
 /// Round-trips tensors of `sizes` through a served attachment and checks every bit.
-pub fn round_trip(client: &mut Client, seed: u64, sizes: &[usize]) {
+pub fn round_trip(client: &mut TrainerChannel, seed: u64, sizes: &[usize]) {
     for (k, &n) in sizes.iter().enumerate() {
         let name = format!("t{seed}-{k}");
         let t = client.alloc(&name, n as u64).unwrap();

@@ -373,13 +373,13 @@ pub fn seed(h: usize, i: usize) -> u64 {
 /// `i` = op seq `i + 1`, input `data(seed(h, i), n)`); returns each host's
 /// (result, completion) per op. Panics (naming host and op) on a non-Ok status.
 pub fn run_ops(bed: &Bed, sizes: &[usize], budget_ppm: u32) -> Vec<Vec<(Vec<f32>, dlcp::shm::Completion)>> {
-    use dlcp::shm::{Client, Status, SubmitOptions};
+    use dlcp::shm::{Status, SubmitOptions, TrainerChannel};
     let handles: Vec<_> = (0..bed.hosts)
         .map(|h| {
             let socket = bed.sockets[h].clone();
             let sizes = sizes.to_vec();
             std::thread::spawn(move || {
-                let mut cl = Client::attach(&socket, u64::from(JOB), 0, 1).expect("attach");
+                let mut cl = TrainerChannel::attach(&socket, u64::from(JOB), 0, 1).expect("attach");
                 let mut out = Vec::new();
                 for (i, &n) in sizes.iter().enumerate() {
                     let t = cl.alloc(&format!("t{i}"), n as u64).expect("alloc");
@@ -425,7 +425,7 @@ pub fn restart_and_rejoin(
     last_seq: u64,
     n: usize,
 ) {
-    use dlcp::shm::{Client, Status, SubmitOptions};
+    use dlcp::shm::{Status, SubmitOptions, TrainerChannel};
     // The peers mark the victim down, then it restarts with a new generation.
     let t = Instant::now();
     while (0..hosts).filter(|&h| h != victim).any(|h| bed.status(h)["peers"][victim]["up"] != false) {
@@ -456,7 +456,7 @@ pub fn restart_and_rejoin(
             let s = bed.sockets[h].clone();
             let x = x[h].clone();
             std::thread::spawn(move || {
-                let mut cl = Client::attach(&s, u64::from(JOB), 0, 1).expect("attach after restart");
+                let mut cl = TrainerChannel::attach(&s, u64::from(JOB), 0, 1).expect("attach after restart");
                 cl.set_next_op_seq(next);
                 let mut outs = Vec::new();
                 for k in 0..3u32 {

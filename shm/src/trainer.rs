@@ -1,14 +1,35 @@
-//! Trainer side: attach to the daemon, allocate named tensors in the arena,
-//! submit operations and wait for their completions.
+//! The trainer's end of the channel: [`TrainerChannel`], one per attachment.
 //!
-//! (A later step moves this into the `client/` crate with a C ABI and Python
-//! bindings; the ring and atomic code stays in Rust.)
+//! It holds everything a trainer process has of the channel, once: the control
+//! connection (the attach handshake; its closing is how each side learns that the
+//! other is gone), the **one** shared mapping of the segment, the submission and
+//! completion rings, the two doorbells, and the **one** tensor registry of the
+//! arena (allocator, names, ids in allocation order).
+//!
+//! It speaks the channel and nothing more. It does not judge what it submits (the
+//! daemon validates every descriptor) and does not enforce the in-flight rules
+//! (a tensor owned by the daemon between submit and completion): that belongs to
+//! the user API built on it, `dlcp_client::Client` (Rust, the C ABI and the
+//! Python package), which adds typed handles, argument checks, busy tensors and
+//! waits for one particular op, and keeps no state of the channel's own.
+//!
+//! Tensor bytes move either by copy ([`TrainerChannel::write`] /
+//! [`TrainerChannel::read`]) or in place through [`TrainerChannel::data_ptr`], a
+//! raw pointer into that same mapping (what C code and numpy views use).
+//!
+//! Hooks that let tests behave like a buggy or hostile trainer (push raw
+//! descriptors, corrupt ring indices, ring the doorbell idly, scribble on the
+//! segment, reach the memfd) exist only with the `debug-hooks` cargo feature,
+//! which only test builds enable.
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+#[cfg(feature = "debug-hooks")]
+use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
@@ -61,9 +82,9 @@ pub enum AttachError {
     Map(io::Error),
 }
 
-/// A client operation failed.
+/// An operation on a [`TrainerChannel`] failed.
 #[derive(Debug, Error)]
-pub enum ClientError {
+pub enum TrainerError {
     /// No free arena range large enough. Free tensors or ask for a bigger arena.
     #[error("arena has no free range of {requested} bytes (largest free {largest_free})")]
     ArenaFull {
@@ -81,6 +102,9 @@ pub enum ClientError {
     /// No tensor of this name.
     #[error("no tensor named {0:?}")]
     UnknownTensor(String),
+    /// Every tensor id (`u32`) of this attachment has been handed out; reattach.
+    #[error("every tensor id of this attachment has been used; reattach")]
+    TooManyTensors,
     /// Data length differs from the tensor's.
     #[error("tensor has {expected} elements, data has {got}")]
     LengthMismatch {
@@ -109,18 +133,25 @@ pub enum ClientError {
     Io(#[from] io::Error),
 }
 
-/// A tensor allocated in the arena.
+/// Handle of a tensor in one attachment's arena: ids are handed out in
+/// allocation order (0, 1, 2, …) and never reused within the attachment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(pub u32);
+
+/// A tensor allocated in the arena: an entry of the channel's tensor registry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tensor {
+    /// Its id (allocation order).
+    pub id: TensorId,
     /// Name given at allocation.
     pub name: String,
-    /// Byte offset in the arena.
-    pub offset: u64,
+    /// Byte offset in the arena (a multiple of [`ARENA_ALIGN`](crate::layout::ARENA_ALIGN)).
+    pub arena_offset: u64,
     /// Length in f32 elements.
     pub len_elems: u64,
 }
 
-/// Per-operation parameters of [`Client::submit`].
+/// Per-operation parameters of [`TrainerChannel::submit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SubmitOptions {
     /// Tensor id (same on every rank).
@@ -179,11 +210,18 @@ impl From<CompletionDesc> for Completion {
     }
 }
 
-/// A trainer's attachment to the daemon.
+/// The trainer's end of one attachment to the daemon (see the module docs).
+///
+/// Dropping it detaches: the daemon sees the control socket close and reclaims
+/// the segment; pointers from [`TrainerChannel::data_ptr`] become invalid.
 #[derive(Debug)]
-pub struct Client {
+pub struct TrainerChannel {
     stream: UnixStream,
+    /// Kept open only for the `debug_memfd` hook; otherwise closed once mapped
+    /// (the mapping keeps the pages).
+    #[cfg(feature = "debug-hooks")]
     memfd: OwnedFd,
+    /// The one mapping of the segment: rings, header and arena.
     map: Mapping,
     geometry: Geometry,
     attachment_id: u64,
@@ -191,13 +229,17 @@ pub struct Client {
     cq: Consumer,
     submit_bell: Doorbell,
     complete_bell: Doorbell,
+    /// Free ranges of the arena.
     alloc: ArenaAllocator,
-    tensors: HashMap<String, Tensor>,
+    /// The tensor registry, indexed by [`TensorId`] (`None` once freed; ids are not reused).
+    tensors: Vec<Option<Tensor>>,
+    /// Name → id of every live tensor.
+    by_name: HashMap<String, TensorId>,
     next_seq: u64,
     in_flight: u32,
 }
 
-impl Client {
+impl TrainerChannel {
     /// Connects to the daemon's control socket, registers, receives and maps the
     /// segment, and checks its header. Waits at most 5 s for the daemon's reply.
     pub fn attach(
@@ -205,7 +247,7 @@ impl Client {
         job_id: u64,
         local_rank: u32,
         local_world: u32,
-    ) -> Result<Client, AttachError> {
+    ) -> Result<TrainerChannel, AttachError> {
         let stream = UnixStream::connect(socket_path).map_err(AttachError::Connect)?;
         stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(AttachError::Io)?;
         let reg = Registration { job_id, local_rank, local_world };
@@ -248,8 +290,9 @@ impl Client {
             return Err(AttachError::Identity);
         }
         stream.set_nonblocking(true).map_err(AttachError::Io)?;
-        Ok(Client {
+        Ok(TrainerChannel {
             stream,
+            #[cfg(feature = "debug-hooks")]
             memfd,
             map,
             geometry,
@@ -259,7 +302,8 @@ impl Client {
             submit_bell: Doorbell::from_fd(submit),
             complete_bell: Doorbell::from_fd(complete),
             alloc: ArenaAllocator::new(geometry.arena_size),
-            tensors: HashMap::new(),
+            tensors: Vec::new(),
+            by_name: HashMap::new(),
             next_seq: 1,
             in_flight: 0,
         })
@@ -280,56 +324,88 @@ impl Client {
         self.in_flight
     }
 
-    /// Allocates a named f32 tensor of `len_elems` elements in the arena.
-    pub fn alloc(&mut self, name: &str, len_elems: u64) -> Result<Tensor, ClientError> {
-        if self.tensors.contains_key(name) {
-            return Err(ClientError::NameInUse(name.to_owned()));
+    /// Allocates a named f32 tensor of `len_elems` elements in the arena; its id is
+    /// the next in allocation order.
+    pub fn alloc(&mut self, name: &str, len_elems: u64) -> Result<Tensor, TrainerError> {
+        if self.by_name.contains_key(name) {
+            return Err(TrainerError::NameInUse(name.to_owned()));
         }
         if len_elems == 0 {
-            return Err(ClientError::ZeroLength);
+            return Err(TrainerError::ZeroLength);
         }
+        let id = TensorId(u32::try_from(self.tensors.len()).map_err(|_| TrainerError::TooManyTensors)?);
         let bytes = len_elems.saturating_mul(ElemType::F32.size());
-        let offset = self
+        let arena_offset = self
             .alloc
             .alloc(bytes)
-            .ok_or(ClientError::ArenaFull { requested: bytes, largest_free: self.alloc.largest_free() })?;
-        let t = Tensor { name: name.to_owned(), offset, len_elems };
-        self.tensors.insert(name.to_owned(), t.clone());
+            .ok_or(TrainerError::ArenaFull { requested: bytes, largest_free: self.alloc.largest_free() })?;
+        let t = Tensor { id, name: name.to_owned(), arena_offset, len_elems };
+        self.by_name.insert(name.to_owned(), id);
+        self.tensors.push(Some(t.clone()));
         Ok(t)
     }
 
-    /// Frees a tensor by name (do not free a tensor with an op in flight).
-    pub fn free(&mut self, name: &str) -> Result<(), ClientError> {
-        let t = self.tensors.remove(name).ok_or_else(|| ClientError::UnknownTensor(name.to_owned()))?;
-        self.alloc.free(t.offset, t.len_elems * ElemType::F32.size());
+    /// Frees a tensor by name (do not free a tensor with an op in flight). Its id is
+    /// not reused.
+    pub fn free(&mut self, name: &str) -> Result<(), TrainerError> {
+        let id = self.by_name.remove(name).ok_or_else(|| TrainerError::UnknownTensor(name.to_owned()))?;
+        let t = self.tensors[id.0 as usize].take().expect("the name index points at a live tensor");
+        self.alloc.free(t.arena_offset, t.len_elems * ElemType::F32.size());
         Ok(())
     }
 
-    /// The tensor of that name.
+    /// The live tensor of that name.
     pub fn tensor(&self, name: &str) -> Option<&Tensor> {
-        self.tensors.get(name)
+        self.tensor_by_id(*self.by_name.get(name)?)
+    }
+
+    /// The live tensor with that id.
+    pub fn tensor_by_id(&self, id: TensorId) -> Option<&Tensor> {
+        self.tensors.get(id.0 as usize)?.as_ref()
     }
 
     /// Writes `data` into the tensor's arena buffer.
-    pub fn write(&self, t: &Tensor, data: &[f32]) -> Result<(), ClientError> {
+    pub fn write(&self, t: &Tensor, data: &[f32]) -> Result<(), TrainerError> {
         if data.len() as u64 != t.len_elems {
-            return Err(ClientError::LengthMismatch { expected: t.len_elems, got: data.len() as u64 });
+            return Err(TrainerError::LengthMismatch { expected: t.len_elems, got: data.len() as u64 });
         }
         self.map
-            .copy_in_f32(self.geometry.arena_offset + t.offset, data)
-            .map_err(|e| ClientError::Io(io::Error::other(e)))
+            .copy_in_f32(self.geometry.arena_offset + t.arena_offset, data)
+            .map_err(|e| TrainerError::Io(io::Error::other(e)))
     }
 
     /// Reads the tensor's arena buffer.
-    pub fn read(&self, t: &Tensor) -> Result<Vec<f32>, ClientError> {
+    pub fn read(&self, t: &Tensor) -> Result<Vec<f32>, TrainerError> {
         let mut out = vec![0f32; t.len_elems as usize];
         self.map
-            .copy_out_f32(self.geometry.arena_offset + t.offset, &mut out)
-            .map_err(|e| ClientError::Io(io::Error::other(e)))?;
+            .copy_out_f32(self.geometry.arena_offset + t.arena_offset, &mut out)
+            .map_err(|e| TrainerError::Io(io::Error::other(e)))?;
         Ok(out)
     }
 
-    /// Set the op sequence number the next [`Client::submit`] uses. Every trainer
+    /// Raw pointer to the tensor's `len_elems` f32 in the arena, for in-place
+    /// access from C or Python (Rust code should prefer [`write`](Self::write) and
+    /// [`read`](Self::read)); `None` if `t` does not lie inside this arena.
+    ///
+    /// It points into the channel's one mapping of the segment, so the rings'
+    /// synchronisation covers it: the trainer's stores through it happen before
+    /// the `Release` store of the submission tail that [`submit`](Self::submit)
+    /// makes on the same thread; the daemon's result stores happen before its
+    /// `Release` of the completion tail, which [`try_completion`](Self::try_completion)
+    /// loads with `Acquire` before returning the completion.
+    ///
+    /// Contract for whoever dereferences it: valid until the channel is dropped
+    /// (or the tensor freed); not to be read or written between the submit of this
+    /// tensor and the receipt of its completion (the daemon writes the result
+    /// there); never form a Rust `&[f32]` over it while an op is in flight.
+    pub fn data_ptr(&self, t: &Tensor) -> Option<NonNull<f32>> {
+        // The arena is the last region of the segment, so a range inside the mapping
+        // that starts in the arena lies inside the arena.
+        let offset = self.geometry.arena_offset.checked_add(t.arena_offset)?;
+        self.map.f32_ptr(offset, t.len_elems).ok()
+    }
+
+    /// Set the op sequence number the next [`TrainerChannel::submit`] uses. Every trainer
     /// of a job must submit the same sequence of ops; after a failed op (or when a
     /// replacement trainer joins a running job) the trainers agree on where to
     /// continue and say so here.
@@ -337,19 +413,19 @@ impl Client {
         self.next_seq = seq;
     }
 
-    /// The op sequence number the next [`Client::submit`] will use.
+    /// The op sequence number the next [`TrainerChannel::submit`] will use.
     pub fn next_op_seq(&self) -> u64 {
         self.next_seq
     }
 
     /// Submits an allreduce of `t`; returns its op_seq. The result replaces the
     /// tensor's contents when the completion arrives.
-    pub fn submit(&mut self, t: &Tensor, o: SubmitOptions) -> Result<u64, ClientError> {
+    pub fn submit(&mut self, t: &Tensor, o: SubmitOptions) -> Result<u64, TrainerError> {
         let seq = self.next_seq;
         let d = SubmitDesc {
             op_seq: seq,
             cookie: o.cookie,
-            arena_offset: t.offset,
+            arena_offset: t.arena_offset,
             len_elems: t.len_elems,
             tensor_id: o.tensor_id,
             layer: o.layer,
@@ -360,22 +436,20 @@ impl Client {
             opcode: Opcode::AllReduce as u16,
             reserved: [0; 8],
         };
-        self.submit_raw(&d)?;
+        self.push(&d)?;
         self.next_seq += 1;
         Ok(seq)
     }
 
-    /// Pushes any descriptor as-is (what a buggy or hostile trainer could do; used
-    /// by tests). Counts it as in flight: the daemon completes every descriptor,
-    /// valid or not, exactly once.
-    #[doc(hidden)]
-    pub fn submit_raw(&mut self, d: &SubmitDesc) -> Result<(), ClientError> {
+    /// Pushes a descriptor as-is and rings the daemon. Counts it as in flight: the
+    /// daemon completes every descriptor, valid or not, exactly once.
+    fn push(&mut self, d: &SubmitDesc) -> Result<(), TrainerError> {
         if self.in_flight >= self.geometry.cq_capacity {
-            return Err(ClientError::TooManyInFlight(self.in_flight));
+            return Err(TrainerError::TooManyInFlight(self.in_flight));
         }
         let words: [u64; DESC_WORDS] = d.to_words();
         if !self.sq.push(&self.map, &words)? {
-            return Err(ClientError::RingFull);
+            return Err(TrainerError::RingFull);
         }
         self.in_flight += 1;
         self.submit_bell.ring()?;
@@ -383,7 +457,7 @@ impl Client {
     }
 
     /// A completion if one is ready.
-    pub fn try_completion(&mut self) -> Result<Option<Completion>, ClientError> {
+    pub fn try_completion(&mut self) -> Result<Option<Completion>, TrainerError> {
         match self.cq.pop(&self.map)? {
             Some(w) => {
                 self.in_flight = self.in_flight.saturating_sub(1);
@@ -394,8 +468,8 @@ impl Client {
     }
 
     /// Sleeps until a completion arrives (or `timeout`), without spinning.
-    /// Fails with [`ClientError::DaemonGone`] if the daemon closes the control socket.
-    pub fn wait_completion(&mut self, timeout: Duration) -> Result<Completion, ClientError> {
+    /// Fails with [`TrainerError::DaemonGone`] if the daemon closes the control socket.
+    pub fn wait_completion(&mut self, timeout: Duration) -> Result<Completion, TrainerError> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(c) = self.try_completion()? {
@@ -408,7 +482,7 @@ impl Client {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(ClientError::Timeout(timeout));
+                return Err(TrainerError::Timeout(timeout));
             }
             let ready = poll_readable(&[self.complete_bell.as_fd(), self.stream.as_fd()], Some(left))?;
             if ready[1] && self.daemon_gone() {
@@ -417,7 +491,7 @@ impl Client {
                 if let Some(c) = self.try_completion()? {
                     return Ok(c);
                 }
-                return Err(ClientError::DaemonGone);
+                return Err(TrainerError::DaemonGone);
             }
         }
     }
@@ -430,51 +504,57 @@ impl Client {
             Err(e) => e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted,
         }
     }
+}
 
-    /// The segment's memfd (tests use it to check the seals hold).
-    #[doc(hidden)]
-    pub fn memfd(&self) -> BorrowedFd<'_> {
+/// Hooks that let tests act as a buggy or hostile trainer. They exist only with
+/// the `debug-hooks` feature (off by default; test builds enable it through a
+/// dev-dependency), so no production build exposes them.
+#[cfg(feature = "debug-hooks")]
+impl TrainerChannel {
+    /// Pushes any descriptor as-is (what a buggy or hostile trainer could do).
+    /// Counts it as in flight: the daemon completes every descriptor, valid or
+    /// not, exactly once.
+    pub fn debug_submit_raw(&mut self, d: &SubmitDesc) -> Result<(), TrainerError> {
+        self.push(d)
+    }
+
+    /// The segment's memfd (to check that its seals hold).
+    pub fn debug_memfd(&self) -> BorrowedFd<'_> {
         self.memfd.as_fd()
     }
 
-    /// Stores a raw value into the submission ring's shared `tail` (tests of a
-    /// trainer corrupting the ring).
-    #[doc(hidden)]
+    /// Stores a raw value into the submission ring's shared `tail` (a trainer
+    /// corrupting the ring).
     pub fn debug_store_sq_tail(&self, tail: u32) {
         self.map
             .atomic_u32(self.geometry.sq_offset + super::layout::RING_TAIL_OFFSET)
             .store(tail, std::sync::atomic::Ordering::Release);
     }
 
-    /// Restores the shared submission `tail` to this client's own shadow value.
-    #[doc(hidden)]
+    /// Restores the shared submission `tail` to this channel's own shadow value.
     pub fn debug_restore_sq_tail(&self) {
         self.debug_store_sq_tail(self.sq.tail());
     }
 
     /// Stores a raw value into the completion ring's shared `head`.
-    #[doc(hidden)]
     pub fn debug_store_cq_head(&self, head: u32) {
         self.map
             .atomic_u32(self.geometry.cq_offset + super::layout::RING_HEAD_OFFSET)
             .store(head, std::sync::atomic::Ordering::Release);
     }
 
-    /// Restores the shared completion `head` to this client's own shadow value.
-    #[doc(hidden)]
+    /// Restores the shared completion `head` to this channel's own shadow value.
     pub fn debug_restore_cq_head(&self) {
         self.debug_store_cq_head(self.cq.head());
     }
 
     /// Rings the submit doorbell without submitting anything.
-    #[doc(hidden)]
     pub fn debug_ring_doorbell(&self) -> io::Result<()> {
         self.submit_bell.ring()
     }
 
-    /// Overwrites `len` f32 at an absolute segment byte offset (tests of a trainer
-    /// scribbling on the header).
-    #[doc(hidden)]
+    /// Overwrites `data.len()` f32 at an absolute segment byte offset (a trainer
+    /// scribbling on the header); false if out of bounds.
     pub fn debug_scribble(&self, abs_offset: u64, data: &[f32]) -> bool {
         self.map.copy_in_f32(abs_offset, data).is_ok()
     }

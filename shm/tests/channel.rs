@@ -2,14 +2,14 @@
 //! daemon-side serving loop in a thread, and clients in this process and in child
 //! processes (this test binary re-run with `DLCP_SHM_CHILD` set).
 
-mod shm_common;
+mod common;
 
 use std::time::Duration;
 
-use dlcp::shm::{
+use common::{ChildGuard, Event, HOLD_TENSOR, TestDaemon, WAIT, config, round_trip};
+use dlcp_shm::{
     AttachError, Liveness, PeerPolicy, RejectReason, SubmitOptions, TrainerChannel, TrainerError,
 };
-use shm_common::{ChildGuard, Event, HOLD_TENSOR, TestDaemon, WAIT, config, round_trip};
 
 const STRESS_OPS: u64 = 3000;
 const SIZES: &[usize] = &[1, 15, 16, 17, 1000, 4096, 65_539, 1 << 20];
@@ -36,8 +36,8 @@ fn child_main() {
                  pending: &mut std::collections::VecDeque<(u64, usize, Vec<f32>)>| {
                     let (seq, slot, input) = pending.pop_front().unwrap();
                     let c = client.wait_completion(WAIT).unwrap();
-                    assert_eq!((c.op_seq, c.status), (seq, dlcp::shm::Status::Ok));
-                    let want: Vec<f32> = input.into_iter().map(shm_common::transform).collect();
+                    assert_eq!((c.op_seq, c.status), (seq, dlcp_shm::Status::Ok));
+                    let want: Vec<f32> = input.into_iter().map(common::transform).collect();
                     assert_eq!(client.read(&ts[slot]).unwrap(), want, "op {seq}");
                 };
             for op in 0..STRESS_OPS {
@@ -45,7 +45,7 @@ fn child_main() {
                 if pending.len() == 4 {
                     check(&mut client, &mut pending);
                 }
-                let input = shm_common::data(op, ts[slot].len_elems as usize);
+                let input = common::data(op, ts[slot].len_elems as usize);
                 client.write(&ts[slot], &input).unwrap();
                 let seq =
                     client.submit(&ts[slot], SubmitOptions { cookie: op, ..Default::default() }).unwrap();
@@ -60,12 +60,12 @@ fn child_main() {
             // Alone in this process: fds and mappings are exact. (The client attached
             // above holds one segment; its fds and mapping stay.)
             let dir = tempfile::tempdir().unwrap();
-            let mut server = dlcp::shm::ShmServer::bind(config(dir.path())).unwrap();
-            let (fds0, maps0) = (shm_common::open_fds(), shm_common::segment_mappings());
+            let mut server = dlcp_shm::ShmServer::bind(config(dir.path())).unwrap();
+            let (fds0, maps0) = (common::open_fds(), common::segment_mappings());
             for i in 0..20 {
-                let (att, mut c) = shm_common::attach_one(&mut server, 1, 0, 1);
-                assert_eq!(shm_common::segment_mappings(), maps0 + 2, "daemon and client map segment {i}");
-                assert!(shm_common::open_fds() >= fds0 + 8);
+                let (att, mut c) = common::attach_one(&mut server, 1, 0, 1);
+                assert_eq!(common::segment_mappings(), maps0 + 2, "daemon and client map segment {i}");
+                assert!(common::open_fds() >= fds0 + 8);
                 assert_eq!(server.live_attachments(), 1);
                 let t = c.alloc("x", 8).unwrap();
                 c.submit(&t, Default::default()).unwrap();
@@ -73,32 +73,32 @@ fn child_main() {
                 drop(att);
             }
             assert_eq!(server.live_attachments(), 0);
-            assert_eq!(shm_common::segment_mappings(), maps0, "every segment unmapped");
-            assert_eq!(shm_common::open_fds(), fds0, "every memfd, eventfd and socket closed");
+            assert_eq!(common::segment_mappings(), maps0, "every segment unmapped");
+            assert_eq!(common::open_fds(), fds0, "every memfd, eventfd and socket closed");
             println!("CHILD:DONE");
         }
         "garbage" => {
             // A hostile trainer process: garbage straight into the submission ring,
             // a wild ring index, an attempt to shrink the segment; then honest work.
             let arena = client.geometry().arena_size;
-            let good = dlcp::shm::SubmitDesc {
+            let good = dlcp_shm::SubmitDesc {
                 len_elems: 16,
                 layers: 1,
-                dtype: dlcp::shm::ElemType::F32 as u16,
-                opcode: dlcp::shm::layout::Opcode::AllReduce as u16,
+                dtype: dlcp_shm::ElemType::F32 as u16,
+                opcode: dlcp_shm::layout::Opcode::AllReduce as u16,
                 ..Default::default()
             };
             let garbage = [
-                dlcp::shm::SubmitDesc { arena_offset: arena, ..good },
-                dlcp::shm::SubmitDesc { arena_offset: u64::MAX - 63, ..good },
-                dlcp::shm::SubmitDesc { len_elems: u64::MAX / 2, ..good },
-                dlcp::shm::SubmitDesc { dtype: 42, ..good },
-                dlcp::shm::SubmitDesc { tensor_id: u32::MAX, ..good },
+                dlcp_shm::SubmitDesc { arena_offset: arena, ..good },
+                dlcp_shm::SubmitDesc { arena_offset: u64::MAX - 63, ..good },
+                dlcp_shm::SubmitDesc { len_elems: u64::MAX / 2, ..good },
+                dlcp_shm::SubmitDesc { dtype: 42, ..good },
+                dlcp_shm::SubmitDesc { tensor_id: u32::MAX, ..good },
             ];
             for g in &garbage {
                 client.debug_submit_raw(g).unwrap();
                 let c = client.wait_completion(WAIT).unwrap();
-                assert_eq!(c.status, dlcp::shm::Status::InvalidDescriptor);
+                assert_eq!(c.status, dlcp_shm::Status::InvalidDescriptor);
             }
             let fd = client.debug_memfd();
             assert_eq!(rustix::fs::ftruncate(fd, 0), Err(rustix::io::Errno::PERM));
@@ -115,7 +115,7 @@ fn child_main() {
         "hang" => {
             // An op the daemon holds (in flight), then wait to be SIGKILLed.
             let t = client.alloc("held", 1024).unwrap();
-            client.write(&t, &shm_common::data(5, 1024)).unwrap();
+            client.write(&t, &common::data(5, 1024)).unwrap();
             client.submit(&t, SubmitOptions { tensor_id: HOLD_TENSOR, ..Default::default() }).unwrap();
             println!("CHILD:SUBMITTED");
             std::thread::sleep(Duration::from_secs(60));
@@ -141,7 +141,7 @@ fn in_process_client_round_trips_tensors_of_many_sizes() {
     // Several ops in flight at once, completed in order.
     let ts: Vec<_> = (0..8).map(|i| client.alloc(&format!("m{i}"), 300 + i).unwrap()).collect();
     for (i, t) in ts.iter().enumerate() {
-        client.write(t, &shm_common::data(100 + i as u64, t.len_elems as usize)).unwrap();
+        client.write(t, &common::data(100 + i as u64, t.len_elems as usize)).unwrap();
         client
             .submit(t, SubmitOptions { tensor_id: i as u32, cookie: i as u64, ..Default::default() })
             .unwrap();
@@ -151,10 +151,8 @@ fn in_process_client_round_trips_tensors_of_many_sizes() {
         assert_eq!(client.wait_completion(WAIT).unwrap().cookie, i);
     }
     for (i, t) in ts.iter().enumerate() {
-        let want: Vec<f32> = shm_common::data(100 + i as u64, t.len_elems as usize)
-            .into_iter()
-            .map(shm_common::transform)
-            .collect();
+        let want: Vec<f32> =
+            common::data(100 + i as u64, t.len_elems as usize).into_iter().map(common::transform).collect();
         assert_eq!(client.read(t).unwrap(), want);
     }
     assert!(matches!(client.wait_completion(Duration::from_millis(50)), Err(TrainerError::Timeout(_))));
@@ -282,18 +280,18 @@ fn bind_replaces_a_stale_socket_but_not_a_live_one() {
     // without removing the file.
     drop(std::os::unix::net::UnixListener::bind(&cfg.socket_path).unwrap());
     assert!(cfg.socket_path.exists());
-    let live = dlcp::shm::ShmServer::bind(cfg.clone()).unwrap();
+    let live = dlcp_shm::ShmServer::bind(cfg.clone()).unwrap();
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&cfg.socket_path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "socket_mode applied");
-    match dlcp::shm::ShmServer::bind(cfg.clone()) {
-        Err(dlcp::shm::BindError::InUse(_)) => {}
+    match dlcp_shm::ShmServer::bind(cfg.clone()) {
+        Err(dlcp_shm::BindError::InUse(_)) => {}
         other => panic!("second daemon on a live socket: {other:?}"),
     }
     drop(live);
     assert!(!cfg.socket_path.exists(), "socket removed on drop");
     std::fs::write(&cfg.socket_path, b"not a socket").unwrap();
-    assert!(matches!(dlcp::shm::ShmServer::bind(cfg), Err(dlcp::shm::BindError::NotASocket(_))));
+    assert!(matches!(dlcp_shm::ShmServer::bind(cfg), Err(dlcp_shm::BindError::NotASocket(_))));
 }
 
 #[test]
@@ -326,12 +324,12 @@ fn a_silent_peer_only_delays_accept_by_the_handshake_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path());
     cfg.handshake_timeout = Duration::from_millis(200);
-    let mut server = dlcp::shm::ShmServer::bind(cfg).unwrap();
+    let mut server = dlcp_shm::ShmServer::bind(cfg).unwrap();
     let _silent = std::os::unix::net::UnixStream::connect(server.socket_path()).unwrap();
     assert!(server.wait_acceptable(Some(WAIT)).unwrap());
     let t0 = std::time::Instant::now();
     match server.accept() {
-        Err(dlcp::shm::AcceptError::Handshake { peer, .. }) => {
+        Err(dlcp_shm::AcceptError::Handshake { peer, .. }) => {
             assert_eq!(peer.pid, std::process::id() as i32)
         }
         other => panic!("{other:?}"),
@@ -368,12 +366,12 @@ fn a_refused_user_is_turned_away_before_the_handshake_and_hooks_see_the_registra
     cfg.handshake_timeout = Duration::from_secs(5);
     let me = rustix::process::getuid().as_raw();
     cfg.policy = PeerPolicy { uids: vec![me.wrapping_add(1)], gids: vec![], hook: None };
-    let mut server = dlcp::shm::ShmServer::bind(cfg.clone()).unwrap();
+    let mut server = dlcp_shm::ShmServer::bind(cfg.clone()).unwrap();
     // Connects and says nothing: refused at once, not after the 5 s handshake timeout.
     let _silent = std::os::unix::net::UnixStream::connect(server.socket_path()).unwrap();
     assert!(server.wait_acceptable(Some(WAIT)).unwrap());
     let t0 = std::time::Instant::now();
-    assert!(matches!(server.accept(), Err(dlcp::shm::AcceptError::PolicyDenied { .. })));
+    assert!(matches!(server.accept(), Err(dlcp_shm::AcceptError::PolicyDenied { .. })));
     assert!(t0.elapsed() < Duration::from_secs(1));
     assert_eq!(server.stats().policy_denied, 1);
     drop(server);
@@ -381,7 +379,7 @@ fn a_refused_user_is_turned_away_before_the_handshake_and_hooks_see_the_registra
     // A hook refusing one job id: other jobs attach.
     cfg.policy = PeerPolicy::same_user();
     cfg.policy.hook =
-        Some(std::sync::Arc::new(|_: &dlcp::shm::PeerCred, r: &dlcp::shm::Registration| r.job_id != 13));
+        Some(std::sync::Arc::new(|_: &dlcp_shm::PeerCred, r: &dlcp_shm::Registration| r.job_id != 13));
     let d = TestDaemon::start(cfg);
     assert!(matches!(
         TrainerChannel::attach(&d.path, 13, 0, 1),
@@ -420,7 +418,7 @@ fn a_hostile_trainer_process_is_rejected_counted_and_the_daemon_keeps_serving() 
         Event::Corrupted { id } if *id == hostile => Some(()),
         _ => None,
     });
-    use dlcp::shm::DescError as E;
+    use dlcp_shm::DescError as E;
     let out_of_arena = E::OutOfArena { offset: 0, end: 0, arena_size: 0 }.code();
     let overflow = E::LengthOverflow { offset: 0, len_elems: 0 }.code();
     let dtype = E::UnknownDtype(0).code();

@@ -1,6 +1,6 @@
-//! Helpers shared by the `shm_*` integration tests: a daemon-side serving loop in
-//! a thread, an in-process server/client pair, child processes that are killed
-//! on drop, and deterministic test data.
+//! Helpers shared by this crate's integration tests (`channel`, `hostile`): a
+//! daemon-side serving loop in a thread, an in-process server/trainer pair,
+//! child processes that are killed on drop, and deterministic test data.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
@@ -12,8 +12,8 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use dlcp::shm::doorbell::{Doorbell, poll_readable};
-use dlcp::shm::{
+use dlcp_shm::doorbell::{Doorbell, poll_readable};
+use dlcp_shm::{
     Attachment, AttachmentStats, ChannelError, Liveness, PeerCred, Registration, ServerConfig, ShmServer,
     Status, Submission, TrainerChannel,
 };
@@ -46,7 +46,7 @@ pub fn data(seed: u64, n: usize) -> Vec<f32> {
 /// A server config on a fresh socket in `dir`, small geometry.
 pub fn config(dir: &Path) -> ServerConfig {
     let mut cfg = ServerConfig::new(dir.join("dlcpd.sock"), 0o600);
-    cfg.geometry = dlcp::shm::Geometry::new(16, 16, 8 << 20).unwrap();
+    cfg.geometry = dlcp_shm::Geometry::new(16, 16, 8 << 20).unwrap();
     cfg.handshake_timeout = Duration::from_secs(2);
     cfg
 }
@@ -327,7 +327,7 @@ pub fn round_trip(client: &mut TrainerChannel, seed: u64, sizes: &[usize]) {
         let t = client.alloc(&name, n as u64).unwrap();
         let input = data(seed * 1000 + k as u64, n);
         client.write(&t, &input).unwrap();
-        let opts = dlcp::shm::SubmitOptions {
+        let opts = dlcp_shm::SubmitOptions {
             tensor_id: k as u32,
             layer: k as u32,
             layers: sizes.len() as u32,

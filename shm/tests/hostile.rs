@@ -4,17 +4,17 @@
 //! indices, a scribbled header, attempts to resize or reseal the memfd. Each is
 //! rejected and counted, the daemon never panics, and the channel keeps working.
 
-mod shm_common;
+mod common;
 
 use std::time::Duration;
 
-use dlcp::shm::layout::{ARENA_ALIGN, FLAG_RESCALE, Opcode};
-use dlcp::shm::{
+use common::{WAIT, config, data, pair, transform};
+use dlcp_shm::layout::{ARENA_ALIGN, FLAG_RESCALE, Opcode};
+use dlcp_shm::{
     Attachment, ChannelError, CompleteError, DescError, ElemType, RingError, Status, SubmitDesc,
     TrainerChannel,
 };
 use rustix::fs::SealFlags;
-use shm_common::{WAIT, config, data, pair, transform};
 
 /// Serves exactly one valid op on the daemon side, the way the daemon will.
 fn serve_one(att: &mut Attachment) {
@@ -190,10 +190,7 @@ fn full_completion_ring_is_an_error_not_a_block() {
     for _ in 0..cap {
         client.submit(&t, Default::default()).unwrap();
     }
-    assert!(matches!(
-        client.submit(&t, Default::default()),
-        Err(dlcp::shm::TrainerError::TooManyInFlight(_))
-    ));
+    assert!(matches!(client.submit(&t, Default::default()), Err(dlcp_shm::TrainerError::TooManyInFlight(_))));
     // A hostile trainer ignores the limit; the daemon must not block or overwrite.
     let mut served = Vec::new();
     while let Some(s) = att.next_submission().unwrap() {
@@ -286,7 +283,7 @@ fn client_learns_the_daemon_is_gone_instead_of_hanging() {
     drop(att); // the daemon reclaims the attachment (e.g. it is shutting down)
     assert_eq!(server.live_attachments(), 0);
     let t0 = std::time::Instant::now();
-    assert!(matches!(client.wait_completion(WAIT), Err(dlcp::shm::TrainerError::DaemonGone)));
+    assert!(matches!(client.wait_completion(WAIT), Err(dlcp_shm::TrainerError::DaemonGone)));
     assert!(t0.elapsed() < Duration::from_secs(2));
     // The client's own mapping stays valid after the daemon let go.
     assert_eq!(client.read(&t).unwrap().len(), 16);
@@ -294,7 +291,7 @@ fn client_learns_the_daemon_is_gone_instead_of_hanging() {
 
 #[test]
 fn client_api_errors_are_typed() {
-    use dlcp::shm::TrainerError;
+    use dlcp_shm::TrainerError;
     let dir = tempfile::tempdir().unwrap();
     let (_server, _att, mut client) = pair(config(dir.path()), 9);
     let arena = client.geometry().arena_size;

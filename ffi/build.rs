@@ -65,7 +65,10 @@ fn main() {
         return;
     }
     watch_pkg_config(&out);
-    let Some(version) = pkg_config(&["--atleast-version=22.11", "--modversion", "libdpdk"]) else {
+    // Two calls: pkgconf prints nothing for `--modversion` combined with `--atleast-version`.
+    let version = pkg_config(&["--atleast-version=22.11", "libdpdk"])
+        .and_then(|_| pkg_config(&["--modversion", "libdpdk"]));
+    let Some(version) = version else {
         println!(
             "cargo::warning=libdpdk >= 22.11 not found by pkg-config: the DPDK datapath is not built (socket datapath only)"
         );

@@ -13,9 +13,15 @@
 //!
 //! Without libdpdk (or with `DLCP_NO_DPDK` set) the crate builds without them and
 //! a cargo warning says so; the `dpdk` cfg tells the crate which case it is in.
+//!
+//! The probe re-runs when libdpdk is installed, upgraded or removed after a first
+//! build (no `cargo clean` needed): cargo watches the `libdpdk.pc` found and the
+//! pkg-config search directories (see `probe.rs`, which decides what to watch).
 
 use std::path::PathBuf;
 use std::process::Command;
+
+mod probe;
 
 fn pkg_config(args: &[&str]) -> Option<String> {
     Command::new("pkg-config")
@@ -26,6 +32,24 @@ fn pkg_config(args: &[&str]) -> Option<String> {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
+/// Tell cargo to re-run this script when `libdpdk.pc` appears, changes or goes
+/// away in any directory pkg-config searches.
+fn watch_pkg_config(out_dir: &std::path::Path) {
+    let default_pc_path = pkg_config(&["--variable", "pc_path", "pkg-config"]).unwrap_or_else(|| {
+        let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "x86_64".into());
+        probe::fallback_pc_path(&format!("{arch}-linux-gnu"))
+    });
+    let dirs = probe::search_dirs(
+        std::env::var_os("PKG_CONFIG_PATH").as_deref(),
+        std::env::var_os("PKG_CONFIG_LIBDIR").as_deref(),
+        default_pc_path.as_ref(),
+    );
+    let found = probe::find_pc(&dirs);
+    for p in probe::watch_paths(&dirs, found.as_deref(), out_dir) {
+        println!("cargo::rerun-if-changed={}", p.display());
+    }
+}
+
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(dpdk)");
     println!("cargo::rerun-if-env-changed=PKG_CONFIG_PATH");
@@ -33,14 +57,17 @@ fn main() {
     println!("cargo::rerun-if-env-changed=DLCP_NO_DPDK");
     println!("cargo::rerun-if-changed=csrc/dlcp_shim.h");
     println!("cargo::rerun-if-changed=csrc/dlcp_shim.c");
-    let version = if std::env::var_os("DLCP_NO_DPDK").is_some() {
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    if std::env::var_os("DLCP_NO_DPDK").is_some() {
         println!("cargo::warning=DLCP_NO_DPDK is set: the DPDK datapath is not built (socket datapath only)");
         println!("cargo::rustc-env=DLCP_DPDK_PROBE=DPDK disabled at build time (DLCP_NO_DPDK)");
         println!("cargo::metadata=built=0");
         return;
-    } else {
-        pkg_config(&["--atleast-version=22.11", "--modversion", "libdpdk"])
-    };
+    }
+    watch_pkg_config(&out);
+    // Two calls: pkgconf prints nothing for `--modversion` combined with `--atleast-version`.
+    let version = pkg_config(&["--atleast-version=22.11", "libdpdk"])
+        .and_then(|_| pkg_config(&["--modversion", "libdpdk"]));
     let Some(version) = version else {
         println!(
             "cargo::warning=libdpdk >= 22.11 not found by pkg-config: the DPDK datapath is not built (socket datapath only)"
@@ -51,7 +78,7 @@ fn main() {
     };
     let cflags = pkg_config(&["--cflags", "libdpdk"]).unwrap_or_default();
     let libs = pkg_config(&["--libs", "libdpdk"]).unwrap_or_default();
-    let cflags = split_flags(&cflags);
+    let cflags = probe::split_flags(&cflags);
     assert!(
         !cflags.iter().any(|f| f == "-march=native"),
         "pkg-config libdpdk asks for -march=native; dlcp refuses to build a host-specific binary"
@@ -68,7 +95,7 @@ fn main() {
     // Dynamic linking of every DPDK library pkg-config names (rustc passes
     // --as-needed, so only those used end up in DT_NEEDED); the plugins are
     // loaded by EAL at run time.
-    for f in split_flags(&libs) {
+    for f in probe::split_flags(&libs) {
         if let Some(dir) = f.strip_prefix("-L") {
             println!("cargo::rustc-link-search=native={dir}");
         } else if let Some(lib) = f.strip_prefix("-l") {
@@ -125,36 +152,9 @@ fn main() {
     }
     b = b.allowlist_var("dlcp_.*").allowlist_var("RTE_ETH_MQ_.*");
     let bindings = b.generate().expect("bindgen failed on csrc/dlcp_shim.h with pkg-config libdpdk's cflags");
-    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     bindings.write_to_file(out.join("dpdk_bindings.rs")).expect("write dpdk_bindings.rs");
 
     println!("cargo::rustc-cfg=dpdk");
     println!("cargo::metadata=built=1");
     println!("cargo::rustc-env=DLCP_DPDK_PROBE=libdpdk {version}");
-}
-
-/// Split pkg-config output into flags (pkg-config escapes spaces inside a flag with `\ `).
-fn split_flags(s: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => {
-                if let Some(n) = chars.next() {
-                    cur.push(n);
-                }
-            }
-            c if c.is_whitespace() => {
-                if !cur.is_empty() {
-                    out.push(std::mem::take(&mut cur));
-                }
-            }
-            c => cur.push(c),
-        }
-    }
-    if !cur.is_empty() {
-        out.push(cur);
-    }
-    out
 }

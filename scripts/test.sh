@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install what a fresh Debian 12 machine lacks, then run every dlcp test.
 # Usage: ./scripts/test.sh            (as root, or with sudo available for apt)
-# Prints how long each stage took. Exits non-zero on the first failure.
+# Prints how long each stage took and how many tests ran per group (unit,
+# simulation, end-to-end, testbed, DPDK, Python, torch), and which were skipped.
+# Exits non-zero on the first failure, or if a required group ran no test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +11,15 @@ export CARGO_TERM_COLOR=never
 export DEBIAN_FRONTEND=noninteractive
 T0=$(date +%s)
 declare -a TIMES=()
+# Each test stage's output is kept here too (and shown as it runs), with the
+# skipped tests' records (tests/prereq), for scripts/test_summary.sh at the end.
+LOG_DIR=$(mktemp -d /tmp/dlcp-test-logs.XXXXXX)
+export DLCP_SKIP_LOG=$LOG_DIR/skipped.tsv
+: >"$DLCP_SKIP_LOG"
+logged() {
+  local log=$1; shift
+  "$@" 2>&1 | tee -a "$LOG_DIR/$log.log"
+}
 
 stage() {
   local name=$1; shift
@@ -53,22 +64,37 @@ install_deps() {
   rustup component list --installed 2>/dev/null | grep -E 'clippy|rustfmt' || true
 }
 
+# What install_deps installed is required from here on: a test that misses it
+# fails naming it (tests/prereq) instead of being reported as skipped. Under CI
+# (DLCP_CI=1, which .ci/run sets, or CI set by a CI system) every prerequisite
+# is, network namespaces (root) included. A variable set beforehand wins
+# (e.g. DLCP_REQUIRE_TORCH=0).
+require_installed() {
+  if [ -n "${CI:-}" ]; then export DLCP_CI=${DLCP_CI:-1}; fi
+  if pkg-config --atleast-version=22.11 libdpdk; then
+    export DLCP_REQUIRE_DPDK=${DLCP_REQUIRE_DPDK:-1}
+  fi
+  export DLCP_REQUIRE_PYTHON=${DLCP_REQUIRE_PYTHON:-1} DLCP_REQUIRE_TORCH=${DLCP_REQUIRE_TORCH:-1} \
+    DLCP_REQUIRE_TCPDUMP=${DLCP_REQUIRE_TCPDUMP:-1} DLCP_REQUIRE_SYSTEMD=${DLCP_REQUIRE_SYSTEMD:-1}
+  echo "required test prerequisites: $(env | grep -E '^DLCP_(CI|REQUIRE_[A-Z0-9]+)=' | sort | tr '\n' ' ')"
+}
+
 fmt_check() { cargo fmt --all -- --check; }
 clippy() { cargo clippy --workspace --all-targets --locked -- -D warnings; }
 build() { cargo build --workspace --release --locked; }
 # Unit tests, property tests and the protocol simulations (everything but the
 # daemon package's end-to-end tests).
 unit_and_sim_tests() {
-  cargo test --workspace --locked --exclude dlcp
-  cargo test -p dlcp --locked --lib --bins
+  logged unit cargo test --workspace --locked --exclude dlcp
+  logged unit cargo test -p dlcp --locked --lib --bins
 }
 # End-to-end tests of the daemon package (real dlcpd processes, trainers, UDP on
 # loopback, shared memory): release build, one test at a time (2 cores).
-# The Python trainer test needs libdlcp_client.so of the same profile; CI makes
-# a missing Python/numpy a failure instead of a skip.
+# The Python trainer test needs libdlcp_client.so of the same profile (a missing
+# Python/numpy is a failure: require_installed).
 e2e_tests() {
   cargo build -p dlcp-client --release --locked
-  DLCP_REQUIRE_PYTHON=1 cargo test -p dlcp --locked --release --tests -- --test-threads=1
+  logged e2e cargo test -p dlcp --locked --release --tests -- --test-threads=1
 }
 # The build without DPDK (libdpdk hidden from pkg-config by an empty
 # PKG_CONFIG_LIBDIR): clippy is clean, the build succeeds, dlcpd says DPDK is not
@@ -78,8 +104,9 @@ no_dpdk() {
   local empty; empty=$(mktemp -d)
   echo "clippy without DPDK"
   PKG_CONFIG_LIBDIR=$empty cargo clippy --workspace --all-targets --locked -- -D warnings
-  echo "fallback tests without DPDK"
-  PKG_CONFIG_LIBDIR=$empty cargo test -p dlcp --locked --release --test datapath_fallback -- --test-threads=1
+  echo "fallback tests without DPDK (the one test that needs DPDK reports a skip)"
+  logged no-dpdk env PKG_CONFIG_LIBDIR="$empty" DLCP_REQUIRE_DPDK=0 \
+    cargo test -p dlcp --locked --release --test datapath_fallback -- --test-threads=1
   rmdir "$empty"
   cargo build --workspace --release --locked
 }
@@ -103,14 +130,15 @@ demo() {
 }
 
 stage install install_deps
+require_installed
 stage fmt fmt_check
 stage clippy clippy
 stage build-release build
 stage test unit_and_sim_tests
 stage e2e e2e_tests
 # The emulated cluster: namespaces, a bridge switch with DSCP priority queues,
-# loss (as root; skipped loudly otherwise).
-stage testbed ./scripts/testbed_test.sh
+# loss (as root; skipped loudly otherwise, a failure under CI).
+stage testbed logged testbed ./scripts/testbed_test.sh
 stage no-dpdk no_dpdk
 # The Debian package: cargo-deb (installed if missing), apt install, check-config,
 # the installed daemon + Python client, remove, purge; the k8s manifest offline.
@@ -122,3 +150,6 @@ echo
 echo "=== stage times ==="
 for t in "${TIMES[@]}"; do echo "  $t"; done
 echo "  total                  $(( $(date +%s) - T0 ))s"
+echo
+echo "(test logs: $LOG_DIR)"
+./scripts/test_summary.sh "$LOG_DIR"

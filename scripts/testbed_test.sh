@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Tests of scripts/testbed.sh (the emulated cluster). Needs root, iproute2,
-# nftables, iperf3, iputils-ping, python3; skipped with a loud message (exit 0)
-# where network namespaces are unavailable.
+# nftables, iperf3, iputils-ping, python3. Where network namespaces are
+# unavailable: a failure under DLCP_REQUIRE_NETNS=1 or DLCP_CI=1 (as in
+# tests/prereq), else skipped with a loud message (exit 0), recorded in
+# $DLCP_SKIP_LOG when set (scripts/test.sh's summary).
 #
 # Usage: scripts/testbed_test.sh [CASE...]      (default: every case)
 # Cases: lifecycle connectivity priority loss bad_args failed_up
@@ -203,13 +205,26 @@ if [ "${1:-}" = __case ]; then
   exit 0
 fi
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "######## SKIPPED testbed tests: not root (network namespaces need CAP_SYS_ADMIN) ########"
+# No network namespaces ($1 says why): fail where required, else skip loudly.
+netns_missing() {
+  local required=0
+  if [ -n "${DLCP_REQUIRE_NETNS+x}" ]; then
+    [ "$DLCP_REQUIRE_NETNS" != 1 ] || required=1
+  elif [ "${DLCP_CI:-}" = 1 ]; then
+    required=1
+  fi
+  [ $required = 0 ] || fail "no network namespaces ($1); DLCP_REQUIRE_NETNS=1 or DLCP_CI=1 requires them"
+  echo "######## SKIPPED testbed tests: no network namespaces ($1); DLCP_REQUIRE_NETNS=1 makes this a failure ########"
+  if [ -n "${DLCP_SKIP_LOG:-}" ]; then
+    printf 'testbed_test.sh\tall cases\tDLCP_REQUIRE_NETNS\tno network namespaces: %s\n' "$1" >>"$DLCP_SKIP_LOG"
+  fi
   exit 0
+}
+if [ "$(id -u)" -ne 0 ]; then
+  netns_missing "not root: network namespaces need CAP_SYS_ADMIN"
 fi
 if ! ip netns add "$P-probe" 2>/dev/null; then
-  echo "######## SKIPPED testbed tests: 'ip netns add' failed (no network namespaces here) ########"
-  exit 0
+  netns_missing "'ip netns add' failed"
 fi
 ip netns del "$P-probe"
 for tool in tc nft iperf3 ping python3 timeout; do

@@ -5,30 +5,23 @@
 //!
 //! Needs Debian's `/usr/bin/python3` with `python3-numpy`, and
 //! `libdlcp_client.so` built for the same profile as this test
-//! (`cargo build [--release] -p dlcp-client`). Without them the test is skipped
-//! with a loud message, unless `DLCP_REQUIRE_PYTHON=1` makes that a failure.
+//! (`cargo build [--release] -p dlcp-client`). Without them the test fails under
+//! `DLCP_REQUIRE_PYTHON=1` / `DLCP_CI=1` and is reported as skipped otherwise
+//! (see `tests/prereq`).
 
 mod daemon_common;
+mod prereq;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use daemon_common::*;
+use prereq::{Prereq, skip};
 
 const PYTHON: &str = "/usr/bin/python3";
 const HOSTS: u32 = 2;
 const TRAINERS: u32 = 2;
 const STEPS: usize = 12;
-
-fn skip(why: &str) {
-    let msg = format!(
-        "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
-         !!! SKIPPED: the Python client is NOT tested against dlcpd: {why}\n\
-         !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
-    );
-    assert!(std::env::var_os("DLCP_REQUIRE_PYTHON").is_none_or(|v| v != "1"), "{msg}");
-    eprintln!("{msg}");
-}
 
 /// `libdlcp_client.so` of this test's profile, the newer of `target/<profile>/deps/`
 /// (what `cargo test` rebuilds) and `target/<profile>/` (what `cargo build` uplifts).
@@ -46,10 +39,16 @@ fn client_lib() -> Option<PathBuf> {
 fn python_trainers_train_through_real_daemons_bit_identically() {
     let numpy = Command::new(PYTHON).args(["-c", "import numpy"]).output().is_ok_and(|o| o.status.success());
     if !numpy {
-        return skip(&format!("{PYTHON} cannot import numpy (apt-get install -y python3-numpy)"));
+        return skip(
+            Prereq::Python,
+            &format!("{PYTHON} cannot import numpy (apt-get install -y python3-numpy)"),
+        );
     }
     let Some(lib) = client_lib() else {
-        return skip("libdlcp_client.so not built for this profile (cargo build [--release] -p dlcp-client)");
+        return skip(
+            Prereq::Python,
+            "libdlcp_client.so not built for this profile (cargo build [--release] -p dlcp-client)",
+        );
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let cluster = Cluster::start(&Options { hosts: HOSTS, ..Options::default() });

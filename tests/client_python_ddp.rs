@@ -7,10 +7,12 @@
 //!   `DlcpHookError` naming the bucket, step and op and the reason (daemon gone,
 //!   or the op's timeout on the surviving host), within a bound (no hang).
 //!
-//! Needs Debian's python3-torch and python3-sklearn (skipped loudly without
-//! them, a failure under `DLCP_REQUIRE_PYTHON=1`).
+//! Needs Debian's python3-torch and python3-sklearn: without them the tests fail
+//! under `DLCP_REQUIRE_TORCH=1` / `DLCP_CI=1` and are reported as skipped
+//! otherwise (see `tests/prereq`).
 
 mod daemon_common;
+mod prereq;
 mod torch_common;
 
 use std::net::TcpListener;

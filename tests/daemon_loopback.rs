@@ -2,6 +2,7 @@
 //! shared memory, real UDP.
 
 mod daemon_common;
+mod prereq;
 
 use std::time::Duration;
 
@@ -217,9 +218,8 @@ fn loss_driven_pacing_cuts_the_rate_under_loss_and_results_stay_exact() {
 
 #[test]
 fn ipv6_daemons_are_bit_exact() {
-    if std::net::UdpSocket::bind("[::1]:0").is_err() {
-        eprintln!("\n!!! SKIPPED: ::1 is not available on this machine; IPv6 daemons not tested !!!\n");
-        return;
+    if let Err(e) = std::net::UdpSocket::bind("[::1]:0") {
+        return prereq::skip(prereq::Prereq::Ipv6, &format!("cannot bind [::1]:0: {e}"));
     }
     let c = Cluster::start(&Options { hosts: 3, ipv6: true, ..Options::default() });
     let x = data(66, 100_003);

@@ -2,7 +2,11 @@
 //! in every class and size, DSCP on the wire (read back with IP_RECVTOS /
 //! IPV6_RECVTCLASS), sendmmsg batching, GSO and its forced fallback, the
 //! would-block contract, hard send errors, hostile datagrams, receive steering
-//! and mio registration.
+//! and mio registration. Where ::1 or GSO/GRO is missing, the tests that need it
+//! fail under `DLCP_REQUIRE_IPV6=1` / `DLCP_REQUIRE_GSO=1` / `DLCP_CI=1` and are
+//! reported as skipped otherwise (see `tests/prereq`).
+
+mod prereq;
 
 use std::collections::BTreeMap;
 use std::io;
@@ -13,6 +17,7 @@ use std::time::{Duration, Instant};
 use dlcp::datapath::socket::{DatapathError, SocketConfig, SocketDatapath};
 use dlcp::datapath::{Datapath, SendOutcome};
 use dlcp::proto::priority::Class;
+use prereq::{Prereq, skip};
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 
 const DEADLINE: Duration = Duration::from_secs(5);
@@ -26,12 +31,12 @@ fn v6() -> SocketAddr {
     "[::1]:0".parse().unwrap()
 }
 
-/// True if ::1 can be bound here; prints a loud skip message otherwise.
-fn ipv6_available(test: &str) -> bool {
+/// True if ::1 can be bound here; otherwise `prereq::skip` (a failure where IPv6 is required).
+fn ipv6_available() -> bool {
     match UdpSocket::bind("[::1]:0") {
         Ok(_) => true,
         Err(e) => {
-            eprintln!("!!!!! SKIPPING {test}: cannot bind [::1]:0 ({e}) — IPv6 loopback unavailable !!!!!");
+            skip(Prereq::Ipv6, &format!("cannot bind [::1]:0: {e}"));
             false
         }
     }
@@ -152,7 +157,7 @@ fn every_class_and_size_ipv4() {
 
 #[test]
 fn every_class_and_size_ipv6() {
-    if ipv6_available("every_class_and_size_ipv6") {
+    if ipv6_available() {
         every_class_and_size(v6());
     }
 }
@@ -335,7 +340,7 @@ fn dscp_on_the_wire_ipv4() {
 
 #[test]
 fn dscp_on_the_wire_ipv6() {
-    if ipv6_available("dscp_on_the_wire_ipv6") {
+    if ipv6_available() {
         dscp_on_the_wire(v6());
     }
 }
@@ -400,8 +405,7 @@ fn gso_delivers(bind: SocketAddr) {
     let st = a.stats();
     eprintln!("GSO {bind}: {s:?}, tx_syscalls {}", st.tx_syscalls);
     if !s.gso_available {
-        eprintln!("!!!!! GSO not available on this kernel: only plain delivery was checked !!!!!");
-        return;
+        return skip(Prereq::Gso, "GSO not available: only plain delivery was checked");
     }
     assert!(s.gso_active && s.gso_fallbacks == 0);
     // Each flush holds 25 datagrams per class: one 16-segment and one
@@ -446,8 +450,7 @@ fn gso_groups_interleaved_destinations() {
     let s = a.socket_stats();
     eprintln!("interleaved destinations: {s:?}, tx_syscalls {}", a.stats().tx_syscalls);
     if !s.gso_available {
-        eprintln!("!!!!! GSO not available on this kernel: only plain delivery was checked !!!!!");
-        return;
+        return skip(Prereq::Gso, "GSO not available: only plain delivery was checked");
     }
     // Per flush and destination: 30 datagrams = one 16- and one 14-segment
     // message (not 30 single ones, as without regrouping).
@@ -462,7 +465,7 @@ fn gso_delivers_everything_with_dscp_ipv4() {
 
 #[test]
 fn gso_delivers_everything_with_dscp_ipv6() {
-    if ipv6_available("gso_delivers_everything_with_dscp_ipv6") {
+    if ipv6_available() {
         gso_delivers(v6());
     }
 }
@@ -491,8 +494,7 @@ fn make_kernel_refuse_gso(a: &SocketDatapath) {
 fn gso_refused_by_kernel_falls_back_without_loss() {
     let mut a = SocketDatapath::new(gso_config(v4())).unwrap();
     if !a.socket_stats().gso_available {
-        eprintln!("!!!!! SKIPPING gso fallback test: GSO not available on this kernel !!!!!");
-        return;
+        return skip(Prereq::Gso, "GSO not available: no fallback to force");
     }
     make_kernel_refuse_gso(&a);
     let r = TosReceiver::new(v4());
@@ -527,8 +529,7 @@ fn gro_splits(bind: SocketAddr) {
     let (sa, sb) = (a.socket_stats(), b.socket_stats());
     eprintln!("sender {sa:?}\nreceiver {sb:?}, rx_syscalls {}", b.stats().rx_syscalls);
     if !(sa.gso_available && sb.gro_active) {
-        eprintln!("!!!!! GSO/GRO not available on this kernel: only plain delivery was checked !!!!!");
-        return;
+        return skip(Prereq::Gso, "GSO/GRO not available: only plain delivery was checked");
     }
     assert!(sb.gro_packets >= 8 * 3, "gro_packets {}", sb.gro_packets);
     assert_eq!(b.stats().rx_packets, msgs.len() as u64);
@@ -542,7 +543,7 @@ fn gro_splits_coalesced_datagrams_ipv4() {
 
 #[test]
 fn gro_splits_coalesced_datagrams_ipv6() {
-    if ipv6_available("gro_splits_coalesced_datagrams_ipv6") {
+    if ipv6_available() {
         gro_splits(v6());
     }
 }

@@ -3,16 +3,32 @@
 //! request loops back and is answered by dlcp itself, the reply resolves the
 //! neighbour and releases them; every class then arrives intact through its
 //! configured TX queue, and the per-queue counters say so; a static neighbour
-//! needs no ARP. One test: EAL is once per process.
-#![cfg(dpdk)]
+//! needs no ARP. One test: EAL is once per process. Without DPDK in the build the
+//! test fails under `DLCP_REQUIRE_DPDK=1`, else it is reported as skipped.
 
+mod prereq;
+
+#[cfg(dpdk)]
 use std::net::SocketAddr;
+#[cfg(dpdk)]
 use std::time::{Duration, Instant};
 
+#[cfg(dpdk)]
 use dlcp::datapath::dpdk::{DpdkConfig, DpdkDatapath};
+#[cfg(dpdk)]
 use dlcp::datapath::{Datapath, SendOutcome};
+#[cfg(dpdk)]
 use dlcp::proto::priority::Class;
 
+/// A build without DPDK: fails under `DLCP_REQUIRE_DPDK=1` / `DLCP_CI=1`, else
+/// reported as skipped (see `tests/prereq`).
+#[cfg(not(dpdk))]
+#[test]
+fn arp_resolves_itself_and_classes_use_their_queues() {
+    prereq::skip(prereq::Prereq::Dpdk, dlcp_ffi::DPDK_PROBE);
+}
+
+#[cfg(dpdk)]
 #[test]
 fn arp_resolves_itself_and_classes_use_their_queues() {
     let eal_args: Vec<String> = [

@@ -5,28 +5,41 @@
 //! checksum, so bit-exact allreduces prove the offloaded checksums are right; ARP
 //! runs both ways (the kernel asks dlcp, dlcp asks the kernel).
 //!
-//! Needs root and network namespaces; prints a loud SKIPPED message and passes
-//! where they are unavailable.
-#![cfg(dpdk)]
+//! Needs a build with DPDK, root and network namespaces; where one is missing the
+//! test fails under `DLCP_REQUIRE_<NAME>=1` / `DLCP_CI=1`, else it is reported as
+//! skipped (see `tests/prereq`).
 
+#[cfg(dpdk)]
 mod daemon_common;
+mod prereq;
+#[cfg(dpdk)]
 mod tap_common;
 
+#[cfg(dpdk)]
 use std::time::Duration;
 
+#[cfg(dpdk)]
 use daemon_common::{JOB, data};
+#[cfg(dpdk)]
 use tap_common::{Tap, ctl, ip};
 
+#[cfg(dpdk)]
 const NS: &str = "dpdktap";
 
+/// A build without DPDK: fails under `DLCP_REQUIRE_DPDK=1` / `DLCP_CI=1`, else
+/// reported as skipped (see `tests/prereq`).
+#[cfg(not(dpdk))]
+#[test]
+fn offloaded_checksums_are_accepted_by_the_kernel() {
+    prereq::skip(prereq::Prereq::Dpdk, dlcp_ffi::DPDK_PROBE);
+}
+
+#[cfg(dpdk)]
 #[test]
 fn offloaded_checksums_are_accepted_by_the_kernel() {
     let mut g = match Tap::new(NS, 7703) {
         Ok(g) => g,
-        Err(why) => {
-            eprintln!("\n!!!!!!!! SKIPPED tap offload test: {why} !!!!!!!!\n");
-            return;
-        }
+        Err(why) => return prereq::skip(prereq::Prereq::Netns, &why),
     };
     let dpdk = g.dpdk_datapath("dtap0");
     let s0 = g.spawn(0, &dpdk);

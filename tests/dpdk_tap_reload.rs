@@ -9,16 +9,20 @@
 //! still bit-exact (the kernel drops IPv4 with a bad header checksum).
 //!
 //! Needs root, network namespaces, /dev/net/tun, tcpdump and a build with DPDK;
-//! prints a loud SKIPPED message and passes where they are unavailable.
+//! where one is missing the test fails under `DLCP_REQUIRE_<NAME>=1` /
+//! `DLCP_CI=1`, else it is reported as skipped (see `tests/prereq`).
 
+/// A build without DPDK: fails under `DLCP_REQUIRE_DPDK=1` / `DLCP_CI=1`, else
+/// reported as skipped (see `tests/prereq`).
 #[cfg(not(dpdk))]
 #[test]
 fn dscp_reload_applies_live_on_dpdk() {
-    eprintln!("\n!!!!!!!! SKIPPED DPDK DSCP reload test: this build has no DPDK datapath !!!!!!!!\n");
+    prereq::skip(prereq::Prereq::Dpdk, dlcp_ffi::DPDK_PROBE);
 }
 
 #[cfg(dpdk)]
 mod daemon_common;
+mod prereq;
 #[cfg(dpdk)]
 mod tap_common;
 
@@ -30,6 +34,7 @@ mod on_tap {
     use std::time::Duration;
 
     use super::daemon_common::{JOB, data};
+    use super::prereq::{Prereq, skip};
     use super::tap_common::{Tap, ctl, ip};
 
     const NS: &str = "dpdkrl";
@@ -163,16 +168,12 @@ mod on_tap {
 
     #[test]
     fn dscp_reload_applies_live_on_dpdk() {
-        if Command::new("tcpdump").arg("--version").output().is_err() {
-            eprintln!("\n!!!!!!!! SKIPPED DPDK DSCP reload test: no tcpdump !!!!!!!!\n");
-            return;
+        if let Err(e) = Command::new("tcpdump").arg("--version").output() {
+            return skip(Prereq::Tcpdump, &format!("tcpdump --version: {e}"));
         }
         let mut g = match Tap::new(NS, 7704) {
             Ok(g) => g,
-            Err(why) => {
-                eprintln!("\n!!!!!!!! SKIPPED DPDK DSCP reload test: {why} !!!!!!!!\n");
-                return;
-            }
+            Err(why) => return skip(Prereq::Netns, &why),
         };
         let dpdk = g.dpdk_datapath(IFACE);
         let s0 = g.spawn(0, &dpdk);

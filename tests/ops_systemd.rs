@@ -4,6 +4,7 @@
 //! unit (with the binary path pointed at the built `dlcpd`).
 
 mod daemon_common;
+mod prereq;
 
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
@@ -121,11 +122,10 @@ fn readiness_after_the_control_socket_watchdog_pings_reload_and_stopping() {
 fn systemd_analyze() -> Option<&'static str> {
     let ok = Command::new("systemd-analyze").arg("--version").output().is_ok_and(|o| o.status.success());
     if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "systemd-analyze missing in CI (scripts/test.sh installs systemd)"
+        prereq::skip(
+            prereq::Prereq::Systemd,
+            "systemd-analyze --version failed (scripts/test.sh installs systemd)",
         );
-        eprintln!("SKIPPED: systemd-analyze not installed");
         return None;
     }
     Some("systemd-analyze")

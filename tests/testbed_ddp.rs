@@ -12,9 +12,11 @@
 //! - dlcp's final test accuracy is within 1 percentage point of Gloo's;
 //! - no op failed or hit the hard timeout.
 //!
-//! Needs root and network namespaces (else a loud SKIPPED) and Debian's
-//! python3-torch, python3-sklearn (a failure under `DLCP_REQUIRE_PYTHON=1`).
+//! Needs root and network namespaces and Debian's python3-torch, python3-sklearn;
+//! without them it fails under `DLCP_REQUIRE_NETNS=1` / `DLCP_REQUIRE_TORCH=1` /
+//! `DLCP_CI=1` and is reported as skipped otherwise (see `tests/prereq`).
 
+mod prereq;
 mod testbed_common;
 mod torch_common;
 

@@ -5,9 +5,11 @@
 //! dlcp header) — control packets (class 7) included — and that the switch's
 //! per-class htb counters saw the same datagrams.
 //!
-//! Needs root and network namespaces; prints a loud SKIPPED message and passes
-//! where they are unavailable. Needs tcpdump (apt-get install tcpdump).
+//! Needs root and network namespaces; where they are unavailable it fails under `DLCP_REQUIRE_NETNS=1` / `DLCP_CI=1`
+//! and is reported as skipped otherwise (see `tests/prereq`). Needs tcpdump
+//! (apt-get install tcpdump).
 
+mod prereq;
 mod testbed_common;
 
 use std::collections::BTreeMap;

@@ -7,9 +7,10 @@
 //! (PROBEs are sent twice; a deadline only re-sends a NACK to a sender that
 //! went quiet, which answers a within-budget NACK with a PROBE at once).
 //!
-//! Needs root and network namespaces; prints a loud SKIPPED message and passes
-//! where they are unavailable.
+//! Needs root and network namespaces; where they are unavailable it fails under `DLCP_REQUIRE_NETNS=1` / `DLCP_CI=1`
+//! and is reported as skipped otherwise (see `tests/prereq`).
 
+mod prereq;
 mod testbed_common;
 
 use std::time::Duration;

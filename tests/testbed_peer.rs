@@ -9,9 +9,10 @@
 //! periodic BITMAP exchange keeps refreshing the op's progress time, so the
 //! hard timeout never fires.)
 //!
-//! Needs root and network namespaces; prints a loud SKIPPED message and passes
-//! where they are unavailable.
+//! Needs root and network namespaces; where they are unavailable it fails under `DLCP_REQUIRE_NETNS=1` / `DLCP_CI=1`
+//! and is reported as skipped otherwise (see `tests/prereq`).
 
+mod prereq;
 mod testbed_common;
 
 use std::time::{Duration, Instant};

@@ -4,9 +4,10 @@
 //! the hard timeout (no hang); once the daemon restarts (new generation) and
 //! its peers see it up again, new ops across all hosts succeed bit-exactly.
 //!
-//! Needs root and network namespaces; prints a loud SKIPPED message and passes
-//! where they are unavailable.
+//! Needs root and network namespaces; where they are unavailable it fails under `DLCP_REQUIRE_NETNS=1` / `DLCP_CI=1`
+//! and is reported as skipped otherwise (see `tests/prereq`).
 
+mod prereq;
 mod testbed_common;
 
 use std::time::{Duration, Instant};

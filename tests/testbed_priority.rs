@@ -10,9 +10,11 @@
 //! back one first), the front one completes first (completion order and the
 //! daemons' report durations). Results stay exact (budget 0).
 //!
-//! Needs root, network namespaces and iperf3; prints a loud SKIPPED message
-//! and passes where namespaces are unavailable.
+//! Needs root, network namespaces and iperf3; where namespaces are unavailable it
+//! fails under `DLCP_REQUIRE_NETNS=1` / `DLCP_CI=1` and is reported as skipped
+//! otherwise (see `tests/prereq`).
 
+mod prereq;
 mod testbed_common;
 
 use std::collections::BTreeMap;

@@ -3,9 +3,10 @@
 //! complete and are bit-exact (the sum over hosts in rank order), with every
 //! chunk delivered and no op failed or ended by the hard timeout.
 //!
-//! Needs root and network namespaces; prints a loud SKIPPED message and passes
-//! where they are unavailable.
+//! Needs root and network namespaces; where they are unavailable it fails under `DLCP_REQUIRE_NETNS=1` / `DLCP_CI=1`
+//! and is reported as skipped otherwise (see `tests/prereq`).
 
+mod prereq;
 mod testbed_common;
 
 use testbed_common::*;

@@ -2,10 +2,12 @@
 //! `/usr/bin/python3` with `python3-numpy`) against the fake reducer (see
 //! `common`): `client/python/tests/test_client.py` and `examples/numpy_allreduce.py`.
 //!
-//! Without numpy the tests are skipped with a loud message, unless
-//! `DLCP_REQUIRE_PYTHON=1` (set it in CI) makes that a failure.
+//! Without numpy the tests fail under `DLCP_REQUIRE_PYTHON=1` / `DLCP_CI=1` and
+//! are reported as skipped otherwise (the workspace's `tests/prereq`).
 
 mod common;
+#[path = "../../tests/prereq/mod.rs"]
+mod prereq;
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -14,8 +16,8 @@ use common::{FakeReducer, lib_dir, workspace_root};
 
 const PYTHON: &str = "/usr/bin/python3";
 
-/// True if `/usr/bin/python3` can import numpy; otherwise explains loudly (or
-/// fails under `DLCP_REQUIRE_PYTHON=1`).
+/// True if `/usr/bin/python3` can import numpy; otherwise `prereq::skip` (a
+/// failure under `DLCP_REQUIRE_PYTHON=1` / `DLCP_CI=1`).
 fn python_ready() -> bool {
     let ok = Command::new(PYTHON)
         .args(["-c", "import numpy"])
@@ -23,14 +25,10 @@ fn python_ready() -> bool {
         .map(|o| o.status.success())
         .unwrap_or(false);
     if !ok {
-        let msg = format!(
-            "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
-             !!! SKIPPED: {PYTHON} cannot import numpy: the Python client is NOT tested. !!!\n\
-             !!! Install it: DEBIAN_FRONTEND=noninteractive apt-get install -y python3-numpy\n\
-             !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+        prereq::skip(
+            prereq::Prereq::Python,
+            &format!("{PYTHON} cannot import numpy (apt-get install -y python3-numpy)"),
         );
-        assert!(std::env::var_os("DLCP_REQUIRE_PYTHON").is_none_or(|v| v != "1"), "{msg}");
-        eprintln!("{msg}");
     }
     ok
 }

@@ -157,7 +157,8 @@ impl Drop for Bed {
 
 impl Bed {
     /// Bring up the testbed (`up --hosts N ARGS`) and one daemon per host;
-    /// `None` (after a loud message) where namespaces are unavailable.
+    /// `None` where namespaces are unavailable (after `prereq::skip`, which
+    /// fails the test instead where they are required).
     pub fn start(prefix: &'static str, hosts: usize, args: &[&str], hard_timeout_ms: u32) -> Option<Bed> {
         Bed::start_with(prefix, hosts, args, hard_timeout_ms, "")
     }
@@ -171,7 +172,7 @@ impl Bed {
         extra: &str,
     ) -> Option<Bed> {
         if let Err(why) = namespaces_available(prefix) {
-            eprintln!("\n!!!!!!!! SKIPPED testbed test: network namespaces unavailable ({why}) !!!!!!!!\n");
+            super::prereq::skip(super::prereq::Prereq::Netns, &why);
             return None;
         }
         testbed(prefix, &["down"]);

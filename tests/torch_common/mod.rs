@@ -7,18 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub const PYTHON: &str = "/usr/bin/python3";
+use super::prereq::{Prereq, skip};
 
-/// Skip loudly, or fail where `DLCP_REQUIRE_PYTHON=1` (CI) says Python must be there.
-pub fn skip(why: &str) {
-    let msg = format!(
-        "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
-         !!! SKIPPED: the PyTorch DDP hook is NOT tested: {why}\n\
-         !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
-    );
-    assert!(std::env::var_os("DLCP_REQUIRE_PYTHON").is_none_or(|v| v != "1"), "{msg}");
-    eprintln!("{msg}");
-}
+pub const PYTHON: &str = "/usr/bin/python3";
 
 /// `libdlcp_client.so` of this test's profile, the newer of `target/<profile>/deps/`
 /// and `target/<profile>/`.
@@ -32,22 +23,29 @@ pub fn client_lib() -> Option<PathBuf> {
         .map(|(_, p)| p)
 }
 
-/// The client library, if Python can import torch, sklearn and numpy; else skip
-/// (or fail under `DLCP_REQUIRE_PYTHON=1`) and `None`.
+/// The client library, if Python can import torch, sklearn and numpy; else
+/// `None` after `prereq::skip` (which fails the test instead under
+/// `DLCP_REQUIRE_TORCH=1` / `DLCP_REQUIRE_PYTHON=1` / `DLCP_CI=1`).
 pub fn prerequisites() -> Option<PathBuf> {
     let ok = Command::new(PYTHON)
         .args(["-c", "import torch, torch.distributed, sklearn, numpy"])
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
-        skip(&format!(
-            "{PYTHON} cannot import torch/sklearn/numpy (apt-get install -y python3-torch python3-sklearn)"
-        ));
+        skip(
+            Prereq::Torch,
+            &format!(
+                "{PYTHON} cannot import torch/sklearn/numpy (apt-get install -y python3-torch python3-sklearn)"
+            ),
+        );
         return None;
     }
     let lib = client_lib();
     if lib.is_none() {
-        skip("libdlcp_client.so not built for this profile (cargo build [--release] -p dlcp-client)");
+        skip(
+            Prereq::Python,
+            "libdlcp_client.so not built for this profile (cargo build [--release] -p dlcp-client)",
+        );
     }
     lib
 }

@@ -52,10 +52,11 @@ use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::ops::Range;
 
 use crate::bitmap::Bitmap;
+use crate::class::{Class, ClassSet};
 use crate::estimator::{DeadlineEstimator, RttEstimator};
 use crate::pacer::Pacer;
 use crate::pool::BufferPool;
-use crate::priority::{ChunkTraits, Class, ClassSet, ClassifierConfig, classify};
+use crate::priority::{ChunkTraits, ClassifierConfig, classify};
 use crate::sim::{Node, Transmit};
 use crate::time::{Duration, Instant};
 use crate::wire::{self, DType, Flags, Header, MacKey, PacketType, Phase, WireError};
@@ -1281,9 +1282,7 @@ impl Endpoint {
             self.stats.rejected.malformed += 1;
             return;
         };
-        let got = &d[d.len() - wire::TAG_LEN..];
-        let diff = want.iter().zip(got).fold(0u8, |acc, (a, b)| acc | (a ^ b));
-        if diff != 0 {
+        if !wire::tags_equal(want, &d[d.len() - wire::TAG_LEN..]) {
             self.stats.rejected.bad_tag += 1;
             return;
         }

@@ -5,21 +5,25 @@
 //! goes on the wire lives here and is tested in deterministic simulations.
 //!
 //! - [`wire`]: packet layout, zero-copy views, parsed headers, the MAC.
-//! - [`priority`]: the eight priority classes and the chunk classifier.
+//! - [`class`]: the eight priority classes and sets of them.
+//! - [`priority`]: the chunk classifier.
 //! - [`bitmap`]: chunk bitmaps and their segmented wire form.
 //! - [`pacer`]: token-bucket pacing on virtual time.
 //! - [`estimator`]: Jacobson/Karels estimators for probe timers and deadlines.
 //! - [`time`]: virtual [`time::Instant`].
 //! - [`pool`]: reusable `f32` buffers for ops.
+//! - [`rng`]: a small seeded random generator (SplitMix64).
 #![forbid(unsafe_code)]
 
 pub mod bitmap;
+pub mod class;
 pub mod endpoint;
 pub mod estimator;
 pub mod oracle;
 pub mod pacer;
 pub mod pool;
 pub mod priority;
+pub mod rng;
 pub mod sim;
 pub mod time;
 pub mod wire;

@@ -58,6 +58,8 @@ use crate::pacer::Pacer;
 use crate::pool::BufferPool;
 use crate::priority::{ChunkTraits, ClassifierConfig, classify};
 use crate::sim::{Node, Transmit};
+use crate::stats::RejectCounters;
+pub use crate::stats::{PacketCount, RxDrops, Stats};
 use crate::time::{Duration, Instant};
 use crate::wire::{self, DType, Flags, Header, MacKey, PacketType, Phase, WireError};
 
@@ -406,167 +408,6 @@ pub struct Footprint {
     pub open_transfers: u32,
     /// Datagrams waiting in the transmit queues.
     pub queued: usize,
-}
-
-/// Counters of rejected or ignored datagrams, by reason.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RejectCounters {
-    /// Structurally malformed (length, magic, version, field values).
-    pub malformed: u64,
-    /// Authentication tag mismatch.
-    pub bad_tag: u64,
-    /// Another job's packet.
-    pub wrong_job: u64,
-    /// Addressed to another rank, or from a rank outside the world.
-    pub wrong_rank: u64,
-    /// From an older generation of the peer.
-    pub stale_generation: u64,
-    /// For an op that already finished (and no longer lingers).
-    pub stale_op: u64,
-    /// Does not fit the op's layout (chunk count, length, dtype, phase, role).
-    pub mismatch: u64,
-    /// A chunk that had already arrived.
-    pub duplicate: u64,
-    /// A chunk that arrived after its transfer closed.
-    pub late: u64,
-    /// Buffered because the op had not started locally.
-    pub early_buffered: u64,
-    /// Dropped because the early buffer was full.
-    pub early_dropped: u64,
-    /// Buffered early packets discarded unused after the hard timeout.
-    pub early_expired: u64,
-}
-
-impl RejectCounters {
-    /// Datagrams discarded on arrival: every counter but `early_buffered` (kept
-    /// for later) and `early_expired` (discarded later, out of the buffer).
-    pub fn discarded_on_arrival(&self) -> u64 {
-        let RejectCounters {
-            malformed,
-            bad_tag,
-            wrong_job,
-            wrong_rank,
-            stale_generation,
-            stale_op,
-            mismatch,
-            duplicate,
-            late,
-            early_buffered: _,
-            early_dropped,
-            early_expired: _,
-        } = self;
-        malformed
-            + bad_tag
-            + wrong_job
-            + wrong_rank
-            + stale_generation
-            + stale_op
-            + mismatch
-            + duplicate
-            + late
-            + early_dropped
-    }
-}
-
-/// A number of datagrams and their bytes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PacketCount {
-    /// Datagrams.
-    pub packets: u64,
-    /// Bytes (whole datagrams as received).
-    pub bytes: u64,
-}
-
-impl PacketCount {
-    fn add(&mut self, bytes: usize) {
-        self.packets += 1;
-        self.bytes += bytes as u64;
-    }
-}
-
-/// Received datagrams discarded on arrival, per class and per peer: every
-/// datagram [`Endpoint::handle_datagram_from`] (or [`Endpoint::handle_datagram`])
-/// rejects for any reason in [`RejectCounters::discarded_on_arrival`], and every
-/// datagram the caller discards itself and reports with
-/// [`Endpoint::count_dropped`]. Each such datagram is counted once per table.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RxDrops {
-    /// Per class, as the datagram's fixed header claims ([`wire::peek_class`]:
-    /// readable when the datagram starts with the magic and holds a whole fixed
-    /// header, whatever else is wrong with it).
-    pub class: [PacketCount; 8],
-    /// Class unreadable (too short for a fixed header, not dlcp, class out of range).
-    pub unknown_class: PacketCount,
-    /// Per peer rank the datagram came from (as the caller knows it; see
-    /// [`Endpoint::handle_datagram_from`]).
-    pub peer: Vec<PacketCount>,
-    /// From no configured peer (or an unknown one): one bounded bucket.
-    pub unknown_peer: PacketCount,
-}
-
-/// Per-class, per-peer and protocol counters.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Datagrams sent per class.
-    pub tx_packets: [u64; 8],
-    /// Bytes sent per class.
-    pub tx_bytes: [u64; 8],
-    /// Authenticated datagrams received per class.
-    pub rx_packets: [u64; 8],
-    /// Bytes received per class.
-    pub rx_bytes: [u64; 8],
-    /// Datagrams sent per peer.
-    pub tx_packets_peer: Vec<u64>,
-    /// Bytes sent per peer.
-    pub tx_bytes_peer: Vec<u64>,
-    /// Authenticated datagrams received per peer.
-    pub rx_packets_peer: Vec<u64>,
-    /// Authenticated bytes received per peer.
-    pub rx_bytes_peer: Vec<u64>,
-    /// Received datagrams discarded on arrival, per class and per peer.
-    pub rx_dropped: RxDrops,
-    /// Rejections.
-    pub rejected: RejectCounters,
-    /// Repair DATA packets sent.
-    pub repairs_sent: u64,
-    /// Repair DATA packets received (new chunks).
-    pub repairs_received: u64,
-    /// Repair DATA packets sent, per class.
-    pub repairs_sent_per_class: [u64; 8],
-    /// Repair DATA packets received, per class.
-    pub repairs_received_per_class: [u64; 8],
-    /// Bytes of repair DATA packets sent, per class.
-    pub repair_bytes_sent_per_class: [u64; 8],
-    /// Bytes of repair DATA packets received (new chunks), per class.
-    pub repair_bytes_received_per_class: [u64; 8],
-    /// Repair DATA packets (and bytes) sent, per peer.
-    pub repairs_sent_peer: Vec<PacketCount>,
-    /// Repair DATA packets (and bytes) received (new chunks), per peer.
-    pub repairs_received_peer: Vec<PacketCount>,
-    /// PROBEs sent (every copy counts; see [`PROBE_COPIES`]).
-    pub probes_sent: u64,
-    /// Redundant PROBE copies received (same sequence number as one already
-    /// acted on) and ignored.
-    pub probes_duplicate: u64,
-    /// Receive deadlines that fired (`deadline_closes + deadline_nacks`).
-    pub deadlines_fired: u64,
-    /// Receive transfers a deadline ended: within budget, NACKed once, and
-    /// still no PROBE from the sender one retry later, so the receiver closed
-    /// on its own.
-    pub deadline_closes: u64,
-    /// Deadlines that re-sent the receiver's BITMAP (a NACK) to a sender gone
-    /// quiet: always the first firing (a within-budget BITMAP makes the sender
-    /// PROBE at once), and every firing while the transfer is not yet within
-    /// budget; the transfer goes on.
-    pub deadline_nacks: u64,
-    /// Ops failed by the hard timeout.
-    pub hard_timeouts: u64,
-    /// Ops completed.
-    pub ops_completed: u64,
-    /// Ops failed.
-    pub ops_failed: u64,
-    /// Transfers closed within budget but not complete.
-    pub closed_within_budget: u64,
 }
 
 /// Number of chunks that may be missing from `n` under `budget_ppm`.
@@ -927,16 +768,7 @@ impl Endpoint {
                 DeadlineEstimator::new(t.initial_per_chunk, t.deadline_min, t.deadline_max),
             ],
             events: VecDeque::new(),
-            stats: Stats {
-                tx_packets_peer: vec![0; world],
-                tx_bytes_peer: vec![0; world],
-                rx_packets_peer: vec![0; world],
-                rx_bytes_peer: vec![0; world],
-                rx_dropped: RxDrops { peer: vec![PacketCount::default(); world], ..RxDrops::default() },
-                repairs_sent_peer: vec![PacketCount::default(); world],
-                repairs_received_peer: vec![PacketCount::default(); world],
-                ..Stats::default()
-            },
+            stats: Stats::new(world),
             next_heartbeat: (!t.heartbeat.is_zero() && cfg.world > 1).then_some(now),
             hello_seq: 0,
             now,
@@ -1229,15 +1061,7 @@ impl Endpoint {
     /// (e.g. a source-address check) in [`Stats::rx_dropped`]: class from its
     /// header when readable, peer `from` (`None` or out of range: unknown).
     pub fn count_dropped(&mut self, datagram: &[u8], from: Option<u32>) {
-        let d = &mut self.stats.rx_dropped;
-        match wire::peek_class(datagram) {
-            Some(c) => d.class[c.index()].add(datagram.len()),
-            None => d.unknown_class.add(datagram.len()),
-        }
-        match from.and_then(|p| d.peer.get_mut(p as usize)) {
-            Some(p) => p.add(datagram.len()),
-            None => d.unknown_peer.add(datagram.len()),
-        }
+        self.stats.count_dropped(datagram, from);
     }
 
     /// Process received datagrams, in order: the same outcome as
@@ -1338,11 +1162,7 @@ impl Endpoint {
             return;
         }
         if !replay {
-            let ci = h.class.index();
-            self.stats.rx_packets[ci] += 1;
-            self.stats.rx_bytes[ci] += datagram.len() as u64;
-            self.stats.rx_packets_peer[h.src as usize] += 1;
-            self.stats.rx_bytes_peer[h.src as usize] += datagram.len() as u64;
+            self.stats.count_rx(h.src, h.class, datagram.len());
         }
         if h.ty == PacketType::Hello {
             return;
@@ -2557,19 +2377,13 @@ impl Endpoint {
             }
         }
         if repair {
-            self.stats.repairs_sent += 1;
-            self.stats.repairs_sent_per_class[class.index()] += 1;
-            self.stats.repair_bytes_sent_per_class[class.index()] += len as u64;
-            self.stats.repairs_sent_peer[item.peer as usize].add(len);
+            self.stats.count_repair_sent(item.peer, class, len);
         }
         Some(self.count_tx(item.peer, class, len))
     }
 
     fn count_tx(&mut self, peer: u32, class: Class, len: usize) -> Transmit {
-        self.stats.tx_packets[class.index()] += 1;
-        self.stats.tx_bytes[class.index()] += len as u64;
-        self.stats.tx_packets_peer[peer as usize] += 1;
-        self.stats.tx_bytes_peer[peer as usize] += len as u64;
+        self.stats.count_tx(peer, class, len);
         Transmit { dst: peer, len, class }
     }
 
@@ -2750,13 +2564,7 @@ fn accept_data_header(
     }
     if h.flags.contains(Flags::REPAIR) {
         r.repaired += 1;
-        let len = wire::OVERHEAD + usize::from(h.payload_len);
-        stats.repairs_received += 1;
-        stats.repairs_received_per_class[h.class.index()] += 1;
-        stats.repair_bytes_received_per_class[h.class.index()] += len as u64;
-        if let Some(p) = stats.repairs_received_peer.get_mut(h.src as usize) {
-            p.add(len);
-        }
+        stats.count_repair_received(h.src, h.class, wire::OVERHEAD + usize::from(h.payload_len));
     }
     arm_deadline(r, now, est);
     overtake

@@ -12,6 +12,7 @@
 //! - [`estimator`]: Jacobson/Karels estimators for probe timers and deadlines.
 //! - [`time`]: virtual [`time::Instant`].
 //! - [`pool`]: reusable `f32` buffers for ops.
+//! - [`stats`]: the endpoint's counters, each defined once, and their visitor.
 //! - [`rng`]: a small seeded random generator (SplitMix64).
 #![forbid(unsafe_code)]
 
@@ -25,5 +26,6 @@ pub mod pool;
 pub mod priority;
 pub mod rng;
 pub mod sim;
+pub mod stats;
 pub mod time;
 pub mod wire;

@@ -4,6 +4,8 @@
 //! comes out of `poll_*` calls, quinn-proto style. Everything that decides what
 //! goes on the wire lives here and is tested in deterministic simulations.
 //!
+//! - [`endpoint`]: one rank's protocol state machine, the entry point.
+//! - [`transfer`]: one bounded-loss transfer, send and receive side.
 //! - [`wire`]: packet layout, zero-copy views, parsed headers, the MAC.
 //! - [`class`]: the eight priority classes and sets of them.
 //! - [`priority`]: the chunk classifier.
@@ -12,6 +14,8 @@
 //! - [`estimator`]: Jacobson/Karels estimators for probe timers and deadlines.
 //! - [`time`]: virtual [`time::Instant`].
 //! - [`pool`]: reusable `f32` buffers for ops.
+//! - [`sim`]: the deterministic network simulator the tests drive endpoints in.
+//! - [`oracle`]: the reference result of an allreduce.
 //! - [`stats`]: the endpoint's counters, each defined once, and their visitor.
 //! - [`rng`]: a small seeded random generator (SplitMix64).
 #![forbid(unsafe_code)]
@@ -28,4 +32,5 @@ pub mod rng;
 pub mod sim;
 pub mod stats;
 pub mod time;
+pub mod transfer;
 pub mod wire;

@@ -228,9 +228,15 @@ pub fn magnitude_ranks(data: &[f32], chunk_elems: usize) -> Vec<u32> {
             if s.is_nan() { f64::INFINITY } else { s }
         })
         .collect();
-    let mut order: Vec<u32> = (0..norms.len() as u32).collect();
-    order.sort_by(|&a, &b| norms[b as usize].total_cmp(&norms[a as usize]).then(a.cmp(&b)));
-    let mut ranks = vec![0u32; norms.len()];
+    rank_order(norms.len(), |a, b| norms[b].total_cmp(&norms[a]))
+}
+
+/// The position of each of `n` entries when sorted by `cmp` (ties broken by
+/// index, so the result is deterministic).
+pub(crate) fn rank_order(n: usize, cmp: impl Fn(usize, usize) -> core::cmp::Ordering) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    order.sort_by(|&a, &b| cmp(a as usize, b as usize).then(a.cmp(&b)));
+    let mut ranks = vec![0u32; n];
     for (pos, &i) in order.iter().enumerate() {
         ranks[i as usize] = pos as u32;
     }

@@ -64,22 +64,13 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::fmt;
 
 use crate::class::Class;
+// `Transmit` is the endpoint's; re-exported as a temporary bridge for daemon/src/service.rs.
+use crate::endpoint::Endpoint;
+pub use crate::endpoint::Transmit;
 // Temporary bridge: daemon/src/service.rs still names `sim::Rng`; new code uses `rng::Rng`.
 pub use crate::rng::Rng;
 use crate::time::{Duration, Instant};
 use crate::wire::{self, PacketType, Phase};
-
-/// One datagram an endpoint wants to send: `len` bytes written into the buffer
-/// passed to [`Node::poll_transmit`], to rank `dst`, with priority `class`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Transmit {
-    /// Destination rank.
-    pub dst: u32,
-    /// Datagram length.
-    pub len: usize,
-    /// Priority class (the simulated switch serves and drops by it).
-    pub class: Class,
-}
 
 /// What the simulator drives: a sans-IO endpoint.
 pub trait Node {
@@ -106,6 +97,21 @@ impl<T: Node + ?Sized> Node for Box<T> {
     }
     fn poll_timeout(&self) -> Option<Instant> {
         (**self).poll_timeout()
+    }
+}
+
+impl Node for Endpoint {
+    fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) {
+        Endpoint::handle_datagram(self, now, datagram)
+    }
+    fn handle_timeout(&mut self, now: Instant) {
+        Endpoint::handle_timeout(self, now)
+    }
+    fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        Endpoint::poll_transmit(self, now, buf)
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        Endpoint::poll_timeout(self)
     }
 }
 

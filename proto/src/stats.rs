@@ -1,6 +1,6 @@
 //! The endpoint's counters, each defined once.
 //!
-//! Every counter is one line of a table ([`counters!`]) that gives both the
+//! Every counter is one line of a table (`counters!`) that gives both the
 //! struct field (read as `stats.tx_packets`, `stats.rejected.bad_tag`, …) and
 //! a static description of how it is reported: its key in the "protocol"
 //! object of `dlcpctl stats --json`, its Prometheus metric name, help text,

@@ -296,7 +296,7 @@ pub enum Event {
     },
 }
 
-/// What an endpoint holds in memory ([`Endpoint::footprint`]).
+/// What an endpoint holds in memory ([`Endpoint::footprint`](crate::endpoint::Endpoint::footprint)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Footprint {
     /// Protocol state: ops, transfers, bitmaps, classes, transmit queues,

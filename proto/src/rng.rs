@@ -1,7 +1,7 @@
 //! A small seeded pseudo-random generator (SplitMix64).
 //!
 //! The simulator draws every fault from it, and the daemon's debug receive
-//! loss uses it too, so it lives here rather than in [`crate::sim`].
+//! loss uses it too, so it lives here rather than in the simulator.
 
 /// The SplitMix64 finalizer: a bijective 64-bit mixing function.
 const fn mix64(mut z: u64) -> u64 {

@@ -74,7 +74,7 @@ use crate::transfer::{fill_done, fill_mask};
 use crate::wire::{self, DType, Header, PacketType, Phase, WireError};
 
 pub(crate) mod allreduce;
-pub mod api;
+pub(crate) mod api;
 pub(crate) mod history;
 pub(crate) mod membership;
 pub(crate) mod shared;

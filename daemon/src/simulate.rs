@@ -12,10 +12,11 @@ use std::io::{self, Write};
 use std::rc::Rc;
 use std::time::Instant as WallClock;
 
+use dlcp_proto::class::Class;
 use dlcp_proto::endpoint::{Endpoint, EndpointConfig, Event, Footprint, OpId, OpOptions, OpReport};
 use dlcp_proto::oracle;
-use dlcp_proto::priority::Class;
-use dlcp_proto::sim::{NetConfig, NetStats, Rng, Sim, TraceEvent, TraceRecord};
+use dlcp_proto::rng::Rng;
+use dlcp_proto::sim::{NetConfig, NetStats, Sim, TraceEvent, TraceRecord};
 use dlcp_proto::time::{Duration, Instant};
 use dlcp_proto::wire::{MacKey, PPM, Packet};
 

@@ -19,7 +19,7 @@
 //! Optional arguments: a duration per measurement in milliseconds (default 700)
 //! and, after `--`, nothing else (cargo passes `--bench`, which is ignored).
 
-use dlcp_proto::priority::Class;
+use dlcp_proto::class::Class;
 use dlcp_proto::wire::{self, Header, MacKey, OVERHEAD, Packet, PacketType, Phase, TAG_LEN};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -84,7 +84,7 @@ fn measure_mac(size: usize, dur: Duration) -> MacFigures {
     });
     let verify_pps = rate(dur, || {
         let p = Packet::new_checked(black_box(&pkt[..])).unwrap();
-        key.verify(&p).unwrap();
+        p.verify(&key).unwrap();
     });
     let mut out = vec![0u8; size];
     let encode_pps = rate(dur, || {

@@ -89,59 +89,9 @@
 //! Which classes are *droppable* (may count against the loss budget) is a
 //! separate [`ClassSet`]; chunks of other classes are always repaired.
 
+// The classifier speaks in classes: kept here too for the crates that use them with it.
+pub use crate::class::{Class, ClassSet};
 use crate::wire::Phase;
-
-/// A priority class, 0 (lowest) to 7 (control).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Class(u8);
-
-impl Class {
-    /// Number of classes.
-    pub const COUNT: usize = 8;
-    /// The class of control packets.
-    pub const CONTROL: Class = Class(7);
-    /// The highest class a data chunk can have.
-    pub const MAX_DATA: Class = Class(6);
-
-    /// A class from its number, if in range.
-    pub const fn new(v: u8) -> Option<Class> {
-        if (v as usize) < Self::COUNT { Some(Class(v)) } else { None }
-    }
-
-    /// The class number.
-    pub const fn get(self) -> u8 {
-        self.0
-    }
-
-    /// The class number as an index into per-class tables.
-    pub const fn index(self) -> usize {
-        self.0 as usize
-    }
-
-    /// All classes, lowest first.
-    pub fn all() -> impl DoubleEndedIterator<Item = Class> {
-        (0..Self::COUNT as u8).map(Class)
-    }
-}
-
-/// A set of classes (bit `c` set = class `c` in the set).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct ClassSet(pub u8);
-
-impl ClassSet {
-    /// The empty set.
-    pub const EMPTY: ClassSet = ClassSet(0);
-
-    /// A set from a list of classes.
-    pub fn from_classes(classes: impl IntoIterator<Item = Class>) -> ClassSet {
-        ClassSet(classes.into_iter().fold(0, |m, c| m | (1 << c.get())))
-    }
-
-    /// True if `c` is in the set.
-    pub fn contains(self, c: Class) -> bool {
-        self.0 & (1 << c.get()) != 0
-    }
-}
 
 /// Classifier parameters (from the `[priority]` section of the config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -278,9 +228,15 @@ pub fn magnitude_ranks(data: &[f32], chunk_elems: usize) -> Vec<u32> {
             if s.is_nan() { f64::INFINITY } else { s }
         })
         .collect();
-    let mut order: Vec<u32> = (0..norms.len() as u32).collect();
-    order.sort_by(|&a, &b| norms[b as usize].total_cmp(&norms[a as usize]).then(a.cmp(&b)));
-    let mut ranks = vec![0u32; norms.len()];
+    rank_order(norms.len(), |a, b| norms[b].total_cmp(&norms[a]))
+}
+
+/// The position of each of `n` entries when sorted by `cmp` (ties broken by
+/// index, so the result is deterministic).
+pub(crate) fn rank_order(n: usize, cmp: impl Fn(usize, usize) -> core::cmp::Ordering) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    order.sort_by(|&a, &b| cmp(a as usize, b as usize).then(a.cmp(&b)));
+    let mut ranks = vec![0u32; n];
     for (pos, &i) in order.iter().enumerate() {
         ranks[i as usize] = pos as u32;
     }

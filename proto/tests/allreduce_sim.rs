@@ -394,8 +394,8 @@ fn silent_rank_yields_errors_within_the_hard_timeout() {
 
 #[test]
 fn priority_bottleneck_drops_low_classes_first_and_front_layers_finish_first() {
+    use dlcp_proto::class::Class;
     use dlcp_proto::endpoint::OpOptions;
-    use dlcp_proto::priority::Class;
     let world = 4;
     // Every port is a 4 Gbit/s bottleneck behind 10 Gbit/s uplinks, with short queues.
     let mut net = NetConfig::default().with_seed(71).with_queue(24);

@@ -5,9 +5,9 @@
 mod common;
 
 use common::*;
+use dlcp_proto::class::Class;
 use dlcp_proto::endpoint::{Endpoint, OpId};
-use dlcp_proto::priority::Class;
-use dlcp_proto::sim::Rng;
+use dlcp_proto::rng::Rng;
 use dlcp_proto::time::Instant;
 use dlcp_proto::wire::{self, Header, MacKey, PacketType, Phase};
 

@@ -4,9 +4,10 @@
 mod common;
 
 use common::*;
+use dlcp_proto::class::Class;
 use dlcp_proto::endpoint::{Endpoint, OpId};
-use dlcp_proto::priority::Class;
-use dlcp_proto::sim::{NetConfig, Node, Rng};
+use dlcp_proto::rng::Rng;
+use dlcp_proto::sim::{NetConfig, Node};
 use dlcp_proto::time::{Duration, Instant};
 use dlcp_proto::wire::{self, DType, Flags, Header, MacKey, PacketType, Phase};
 use proptest::prelude::*;

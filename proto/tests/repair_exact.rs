@@ -12,9 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
 use common::*;
-use dlcp_proto::endpoint::{Endpoint, OpId, OpOptions, allowed_missing};
-use dlcp_proto::priority::{Class, ClassSet};
-use dlcp_proto::sim::{NetConfig, Node, Sim, TraceEvent, Transmit};
+use dlcp_proto::class::{Class, ClassSet};
+use dlcp_proto::endpoint::{Endpoint, OpId, OpOptions, Transmit, allowed_missing};
+use dlcp_proto::sim::{NetConfig, Node, Sim, TraceEvent};
 use dlcp_proto::time::{Duration, Instant};
 use dlcp_proto::wire::{Flags, Packet, PacketType, Phase};
 

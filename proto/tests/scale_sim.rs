@@ -8,7 +8,8 @@ use std::rc::Rc;
 
 use dlcp_proto::endpoint::{Endpoint, EndpointConfig, Event, OpId, OpOptions};
 use dlcp_proto::oracle;
-use dlcp_proto::sim::{NetConfig, Rng, Sim, TraceEvent};
+use dlcp_proto::rng::Rng;
+use dlcp_proto::sim::{NetConfig, Sim, TraceEvent};
 use dlcp_proto::time::{Duration, Instant};
 use dlcp_proto::wire::{MacKey, Packet};
 

@@ -3,8 +3,9 @@
 
 use std::collections::VecDeque;
 
-use dlcp_proto::priority::Class;
-use dlcp_proto::sim::{ChunkKey, NetConfig, NetStats, Node, Sim, TraceEvent, Transmit};
+use dlcp_proto::class::Class;
+use dlcp_proto::endpoint::Transmit;
+use dlcp_proto::sim::{ChunkKey, NetConfig, NetStats, Node, Sim, TraceEvent};
 use dlcp_proto::time::{Duration, Instant};
 use dlcp_proto::wire::{self, Header, MacKey, PacketType, Phase, WireError};
 

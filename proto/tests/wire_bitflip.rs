@@ -5,7 +5,7 @@
 //! header, the payload and the tag itself — fails the MAC with `BadTag`. No
 //! flip may ever decode.
 
-use dlcp_proto::priority::Class;
+use dlcp_proto::class::Class;
 use dlcp_proto::wire::{self, Flags, HEADER_LEN, Header, MacKey, PacketType, Phase, WireError};
 
 fn key() -> MacKey {

@@ -4,7 +4,7 @@
 //! field ranges) are reached by editing raw header bytes and then re-computing
 //! a valid tag with `MacKey::tag`, exactly as a peer holding the job key could.
 
-use dlcp_proto::priority::Class;
+use dlcp_proto::class::Class;
 use dlcp_proto::wire::{
     self, DType, Flags, HEADER_LEN, Header, MAX_PAYLOAD, MacKey, OVERHEAD, PPM, Packet, PacketType, Phase,
     TAG_LEN, WireError,

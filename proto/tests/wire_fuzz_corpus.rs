@@ -10,7 +10,7 @@
 //! the ignored test `write_seed_corpus`:
 //! `cargo test -p dlcp-proto --test wire_fuzz_corpus -- --ignored write_seed_corpus`.
 
-use dlcp_proto::priority::Class;
+use dlcp_proto::class::Class;
 use dlcp_proto::wire::{self, DType, Flags, Header, MacKey, PacketType, Phase, TAG_LEN};
 use std::collections::BTreeSet;
 use std::path::PathBuf;

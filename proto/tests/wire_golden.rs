@@ -11,7 +11,7 @@
 //! byte from the table, so a wrong offset in both the encoder and the
 //! generator would still be caught.
 
-use dlcp_proto::priority::Class;
+use dlcp_proto::class::Class;
 use dlcp_proto::wire::{
     self, DType, Flags, HEADER_LEN, Header, KEY_CONTEXT, MacKey, OVERHEAD, Packet, PacketType, Phase,
     TAG_LEN, WireError,
@@ -166,7 +166,7 @@ fn decode_golden_gives_header() {
         assert_eq!(view.payload(), &payload[..]);
         assert_eq!(view.authenticated(), &bytes[..bytes.len() - TAG_LEN]);
         assert_eq!(view.tag(), &bytes[bytes.len() - TAG_LEN..]);
-        key().verify(&view).unwrap();
+        view.verify(&key()).unwrap();
     }
 }
 

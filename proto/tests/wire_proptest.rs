@@ -6,7 +6,7 @@
 //!   field checks after the MAC);
 //! - `Packet::new_checked` and every accessor never panic.
 
-use dlcp_proto::priority::Class;
+use dlcp_proto::class::Class;
 use dlcp_proto::wire::{
     self, DType, Flags, HEADER_LEN, Header, MAX_PAYLOAD, MacKey, OVERHEAD, PPM, Packet, PacketType, Phase,
     TAG_LEN, WireError,
@@ -210,7 +210,7 @@ proptest! {
                 prop_assert!(fix_prefix || bytes.len() >= OVERHEAD);
                 exercise_view(&p);
                 let _ = Header::parse(&p);
-                let _ = key().verify(&p);
+                let _ = p.verify(&key());
                 prop_assert_eq!(p.authenticated().len() + TAG_LEN, bytes.len());
                 prop_assert_eq!(p.payload().len(), bytes.len() - OVERHEAD);
             }

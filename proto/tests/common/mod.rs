@@ -9,7 +9,8 @@ use std::rc::Rc;
 use dlcp_proto::endpoint::{
     Endpoint, EndpointConfig, Event, Fill, OpError, OpId, OpOptions, OpReport, ReduceOp, Timers,
 };
-use dlcp_proto::sim::{ChunkKey, NetConfig, Rng, Sim, TraceEvent};
+use dlcp_proto::rng::Rng;
+use dlcp_proto::sim::{ChunkKey, NetConfig, Sim, TraceEvent};
 use dlcp_proto::time::{Duration, Instant};
 use dlcp_proto::wire::{self, Flags, MacKey, PacketType, Phase};
 

@@ -2,7 +2,7 @@
 """Independent generator for the dlcp wire-format golden vectors.
 
 This script does NOT use the Rust encoder. It writes every header field at the
-offset given by the layout table in `proto/src/wire.rs` (module docs), appends
+offset given by the layout table in `proto/src/wire/mod.rs` (module docs), appends
 the payload, and computes the tag with the reference BLAKE3 implementation
 (`pip install blake3`):
 

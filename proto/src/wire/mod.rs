@@ -37,7 +37,7 @@
 //! targets, so a receive is a plain copy); header fields are big-endian.
 //!
 //! Decoding never panics and never allocates: [`Packet::new_checked`] validates
-//! lengths and the fixed fields, [`MacKey::verify`] the tag, and [`Header::parse`]
+//! lengths and the fixed fields, [`Packet::verify`] the tag, and [`Header::parse`]
 //! every enumerated field, returning a typed [`WireError`] for each malformed input.
 //!
 //! ## Validation order
@@ -119,8 +119,13 @@
 //! messages through BLAKE3's SIMD lanes instead: the same tags, 329 ns per
 //! 1472-byte packet against 1573 ns one at a time (same bench, 64 per call).
 
-use crate::priority::Class;
+use crate::class::Class;
 use thiserror::Error;
+
+mod mac;
+
+pub(crate) use mac::tags_equal;
+pub use mac::{KEY_CONTEXT, MacKey, TAG_LEN};
 
 /// `0xD1C9`, the first two bytes of every dlcp datagram.
 pub const MAGIC: u16 = 0xD1C9;
@@ -128,8 +133,6 @@ pub const MAGIC: u16 = 0xD1C9;
 pub const VERSION: u8 = 1;
 /// Length of the fixed header.
 pub const HEADER_LEN: usize = 64;
-/// Length of the authentication tag.
-pub const TAG_LEN: usize = 16;
 /// Fixed bytes per datagram (header plus tag).
 pub const OVERHEAD: usize = HEADER_LEN + TAG_LEN;
 /// Largest payload a header can declare (the range of `payload_len`).
@@ -553,7 +556,7 @@ impl Header {
 /// [`Packet::new_checked`] has succeeded (for any `T` whose `as_ref` returns
 /// the same slice every time, as `&[u8]`, `Vec<u8>` and arrays do). The fields
 /// are *not* authenticated or validated by the view: use [`decode`], or
-/// [`MacKey::verify`] then [`Header::parse`].
+/// [`Packet::verify`] then [`Header::parse`].
 #[derive(Debug, Clone, Copy)]
 pub struct Packet<T: AsRef<[u8]>> {
     buffer: T,
@@ -693,162 +696,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
         let b = self.b();
         &b[b.len() - TAG_LEN..]
     }
-}
 
-/// Per-job authentication key.
-///
-/// Derived from the job secret with BLAKE3's key derivation, then used as a
-/// BLAKE3 key: `tag = BLAKE3-keyed(key, header ‖ payload)[..16]`.
-#[derive(Clone)]
-pub struct MacKey {
-    key: [u8; 32],
-}
-
-impl core::fmt::Debug for MacKey {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str("MacKey(..)")
-    }
-}
-
-/// Domain-separation context for deriving packet keys from a job secret.
-pub const KEY_CONTEXT: &str = "dlcp v1 2026-11 packet authentication";
-
-impl MacKey {
-    /// Derive the packet key from a job secret (any length; use ≥ 16 random bytes).
-    pub fn derive(secret: &[u8]) -> MacKey {
-        MacKey { key: blake3::derive_key(KEY_CONTEXT, secret) }
-    }
-
-    /// Compute the tag over `authenticated` bytes.
-    pub fn tag(&self, authenticated: &[u8]) -> [u8; TAG_LEN] {
-        let h = blake3::keyed_hash(&self.key, authenticated);
-        let mut t = [0u8; TAG_LEN];
-        t.copy_from_slice(&h.as_bytes()[..TAG_LEN]);
-        t
-    }
-
-    /// The tags of many messages: `out[i] == self.tag(msgs[i])` for every `i`
-    /// (same keyed BLAKE3, same bytes), computed several messages at a time.
-    ///
-    /// A message of an MTU-sized datagram spans two BLAKE3 chunks, which
-    /// [`tag`](Self::tag) compresses one 64-byte block after the other (24
-    /// serial compressions). Here the blocks of *different* messages of one
-    /// length go through the SIMD lanes together (BLAKE3's `hash_many`, 16
-    /// lanes with AVX-512): only each message's last block and the root parent
-    /// node are compressed alone. Messages of 1 KiB or less, or above 2 KiB,
-    /// take the plain path. `blake3::platform` is the crate's hidden,
-    /// unstable API: the version is pinned by Cargo.lock, and the tests check
-    /// equality with [`blake3::keyed_hash`] over every length (a change of
-    /// that API fails to compile or fails those tests, never silently).
-    ///
-    /// # Panics
-    /// If `out` is shorter than `msgs`.
-    pub fn tag_many(&self, msgs: &[&[u8]], out: &mut [[u8; TAG_LEN]]) {
-        assert!(out.len() >= msgs.len(), "tag_many: {} outputs for {} messages", out.len(), msgs.len());
-        const CHUNK: usize = blake3::CHUNK_LEN;
-        let mut batch: Vec<usize> = Vec::new();
-        for (i, m) in msgs.iter().enumerate() {
-            if m.len() > CHUNK && m.len() <= 2 * CHUNK {
-                batch.push(i);
-            } else {
-                out[i] = self.tag(m);
-            }
-        }
-        if batch.is_empty() {
-            return;
-        }
-        // Equal lengths together (usually one or two lengths per batch).
-        batch.sort_by_key(|&i| msgs[i].len());
-        let platform = blake3::platform::Platform::detect();
-        let key = blake3::platform::words_from_le_bytes_32(&self.key);
-        let mut start = 0;
-        while start < batch.len() {
-            let len = msgs[batch[start]].len();
-            let end = start + batch[start..].iter().take_while(|&&i| msgs[i].len() == len).count();
-            for group in batch[start..end].chunks(MAX_TAG_GROUP) {
-                tag_group(platform, &key, msgs, group, len, out);
-            }
-            start = end;
-        }
-    }
-
-    /// Check a packet's tag in constant time.
-    pub fn verify<T: AsRef<[u8]>>(&self, p: &Packet<T>) -> Result<(), WireError> {
-        let want = self.tag(p.authenticated());
-        let got = p.tag();
-        let diff = want.iter().zip(got).fold(0u8, |acc, (a, b)| acc | (a ^ b));
-        if diff == 0 { Ok(()) } else { Err(WireError::BadTag) }
-    }
-}
-
-/// Messages per `hash_many` call in [`MacKey::tag_many`].
-const MAX_TAG_GROUP: usize = 32;
-
-/// BLAKE3 domain flags (the specification's values).
-const B3_CHUNK_START: u8 = 1 << 0;
-const B3_CHUNK_END: u8 = 1 << 1;
-const B3_PARENT: u8 = 1 << 2;
-const B3_ROOT: u8 = 1 << 3;
-const B3_KEYED_HASH: u8 = 1 << 4;
-
-/// Keyed BLAKE3 tags of `msgs[i]` for `i` in `group`, all of length `len`
-/// with `CHUNK_LEN < len <= 2 * CHUNK_LEN`: chunk 0 of every message in
-/// parallel, chunk 1 up to its last block in parallel, then per message the
-/// last block of chunk 1 and the root parent node.
-fn tag_group(
-    platform: blake3::platform::Platform,
-    key: &[u32; 8],
-    msgs: &[&[u8]],
-    group: &[usize],
-    len: usize,
-    out: &mut [[u8; TAG_LEN]],
-) {
-    use blake3::IncrementCounter::No;
-    use blake3::platform::{le_bytes_from_words_32, words_from_le_bytes_32};
-    const CHUNK: usize = blake3::CHUNK_LEN;
-    const BLOCK: usize = blake3::BLOCK_LEN;
-    let k = group.len();
-    let mut cv0 = [0u8; MAX_TAG_GROUP * 32];
-    let mut cv1 = [0u8; MAX_TAG_GROUP * 32];
-    let firsts: Vec<&[u8; CHUNK]> =
-        group.iter().map(|&i| msgs[i][..CHUNK].try_into().expect("len > CHUNK_LEN")).collect();
-    platform.hash_many(&firsts, key, 0, No, B3_KEYED_HASH, B3_CHUNK_START, B3_CHUNK_END, &mut cv0[..32 * k]);
-    // Chunk 1: `full` whole blocks before its last (possibly partial) block.
-    let rest = len - CHUNK;
-    let full = rest.div_ceil(BLOCK) - 1;
-    macro_rules! prefix {
-        ($($n:literal)*) => {
-            match full {
-                0 => {
-                    for j in 0..k {
-                        cv1[32 * j..32 * j + 32].copy_from_slice(&le_bytes_from_words_32(key));
-                    }
-                }
-                $($n => {
-                    let ins: Vec<&[u8; $n * BLOCK]> = group
-                        .iter()
-                        .map(|&i| msgs[i][CHUNK..CHUNK + $n * BLOCK].try_into().expect("prefix length"))
-                        .collect();
-                    platform.hash_many(&ins, key, 1, No, B3_KEYED_HASH, B3_CHUNK_START, 0, &mut cv1[..32 * k]);
-                })*
-                _ => unreachable!("chunk 1 has at most 15 blocks before its last"),
-            }
-        };
-    }
-    prefix!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
-    let last_len = rest - full * BLOCK;
-    let last_flags = B3_KEYED_HASH | B3_CHUNK_END | if full == 0 { B3_CHUNK_START } else { 0 };
-    for (j, &i) in group.iter().enumerate() {
-        let mut block = [0u8; BLOCK];
-        block[..last_len].copy_from_slice(&msgs[i][CHUNK + full * BLOCK..]);
-        let mut cv = words_from_le_bytes_32(cv1[32 * j..32 * j + 32].try_into().expect("32 bytes"));
-        platform.compress_in_place(&mut cv, &block, last_len as u8, 1, last_flags);
-        let mut parent = [0u8; BLOCK];
-        parent[..32].copy_from_slice(&cv0[32 * j..32 * j + 32]);
-        parent[32..].copy_from_slice(&le_bytes_from_words_32(&cv));
-        let mut root = *key;
-        platform.compress_in_place(&mut root, &parent, BLOCK as u8, 0, B3_KEYED_HASH | B3_PARENT | B3_ROOT);
-        out[i].copy_from_slice(&le_bytes_from_words_32(&root)[..TAG_LEN]);
+    /// Check the tag with `key`, in constant time.
+    pub fn verify(&self, key: &MacKey) -> Result<(), WireError> {
+        if key.check(self.authenticated(), self.tag()) { Ok(()) } else { Err(WireError::BadTag) }
     }
 }
 
@@ -905,7 +756,7 @@ pub fn encode_maybe_tagged(
 /// sub-slice of `datagram`.
 pub fn decode<'a>(key: &MacKey, datagram: &'a [u8]) -> Result<(Header, &'a [u8]), WireError> {
     let p = Packet::new_checked(datagram)?;
-    key.verify(&p)?;
+    p.verify(key)?;
     let h = Header::parse(&p)?;
     Ok((h, &datagram[HEADER_LEN..HEADER_LEN + usize::from(h.payload_len)]))
 }
@@ -970,41 +821,6 @@ mod tests {
         h.required = 4;
         h.budget_ppm = 10_000;
         h
-    }
-
-    #[test]
-    fn tag_many_equals_tag_for_every_length() {
-        let k = key();
-        let mut x = 0x1234_5678_9abc_def0u64;
-        let data: Vec<u8> = (0..2100 * 3)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
-        // Every length around and inside the batched range, a few messages of
-        // each length (different contents), mixed in one call.
-        let mut msgs: Vec<&[u8]> = Vec::new();
-        for len in (0..80).chain(1000..=2100) {
-            for m in 0..3 {
-                let off = (len * 7 + m * 911) % (data.len() - len);
-                msgs.push(&data[off..off + len]);
-            }
-        }
-        let mut out = vec![[0u8; TAG_LEN]; msgs.len()];
-        k.tag_many(&msgs, &mut out);
-        for (m, t) in msgs.iter().zip(&out) {
-            assert_eq!(*t, k.tag(m), "length {}", m.len());
-        }
-        // Larger groups than one hash_many call, all of one length.
-        let same: Vec<&[u8]> = (0..70).map(|i| &data[i * 13..i * 13 + 1456]).collect();
-        let mut out = vec![[0u8; TAG_LEN]; same.len()];
-        k.tag_many(&same, &mut out);
-        for (m, t) in same.iter().zip(&out) {
-            assert_eq!(*t, k.tag(m));
-        }
     }
 
     #[test]

@@ -1,0 +1,593 @@
+//! One allreduce op (see the [endpoint docs](super) for the algorithm): its
+//! transfers of both phases with every peer ([`table`]), where its shards
+//! and chunks lie and their arithmetic ([`shard`]), and the decisions that
+//! span transfers: classes by magnitude at the start, the reduction of this
+//! rank's shard ([`Op::reduce`]), the repairs of reduce-scatter
+//! ([`Op::decide_scatter`]) and the agreed mask of all-gather
+//! ([`Op::decide_gather`]), completion and its report.
+//!
+//! The transfers themselves are [`crate::transfer`]'s: the op routes packets
+//! and timers to them and acts on what they return, through the endpoint's
+//! [`Shared`] pieces (queues, counters, estimators).
+
+pub(crate) mod shard;
+pub(crate) mod table;
+
+use crate::bitmap::Bitmap;
+use crate::class::Class;
+use crate::endpoint::api::{OpId, OpOptions, OpReport};
+use crate::endpoint::shared::Shared;
+use crate::endpoint::tx::{TxItem, TxKind};
+use crate::pool::BufferPool;
+use crate::priority::{ChunkTraits, ClassifierConfig, classify};
+use crate::time::{Duration, Instant};
+use crate::transfer::{
+    Answer, Arrived, Drained, Fired, Mode, Receiver, Refused, Sender, allowed_missing, fill_mask,
+    select_repairs,
+};
+use crate::wire::{self, Flags, Header, PacketType, Phase};
+
+pub(crate) use shard::Layout;
+use shard::{read_f32s, reduce_shard, write_f32s};
+pub(crate) use table::{Side, Transfers};
+
+/// One allreduce op (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Op {
+    opts: OpOptions,
+    started: Instant,
+    /// Last time the op learned something (the hard timeout counts from here).
+    last_progress: Instant,
+    layout: Layout,
+    input: Vec<f32>,
+    result: Vec<f32>,
+    /// Classes of the chunks of each shard in reduce-scatter (empty for own shard).
+    classes: Vec<Vec<Class>>,
+    /// Classes of own shard's chunks in all-gather.
+    gclasses: Vec<Class>,
+    transfers: Transfers,
+    reduced: bool,
+    /// The agreed mask of own shard, once decided.
+    gmask: Option<Bitmap>,
+    repairs_sent: u32,
+    peer_gen: Vec<Option<u32>>,
+    /// The classifier when the op started (a reload changes only new ops).
+    classifier: ClassifierConfig,
+}
+
+/// What a packet handler did with it.
+type Handled = Result<(), Refused>;
+
+/// Count a refused packet.
+fn refused(sh: &mut Shared, r: Refused) {
+    let rej = &mut sh.stats.rejected;
+    match r {
+        Refused::Mismatch => rej.mismatch += 1,
+        Refused::Late => rej.late += 1,
+        Refused::Duplicate => rej.duplicate += 1,
+        Refused::DuplicateProbe => sh.stats.probes_duplicate += 1,
+    }
+}
+
+impl Op {
+    /// Start op `id` on `input` at `now`: rank the chunks this rank sends by
+    /// magnitude into classes, open every transfer and queue the first pass
+    /// of reduce-scatter.
+    pub(crate) fn start(
+        now: Instant,
+        id: OpId,
+        layout: Layout,
+        input: Vec<f32>,
+        opts: OpOptions,
+        pool: &mut BufferPool,
+        sh: &mut Shared,
+    ) -> Op {
+        let (world, me) = (sh.cfg.world, sh.me());
+        let mut op = Op {
+            opts,
+            started: now,
+            last_progress: now,
+            layout,
+            result: pool.take_zeroed(input.len()),
+            input,
+            classes: vec![Vec::new(); world as usize],
+            gclasses: Vec::new(),
+            transfers: Transfers::new(world as usize),
+            reduced: false,
+            gmask: None,
+            repairs_sent: 0,
+            peer_gen: vec![None; world as usize],
+            classifier: sh.cfg.classifier,
+        };
+        // Classes of every chunk this rank sends in reduce-scatter, ranked by
+        // magnitude across the whole tensor.
+        let others = || (0..world).filter(move |&s| s != me);
+        for s in others() {
+            op.classes[s as usize] = vec![Class::default(); layout.chunks(s) as usize];
+        }
+        let ranks = layout.magnitude_ranks(&op.input, others());
+        for &(s, c, rank) in &ranks {
+            op.classes[s as usize][c as usize] = op.classify(Phase::Scatter, rank, ranks.len() as u32);
+        }
+        let own_chunks = layout.chunks(me);
+        for j in others() {
+            let n = layout.chunks(j);
+            if n > 0 {
+                let required = op.required(&op.classes[j as usize]);
+                let st = Sender::new(n, required, opts.budget_ppm, sh.seg_bytes(), Mode::Own);
+                op.transfers.set_sender(Phase::Scatter, j, st);
+            }
+            if own_chunks > 0 {
+                let buf = pool.take(layout.shard(me).len());
+                op.transfers.set_receiver(Phase::Scatter, j, Receiver::new(own_chunks, buf, Mode::Own));
+            }
+            if n > 0 {
+                op.transfers.set_receiver(Phase::Gather, j, Receiver::new(n, Vec::new(), Mode::Agreed));
+            }
+        }
+        op.first_pass(id, Phase::Scatter, sh);
+        op
+    }
+
+    fn classify(&self, phase: Phase, magnitude_rank: u32, chunks: u32) -> Class {
+        let (layer, layers) = (self.opts.layer, self.opts.layers);
+        classify(&self.classifier, &ChunkTraits { phase, layer, layers, magnitude_rank, chunks })
+    }
+
+    /// Chunks of a class that is not droppable.
+    fn required(&self, classes: &[Class]) -> u32 {
+        classes.iter().filter(|&&c| !self.classifier.droppable.contains(c)).count() as u32
+    }
+
+    /// The class of `chunk` in the transfer with `peer` in `phase`.
+    fn class_of(&self, phase: Phase, peer: u32, chunk: u32) -> Class {
+        match phase {
+            Phase::Gather => self.gclasses[chunk as usize],
+            _ => self.classes[peer as usize][chunk as usize],
+        }
+    }
+
+    /// Queue every chunk of every send transfer of `phase` once, interleaved
+    /// across destinations so every path is busy at once, starting after this
+    /// rank to spread incast.
+    fn first_pass(&mut self, id: OpId, phase: Phase, sh: &mut Shared) {
+        let (world, me) = (sh.cfg.world, sh.me());
+        let max = self.transfers.senders(phase).map(|(_, st)| st.n()).max().unwrap_or(0);
+        for chunk in 0..max {
+            for k in 1..world {
+                let j = (me + k) % world;
+                let Some(st) = self.transfers.sender_mut(phase, j).filter(|st| chunk < st.n()) else {
+                    continue;
+                };
+                st.queue(1);
+                let kind = TxKind::Data { chunk, repair: false, class: self.class_of(phase, j, chunk) };
+                sh.tx.push_data(TxItem { id, phase, peer: j, kind });
+            }
+        }
+    }
+
+    /// Reduce this rank's shard once every reduce-scatter transfer closed,
+    /// then start the all-gather.
+    pub(crate) fn reduce(&mut self, id: OpId, sh: &mut Shared) {
+        if self.reduced || self.transfers.any_open(Phase::Scatter) {
+            return;
+        }
+        self.reduced = true;
+        let (world, me) = (sh.cfg.world, sh.me());
+        let layout = self.layout;
+        let (own, out) = (&self.input[layout.shard(me)], &mut self.result[layout.shard(me)]);
+        reduce_shard(&layout, me, &self.opts, own, self.transfers.receivers(Phase::Scatter), out);
+        // Gather classes: rank own chunks by magnitude within the shard.
+        let n = layout.chunks(me);
+        let ranks = layout.magnitude_ranks(&self.result, [me].into_iter());
+        self.gclasses = ranks.iter().map(|&(_, _, r)| self.classify(Phase::Gather, r, n)).collect();
+        // The input stays: reduce-scatter sends to other owners may still need repairs.
+        for j in 0..world {
+            if let Some(r) = self.transfers.receiver_mut(Phase::Scatter, j) {
+                drop(r.take_buf());
+            }
+        }
+        if n == 0 || world == 1 {
+            self.gmask = Some(Bitmap::new(n));
+            return;
+        }
+        let required = self.required(&self.gclasses);
+        for j in (0..world).filter(|&j| j != me) {
+            let st = Sender::new(n, required, self.opts.gather_budget_ppm, sh.seg_bytes(), Mode::Agreed);
+            self.transfers.set_sender(Phase::Gather, j, st);
+        }
+        self.first_pass(id, Phase::Gather, sh);
+    }
+
+    /// A packet for this op from `h.src`, authenticated and of the current
+    /// generation of its sender.
+    pub(crate) fn on_packet(&mut self, now: Instant, id: OpId, h: &Header, payload: &[u8], sh: &mut Shared) {
+        let src = h.src as usize;
+        match self.peer_gen[src] {
+            None => self.peer_gen[src] = Some(h.generation),
+            Some(g) if g != h.generation => {
+                sh.stats.rejected.stale_generation += 1;
+                return;
+            }
+            _ => {}
+        }
+        let handled = match (h.ty, h.phase) {
+            (PacketType::Data, _) => self.on_data(now, id, h, payload, sh),
+            (PacketType::Probe, _) => self.on_probe(now, id, h, sh),
+            (PacketType::Bitmap, _) => self.on_bitmap(now, id, h, payload, sh),
+            (PacketType::Done, Phase::Scatter) => self.on_done(now, h, sh),
+            (PacketType::Done, _) => self.on_mask(now, h, payload, sh),
+            (PacketType::Hello, _) => Err(Refused::Mismatch),
+        };
+        if let Err(r) = handled {
+            refused(sh, r);
+        }
+    }
+
+    /// A chunk: into the scatter receive buffer, or straight into the result
+    /// (gather: it is the owner's reduced value).
+    fn on_data(&mut self, now: Instant, id: OpId, h: &Header, payload: &[u8], sh: &mut Shared) -> Handled {
+        let (phase, peer) = (h.phase, h.src);
+        let owner = if phase == Phase::Gather { peer } else { sh.me() };
+        let r = self.transfers.receiver_mut(phase, peer).ok_or(Refused::Mismatch)?;
+        let range = self.layout.chunk(owner, h.chunk_index);
+        r.admit(h, payload.len(), range.len())?;
+        self.last_progress = now;
+        match phase {
+            Phase::Gather => {
+                read_f32s(payload, &mut self.result[self.layout.chunk_in_tensor(owner, h.chunk_index)])
+            }
+            _ => read_f32s(payload, &mut r.buf_mut()[range]),
+        }
+        if h.flags.contains(Flags::REPAIR) {
+            sh.stats.count_repair_received(h.src, h.class, wire::OVERHEAD + usize::from(h.payload_len));
+        }
+        let got = r.on_data(h, now, &sh.deadlines[usize::from(phase == Phase::Gather)], sh.rtt.timeout());
+        if let Some(d) = got.overtake {
+            sh.observe_overtake(d);
+        }
+        match got.then {
+            Arrived::Nothing => {}
+            Arrived::Close => self.close(now, id, peer, false, sh),
+            Arrived::Complete => sh.tx.push_bitmaps(id, phase, peer, 1),
+        }
+        Ok(())
+    }
+
+    fn on_probe(&mut self, now: Instant, id: OpId, h: &Header, sh: &mut Shared) -> Handled {
+        let (phase, peer) = (h.phase, h.src);
+        let grace = sh.close_grace();
+        let r = self.transfers.receiver_mut(phase, peer).ok_or(Refused::Mismatch)?;
+        let probed = r.on_probe(h, now, grace, &sh.deadlines[usize::from(phase == Phase::Gather)])?;
+        if probed.progress {
+            self.last_progress = now;
+        }
+        match probed.answer {
+            Answer::Nothing => {}
+            Answer::Done => sh.tx.push(TxItem { id, phase, peer, kind: TxKind::Done { seg: 0 } }),
+            Answer::Close => self.close(now, id, peer, false, sh),
+            Answer::Bitmap => sh.tx.push_bitmaps(id, phase, peer, r.bitmap_segments(sh.seg_bytes())),
+        }
+        Ok(())
+    }
+
+    fn on_bitmap(&mut self, now: Instant, id: OpId, h: &Header, payload: &[u8], sh: &mut Shared) -> Handled {
+        let (phase, peer) = (h.phase, h.src);
+        let st = self.transfers.sender_mut(phase, peer).ok_or(Refused::Mismatch)?;
+        if h.chunk_count != st.n() {
+            return Err(Refused::Mismatch);
+        }
+        if phase == Phase::Gather
+            && let Some(mask) = &self.gmask
+        {
+            // The receiver missed our DONE: announce the mask again.
+            sh.tx.push_mask(id, peer, mask, sh.seg_bytes());
+            return Ok(());
+        }
+        let heard = st.on_bitmap(h, payload, now, sh.seg_bytes());
+        if let Some(rtt) = heard.rtt {
+            sh.rtt.observe(rtt);
+        }
+        if heard.news {
+            self.last_progress = now;
+        }
+        if heard.round {
+            match phase {
+                Phase::Gather => self.decide_gather(id, sh),
+                _ => self.decide_scatter(now, id, peer, sh),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reduce-scatter DONE: the receiver closed our transfer.
+    fn on_done(&mut self, now: Instant, h: &Header, sh: &mut Shared) -> Handled {
+        let st = self.transfers.sender_mut(Phase::Scatter, h.src).ok_or(Refused::Mismatch)?;
+        let heard = st.on_done(h.seq, now);
+        if let Some(rtt) = heard.rtt {
+            sh.rtt.observe(rtt);
+        }
+        if heard.news {
+            self.last_progress = now;
+        }
+        Ok(())
+    }
+
+    /// All-gather DONE: a segment of the owner's agreed mask.
+    fn on_mask(&mut self, now: Instant, h: &Header, payload: &[u8], sh: &mut Shared) -> Handled {
+        let owner = h.src;
+        let r = self.transfers.receiver_mut(Phase::Gather, owner).ok_or(Refused::Mismatch)?;
+        let closed = r.on_mask(h, payload, now, sh.seg_bytes())?;
+        self.last_progress = now;
+        let Some(closed) = closed else { return Ok(()) };
+        // Zero-fill the agreed mask, and (defensively) anything the owner
+        // believed we had but we do not.
+        for c in 0..r.n() {
+            if r.mask().is_some_and(|m| m.get(c)) || !r.got().get(c) {
+                self.result[self.layout.chunk_in_tensor(owner, c)].fill(0.0);
+            }
+        }
+        if let Some(took) = closed.took {
+            sh.deadlines[1].observe(took, r.n());
+        }
+        Ok(())
+    }
+
+    /// Close the reduce-scatter transfer from `peer` (`by_deadline`: its
+    /// deadline closed it), answer DONE and reduce once every one closed.
+    fn close(&mut self, now: Instant, id: OpId, peer: u32, by_deadline: bool, sh: &mut Shared) {
+        let Some(r) = self.transfers.receiver_mut(Phase::Scatter, peer) else { return };
+        let Some(closed) = r.close(now, by_deadline) else { return };
+        if closed.incomplete {
+            sh.stats.closed_within_budget += 1;
+        }
+        if let Some(took) = closed.took {
+            sh.deadlines[0].observe(took, r.n());
+        }
+        self.last_progress = now;
+        sh.tx.push(TxItem { id, phase: Phase::Scatter, peer, kind: TxKind::Done { seg: 0 } });
+        self.reduce(id, sh);
+    }
+
+    /// A reduce-scatter receiver's full bitmap arrived: repair just enough.
+    fn decide_scatter(&mut self, now: Instant, id: OpId, dst: u32, sh: &mut Shared) {
+        let classes = &self.classes[dst as usize];
+        let Some(st) = self.transfers.sender_mut(Phase::Scatter, dst) else { return };
+        let repairs = st.decide_alone(now, |c| classes[c as usize], self.classifier.droppable);
+        self.queue_repairs(id, Phase::Scatter, dst, &repairs, sh);
+    }
+
+    fn queue_repairs(&mut self, id: OpId, phase: Phase, peer: u32, chunks: &[u32], sh: &mut Shared) {
+        self.repairs_sent += chunks.len() as u32;
+        for &chunk in chunks {
+            let kind = TxKind::Data { chunk, repair: true, class: self.class_of(phase, peer, chunk) };
+            sh.tx.push_data(TxItem { id, phase, peer, kind });
+        }
+    }
+
+    /// Every gather receiver has reported: repair the union of what is
+    /// missing until it fits the gather budget, or announce the agreed mask.
+    fn decide_gather(&mut self, id: OpId, sh: &mut Shared) {
+        if self.gmask.is_some() || self.transfers.senders(Phase::Gather).any(|(_, st)| !st.is_reported()) {
+            return;
+        }
+        let me = sh.me();
+        let n = self.layout.chunks(me);
+        let mut union = Bitmap::new(n);
+        for (_, st) in self.transfers.senders(Phase::Gather) {
+            for c in st.missing() {
+                union.set(c);
+            }
+        }
+        let classes = &self.gclasses;
+        let allowed = allowed_missing(n, self.opts.gather_budget_ppm);
+        let repairs =
+            select_repairs(union.iter_ones(), |c| classes[c as usize], self.classifier.droppable, allowed);
+        if repairs.is_empty() {
+            // Agreed mask: zero-fill it here and tell every receiver.
+            for c in union.iter_ones() {
+                self.result[self.layout.chunk_in_tensor(me, c)].fill(0.0);
+            }
+            self.transfers.senders_mut(Phase::Gather).for_each(|(_, st)| st.finish());
+            for j in (0..sh.cfg.world).filter(|&j| j != me) {
+                sh.tx.push_mask(id, j, &union, sh.seg_bytes());
+            }
+            self.gmask = Some(union);
+            return;
+        }
+        let mine: Vec<(u32, Vec<u32>)> = self
+            .transfers
+            .senders_mut(Phase::Gather)
+            .map(|(j, st)| (j, st.decide_jointly(&repairs)))
+            .collect();
+        for (j, chunks) in mine {
+            self.queue_repairs(id, Phase::Gather, j, &chunks, sh);
+        }
+    }
+
+    /// The op's transfers.
+    pub(crate) fn transfers(&self) -> &Transfers {
+        &self.transfers
+    }
+
+    /// The op's transfers, to change.
+    pub(crate) fn transfers_mut(&mut self) -> &mut Transfers {
+        &mut self.transfers
+    }
+
+    /// Whether the op is over: reduced, its mask agreed and every gather
+    /// transfer closed.
+    pub(crate) fn is_complete(&self) -> bool {
+        self.reduced && self.gmask.is_some() && !self.transfers.any_open(Phase::Gather)
+    }
+
+    /// When the op fails unless it learns something first.
+    pub(crate) fn stalls_at(&self, timeout: Duration) -> Instant {
+        self.last_progress + timeout
+    }
+
+    /// The phase the op is in.
+    pub(crate) fn phase(&self) -> Phase {
+        if self.reduced { Phase::Gather } else { Phase::Scatter }
+    }
+
+    /// The ranks the op still waits on: data, a bitmap or a DONE.
+    pub(crate) fn waiting_on(&self, me: u32) -> Vec<u32> {
+        self.transfers.waiting_on(me, self.reduced)
+    }
+
+    /// What a completed op delivered (the agreed mask leaves the op with it).
+    pub(crate) fn report(&mut self, id: OpId, now: Instant, me: u32) -> OpReport {
+        let (scatter, gather) =
+            (self.transfers.reports(Phase::Scatter), self.transfers.reports(Phase::Gather));
+        let deadline_fired = scatter.iter().chain(&gather).any(|t| t.deadline_fired);
+        OpReport {
+            id,
+            started: self.started,
+            finished: now,
+            scatter,
+            gather,
+            own_chunks: self.layout.chunks(me),
+            own_mask: self.gmask.take().unwrap_or_else(|| Bitmap::new(0)),
+            repairs_sent: self.repairs_sent,
+            deadline_fired,
+        }
+    }
+
+    /// Take the result out.
+    pub(crate) fn take_result(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.result)
+    }
+
+    /// The op's buffers, for the pool: input, result, scatter receive buffers.
+    pub(crate) fn into_buffers(self) -> impl Iterator<Item = Vec<f32>> {
+        [self.input, self.result].into_iter().chain(self.transfers.into_buffers())
+    }
+
+    /// Serve the due timers of this op: `keys` are its transfers with a live
+    /// timer at or before `now`, as (side, peer), sorted.
+    pub(crate) fn on_timers(&mut self, now: Instant, id: OpId, keys: &[(Side, u32)], sh: &mut Shared) {
+        let retry = sh.retry();
+        for &(side, j) in keys.iter().filter(|k| k.0.is_send()) {
+            if self.transfers.sender_mut(side.phase(), j).is_some_and(|st| st.on_timer(now)) {
+                sh.tx.push_probes(id, side.phase(), j);
+            }
+        }
+        let mut close = Vec::new();
+        let mut grace_close = Vec::new();
+        for &(side, j) in keys.iter().filter(|k| !k.0.is_send()) {
+            let phase = side.phase();
+            let Some(r) = self.transfers.receiver_mut(phase, j) else { continue };
+            let fired = r.on_timer(now, &retry);
+            if matches!(fired, Fired::Close { deadline: true } | Fired::Bitmap { deadline: true }) {
+                sh.stats.deadlines_fired += 1;
+            }
+            match fired {
+                Fired::Nothing => {}
+                Fired::Close { deadline: true } => {
+                    sh.stats.deadline_closes += 1;
+                    close.push(j);
+                }
+                Fired::Close { deadline: false } => grace_close.push(j),
+                Fired::Bitmap { deadline } => {
+                    sh.stats.deadline_nacks += u64::from(deadline);
+                    sh.tx.push_bitmaps(id, phase, j, r.bitmap_segments(sh.seg_bytes()));
+                }
+            }
+        }
+        for j in close {
+            self.close(now, id, j, true, sh);
+        }
+        for j in grace_close {
+            self.close(now, id, j, false, sh);
+        }
+    }
+
+    /// Elements of a chunk this rank sends to `peer` in `phase`.
+    pub(crate) fn chunk_len(&self, phase: Phase, peer: u32, chunk: u32, me: u32) -> usize {
+        let owner = if phase == Phase::Scatter { peer } else { me };
+        self.layout.chunk(owner, chunk).len()
+    }
+
+    /// Encode DATA `item` into `buf`; returns its length.
+    pub(crate) fn write_data(&mut self, item: TxItem, buf: &mut [u8], sh: &Shared) -> Option<usize> {
+        let TxKind::Data { chunk, repair, class } = item.kind else { return None };
+        let (phase, peer) = (item.phase, item.peer);
+        let st = self.transfers.sender(phase, peer)?;
+        let (owner, data) =
+            if phase == Phase::Scatter { (peer, &self.input) } else { (sh.me(), &self.result) };
+        let cr = self.layout.chunk_in_tensor(owner, chunk);
+        let mut h = sh.header(PacketType::Data, class, phase, item.id, peer);
+        h.chunk_index = chunk;
+        st.fill_data(&mut h);
+        h.payload_len = (cr.len() * 4) as u16;
+        if repair {
+            h.flags = h.flags.with(Flags::REPAIR);
+        }
+        if !self.classifier.droppable.contains(class) {
+            h.flags = h.flags.with(Flags::REQUIRED);
+        }
+        let len = sh.seal(&h, buf, |p| write_f32s(&data[cr], p))?;
+        if let Some(st) = self.transfers.sender_mut(phase, peer) {
+            st.sent(chunk);
+        }
+        Some(len)
+    }
+
+    /// A queued chunk for `peer` in `phase` left the queue. Returns a probe
+    /// timer to index, if one was armed.
+    pub(crate) fn dequeued(
+        &mut self,
+        now: Instant,
+        id: OpId,
+        phase: Phase,
+        peer: u32,
+        sh: &mut Shared,
+    ) -> Option<Instant> {
+        let retry = sh.retry();
+        match self.transfers.sender_mut(phase, peer)?.dequeued(now, &retry) {
+            Drained::Busy => None,
+            Drained::Report => {
+                self.decide_gather(id, sh);
+                None
+            }
+            Drained::ProbeAt(at) => Some(at),
+            Drained::Probe => {
+                sh.tx.push_probes(id, phase, peer);
+                None
+            }
+        }
+    }
+
+    /// Fill DONE segment `seg` to `peer` in `phase`: scatter, this rank closed
+    /// the transfer; gather, the agreed mask.
+    pub(crate) fn fill_done(
+        &self,
+        phase: Phase,
+        peer: u32,
+        seg: u32,
+        h: &mut Header,
+        buf: &mut [u8],
+        seg_bytes: usize,
+    ) -> Option<()> {
+        match phase {
+            Phase::Scatter => {
+                self.transfers.receiver(Phase::Scatter, peer)?.fill_done(h);
+                Some(())
+            }
+            _ => fill_mask(h, self.gmask.as_ref()?, seg, seg_bytes, buf),
+        }
+    }
+
+    /// State and tensor bytes and open transfers (for the endpoint's footprint).
+    pub(crate) fn footprint(&self) -> (usize, usize, u32) {
+        let (state, tensor, open) = self.transfers.footprint();
+        let state = state
+            + size_of::<Op>()
+            + self.classes.iter().map(|c| c.capacity() + size_of::<Vec<Class>>()).sum::<usize>()
+            + self.gclasses.capacity()
+            + self.peer_gen.capacity() * size_of::<Option<u32>>()
+            + self.gmask.as_ref().map_or(0, Bitmap::heap_bytes);
+        (state, tensor + (self.input.capacity() + self.result.capacity()) * 4, open)
+    }
+}

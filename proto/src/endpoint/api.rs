@@ -1,0 +1,315 @@
+//! The endpoint's public vocabulary: op ids and options, timer settings and
+//! configuration, errors, reports, events and the memory footprint.
+
+use crate::bitmap::Bitmap;
+use crate::priority::ClassifierConfig;
+use crate::time::{Duration, Instant};
+use crate::transfer::TransferReport;
+use crate::wire::{MacKey, Phase};
+
+/// Identity of an op: matched across ranks by (job, `seq`, `tensor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpId {
+    /// Op sequence number (the trainer's collective-call counter).
+    pub seq: u64,
+    /// Tensor id (bucket or parameter index).
+    pub tensor: u32,
+}
+
+/// How a missing reduce-scatter contribution is filled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    /// Treat it as zero.
+    Zero,
+    /// Use the owner's own contribution in its place.
+    Local,
+}
+
+/// The reduction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    /// Element-wise sum.
+    Sum,
+    /// Element-wise mean over the world size.
+    Average,
+}
+
+/// Per-op options (what the trainer asks for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpOptions {
+    /// Layer position of the tensor, 0 = front (input side).
+    pub layer: u32,
+    /// Number of layer positions.
+    pub layers: u32,
+    /// Loss budget of reduce-scatter transfers, ppm (0 = reliable).
+    pub budget_ppm: u32,
+    /// Loss budget of the gather mask, ppm; must be ≤ `budget_ppm`.
+    pub gather_budget_ppm: u32,
+    /// Fill rule for missing contributions.
+    pub fill: Fill,
+    /// Rescale each element by `N / delivered contributions`.
+    pub rescale: bool,
+    /// The reduction.
+    pub reduce: ReduceOp,
+}
+
+impl Default for OpOptions {
+    fn default() -> Self {
+        OpOptions {
+            layer: 0,
+            layers: 1,
+            budget_ppm: 10_000,
+            gather_budget_ppm: 0,
+            fill: Fill::Zero,
+            rescale: false,
+            reduce: ReduceOp::Sum,
+        }
+    }
+}
+
+/// Timer settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timers {
+    /// An op that makes no progress for this long fails.
+    pub hard_timeout: Duration,
+    /// Lower bound of the adaptive receive deadline (also its re-arm interval).
+    pub deadline_min: Duration,
+    /// Upper bound of the adaptive receive deadline.
+    pub deadline_max: Duration,
+    /// Per-chunk completion time assumed before any observation.
+    pub initial_per_chunk: Duration,
+    /// Initial round-trip estimate for probes.
+    pub probe_initial: Duration,
+    /// Lower bound of the probe retransmission timer.
+    pub probe_min: Duration,
+    /// Upper bound of the probe retransmission timer.
+    pub probe_max: Duration,
+    /// Interval between HELLO heartbeats to every peer (zero disables them).
+    pub heartbeat: Duration,
+    /// A peer silent this long is reported down.
+    pub peer_timeout: Duration,
+    /// How long a completed op keeps answering late PROBEs and BITMAPs.
+    pub linger: Duration,
+    /// How long a receiver that is within budget but incomplete keeps accepting
+    /// chunks after a PROBE before it closes: a PROBE travels in the control
+    /// class and can overtake the transfer's last chunks queued in the network.
+    pub close_grace: Duration,
+}
+
+impl Default for Timers {
+    fn default() -> Self {
+        let ms = Duration::from_millis;
+        Timers {
+            hard_timeout: ms(10_000),
+            deadline_min: ms(2),
+            deadline_max: ms(2_000),
+            initial_per_chunk: Duration::from_micros(50),
+            probe_initial: ms(1),
+            probe_min: Duration::from_micros(200),
+            probe_max: ms(500),
+            heartbeat: ms(1_000),
+            peer_timeout: ms(5_000),
+            linger: ms(10_000),
+            close_grace: Duration::from_micros(100),
+        }
+    }
+}
+
+/// Static configuration of an endpoint.
+#[derive(Debug, Clone)]
+pub struct EndpointConfig {
+    /// This rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub world: u32,
+    /// Job id (packets of other jobs are rejected).
+    pub job: u32,
+    /// This incarnation's generation (must increase across restarts).
+    pub generation: u32,
+    /// Packet authentication key.
+    pub key: MacKey,
+    /// Payload bytes per DATA packet (a multiple of 4, ≤ 65532).
+    pub chunk_bytes: usize,
+    /// Priority classifier.
+    pub classifier: ClassifierConfig,
+    /// Timers.
+    pub timers: Timers,
+    /// Pacing rate in bytes per second (0 = unpaced).
+    pub pacing_rate: u64,
+    /// Pacing burst in bytes.
+    pub pacing_burst: u64,
+    /// Cap on bytes buffered for ops not started locally yet.
+    pub early_buffer_bytes: usize,
+}
+
+impl EndpointConfig {
+    /// A configuration with defaults for everything but identity and key.
+    pub fn new(rank: u32, world: u32, job: u32, generation: u32, key: MacKey) -> Self {
+        EndpointConfig {
+            rank,
+            world,
+            job,
+            generation,
+            key,
+            chunk_bytes: 1392,
+            classifier: ClassifierConfig::default(),
+            timers: Timers::default(),
+            pacing_rate: 0,
+            pacing_burst: 64 * 1024,
+            early_buffer_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Why an op could not be started.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StartError {
+    /// An op with this id is running or finished recently.
+    #[error("op {0:?} is already running or finished recently; use a new op sequence number")]
+    Duplicate(OpId),
+    /// The tensor is empty.
+    #[error("the tensor is empty")]
+    Empty,
+    /// The tensor has more chunks than the wire can number.
+    #[error("the tensor is too large for the wire format")]
+    TooLarge,
+    /// A budget above the 10% hard cap, or a gather budget above the scatter budget.
+    #[error(
+        "budget {budget_ppm} ppm / gather {gather_budget_ppm} ppm invalid: need gather <= scatter <= 100000"
+    )]
+    BadBudget {
+        /// Scatter budget.
+        budget_ppm: u32,
+        /// Gather budget.
+        gather_budget_ppm: u32,
+    },
+    /// The layer position is outside `0..layers`.
+    #[error("layer {layer} outside 0..{layers}")]
+    BadLayer {
+        /// Layer.
+        layer: u32,
+        /// Layers.
+        layers: u32,
+    },
+}
+
+/// Why an op failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpError {
+    /// No progress for the hard timeout; `waiting_on` lists the ranks still owing
+    /// something (data, a bitmap or a DONE).
+    #[error("no progress for {timeout:?} in the {phase:?} phase; waiting on ranks {waiting_on:?}")]
+    Timeout {
+        /// Phase the op was in.
+        phase: Phase,
+        /// Ranks it was waiting on.
+        waiting_on: Vec<u32>,
+        /// The hard timeout.
+        timeout: Duration,
+    },
+    /// A peer's daemon restarted (new generation) while the op was running.
+    #[error("rank {rank} restarted (generation {old} -> {new}) during the op")]
+    PeerRestarted {
+        /// The rank.
+        rank: u32,
+        /// Generation the op was running with.
+        old: u32,
+        /// New generation.
+        new: u32,
+    },
+}
+
+/// What a completed op delivered: what arrived from whom.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpReport {
+    /// The op.
+    pub id: OpId,
+    /// When this rank started it.
+    pub started: Instant,
+    /// When it completed.
+    pub finished: Instant,
+    /// Reduce-scatter into this rank's shard: one report per other rank.
+    pub scatter: Vec<TransferReport>,
+    /// All-gather of other ranks' shards: one report per other rank.
+    pub gather: Vec<TransferReport>,
+    /// The mask this rank decided for its own shard (zero-filled everywhere).
+    pub own_mask: Bitmap,
+    /// Chunks of this rank's shard.
+    pub own_chunks: u32,
+    /// Repair DATA packets this rank sent for the op.
+    pub repairs_sent: u32,
+    /// True if any receive deadline fired during the op.
+    pub deadline_fired: bool,
+}
+
+impl OpReport {
+    /// Time from local start to completion.
+    pub fn duration(&self) -> Duration {
+        self.finished - self.started
+    }
+
+    /// The least delivered fraction over this rank's transfers.
+    pub fn min_delivered_fraction(&self) -> f64 {
+        self.scatter.iter().chain(&self.gather).map(TransferReport::delivered_fraction).fold(1.0, f64::min)
+    }
+}
+
+/// Something the application should know about.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// An allreduce finished; `result` is the reduced tensor.
+    OpComplete {
+        /// The op.
+        id: OpId,
+        /// The reduced tensor (identical bytes on every rank).
+        result: Vec<f32>,
+        /// What arrived from whom.
+        report: Box<OpReport>,
+    },
+    /// An allreduce failed.
+    OpFailed {
+        /// The op.
+        id: OpId,
+        /// Why.
+        error: OpError,
+    },
+    /// First contact with a peer (or contact again after it was down).
+    PeerUp {
+        /// Rank.
+        rank: u32,
+        /// Its generation.
+        generation: u32,
+    },
+    /// A peer came back with a new generation.
+    PeerRestarted {
+        /// Rank.
+        rank: u32,
+        /// Previous generation.
+        old: u32,
+        /// New generation.
+        new: u32,
+    },
+    /// A peer has been silent for the peer timeout.
+    PeerDown {
+        /// Rank.
+        rank: u32,
+    },
+}
+
+/// What an endpoint holds in memory ([`Endpoint::footprint`](crate::endpoint::Endpoint::footprint)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// Protocol state: ops, transfers, bitmaps, classes, transmit queues,
+    /// timer index, peers, lingering and finished ops (heap capacity plus
+    /// struct sizes; allocator overhead not counted).
+    pub state_bytes: usize,
+    /// Tensor data: inputs, results and reduce-scatter receive buffers
+    /// (proportional to the tensor, not to the world).
+    pub tensor_bytes: usize,
+    /// Bytes of datagrams buffered for ops not started yet.
+    pub early_bytes: usize,
+    /// Transfers (send and receive, both phases) not yet closed.
+    pub open_transfers: u32,
+    /// Datagrams waiting in the transmit queues.
+    pub queued: usize,
+}

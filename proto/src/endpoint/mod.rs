@@ -1,0 +1,729 @@
+//! The allreduce endpoint: one [`Endpoint`] per rank (per daemon).
+//!
+//! It is sans-IO, quinn-proto style: no sockets, no clock. Its methods are of
+//! four kinds:
+//!
+//! - **getters** read state: [`Endpoint::stats`], [`Endpoint::peer_up`],
+//!   [`Endpoint::footprint`], …;
+//! - **`handle_*`** take network events in: a received datagram
+//!   ([`Endpoint::handle_datagram`], batched: [`Endpoint::handle_datagrams`])
+//!   or the passing of time ([`Endpoint::handle_timeout`]);
+//! - **mutators** are the application's commands:
+//!   [`Endpoint::start_allreduce`], [`Endpoint::set_tunables`],
+//!   [`Endpoint::set_pacing_rate`], [`Endpoint::recycle`];
+//! - **`poll_*`** give the outputs: datagrams to send
+//!   ([`Endpoint::poll_transmit`], batched: [`Endpoint::poll_transmit_many`]),
+//!   when to call again ([`Endpoint::poll_timeout`]) and what happened
+//!   ([`Endpoint::poll_event`]).
+//!
+//! After every `handle_*` call or command, drain the outputs: call
+//! `poll_transmit` until it returns `None` (or the NIC is full), take the
+//! events, and arm a timer for `poll_timeout`; when it expires, call
+//! `handle_timeout`, and drain again. A paced endpoint's `poll_timeout` also
+//! says when `poll_transmit` has something again.
+//!
+//! ## Allreduce ("transpose" / colocated parameter server)
+//!
+//! A tensor of `L` elements is cut into `N` contiguous shards; rank `s` owns
+//! shard `s`. Each shard is cut into chunks of `chunk_bytes / 4` elements (one
+//! DATA packet each).
+//!
+//! 1. **Reduce-scatter**: every rank sends shard `s` of its input to rank `s`
+//!    (one *transfer* per (op, tensor, phase, sender)). The owner reduces the
+//!    contributions in rank order `0, 1, …, N−1`, filling a missing chunk with
+//!    zero or with its own value ([`Fill`]), optionally rescaling by
+//!    `N / delivered`.
+//! 2. **All-gather**: the owner sends its reduced shard to every rank. Replicas
+//!    must not diverge, so the owner collects every receiver's bitmap, repairs
+//!    the union of what is missing until it fits the (stricter) gather budget,
+//!    and then announces one agreed *mask* in DONE; every rank, the owner
+//!    included, zero-fills exactly the masked chunks. With a gather budget of 0
+//!    the mask is always empty (full repair).
+//!
+//! Each transfer is bounded-loss ([`crate::transfer`]): the sender sends every
+//! chunk once, then a PROBE; the receiver closes within its loss budget or
+//! answers with a BITMAP, and the sender repairs exactly enough
+//! ([`select_repairs`]). If an op makes no progress for the hard timeout it
+//! fails with an error naming the ranks it was waiting for — never a hang.
+//!
+//! ## Membership
+//!
+//! Ops are matched across ranks by (job, op sequence, tensor id). Every packet
+//! carries its sender's generation; a higher generation means the peer's daemon
+//! restarted: live ops fail with [`OpError::PeerRestarted`] and new ops include
+//! the new incarnation. Packets of an older generation are dropped and counted.
+//! Packets for ops this rank has not started yet are buffered (bounded) and
+//! replayed when it starts them.
+//!
+//! ## Inside
+//!
+//! The endpoint routes; its parts hold the state: the ops (`allreduce`: an
+//! op's transfers, layout and decisions), the transmit queues (`tx`), the
+//! timer index (`timers`), peers (`membership`), finished ops and the early
+//! buffer (`history`), and what op handlers share with the endpoint —
+//! configuration, queues, counters, estimators (`shared`).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::class::Class;
+use crate::pacer::Pacer;
+use crate::pool::BufferPool;
+use crate::priority::ClassifierConfig;
+use crate::time::Instant;
+use crate::transfer::{fill_done, fill_mask};
+use crate::wire::{self, DType, Header, PacketType, Phase, WireError};
+
+pub(crate) mod allreduce;
+pub(crate) mod api;
+pub(crate) mod history;
+pub(crate) mod membership;
+pub(crate) mod shared;
+pub(crate) mod timers;
+pub(crate) mod tx;
+
+pub use crate::stats::{PacketCount, RxDrops, Stats};
+pub use crate::transfer::{MAX_BUDGET_PPM, PROBE_COPIES, TransferReport, allowed_missing, select_repairs};
+pub use api::{
+    EndpointConfig, Event, Fill, Footprint, OpError, OpId, OpOptions, OpReport, ReduceOp, StartError, Timers,
+};
+pub use tx::Transmit;
+
+use allreduce::{Layout, Op, Side};
+use history::{Early, History, Linger};
+use membership::{Noted, Peers};
+use shared::Shared;
+use timers::{TimerEntry, TimerIndex};
+use tx::{TxItem, TxKind};
+
+/// One rank's protocol state machine. See the module docs.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// Configuration, transmit queues, counters, estimators.
+    sh: Shared,
+    chunk_elems: usize,
+    ops: BTreeMap<OpId, Op>,
+    /// Finished ops, and datagrams for ops not started yet.
+    history: History,
+    pacer: Pacer,
+    peers: Peers,
+    events: VecDeque<Event>,
+    now: Instant,
+    /// Buffers of finished ops, reused by the next ones (no page faults).
+    pool: BufferPool,
+    timers: TimerIndex,
+}
+
+impl Endpoint {
+    /// A new endpoint at `now`.
+    ///
+    /// # Panics
+    /// If `cfg.rank >= cfg.world`, or `chunk_bytes` is not a positive multiple of 4
+    /// that fits in a datagram — configuration errors the caller validates first.
+    pub fn new(cfg: EndpointConfig, now: Instant) -> Endpoint {
+        assert!(cfg.rank < cfg.world, "rank {} outside world {}", cfg.rank, cfg.world);
+        assert!(
+            cfg.chunk_bytes >= 4 && cfg.chunk_bytes % 4 == 0 && cfg.chunk_bytes <= wire::MAX_PAYLOAD - 3,
+            "chunk_bytes {} must be a positive multiple of 4 below 65536",
+            cfg.chunk_bytes
+        );
+        Endpoint {
+            chunk_elems: cfg.chunk_bytes / 4,
+            ops: BTreeMap::new(),
+            history: History::default(),
+            pacer: Pacer::new(cfg.pacing_rate, cfg.pacing_burst, now),
+            peers: Peers::new(cfg.world, cfg.timers.heartbeat, now),
+            events: VecDeque::new(),
+            now,
+            pool: BufferPool::new(),
+            timers: TimerIndex::default(),
+            sh: Shared::new(cfg),
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        self.sh.me()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EndpointConfig {
+        &self.sh.cfg
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.sh.stats
+    }
+
+    /// Number of ops in flight.
+    pub fn ops_in_flight(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether `rank` has been heard from within the peer timeout (false for
+    /// this rank itself and for ranks never heard from).
+    pub fn peer_up(&self, rank: u32) -> bool {
+        self.peers.is_up(rank)
+    }
+
+    /// The last generation seen from `rank`, if any.
+    pub fn peer_generation(&self, rank: u32) -> Option<u32> {
+        self.peers.generation(rank)
+    }
+
+    /// How much memory this endpoint holds, and in how many open transfers.
+    /// O(ops × world): for tests, benchmarks and diagnostics, not per packet.
+    pub fn footprint(&self) -> Footprint {
+        let mut f = Footprint::default();
+        for op in self.ops.values() {
+            let (state, tensor, open) = op.footprint();
+            f.state_bytes += state;
+            f.tensor_bytes += tensor;
+            f.open_transfers += open;
+        }
+        let stats = &self.sh.stats;
+        f.state_bytes += self.history.bytes()
+            + self.sh.tx.bytes()
+            + self.peers.bytes()
+            + (stats.tx_packets_peer.capacity() + stats.rx_packets_peer.capacity()) * 8
+            + self.timers.bytes();
+        f.early_bytes = self.history.early_bytes();
+        f.queued = self.queued();
+        f
+    }
+
+    /// Datagrams waiting in the per-class transmit queues.
+    pub fn queued(&self) -> usize {
+        self.sh.tx.len()
+    }
+
+    /// Change only the pacing rate (bytes per second, 0 = unpaced), from `now`.
+    /// Used by the daemon's loss-driven rate adaptation.
+    pub fn set_pacing_rate(&mut self, now: Instant, rate: u64) {
+        self.sh.cfg.pacing_rate = rate;
+        self.pacer.set_rate(now, rate);
+    }
+
+    /// Current pacing rate in bytes per second (0 = unpaced).
+    pub fn pacing_rate(&self) -> u64 {
+        self.sh.cfg.pacing_rate
+    }
+
+    /// Change the tunables a running daemon may reload: the classifier, the
+    /// timers (deadline and probe bounds take effect for transfers armed from
+    /// now; learned estimates are kept), the pacing rate and burst. An op in
+    /// flight keeps the classes and droppable set it started with.
+    pub fn set_tunables(
+        &mut self,
+        now: Instant,
+        classifier: ClassifierConfig,
+        timers: Timers,
+        pacing_rate: u64,
+        pacing_burst: u64,
+    ) {
+        let cfg = &mut self.sh.cfg;
+        cfg.classifier = classifier;
+        cfg.timers = timers;
+        cfg.pacing_rate = pacing_rate;
+        cfg.pacing_burst = pacing_burst;
+        self.pacer.set_rate(now, pacing_rate);
+        self.pacer.set_burst(now, pacing_burst);
+        self.sh.rtt.set_bounds(timers.probe_min, timers.probe_max);
+        for d in &mut self.sh.deadlines {
+            d.set_bounds(timers.deadline_min, timers.deadline_max);
+        }
+        self.peers.set_heartbeat(now, timers.heartbeat);
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Start an allreduce of `data` (this rank's contribution).
+    pub fn start_allreduce(
+        &mut self,
+        now: Instant,
+        id: OpId,
+        data: Vec<f32>,
+        opts: OpOptions,
+    ) -> Result<(), StartError> {
+        self.now = now;
+        if self.ops.contains_key(&id) || self.history.knows(&id) {
+            return Err(StartError::Duplicate(id));
+        }
+        if data.is_empty() {
+            return Err(StartError::Empty);
+        }
+        if opts.budget_ppm > MAX_BUDGET_PPM || opts.gather_budget_ppm > opts.budget_ppm {
+            return Err(StartError::BadBudget {
+                budget_ppm: opts.budget_ppm,
+                gather_budget_ppm: opts.gather_budget_ppm,
+            });
+        }
+        if opts.layers == 0 || opts.layer >= opts.layers {
+            return Err(StartError::BadLayer { layer: opts.layer, layers: opts.layers });
+        }
+        let layout = Layout::new(data.len(), self.sh.cfg.world, self.chunk_elems);
+        if layout.too_large() {
+            return Err(StartError::TooLarge);
+        }
+        let mut op = Op::start(now, id, layout, data, opts, &mut self.pool, &mut self.sh);
+        op.reduce(id, &mut self.sh);
+        self.ops.insert(id, op);
+        // Replay datagrams that arrived before this rank started the op.
+        for d in self.history.take_early(&id) {
+            self.history.replayed(d.len());
+            self.handle_datagram_impl(now, &d, true);
+        }
+        self.check_complete(id);
+        self.prune_timers();
+        Ok(())
+    }
+
+    /// Process one received datagram. Never panics; every rejection is counted.
+    /// A rejected datagram is attributed to the sender its header claims (see
+    /// [`Endpoint::handle_datagram_from`] when the caller knows better).
+    pub fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) {
+        self.handle_datagram_from(now, datagram, wire::peek_src(datagram));
+    }
+
+    /// Process one received datagram that came from peer rank `from` as far as
+    /// the caller knows (its source address is that peer's configured address),
+    /// or from no configured peer (`None`). Never panics; every rejection is
+    /// counted by reason ([`Stats::rejected`]) and, if it discards the datagram,
+    /// by class and by `from` ([`Stats::rx_dropped`]).
+    pub fn handle_datagram_from(&mut self, now: Instant, datagram: &[u8], from: Option<u32>) {
+        let before = self.sh.stats.rejected.discarded_on_arrival();
+        self.handle_datagram_impl(now, datagram, false);
+        if self.sh.stats.rejected.discarded_on_arrival() != before {
+            self.count_dropped(datagram, from);
+        }
+        self.prune_timers();
+    }
+
+    /// Count a received datagram the caller discarded before handing it over
+    /// (e.g. a source-address check) in [`Stats::rx_dropped`]: class from its
+    /// header when readable, peer `from` (`None` or out of range: unknown).
+    pub fn count_dropped(&mut self, datagram: &[u8], from: Option<u32>) {
+        self.sh.stats.count_dropped(datagram, from);
+    }
+
+    /// Process received datagrams, in order: the same outcome as
+    /// [`handle_datagram`](Self::handle_datagram) on each, but their tags are
+    /// checked together ([`wire::MacKey::tag_many`], several times cheaper per
+    /// MTU-sized datagram than one at a time).
+    pub fn handle_datagrams(&mut self, now: Instant, datagrams: &[&[u8]]) {
+        let batch: Vec<(&[u8], Option<u32>)> = datagrams.iter().map(|d| (*d, wire::peek_src(d))).collect();
+        self.handle_datagrams_from(now, &batch);
+    }
+
+    /// [`handle_datagram_from`](Self::handle_datagram_from) on each
+    /// `(datagram, from)`, in order, with the tags checked together as in
+    /// [`handle_datagrams`](Self::handle_datagrams).
+    pub fn handle_datagrams_from(&mut self, now: Instant, datagrams: &[(&[u8], Option<u32>)]) {
+        self.now = now;
+        // Structure first (as `wire::decode`): only well-formed packets are tagged.
+        let mut auth: Vec<&[u8]> = Vec::with_capacity(datagrams.len());
+        for (d, _) in datagrams {
+            if wire::Packet::new_checked(*d).is_ok() {
+                auth.push(&d[..d.len() - wire::TAG_LEN]);
+            }
+        }
+        let mut tags = vec![[0u8; wire::TAG_LEN]; auth.len()];
+        self.sh.cfg.key.tag_many(&auth, &mut tags);
+        let mut tags = tags.iter();
+        for &(d, from) in datagrams {
+            let before = self.sh.stats.rejected.discarded_on_arrival();
+            let want = if wire::Packet::new_checked(d).is_ok() { tags.next() } else { None };
+            self.handle_tagged(now, d, want);
+            if self.sh.stats.rejected.discarded_on_arrival() != before {
+                self.count_dropped(d, from);
+            }
+        }
+        self.prune_timers();
+    }
+
+    /// One datagram of a batch: `want` is the tag it must carry, `None` if it
+    /// is not a well-formed packet.
+    fn handle_tagged(&mut self, now: Instant, d: &[u8], want: Option<&[u8; wire::TAG_LEN]>) {
+        let rejected = &mut self.sh.stats.rejected;
+        let Some(want) = want else {
+            rejected.malformed += 1;
+            return;
+        };
+        if !wire::tags_equal(want, &d[d.len() - wire::TAG_LEN..]) {
+            rejected.bad_tag += 1;
+            return;
+        }
+        let Ok(p) = wire::Packet::new_checked(d) else { return };
+        let Ok(h) = Header::parse(&p) else {
+            rejected.malformed += 1;
+            return;
+        };
+        let payload = &d[wire::HEADER_LEN..wire::HEADER_LEN + usize::from(h.payload_len)];
+        self.handle_authenticated(now, h, payload, d, false);
+    }
+
+    /// `replay`: a datagram buffered before its op started, already counted.
+    fn handle_datagram_impl(&mut self, now: Instant, datagram: &[u8], replay: bool) {
+        self.now = now;
+        let (h, payload) = match wire::decode(&self.sh.cfg.key, datagram) {
+            Ok(x) => x,
+            Err(WireError::BadTag) => {
+                self.sh.stats.rejected.bad_tag += 1;
+                return;
+            }
+            Err(_) => {
+                self.sh.stats.rejected.malformed += 1;
+                return;
+            }
+        };
+        self.handle_authenticated(now, h, payload, datagram, replay);
+    }
+
+    /// A datagram whose tag checked out, parsed into `h` and `payload`.
+    fn handle_authenticated(
+        &mut self,
+        now: Instant,
+        h: Header,
+        payload: &[u8],
+        datagram: &[u8],
+        replay: bool,
+    ) {
+        let (cfg, rejected) = (&self.sh.cfg, &mut self.sh.stats.rejected);
+        if h.job != cfg.job {
+            rejected.wrong_job += 1;
+            return;
+        }
+        if h.dst != cfg.rank || h.src >= cfg.world {
+            rejected.wrong_rank += 1;
+            return;
+        }
+        if h.dtype != DType::F32 && h.ty == PacketType::Data {
+            rejected.mismatch += 1;
+            return;
+        }
+        if !self.note_generation(now, h.src, h.generation) {
+            self.sh.stats.rejected.stale_generation += 1;
+            return;
+        }
+        if !replay {
+            self.sh.stats.count_rx(h.src, h.class, datagram.len());
+        }
+        if h.ty == PacketType::Hello {
+            return;
+        }
+        let id = OpId { seq: h.op, tensor: h.tensor };
+        if let Some(op) = self.ops.get_mut(&id) {
+            op.on_packet(now, id, &h, payload, &mut self.sh);
+            self.index_timers(id, Side::of_packet(h.ty, h.phase), h.src);
+            self.check_complete(id);
+        } else if let Some(l) = self.history.lingering(&id) {
+            match (h.ty, h.phase) {
+                (PacketType::Probe, Phase::Scatter) => {
+                    let kind = TxKind::Done { seg: 0 };
+                    self.sh.tx.push(TxItem { id, phase: Phase::Scatter, peer: h.src, kind });
+                }
+                (PacketType::Bitmap, Phase::Gather) => {
+                    self.sh.tx.push_mask(id, h.src, &l.mask, self.sh.cfg.chunk_bytes);
+                }
+                _ => self.sh.stats.rejected.late += 1,
+            }
+        } else if self.history.is_finished(&id) {
+            self.sh.stats.rejected.stale_op += 1;
+        } else if h.ty == PacketType::Data && h.phase == Phase::Scatter {
+            self.buffer_early(now, id, datagram);
+        } else {
+            // A control packet for an op not started here: the sender retries.
+            self.sh.stats.rejected.stale_op += 1;
+        }
+    }
+
+    /// Keep a DATA datagram for an op not started here yet (bounded).
+    fn buffer_early(&mut self, now: Instant, id: OpId, datagram: &[u8]) {
+        let rejected = &mut self.sh.stats.rejected;
+        match self.history.buffer(now, id, datagram, self.sh.cfg.early_buffer_bytes) {
+            Early::Buffered => rejected.early_buffered += 1,
+            Early::Dropped => rejected.early_dropped += 1,
+        }
+    }
+
+    /// Returns false if the packet is from an older generation of `src`.
+    fn note_generation(&mut self, now: Instant, src: u32, generation: u32) -> bool {
+        let Noted::Current { restarted, came_up } = self.peers.note(now, src, generation) else {
+            return false;
+        };
+        if let Some(old) = restarted {
+            self.events.push_back(Event::PeerRestarted { rank: src, old, new: generation });
+            // The restarted peer lost its state: every live op fails.
+            let ids: Vec<OpId> = self.ops.keys().copied().collect();
+            for id in ids {
+                self.fail(id, OpError::PeerRestarted { rank: src, old, new: generation });
+            }
+            self.history.forget_early_from(src);
+        }
+        if came_up {
+            self.events.push_back(Event::PeerUp { rank: src, generation });
+        }
+        true
+    }
+
+    fn check_complete(&mut self, id: OpId) {
+        if !self.ops.get(&id).is_some_and(Op::is_complete) {
+            return;
+        }
+        let Some(mut op) = self.ops.remove(&id) else { return };
+        let now = self.now;
+        let me = self.sh.me();
+        let report = op.report(id, now, me);
+        self.sh.stats.ops_completed += 1;
+        let linger = Linger {
+            until: now + self.sh.cfg.timers.linger,
+            own_chunks: report.own_chunks,
+            mask: report.own_mask.clone(),
+        };
+        self.history.completed(now, id, linger);
+        let result = op.take_result();
+        self.release(op);
+        self.events.push_back(Event::OpComplete { id, result, report: Box::new(report) });
+    }
+
+    /// Returns a finished op's input and receive buffers to the pool.
+    fn release(&mut self, op: Op) {
+        for buf in op.into_buffers() {
+            self.pool.put(self.now, buf);
+        }
+    }
+
+    /// A buffer of `len` elements with unspecified contents, from the pool of
+    /// finished ops' buffers when one fits (see [`crate::pool`]): for a caller
+    /// that overwrites all of it, e.g. with the next op's input.
+    pub fn take_buffer(&mut self, len: usize) -> Vec<f32> {
+        self.pool.take(len)
+    }
+
+    /// Gives a buffer back to the pool, typically an [`Event::OpComplete`]
+    /// result once the caller has copied it out.
+    pub fn recycle(&mut self, buf: Vec<f32>) {
+        self.pool.put(self.now, buf);
+    }
+
+    /// The buffer pool (for counters and tests).
+    pub fn pool(&self) -> &BufferPool {
+        &self.pool
+    }
+
+    fn fail(&mut self, id: OpId, error: OpError) {
+        if let Some(op) = self.ops.remove(&id) {
+            self.release(op);
+            self.sh.stats.ops_failed += 1;
+            self.history.finished(self.now, id);
+            self.events.push_back(Event::OpFailed { id, error });
+        }
+    }
+
+    /// Process timers that expired at or before `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.now = now;
+        self.pool.expire(now);
+        let t = self.sh.cfg.timers;
+        if self.peers.heartbeat_due(now, t.heartbeat) {
+            self.sh.tx.push_hellos(self.sh.cfg.world, self.sh.me());
+        }
+        for rank in self.peers.expire(now, t.peer_timeout) {
+            self.events.push_back(Event::PeerDown { rank });
+        }
+        // Lingering ops, finished ids and early datagrams age out.
+        self.sh.stats.rejected.early_expired += self.history.expire(now, t.linger, t.hard_timeout);
+        // Per-op timers: the transfers with a timer due, in (op, side, peer) order.
+        let ops = &self.ops;
+        let due = self.timers.pop_due(now, |e| timer_live(ops, e));
+        let ids: Vec<OpId> = self.ops.keys().copied().collect();
+        for id in ids {
+            let a = due.partition_point(|d| d.0 < id);
+            let b = due.partition_point(|d| d.0 <= id);
+            let keys: Vec<(Side, u32)> = due[a..b].iter().map(|d| (d.1, d.2)).collect();
+            self.op_timers(now, id, &keys);
+            for &(side, j) in &keys {
+                self.index_timers(id, side, j);
+            }
+            self.check_complete(id);
+        }
+        self.prune_timers();
+    }
+
+    /// Serve the due timers of op `id` (`keys`: its transfers with a live
+    /// timer at or before `now`, sorted), or fail it by the hard timeout.
+    fn op_timers(&mut self, now: Instant, id: OpId, keys: &[(Side, u32)]) {
+        let t = self.sh.cfg.timers;
+        let Some(op) = self.ops.get_mut(&id) else { return };
+        if op.stalls_at(t.hard_timeout) <= now {
+            let (phase, waiting_on) = (op.phase(), op.waiting_on(self.sh.me()));
+            self.sh.stats.hard_timeouts += 1;
+            self.fail(id, OpError::Timeout { phase, waiting_on, timeout: t.hard_timeout });
+            return;
+        }
+        op.on_timers(now, id, keys, &mut self.sh);
+    }
+
+    /// Index every live timer of one transfer (after it may have been armed).
+    fn index_timers(&mut self, id: OpId, side: Side, peer: u32) {
+        let Some(op) = self.ops.get(&id) else { return };
+        for at in op.transfers().timers(side, peer) {
+            self.timers.insert(at, id, side, peer);
+        }
+    }
+
+    /// Drop stale entries from the front of the timer index.
+    fn prune_timers(&mut self) {
+        let ops = &self.ops;
+        self.timers.prune(|e| timer_live(ops, e));
+    }
+
+    /// The earliest instant at which [`Endpoint::handle_timeout`] (or, when paced,
+    /// [`Endpoint::poll_transmit`]) should be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let t = self.sh.cfg.timers;
+        let ops = &self.ops;
+        let candidates = [
+            self.peers.next_timeout(t.peer_timeout),
+            self.history.next_timeout(t.linger, t.hard_timeout),
+            self.ops.values().map(|op| op.stalls_at(t.hard_timeout)).min(),
+            self.timers.first_live(|e| timer_live(ops, e)),
+            (!self.sh.tx.is_empty() && self.pacer.rate() > 0)
+                .then(|| self.pacer.ready_at(self.now, self.sh.cfg.chunk_bytes + wire::OVERHEAD)),
+        ];
+        candidates.into_iter().flatten().min().filter(|&t| t != Instant::MAX)
+    }
+
+    /// Up to `max` datagrams, exactly those that `max` calls of
+    /// [`poll_transmit`](Self::poll_transmit) would return, written into `buf`
+    /// at offsets `0, slot, 2·slot, …` (each `slot` bytes of room; `buf` grows
+    /// as needed) and listed in `out` (cleared first) as (transmit, offset).
+    /// Their tags are computed together ([`wire::MacKey::tag_many`]), several
+    /// times cheaper per MTU-sized datagram than one at a time.
+    pub fn poll_transmit_many(
+        &mut self,
+        now: Instant,
+        slot: usize,
+        max: usize,
+        buf: &mut Vec<u8>,
+        out: &mut Vec<(Transmit, usize)>,
+    ) {
+        out.clear();
+        if buf.len() < slot * max {
+            buf.resize(slot * max, 0);
+        }
+        self.sh.defer_tags = true;
+        while out.len() < max {
+            let off = out.len() * slot;
+            match self.poll_transmit(now, &mut buf[off..off + slot]) {
+                Some(t) => out.push((t, off)),
+                None => break,
+            }
+        }
+        self.sh.defer_tags = false;
+        let msgs: Vec<&[u8]> = out.iter().map(|(t, off)| &buf[*off..*off + t.len - wire::TAG_LEN]).collect();
+        let mut tags = vec![[0u8; wire::TAG_LEN]; msgs.len()];
+        self.sh.cfg.key.tag_many(&msgs, &mut tags);
+        for ((t, off), tag) in out.iter().zip(&tags) {
+            buf[off + t.len - wire::TAG_LEN..off + t.len].copy_from_slice(tag);
+        }
+    }
+
+    /// Write the next datagram to send into `buf` (which must hold at least
+    /// `chunk_bytes + wire::OVERHEAD` bytes), highest class first. Returns `None`
+    /// when nothing is queued or the pacer says wait (see `poll_timeout`).
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        let tx = self.next_transmit(now, buf);
+        self.prune_timers();
+        tx
+    }
+
+    fn next_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        self.now = now;
+        loop {
+            let (qi, item) = self.sh.tx.front()?;
+            let TxKind::Data { chunk, .. } = item.kind else {
+                self.sh.tx.pop(qi);
+                match self.encode_control(now, item, buf) {
+                    Some(tx) => return Some(tx),
+                    None => continue,
+                }
+            };
+            // Is the chunk still wanted?
+            let wanted =
+                |op: &&Op| op.transfers().sender(item.phase, item.peer).is_some_and(|st| st.wants(chunk));
+            let Some(op) = self.ops.get(&item.id).filter(wanted) else {
+                self.sh.tx.pop(qi);
+                self.dequeued(now, item);
+                continue;
+            };
+            let len = op.chunk_len(item.phase, item.peer, chunk, self.sh.me()) * 4 + wire::OVERHEAD;
+            if !self.pacer.try_consume(now, len) {
+                return None;
+            }
+            self.sh.tx.pop(qi);
+            let tx = self.encode_data(item, buf);
+            self.dequeued(now, item);
+            if let Some(tx) = tx {
+                return Some(tx);
+            }
+        }
+    }
+
+    /// Bookkeeping after a DATA item left the queue: when a send transfer's
+    /// queue drains, it probes.
+    fn dequeued(&mut self, now: Instant, item: TxItem) {
+        let Some(op) = self.ops.get_mut(&item.id) else { return };
+        if let Some(at) = op.dequeued(now, item.id, item.phase, item.peer, &mut self.sh) {
+            self.timers.insert(at, item.id, Side::send(item.phase), item.peer);
+        }
+    }
+
+    fn encode_data(&mut self, item: TxItem, buf: &mut [u8]) -> Option<Transmit> {
+        let TxKind::Data { repair, class, .. } = item.kind else { return None };
+        let len = self.ops.get_mut(&item.id)?.write_data(item, buf, &self.sh)?;
+        if repair {
+            self.sh.stats.count_repair_sent(item.peer, class, len);
+        }
+        Some(self.sh.transmit(item.peer, class, len))
+    }
+
+    fn encode_control(&mut self, now: Instant, item: TxItem, buf: &mut [u8]) -> Option<Transmit> {
+        let seg_bytes = self.sh.seg_bytes();
+        let mut h = self.sh.header(PacketType::Hello, Class::CONTROL, item.phase, item.id, item.peer);
+        let (op, peer) = (self.ops.get_mut(&item.id), item.peer);
+        match item.kind {
+            TxKind::Hello => {
+                h.op = 0;
+                h.tensor = 0;
+                h.seq = self.peers.hello_seq();
+            }
+            TxKind::Probe => {
+                let st = op?.transfers_mut().sender_mut(item.phase, peer)?;
+                let at = st.fill_probe(&mut h, now, &self.sh.retry())?;
+                self.timers.insert(at, item.id, Side::send(item.phase), peer);
+                self.sh.stats.probes_sent += 1;
+            }
+            TxKind::Bitmap { seg } => {
+                op?.transfers().receiver(item.phase, peer)?.fill_bitmap(&mut h, seg, seg_bytes, buf)?
+            }
+            TxKind::Done { seg } => match (op, self.history.lingering(&item.id)) {
+                (Some(op), _) => op.fill_done(item.phase, peer, seg, &mut h, buf, seg_bytes)?,
+                (None, Some(l)) if item.phase == Phase::Scatter => fill_done(&mut h, l.own_chunks, 0),
+                (None, Some(l)) => fill_mask(&mut h, &l.mask, seg, seg_bytes, buf)?,
+                (None, None) => return None,
+            },
+            TxKind::Data { .. } => return None,
+        }
+        let n = self.sh.seal(&h, buf, |_| {})?;
+        Some(self.sh.transmit(peer, Class::CONTROL, n))
+    }
+}
+
+/// Whether an index entry is still one of its transfer's live timers.
+fn timer_live(ops: &BTreeMap<OpId, Op>, &(at, id, side, peer): &TimerEntry) -> bool {
+    ops.get(&id).is_some_and(|op| op.transfers().timers(side, peer).any(|t| t == at))
+}

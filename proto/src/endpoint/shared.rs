@@ -1,0 +1,111 @@
+//! What every op's handlers share with the endpoint: the configuration, the
+//! transmit queues, the counters and the learned timing (probe RTT, receive
+//! deadlines, how far PROBEs overtake data), and the framing of packets.
+
+use crate::class::Class;
+use crate::endpoint::api::{EndpointConfig, OpId};
+use crate::endpoint::tx::{Transmit, TxQueues};
+use crate::estimator::{DeadlineEstimator, RttEstimator};
+use crate::stats::Stats;
+use crate::time::Duration;
+use crate::transfer::Retry;
+use crate::wire::{self, Header, PacketType, Phase};
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub cfg: EndpointConfig,
+    pub tx: TxQueues,
+    pub stats: Stats,
+    pub rtt: RttEstimator,
+    /// Receive deadline estimators, per phase (`[scatter, gather]`).
+    pub deadlines: [DeadlineEstimator; 2],
+    /// How far PROBEs were recently seen to overtake the chunk they name
+    /// (see [`Shared::close_grace`]).
+    pub overtake: Duration,
+    /// Inside `Endpoint::poll_transmit_many`: encode without tags (they are
+    /// computed for the whole batch before it returns).
+    pub defer_tags: bool,
+}
+
+impl Shared {
+    /// Fresh state for `cfg`.
+    pub(crate) fn new(cfg: EndpointConfig) -> Shared {
+        let t = cfg.timers;
+        let deadline = || DeadlineEstimator::new(t.initial_per_chunk, t.deadline_min, t.deadline_max);
+        Shared {
+            tx: TxQueues::default(),
+            stats: Stats::new(cfg.world as usize),
+            rtt: RttEstimator::new(t.probe_initial, t.probe_min, t.probe_max),
+            deadlines: [deadline(), deadline()],
+            overtake: Duration::ZERO,
+            defer_tags: false,
+            cfg,
+        }
+    }
+
+    /// This rank.
+    pub(crate) fn me(&self) -> u32 {
+        self.cfg.rank
+    }
+
+    /// Bytes of a chunk, and of a bitmap segment.
+    pub(crate) fn seg_bytes(&self) -> usize {
+        self.cfg.chunk_bytes
+    }
+
+    /// The retry timing transfers use now.
+    pub(crate) fn retry(&self) -> Retry {
+        let t = self.cfg.timers;
+        Retry {
+            rto: self.rtt.timeout(),
+            probe_max: t.probe_max,
+            deadline_min: t.deadline_min,
+            deadline_max: t.deadline_max,
+        }
+    }
+
+    /// How long a receiver waits after a PROBE for chunks it may have overtaken:
+    /// the configured `close_grace`, or longer when PROBEs were seen to
+    /// overtake data by more (deep switch queues under incast). Answering
+    /// before the queued chunks land would NACK chunks that are not lost, and
+    /// their repairs would deepen the very queues that delayed them.
+    pub(crate) fn close_grace(&self) -> Duration {
+        let t = self.cfg.timers;
+        if t.close_grace.is_zero() {
+            return Duration::ZERO;
+        }
+        t.close_grace.max((self.overtake * 3 / 2).min(t.deadline_min))
+    }
+
+    /// A PROBE overtook the chunk it named by `d`: track the largest recent
+    /// overtake (jump up at once, decay by 1/8 per observation).
+    pub(crate) fn observe_overtake(&mut self, d: Duration) {
+        let est = self.overtake;
+        self.overtake = d.max(est - est / 8 + d / 8);
+    }
+
+    /// A header from this rank to `peer` about op `id`.
+    pub(crate) fn header(&self, ty: PacketType, class: Class, phase: Phase, id: OpId, peer: u32) -> Header {
+        let mut h = Header::new(ty, class, phase);
+        h.job = self.cfg.job;
+        h.generation = self.cfg.generation;
+        h.src = self.cfg.rank;
+        h.dst = peer;
+        h.op = id.seq;
+        h.tensor = id.tensor;
+        h
+    }
+
+    /// Encode `h` with the payload `fill` writes (tagged unless a batch
+    /// defers the tags); returns the datagram length.
+    pub(crate) fn seal(&self, h: &Header, buf: &mut [u8], fill: impl FnOnce(&mut [u8])) -> Option<usize> {
+        wire::encode_maybe_tagged((!self.defer_tags).then_some(&self.cfg.key), h, buf, fill).ok()
+    }
+
+    /// Count a datagram of `len` bytes to `peer` in `class` as sent.
+    pub(crate) fn transmit(&mut self, peer: u32, class: Class, len: usize) -> Transmit {
+        self.stats.count_tx(peer, class, len);
+        Transmit { dst: peer, len, class }
+    }
+}

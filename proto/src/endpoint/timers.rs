@@ -1,0 +1,73 @@
+//! The index of transfer timers: every value a probe timer, receive
+//! deadline, grace or nudge was armed with, keyed by transfer.
+//!
+//! Entries are checked against the transfer when read (the caller's `live`
+//! test), so a timer that was re-armed, cleared or whose op ended leaves a
+//! stale entry that is skipped and pruned. Keeps `poll_timeout` and
+//! `handle_timeout` from scanning every transfer of every op (O(world) per
+//! event).
+
+use std::collections::BTreeSet;
+
+use crate::endpoint::allreduce::Side;
+use crate::endpoint::api::OpId;
+use crate::time::Instant;
+
+/// `(when, op, side, peer)`: one armed timer of one transfer.
+pub(crate) type TimerEntry = (Instant, OpId, Side, u32);
+
+/// See the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct TimerIndex {
+    entries: BTreeSet<TimerEntry>,
+}
+
+impl TimerIndex {
+    /// Index a timer armed at `at`.
+    pub(crate) fn insert(&mut self, at: Instant, id: OpId, side: Side, peer: u32) {
+        self.entries.insert((at, id, side, peer));
+    }
+
+    /// The transfers with a live timer at or before `now`, in (op, side,
+    /// peer) order, each once; their entries leave the index.
+    pub(crate) fn pop_due(
+        &mut self,
+        now: Instant,
+        live: impl Fn(&TimerEntry) -> bool,
+    ) -> Vec<(OpId, Side, u32)> {
+        let mut due = Vec::new();
+        while let Some(&e) = self.entries.first() {
+            if e.0 > now {
+                break;
+            }
+            self.entries.pop_first();
+            if live(&e) {
+                due.push((e.1, e.2, e.3));
+            }
+        }
+        due.sort_unstable();
+        due.dedup();
+        due
+    }
+
+    /// Drop stale entries from the front.
+    pub(crate) fn prune(&mut self, live: impl Fn(&TimerEntry) -> bool) {
+        while let Some(e) = self.entries.first() {
+            if live(e) {
+                break;
+            }
+            self.entries.pop_first();
+        }
+    }
+
+    /// The earliest live timer (stale entries are skipped; the mutating entry
+    /// points prune them, so this is usually the first).
+    pub(crate) fn first_live(&self, live: impl Fn(&TimerEntry) -> bool) -> Option<Instant> {
+        self.entries.iter().find(|e| live(e)).map(|e| e.0)
+    }
+
+    /// Bytes the index holds (for the endpoint's footprint).
+    pub(crate) fn bytes(&self) -> usize {
+        self.entries.len() * size_of::<TimerEntry>()
+    }
+}

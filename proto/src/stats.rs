@@ -1,0 +1,675 @@
+//! The endpoint's counters, each defined once.
+//!
+//! Every counter is one line of a table (`counters!`) that gives both the
+//! struct field (read as `stats.tx_packets`, `stats.rejected.bad_tag`, …) and
+//! a static description of how it is reported: its key in the "protocol"
+//! object of `dlcpctl stats --json`, its Prometheus metric name, help text,
+//! kind and label. [`Stats::visit`] walks every counter with its description
+//! and value, so whatever exports counters (metrics, JSON, reports) lists
+//! them once, here, and a new counter is a change in one place.
+
+use crate::class::Class;
+use crate::wire;
+
+/// How a counter behaves over time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only ever grows.
+    Counter,
+    /// Goes up and down.
+    Gauge,
+}
+
+/// What a counter's values are told apart by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum By {
+    /// One value.
+    Nothing,
+    /// Priority class (label `class`): one value per class, or one "unknown" bucket.
+    Class,
+    /// Peer rank (label `peer`): one value per rank, or one "unknown" bucket.
+    Peer,
+    /// Reason of a rejection (label `reason`, this name).
+    Reason(&'static str),
+}
+
+impl By {
+    /// The label of the value at `index` (`None`: the unknown bucket, or no index).
+    fn label(self, index: Option<usize>) -> Label {
+        match self {
+            By::Nothing => Label::None,
+            By::Class => Label::Class(index.map(|i| i as u8)),
+            By::Peer => Label::Peer(index.map(|i| i as u32)),
+            By::Reason(r) => Label::Reason(r),
+        }
+    }
+}
+
+/// The label of one visited value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Label {
+    /// No label.
+    None,
+    /// `class="c"`, or `class="unknown"` for `None`.
+    Class(Option<u8>),
+    /// `peer="r"`, or `peer="unknown"` for `None`.
+    Peer(Option<u32>),
+    /// `reason="name"`.
+    Reason(&'static str),
+}
+
+/// How one counter is reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Desc {
+    /// Key in the "protocol" object of `dlcpctl stats --json`; a dot nests an
+    /// object (`"rejected.bad_tag"`). A counter by class or by peer is an
+    /// array under its key, in label order.
+    pub json: &'static str,
+    /// Prometheus metric name, without the `dlcp_` prefix and the `_total`
+    /// suffix of counters; `None`: not exported as a metric.
+    pub metric: Option<&'static str>,
+    /// Help text of the metric (of the counter, for one that is not exported).
+    pub help: &'static str,
+    /// Counter or gauge.
+    pub kind: Kind,
+    /// What the values are told apart by.
+    pub by: By,
+    /// Labels every value of this counter carries (e.g. `direction="sent"`).
+    pub fixed: &'static [(&'static str, &'static str)],
+}
+
+impl Desc {
+    /// A counter with one value, exported as `metric`.
+    const fn new(json: &'static str, metric: &'static str, help: &'static str) -> Desc {
+        Desc { json, metric: Some(metric), help, kind: Kind::Counter, by: By::Nothing, fixed: &[] }
+    }
+
+    /// A counter reported in JSON only.
+    const fn json_only(json: &'static str, help: &'static str) -> Desc {
+        Desc { metric: None, ..Desc::new(json, "", help) }
+    }
+
+    const fn by(self, by: By) -> Desc {
+        Desc { by, ..self }
+    }
+
+    const fn fixed(self, fixed: &'static [(&'static str, &'static str)]) -> Desc {
+        Desc { fixed, ..self }
+    }
+}
+
+/// Receives every counter of a [`Stats`] ([`Stats::visit`]).
+pub trait StatsVisitor {
+    /// One value: counter `desc`, told apart from its other values by `label`.
+    fn counter(&mut self, desc: &'static Desc, label: Label, value: u64);
+}
+
+impl<F: FnMut(&'static Desc, Label, u64)> StatsVisitor for F {
+    fn counter(&mut self, desc: &'static Desc, label: Label, value: u64) {
+        self(desc, label, value)
+    }
+}
+
+/// A number of datagrams and their bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PacketCount {
+    /// Datagrams.
+    pub packets: u64,
+    /// Bytes (whole datagrams as received).
+    pub bytes: u64,
+}
+
+impl PacketCount {
+    pub(crate) fn add(&mut self, bytes: usize) {
+        self.packets += 1;
+        self.bytes += bytes as u64;
+    }
+}
+
+/// One value or two (a [`PacketCount`]: packets, then bytes), each with a description.
+trait Cell {
+    fn cell(&self, k: usize) -> u64;
+    #[cfg(test)]
+    fn cell_mut(&mut self, k: usize) -> &mut u64;
+}
+
+impl Cell for u64 {
+    fn cell(&self, _: usize) -> u64 {
+        *self
+    }
+    #[cfg(test)]
+    fn cell_mut(&mut self, _: usize) -> &mut u64 {
+        self
+    }
+}
+
+impl Cell for PacketCount {
+    fn cell(&self, k: usize) -> u64 {
+        if k == 0 { self.packets } else { self.bytes }
+    }
+    #[cfg(test)]
+    fn cell_mut(&mut self, k: usize) -> &mut u64 {
+        if k == 0 { &mut self.packets } else { &mut self.bytes }
+    }
+}
+
+type Visit<'a> = &'a mut dyn FnMut(&'static Desc, Label, u64);
+#[cfg(test)]
+type VisitMut<'a> = &'a mut dyn FnMut(&'static Desc, Label, &mut u64);
+
+/// A field of a counter table: a value, a table of values (by class or by
+/// peer), or a nested counter struct (which ignores `descs`).
+trait Counters {
+    fn each(&self, descs: &'static [Desc], f: Visit<'_>);
+    #[cfg(test)]
+    fn each_mut(&mut self, descs: &'static [Desc], f: VisitMut<'_>);
+}
+
+/// Every cell of `cells` under each description (`indexed`: by position).
+fn each_cell<C: Cell>(cells: &[C], indexed: bool, descs: &'static [Desc], f: Visit<'_>) {
+    for (k, d) in descs.iter().enumerate() {
+        for (i, c) in cells.iter().enumerate() {
+            f(d, d.by.label(indexed.then_some(i)), c.cell(k));
+        }
+    }
+}
+
+#[cfg(test)]
+fn each_cell_mut<C: Cell>(cells: &mut [C], indexed: bool, descs: &'static [Desc], f: VisitMut<'_>) {
+    for (k, d) in descs.iter().enumerate() {
+        for (i, c) in cells.iter_mut().enumerate() {
+            f(d, d.by.label(indexed.then_some(i)), c.cell_mut(k));
+        }
+    }
+}
+
+macro_rules! cells {
+    ($($ty:ty, $indexed:expr, $slice:path, $slice_mut:path;)*) => {$(
+        impl Counters for $ty {
+            fn each(&self, descs: &'static [Desc], f: Visit<'_>) {
+                each_cell($slice(self), $indexed, descs, f)
+            }
+            #[cfg(test)]
+            fn each_mut(&mut self, descs: &'static [Desc], f: VisitMut<'_>) {
+                each_cell_mut($slice_mut(self), $indexed, descs, f)
+            }
+        }
+    )*};
+}
+
+cells! {
+    u64, false, core::slice::from_ref, core::slice::from_mut;
+    PacketCount, false, core::slice::from_ref, core::slice::from_mut;
+    [u64; Class::COUNT], true, as_slice, as_mut_slice;
+    [PacketCount; Class::COUNT], true, as_slice, as_mut_slice;
+    Vec<u64>, true, as_slice, as_mut_slice;
+    Vec<PacketCount>, true, as_slice, as_mut_slice;
+}
+
+fn as_slice<C, T: AsRef<[C]> + ?Sized>(t: &T) -> &[C] {
+    t.as_ref()
+}
+
+#[cfg(test)]
+fn as_mut_slice<C, T: AsMut<[C]> + ?Sized>(t: &mut T) -> &mut [C] {
+    t.as_mut()
+}
+
+/// Declares a counter struct: each field with its doc, type and the
+/// description(s) it is reported under (two for a [`PacketCount`]: packets,
+/// then bytes; none for a nested counter struct).
+macro_rules! counters {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $(
+                $(#[doc = $doc:literal])*
+                pub $field:ident: $ty:ty => [$($desc:expr),* $(,)?],
+            )*
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            $(
+                $(#[doc = $doc])*
+                pub $field: $ty,
+            )*
+        }
+
+        impl $name {
+            /// Calls `v` once per value of every counter, in declaration
+            /// order (a table's values by label), with its description.
+            pub fn visit(&self, v: &mut impl StatsVisitor) {
+                Counters::each(self, &[], &mut |d, l, x| v.counter(d, l, x));
+            }
+        }
+
+        impl Counters for $name {
+            fn each(&self, _: &'static [Desc], f: Visit<'_>) {
+                $({
+                    const D: &[Desc] = &[$($desc),*];
+                    Counters::each(&self.$field, D, f);
+                })*
+            }
+            #[cfg(test)]
+            fn each_mut(&mut self, _: &'static [Desc], f: VisitMut<'_>) {
+                $({
+                    const D: &[Desc] = &[$($desc),*];
+                    Counters::each_mut(&mut self.$field, D, f);
+                })*
+            }
+        }
+    };
+}
+
+const DROPPED: &str = "Received datagrams dropped, by reason";
+const CLASS_DROPPED: &str = "Received datagrams discarded on arrival (any reason in rx_dropped but early_expired and \
+                             truncated), per class their unauthenticated header claims (\"unknown\": no readable header)";
+const CLASS_DROPPED_BYTES: &str = "Bytes of received datagrams discarded on arrival, per claimed class";
+const PEER_DROPPED: &str = "Received datagrams discarded on arrival, per peer rank whose configured address sent them \
+                            (\"unknown\": any other address)";
+const PEER_DROPPED_BYTES: &str = "Bytes of received datagrams discarded on arrival, per sending peer rank";
+const REPAIRS: &str = "Repair DATA packets, by direction";
+const CLASS_REPAIRS: &str = "Repair DATA packets per priority class, by direction";
+const CLASS_REPAIR_BYTES: &str = "Bytes of repair DATA packets per priority class, by direction";
+const PEER_REPAIRS: &str = "Repair DATA packets per peer rank, by direction (received: new chunks only)";
+const PEER_REPAIR_BYTES: &str = "Bytes of repair DATA packets per peer rank, by direction";
+const SENT: &[(&str, &str)] = &[("direction", "sent")];
+const RECEIVED: &[(&str, &str)] = &[("direction", "received")];
+
+/// A rejection reason: JSON `rejected.<name>`, metric `rx_dropped{reason="<name>"}`.
+const fn dropped(json: &'static str, reason: &'static str) -> Desc {
+    Desc::new(json, "rx_dropped", DROPPED).by(By::Reason(reason))
+}
+
+counters! {
+    /// Counters of rejected or ignored datagrams, by reason.
+    #[derive(Debug, Clone, Default, PartialEq, Eq)]
+    pub struct RejectCounters {
+        /// Structurally malformed (length, magic, version, field values).
+        pub malformed: u64 => [dropped("rejected.malformed", "malformed")],
+        /// Authentication tag mismatch.
+        pub bad_tag: u64 => [dropped("rejected.bad_tag", "bad_tag")],
+        /// Another job's packet.
+        pub wrong_job: u64 => [dropped("rejected.wrong_job", "wrong_job")],
+        /// Addressed to another rank, or from a rank outside the world.
+        pub wrong_rank: u64 => [dropped("rejected.wrong_rank", "wrong_rank")],
+        /// From an older generation of the peer.
+        pub stale_generation: u64 => [dropped("rejected.stale_generation", "stale_generation")],
+        /// For an op that already finished (and no longer lingers).
+        pub stale_op: u64 => [dropped("rejected.stale_op", "stale_op")],
+        /// Does not fit the op's layout (chunk count, length, dtype, phase, role).
+        pub mismatch: u64 => [dropped("rejected.mismatch", "mismatch")],
+        /// A chunk that had already arrived.
+        pub duplicate: u64 => [dropped("rejected.duplicate", "duplicate")],
+        /// A chunk that arrived after its transfer closed.
+        pub late: u64 => [dropped("rejected.late", "late")],
+        /// Buffered because the op had not started locally.
+        pub early_buffered: u64 => [Desc::json_only(
+            "rejected.early_buffered",
+            "Datagrams buffered because their op had not started here yet",
+        )],
+        /// Dropped because the early buffer was full.
+        pub early_dropped: u64 => [dropped("rejected.early_dropped", "early_dropped")],
+        /// Buffered early packets discarded unused after the hard timeout.
+        pub early_expired: u64 => [dropped("rejected.early_expired", "early_expired")],
+    }
+}
+
+impl RejectCounters {
+    /// Datagrams discarded on arrival: every counter but `early_buffered` (kept
+    /// for later) and `early_expired` (discarded later, out of the buffer).
+    pub fn discarded_on_arrival(&self) -> u64 {
+        let RejectCounters {
+            malformed,
+            bad_tag,
+            wrong_job,
+            wrong_rank,
+            stale_generation,
+            stale_op,
+            mismatch,
+            duplicate,
+            late,
+            early_buffered: _,
+            early_dropped,
+            early_expired: _,
+        } = self;
+        malformed
+            + bad_tag
+            + wrong_job
+            + wrong_rank
+            + stale_generation
+            + stale_op
+            + mismatch
+            + duplicate
+            + late
+            + early_dropped
+    }
+}
+
+counters! {
+    /// Received datagrams discarded on arrival, per class and per peer: every
+    /// datagram `Endpoint::handle_datagram_from` (or `Endpoint::handle_datagram`)
+    /// rejects for any reason in [`RejectCounters::discarded_on_arrival`], and every
+    /// datagram the caller discards itself and reports with
+    /// `Endpoint::count_dropped`. Each such datagram is counted once per table.
+    #[derive(Debug, Clone, Default, PartialEq, Eq)]
+    pub struct RxDrops {
+        /// Per class, as the datagram's fixed header claims ([`wire::peek_class`]:
+        /// readable when the datagram starts with the magic and holds a whole fixed
+        /// header, whatever else is wrong with it).
+        pub class: [PacketCount; 8] => [
+            Desc::new("rx_dropped_packets_per_class", "class_rx_dropped_packets", CLASS_DROPPED).by(By::Class),
+            Desc::new("rx_dropped_bytes_per_class", "class_rx_dropped_bytes", CLASS_DROPPED_BYTES).by(By::Class),
+        ],
+        /// Class unreadable (too short for a fixed header, not dlcp, class out of range).
+        pub unknown_class: PacketCount => [
+            Desc::new("rx_dropped_unknown_class.packets", "class_rx_dropped_packets", CLASS_DROPPED).by(By::Class),
+            Desc::new("rx_dropped_unknown_class.bytes", "class_rx_dropped_bytes", CLASS_DROPPED_BYTES).by(By::Class),
+        ],
+        /// Per peer rank the datagram came from (as the caller knows it; see
+        /// `Endpoint::handle_datagram_from`).
+        pub peer: Vec<PacketCount> => [
+            Desc::new("rx_dropped_packets_per_peer", "peer_rx_dropped_packets", PEER_DROPPED).by(By::Peer),
+            Desc::new("rx_dropped_bytes_per_peer", "peer_rx_dropped_bytes", PEER_DROPPED_BYTES).by(By::Peer),
+        ],
+        /// From no configured peer (or an unknown one): one bounded bucket.
+        pub unknown_peer: PacketCount => [
+            Desc::new("rx_dropped_unknown_peer.packets", "peer_rx_dropped_packets", PEER_DROPPED).by(By::Peer),
+            Desc::new("rx_dropped_unknown_peer.bytes", "peer_rx_dropped_bytes", PEER_DROPPED_BYTES).by(By::Peer),
+        ],
+    }
+}
+
+counters! {
+    /// Per-class, per-peer and protocol counters.
+    #[derive(Debug, Clone, Default, PartialEq, Eq)]
+    pub struct Stats {
+        /// Datagrams sent per class.
+        pub tx_packets: [u64; 8] => [
+            Desc::new("tx_packets_per_class", "class_tx_packets", "Datagrams sent per priority class").by(By::Class),
+        ],
+        /// Bytes sent per class.
+        pub tx_bytes: [u64; 8] => [
+            Desc::new("tx_bytes_per_class", "class_tx_bytes", "Bytes sent per priority class").by(By::Class),
+        ],
+        /// Authenticated datagrams received per class.
+        pub rx_packets: [u64; 8] => [Desc::new(
+            "rx_packets_per_class",
+            "class_rx_packets",
+            "Authenticated datagrams received per priority class",
+        )
+        .by(By::Class)],
+        /// Bytes received per class.
+        pub rx_bytes: [u64; 8] => [Desc::new(
+            "rx_bytes_per_class",
+            "class_rx_bytes",
+            "Authenticated bytes received per priority class",
+        )
+        .by(By::Class)],
+        /// Datagrams sent per peer.
+        pub tx_packets_peer: Vec<u64> => [
+            Desc::new("tx_packets_per_peer", "peer_tx_packets", "Datagrams sent per peer rank").by(By::Peer),
+        ],
+        /// Bytes sent per peer.
+        pub tx_bytes_peer: Vec<u64> => [
+            Desc::new("tx_bytes_per_peer", "peer_tx_bytes", "Bytes sent per peer rank").by(By::Peer),
+        ],
+        /// Authenticated datagrams received per peer.
+        pub rx_packets_peer: Vec<u64> => [Desc::new(
+            "rx_packets_per_peer",
+            "peer_rx_packets",
+            "Authenticated datagrams received per peer rank",
+        )
+        .by(By::Peer)],
+        /// Authenticated bytes received per peer.
+        pub rx_bytes_peer: Vec<u64> => [Desc::new(
+            "rx_bytes_per_peer",
+            "peer_rx_bytes",
+            "Authenticated bytes received per peer rank",
+        )
+        .by(By::Peer)],
+        /// Received datagrams discarded on arrival, per class and per peer.
+        pub rx_dropped: RxDrops => [],
+        /// Rejections.
+        pub rejected: RejectCounters => [],
+        /// Repair DATA packets sent.
+        pub repairs_sent: u64 => [Desc::new("repairs_sent", "repairs", REPAIRS).fixed(SENT)],
+        /// Repair DATA packets received (new chunks).
+        pub repairs_received: u64 => [Desc::new("repairs_received", "repairs", REPAIRS).fixed(RECEIVED)],
+        /// Repair DATA packets sent, per class.
+        pub repairs_sent_per_class: [u64; 8] => [
+            Desc::new("repairs_sent_per_class", "class_repairs", CLASS_REPAIRS).by(By::Class).fixed(SENT),
+        ],
+        /// Repair DATA packets received, per class.
+        pub repairs_received_per_class: [u64; 8] => [
+            Desc::new("repairs_received_per_class", "class_repairs", CLASS_REPAIRS).by(By::Class).fixed(RECEIVED),
+        ],
+        /// Bytes of repair DATA packets sent, per class.
+        pub repair_bytes_sent_per_class: [u64; 8] => [
+            Desc::new("repair_bytes_sent_per_class", "class_repair_bytes", CLASS_REPAIR_BYTES)
+                .by(By::Class)
+                .fixed(SENT),
+        ],
+        /// Bytes of repair DATA packets received (new chunks), per class.
+        pub repair_bytes_received_per_class: [u64; 8] => [
+            Desc::new("repair_bytes_received_per_class", "class_repair_bytes", CLASS_REPAIR_BYTES)
+                .by(By::Class)
+                .fixed(RECEIVED),
+        ],
+        /// Repair DATA packets (and bytes) sent, per peer.
+        pub repairs_sent_peer: Vec<PacketCount> => [
+            Desc::new("repairs_sent_per_peer", "peer_repairs", PEER_REPAIRS).by(By::Peer).fixed(SENT),
+            Desc::new("repair_bytes_sent_per_peer", "peer_repair_bytes", PEER_REPAIR_BYTES).by(By::Peer).fixed(SENT),
+        ],
+        /// Repair DATA packets (and bytes) received (new chunks), per peer.
+        pub repairs_received_peer: Vec<PacketCount> => [
+            Desc::new("repairs_received_per_peer", "peer_repairs", PEER_REPAIRS).by(By::Peer).fixed(RECEIVED),
+            Desc::new("repair_bytes_received_per_peer", "peer_repair_bytes", PEER_REPAIR_BYTES)
+                .by(By::Peer)
+                .fixed(RECEIVED),
+        ],
+        /// PROBEs sent (every copy counts; see [`crate::endpoint::PROBE_COPIES`]).
+        pub probes_sent: u64 => [Desc::new(
+            "probes_sent",
+            "probes_sent",
+            "PROBEs sent (\"I have sent through chunk X\"; every copy counts)",
+        )],
+        /// Redundant PROBE copies received (same sequence number as one already
+        /// acted on) and ignored.
+        pub probes_duplicate: u64 => [Desc::new(
+            "probes_duplicate",
+            "probes_duplicate",
+            "Redundant PROBE copies received (every PROBE is sent twice) and ignored",
+        )],
+        /// Receive deadlines that fired (`deadline_closes + deadline_nacks`).
+        pub deadlines_fired: u64 => [Desc::new(
+            "deadlines_fired",
+            "deadlines_fired",
+            "Receive deadlines that fired (deadline_closes + deadline_nacks)",
+        )],
+        /// Receive transfers a deadline ended: within budget, NACKed once, and
+        /// still no PROBE from the sender one retry later, so the receiver closed
+        /// on its own.
+        pub deadline_closes: u64 => [Desc::new(
+            "deadline_closes",
+            "deadline_closes",
+            "Receive transfers a deadline ended: within budget, NACKed once, and still no PROBE from the sender",
+        )],
+        /// Deadlines that re-sent the receiver's BITMAP (a NACK) to a sender gone
+        /// quiet: always the first firing (a within-budget BITMAP makes the sender
+        /// PROBE at once), and every firing while the transfer is not yet within
+        /// budget; the transfer goes on.
+        pub deadline_nacks: u64 => [Desc::new(
+            "deadline_nacks",
+            "deadline_nacks",
+            "Deadlines that re-sent the receiver's BITMAP (a NACK) to a sender gone quiet; the transfer goes on",
+        )],
+        /// Ops failed by the hard timeout.
+        pub hard_timeouts: u64 => [Desc::new("hard_timeouts", "hard_timeouts", "Ops failed by the hard timeout")],
+        /// Ops completed.
+        pub ops_completed: u64 => [Desc::json_only("ops_completed", "Allreduce ops the endpoint completed")],
+        /// Ops failed.
+        pub ops_failed: u64 => [Desc::json_only("ops_failed", "Allreduce ops the endpoint failed")],
+        /// Transfers closed within budget but not complete.
+        pub closed_within_budget: u64 => [Desc::json_only(
+            "closed_within_budget",
+            "Receive transfers closed within their loss budget but not complete",
+        )],
+    }
+}
+
+impl Stats {
+    /// Zero counters for a world of `world` ranks (per-peer tables sized).
+    pub fn new(world: usize) -> Stats {
+        Stats {
+            tx_packets_peer: vec![0; world],
+            tx_bytes_peer: vec![0; world],
+            rx_packets_peer: vec![0; world],
+            rx_bytes_peer: vec![0; world],
+            rx_dropped: RxDrops { peer: vec![PacketCount::default(); world], ..RxDrops::default() },
+            repairs_sent_peer: vec![PacketCount::default(); world],
+            repairs_received_peer: vec![PacketCount::default(); world],
+            ..Stats::default()
+        }
+    }
+
+    /// Count a datagram of `len` bytes sent to `peer` in `class`.
+    pub(crate) fn count_tx(&mut self, peer: u32, class: Class, len: usize) {
+        self.tx_packets[class.index()] += 1;
+        self.tx_bytes[class.index()] += len as u64;
+        self.tx_packets_peer[peer as usize] += 1;
+        self.tx_bytes_peer[peer as usize] += len as u64;
+    }
+
+    /// Count an authenticated datagram of `len` bytes from `peer` in `class`.
+    pub(crate) fn count_rx(&mut self, peer: u32, class: Class, len: usize) {
+        self.rx_packets[class.index()] += 1;
+        self.rx_bytes[class.index()] += len as u64;
+        self.rx_packets_peer[peer as usize] += 1;
+        self.rx_bytes_peer[peer as usize] += len as u64;
+    }
+
+    /// Count a repair DATA packet of `len` bytes sent to `peer`.
+    pub(crate) fn count_repair_sent(&mut self, peer: u32, class: Class, len: usize) {
+        self.repairs_sent += 1;
+        self.repairs_sent_per_class[class.index()] += 1;
+        self.repair_bytes_sent_per_class[class.index()] += len as u64;
+        self.repairs_sent_peer[peer as usize].add(len);
+    }
+
+    /// Count a repair DATA packet (a new chunk) of `len` bytes from `peer`.
+    pub(crate) fn count_repair_received(&mut self, peer: u32, class: Class, len: usize) {
+        self.repairs_received += 1;
+        self.repairs_received_per_class[class.index()] += 1;
+        self.repair_bytes_received_per_class[class.index()] += len as u64;
+        if let Some(p) = self.repairs_received_peer.get_mut(peer as usize) {
+            p.add(len);
+        }
+    }
+
+    /// Count a received datagram discarded on arrival in [`Stats::rx_dropped`]:
+    /// class from its header when readable, peer `from` (`None` or out of
+    /// range: unknown).
+    pub(crate) fn count_dropped(&mut self, datagram: &[u8], from: Option<u32>) {
+        let d = &mut self.rx_dropped;
+        match wire::peek_class(datagram) {
+            Some(c) => d.class[c.index()].add(datagram.len()),
+            None => d.unknown_class.add(datagram.len()),
+        }
+        match from.and_then(|p| d.peer.get_mut(p as usize)) {
+            Some(p) => p.add(datagram.len()),
+            None => d.unknown_peer.add(datagram.len()),
+        }
+    }
+
+    /// Calls `f` once per value of every counter, which it may change (tests).
+    #[cfg(test)]
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&'static Desc, Label, &mut u64)) {
+        Counters::each_mut(self, &[], f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    /// Every number in a `Debug` rendering (only counters are numbers in `Stats`).
+    fn numbers(s: &str) -> Vec<u64> {
+        s.split(|c: char| !c.is_ascii_digit()).filter(|w| !w.is_empty()).map(|w| w.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn the_visitor_reports_every_counter_once_under_unique_names() {
+        let world = 3;
+        let mut s = Stats::new(world);
+        let mut next = 1_000_000u64;
+        s.visit_mut(&mut |_, _, v| {
+            next += 1;
+            *v = next;
+        });
+        let mut seen = Vec::new();
+        let mut json = HashSet::new();
+        let mut metric = HashSet::new();
+        s.visit(&mut |d: &'static Desc, l: Label, v: u64| {
+            seen.push(v);
+            // JSON: a key holds one value, or one per class / per peer.
+            assert!(json.insert((d.json, l)), "json key {} {l:?} twice", d.json);
+            if let Some(m) = d.metric {
+                assert!(metric.insert((m, d.fixed, l)), "metric {m} {:?} {l:?} twice", d.fixed);
+                assert!(!d.help.is_empty());
+            }
+            match (d.by, l) {
+                (By::Nothing, Label::None) | (By::Reason(_), Label::Reason(_)) => {}
+                (By::Class, Label::Class(c)) => assert!(c.is_none_or(|c| usize::from(c) < Class::COUNT)),
+                (By::Peer, Label::Peer(p)) => assert!(p.is_none_or(|p| (p as usize) < world)),
+                other => panic!("{} labelled {other:?}", d.json),
+            }
+        });
+        // Every value the visitor saw is one it was given, in the same order.
+        let given: Vec<u64> = (1_000_001..=next).collect();
+        assert_eq!(seen, given);
+        // And the struct holds no counter the visitor did not see: every number
+        // in its Debug rendering is one of them, each exactly once.
+        let mut in_debug = numbers(&format!("{s:?}"));
+        in_debug.sort_unstable();
+        assert_eq!(in_debug, given);
+        // 4×8 + 4×3 per class / per peer, 2×(8+1+3+1) dropped, 12 reasons,
+        // 2 + 4×8 + 2×2×3 repairs, 9 others.
+        assert_eq!(given.len(), 32 + 12 + 26 + 12 + 2 + 32 + 12 + 9);
+    }
+
+    #[test]
+    fn names_match_what_the_daemon_exports() {
+        let mut s = Stats::new(2);
+        s.rejected.bad_tag = 5;
+        s.rx_dropped.unknown_peer = PacketCount { packets: 2, bytes: 90 };
+        s.repairs_sent_peer[1] = PacketCount { packets: 3, bytes: 300 };
+        s.tx_packets[7] = 8;
+        let mut got = Vec::new();
+        s.visit(&mut |d: &'static Desc, l: Label, v: u64| {
+            if v > 0 {
+                got.push((d.json, d.metric, d.fixed, l, v));
+            }
+        });
+        let sent: &[(&str, &str)] = &[("direction", "sent")];
+        assert_eq!(
+            got,
+            [
+                ("tx_packets_per_class", Some("class_tx_packets"), &[][..], Label::Class(Some(7)), 8),
+                (
+                    "rx_dropped_unknown_peer.packets",
+                    Some("peer_rx_dropped_packets"),
+                    &[],
+                    Label::Peer(None),
+                    2
+                ),
+                ("rx_dropped_unknown_peer.bytes", Some("peer_rx_dropped_bytes"), &[], Label::Peer(None), 90),
+                ("rejected.bad_tag", Some("rx_dropped"), &[], Label::Reason("bad_tag"), 5),
+                ("repairs_sent_per_peer", Some("peer_repairs"), sent, Label::Peer(Some(1)), 3),
+                ("repair_bytes_sent_per_peer", Some("peer_repair_bytes"), sent, Label::Peer(Some(1)), 300),
+            ]
+        );
+    }
+}

@@ -1,0 +1,538 @@
+//! The receive side of a transfer: admission of chunks, answers to PROBEs
+//! (close, bitmap, or wait for chunks the PROBE overtook), the adaptive
+//! deadline, and for all-gather the owner's agreed mask.
+
+use crate::bitmap::Bitmap;
+use crate::estimator::DeadlineEstimator;
+use crate::time::{Duration, Instant};
+use crate::transfer::rules::{
+    MAX_BACKOFF, MAX_BUDGET_PPM, Mode, Refused, Retry, allowed_missing, fill_done, set_all, write_segment,
+};
+use crate::wire::{self, Flags, Header, PacketType, Phase};
+
+/// What one transfer delivered, as seen by its receiver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransferReport {
+    /// The sending rank (for gather: the shard's owner).
+    pub peer: u32,
+    /// Phase.
+    pub phase: Phase,
+    /// Chunks in the transfer.
+    pub chunks: u32,
+    /// Chunks that arrived before the transfer closed.
+    pub delivered: Bitmap,
+    /// Gather only: the agreed mask of zero-filled chunks.
+    pub mask: Option<Bitmap>,
+    /// Chunks that arrived as repairs.
+    pub repaired: u32,
+    /// True if the adaptive deadline fired.
+    pub deadline_fired: bool,
+    /// First packet of the transfer.
+    pub first_at: Option<Instant>,
+    /// When the transfer closed.
+    pub closed_at: Instant,
+}
+
+impl TransferReport {
+    /// Fraction of chunks whose data is in the result (gather: not masked).
+    pub fn delivered_fraction(&self) -> f64 {
+        if self.chunks == 0 {
+            return 1.0;
+        }
+        let used = match &self.mask {
+            Some(m) => self.chunks - m.count_ones(),
+            None => self.delivered.count_ones(),
+        };
+        f64::from(used) / f64::from(self.chunks)
+    }
+}
+
+/// The receive side of one transfer.
+#[derive(Debug)]
+pub(crate) struct Receiver {
+    n: u32,
+    mode: Mode,
+    required: Option<u32>,
+    budget_ppm: u32,
+    got: Bitmap,
+    got_required: u32,
+    /// Reduce-scatter: the received contributions (contents unspecified:
+    /// only chunks marked in `got` are ever read). All-gather: empty (the
+    /// chunks go straight into the result).
+    buf: Vec<f32>,
+    first_at: Option<Instant>,
+    /// Arrival of the latest new chunk.
+    last_at: Option<Instant>,
+    deadline: Option<Instant>,
+    deadline_fired: bool,
+    deadline_backoff: u32,
+    grace: Option<Instant>,
+    /// While `grace` runs: the chunk whose arrival ends it early.
+    awaited: Option<u32>,
+    /// When the PROBE that set `awaited` arrived (to learn how far PROBEs
+    /// overtake data queued in the network).
+    probe_at: Option<Instant>,
+    /// [`Mode::Agreed`]: complete and waiting for the owner's DONE; re-send
+    /// the COMPLETE bitmap on this RTT-based timer in case the DONE was lost.
+    nudge: Option<(Instant, u32)>,
+    closed_at: Option<Instant>,
+    probe_seq: u32,
+    repaired: u32,
+    mask: Option<Bitmap>,
+    mask_parts: Option<(Bitmap, Bitmap)>,
+    complete_sent: bool,
+}
+
+/// What a new chunk leads to ([`Receiver::on_data`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arrived {
+    /// Nothing yet.
+    Nothing,
+    /// [`Mode::Own`]: every chunk is here: close.
+    Close,
+    /// [`Mode::Agreed`]: every chunk is here: tell the owner (a COMPLETE
+    /// BITMAP; the nudge timer is armed).
+    Complete,
+}
+
+/// The outcome of a new chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DataIn {
+    /// How far the PROBE that named this chunk overtook it, if it did.
+    pub overtake: Option<Duration>,
+    /// What to do.
+    pub then: Arrived,
+}
+
+/// How to answer a PROBE ([`Receiver::on_probe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// Nothing now (closed in [`Mode::Agreed`], or settling: the answer
+    /// comes when the grace timer fires or the awaited chunk lands).
+    Nothing,
+    /// [`Mode::Own`], closed already: DONE again.
+    Done,
+    /// [`Mode::Own`], within budget: close (and answer DONE).
+    Close,
+    /// The bitmap of what arrived ([`Receiver::bitmap_segments`] segments).
+    Bitmap,
+}
+
+/// The outcome of a PROBE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Probed {
+    /// The first packet of the transfer: progress (a repeated PROBE is not,
+    /// so a peer probing forever cannot keep a stuck op alive).
+    pub progress: bool,
+    /// The answer.
+    pub answer: Answer,
+}
+
+/// A transfer just closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Closed {
+    /// Closed within budget but not complete.
+    pub incomplete: bool,
+    /// First packet to close, unless a deadline closed it: a sample for the
+    /// phase's deadline estimator.
+    pub took: Option<Duration>,
+}
+
+/// What a receive timer did ([`Receiver::on_timer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fired {
+    /// No timer was due.
+    Nothing,
+    /// [`Mode::Own`]: close (`deadline`: the deadline closed it, after a
+    /// NACK went unanswered; otherwise the grace after a PROBE ended).
+    Close {
+        /// Closed by the deadline.
+        deadline: bool,
+    },
+    /// Send the bitmap (`deadline`: a deadline NACK; otherwise the answer
+    /// to a PROBE after its grace, or a nudge of the owner).
+    Bitmap {
+        /// Sent because the deadline fired.
+        deadline: bool,
+    },
+}
+
+impl Receiver {
+    /// A transfer of `n` chunks, receiving into `buf` (see the field).
+    pub(crate) fn new(n: u32, buf: Vec<f32>, mode: Mode) -> Receiver {
+        Receiver {
+            n,
+            mode,
+            required: None,
+            budget_ppm: 0,
+            got: Bitmap::new(n),
+            got_required: 0,
+            buf,
+            first_at: None,
+            last_at: None,
+            deadline: None,
+            deadline_fired: false,
+            deadline_backoff: 0,
+            grace: None,
+            awaited: None,
+            probe_at: None,
+            nudge: None,
+            closed_at: None,
+            probe_seq: 0,
+            repaired: 0,
+            mask: None,
+            mask_parts: None,
+            complete_sent: false,
+        }
+    }
+
+    /// Chunks in the transfer.
+    pub(crate) fn n(&self) -> u32 {
+        self.n
+    }
+
+    /// Chunks that arrived.
+    pub(crate) fn got(&self) -> &Bitmap {
+        &self.got
+    }
+
+    /// [`Mode::Agreed`], closed: the agreed mask.
+    pub(crate) fn mask(&self) -> Option<&Bitmap> {
+        self.mask.as_ref()
+    }
+
+    /// Whether the transfer is still open.
+    pub(crate) fn is_open(&self) -> bool {
+        self.closed_at.is_none()
+    }
+
+    /// The receive buffer.
+    pub(crate) fn buf(&self) -> &[f32] {
+        &self.buf
+    }
+
+    /// The receive buffer, to write a chunk into.
+    pub(crate) fn buf_mut(&mut self) -> &mut [f32] {
+        &mut self.buf
+    }
+
+    /// Give the receive buffer up (to the pool, or dropped once reduced).
+    pub(crate) fn take_buf(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.buf)
+    }
+
+    /// Heap and struct bytes, without the buffer (for the endpoint's footprint).
+    pub(crate) fn bytes(&self) -> usize {
+        size_of::<Receiver>()
+            + self.got.heap_bytes()
+            + self.mask.as_ref().map_or(0, Bitmap::heap_bytes)
+            + self.mask_parts.as_ref().map_or(0, |(a, b)| a.heap_bytes() + b.heap_bytes())
+    }
+
+    /// Bytes of the receive buffer.
+    pub(crate) fn buf_bytes(&self) -> usize {
+        self.buf.capacity() * 4
+    }
+
+    /// Within budget: every chunk, or all required chunks and at most the
+    /// allowed number missing.
+    fn closable(&self) -> bool {
+        let missing = self.got.count_zeros();
+        missing == 0
+            || (self.required.is_some_and(|r| self.got_required >= r)
+                && missing <= allowed_missing(self.n, self.budget_ppm))
+    }
+
+    /// BITMAP segments that say what arrived (one, COMPLETE, when everything did).
+    pub(crate) fn bitmap_segments(&self, seg_bytes: usize) -> u32 {
+        if self.got.is_full() { 1 } else { Bitmap::segment_count(self.n, seg_bytes) }
+    }
+
+    /// Check a DATA chunk of `payload_len` bytes, for a chunk of `chunk_elems`
+    /// elements, against the transfer, and mark it arrived.
+    pub(crate) fn admit(
+        &mut self,
+        h: &Header,
+        payload_len: usize,
+        chunk_elems: usize,
+    ) -> Result<(), Refused> {
+        if h.chunk_count != self.n || h.chunk_index >= self.n || payload_len != chunk_elems * 4 {
+            return Err(Refused::Mismatch);
+        }
+        if self.closed_at.is_some() {
+            return Err(Refused::Late);
+        }
+        if !self.got.set(h.chunk_index) {
+            return Err(Refused::Duplicate);
+        }
+        Ok(())
+    }
+
+    /// An admitted chunk's header ([`Receiver::admit`] first). `est`: the
+    /// phase's deadline estimator; `rto`: the probe timeout (for the nudge).
+    pub(crate) fn on_data(
+        &mut self,
+        h: &Header,
+        now: Instant,
+        est: &DeadlineEstimator,
+        rto: Duration,
+    ) -> DataIn {
+        self.required = Some(h.required);
+        self.budget_ppm = h.budget_ppm.min(MAX_BUDGET_PPM);
+        if h.flags.contains(Flags::REQUIRED) {
+            self.got_required += 1;
+        }
+        self.last_at = Some(now);
+        let mut overtake = None;
+        if self.awaited == Some(h.chunk_index) {
+            // The chunk the PROBE overtook has landed: answer the PROBE now.
+            self.awaited = None;
+            self.grace = Some(now);
+            // Only a first-pass chunk proves it was queued behind the PROBE; a
+            // repair of a lost one says nothing about queueing.
+            overtake = self.probe_at.take().filter(|_| !h.flags.contains(Flags::REPAIR)).map(|p| now - p);
+        }
+        if h.flags.contains(Flags::REPAIR) {
+            self.repaired += 1;
+        }
+        self.arm_deadline(now, est);
+        let then = match self.mode {
+            Mode::Own if self.got.is_full() => Arrived::Close,
+            Mode::Agreed if self.got.is_full() && !self.complete_sent => {
+                self.complete_sent = true;
+                // All data is here; only the DONE is missing: an RTT-scaled
+                // nudge replaces the size-scaled deadline.
+                self.nudge = Some((now + rto, 0));
+                self.deadline = None;
+                Arrived::Complete
+            }
+            _ => Arrived::Nothing,
+        };
+        DataIn { overtake, then }
+    }
+
+    /// A PROBE from the sender. `grace`: how long to wait for chunks it may
+    /// have overtaken (see `settle_until`).
+    pub(crate) fn on_probe(
+        &mut self,
+        h: &Header,
+        now: Instant,
+        grace: Duration,
+        est: &DeadlineEstimator,
+    ) -> Result<Probed, Refused> {
+        if h.chunk_count != self.n {
+            return Err(Refused::Mismatch);
+        }
+        if h.seq != 0 && h.seq == self.probe_seq {
+            return Err(Refused::DuplicateProbe);
+        }
+        let progress = self.first_at.is_none();
+        if self.mode == Mode::Own {
+            // Only a receiver that closes on its own needs the budget before
+            // its first chunk (an all-gather receiver takes it from DATA).
+            self.required = Some(h.required);
+            self.budget_ppm = h.budget_ppm.min(MAX_BUDGET_PPM);
+        }
+        self.probe_seq = self.probe_seq.max(h.seq);
+        self.arm_deadline(now, est);
+        let answer = if self.closed_at.is_some() {
+            if self.mode == Mode::Own { Answer::Done } else { Answer::Nothing }
+        } else if let Some(at) = self.settle_until(now, grace, h.chunk_index) {
+            // Chunks may still be in flight behind the PROBE: answer (close
+            // or bitmap) once they had time to land.
+            self.grace.get_or_insert(at);
+            self.awaited = Some(h.chunk_index);
+            self.probe_at.get_or_insert(now);
+            Answer::Nothing
+        } else if self.mode == Mode::Own && self.closable() {
+            Answer::Close
+        } else {
+            Answer::Bitmap
+        };
+        Ok(Probed { progress, answer })
+    }
+
+    /// When a PROBE finds an incomplete transfer whose last-sent chunk
+    /// (`last_sent`, carried in the PROBE) has not arrived while chunks were
+    /// still arriving within the last `grace`, the PROBE (control class) has
+    /// probably overtaken the tail of the transfer queued in the network:
+    /// answer at the returned instant instead of now. `None`: answer now.
+    fn settle_until(&self, now: Instant, grace: Duration, last_sent: u32) -> Option<Instant> {
+        if grace.is_zero() || self.got.is_full() {
+            return None;
+        }
+        if self.grace.is_some() {
+            return self.grace;
+        }
+        // The chunk the sender sent last has arrived: nothing the PROBE could
+        // have overtaken is left in flight (per-class FIFO, lowest class last).
+        if self.got.get(last_sent) {
+            return None;
+        }
+        let streaming = self.last_at.is_some_and(|l| now < l + grace);
+        streaming.then_some(now + grace)
+    }
+
+    /// Note the first packet and arm the adaptive deadline.
+    fn arm_deadline(&mut self, now: Instant, est: &DeadlineEstimator) {
+        if self.first_at.is_none() {
+            self.first_at = Some(now);
+        }
+        if self.deadline.is_none() && self.closed_at.is_none() && self.nudge.is_none() {
+            self.deadline = Some(now + est.deadline(self.n));
+        }
+    }
+
+    /// Close the transfer (`by_deadline`: its deadline closed it). `None` if
+    /// it was closed already.
+    pub(crate) fn close(&mut self, now: Instant, by_deadline: bool) -> Option<Closed> {
+        if self.closed_at.is_some() {
+            return None;
+        }
+        self.closed_at = Some(now);
+        self.deadline = None;
+        self.deadline_fired |= by_deadline;
+        let took = self.first_at.filter(|_| !by_deadline).map(|first| now - first);
+        Some(Closed { incomplete: !self.got.is_full(), took })
+    }
+
+    /// [`Mode::Agreed`]: a DONE segment of the owner's agreed mask. Closes
+    /// the transfer once every segment is in.
+    pub(crate) fn on_mask(
+        &mut self,
+        h: &Header,
+        payload: &[u8],
+        now: Instant,
+        seg_bytes: usize,
+    ) -> Result<Option<Closed>, Refused> {
+        if self.closed_at.is_some() {
+            return Err(Refused::Late);
+        }
+        if h.chunk_count != self.n {
+            return Err(Refused::Mismatch);
+        }
+        let n = self.n;
+        let (mask, seen) = self
+            .mask_parts
+            .get_or_insert_with(|| (Bitmap::new(n), Bitmap::new(Bitmap::segment_count(n, seg_bytes))));
+        if h.flags.contains(Flags::MASK_EMPTY) {
+            set_all(seen);
+        } else {
+            mask.merge_segment(h.chunk_index, payload);
+            seen.set(h.chunk_index / (seg_bytes * 8) as u32);
+        }
+        if !seen.is_full() {
+            return Ok(None);
+        }
+        let (mask, _) = self.mask_parts.take().unwrap_or((Bitmap::new(n), Bitmap::new(0)));
+        self.mask = Some(mask);
+        Ok(self.close(now, false))
+    }
+
+    /// Serve the receive timers due at `now`.
+    pub(crate) fn on_timer(&mut self, now: Instant, retry: &Retry) -> Fired {
+        if self.closed_at.is_some() {
+            return Fired::Nothing;
+        }
+        if self.grace.is_some_and(|g| g <= now) {
+            // The settle time after a PROBE is over: answer it now.
+            self.grace = None;
+            return if self.mode == Mode::Own && self.closable() {
+                Fired::Close { deadline: false }
+            } else {
+                Fired::Bitmap { deadline: false }
+            };
+        }
+        if let Some((at, k)) = self.nudge
+            && at <= now
+        {
+            let k = (k + 1).min(MAX_BACKOFF);
+            self.nudge = Some((now + retry.backoff(k), k));
+            return Fired::Bitmap { deadline: false };
+        }
+        if self.deadline.is_none_or(|d| d > now) {
+            return Fired::Nothing;
+        }
+        // Past its estimate but still receiving (e.g. the sender serves
+        // higher classes first), or the sender's PROBE was lost and its retry
+        // (one probe timeout later) is due: wait for an idle gap longer than
+        // the probe retry.
+        let gap = retry.gap();
+        if let Some(last) = self.last_at.or(self.first_at)
+            && now < last + gap
+        {
+            self.deadline = Some(last + gap);
+            return Fired::Nothing;
+        }
+        self.deadline_fired = true;
+        // A closable transfer still NACKs once first: the sender answers a
+        // within-budget BITMAP with a PROBE at once, and the transfer closes
+        // on that PROBE. Only a sender still quiet one retry later (dead, or
+        // its answers lost too) is closed by the deadline.
+        let nacked_before = self.deadline_backoff > 0;
+        let wait = retry.deadline_retry(self.deadline_backoff);
+        self.deadline_backoff += 1;
+        self.deadline = Some(now + wait);
+        if self.mode == Mode::Own && self.closable() && nacked_before {
+            Fired::Close { deadline: true }
+        } else {
+            Fired::Bitmap { deadline: true }
+        }
+    }
+
+    /// Every live timer.
+    pub(crate) fn timers(&self) -> impl Iterator<Item = Instant> {
+        let open = self.closed_at.is_none();
+        [self.deadline, self.grace, self.nudge.map(|n| n.0)].into_iter().flatten().filter(move |_| open)
+    }
+
+    /// Fill BITMAP segment `seg` of what arrived (`None`: closed, or past
+    /// the COMPLETE bitmap's only segment, or `buf` too small).
+    pub(crate) fn fill_bitmap(
+        &self,
+        h: &mut Header,
+        seg: u32,
+        seg_bytes: usize,
+        buf: &mut [u8],
+    ) -> Option<()> {
+        if self.closed_at.is_some() {
+            return None;
+        }
+        h.ty = PacketType::Bitmap;
+        h.chunk_count = self.n;
+        h.required = self.required.unwrap_or(0).min(self.n);
+        h.seq = self.probe_seq;
+        if self.got.is_full() {
+            if seg != 0 {
+                return None;
+            }
+            h.flags = Flags::COMPLETE;
+        } else {
+            if buf.len() < wire::OVERHEAD + seg_bytes {
+                return None;
+            }
+            write_segment(h, &self.got, seg, seg_bytes, buf);
+        }
+        Some(())
+    }
+
+    /// Fill the DONE that answers for a closed [`Mode::Own`] transfer.
+    pub(crate) fn fill_done(&self, h: &mut Header) {
+        fill_done(h, self.n, self.probe_seq);
+    }
+
+    /// What the transfer delivered, from `peer` in `phase`.
+    pub(crate) fn report(&self, peer: u32, phase: Phase) -> TransferReport {
+        TransferReport {
+            peer,
+            phase,
+            chunks: self.n,
+            delivered: self.got.clone(),
+            mask: self.mask.clone(),
+            repaired: self.repaired,
+            deadline_fired: self.deadline_fired,
+            first_at: self.first_at,
+            closed_at: self.closed_at.unwrap_or(Instant::ZERO),
+        }
+    }
+}

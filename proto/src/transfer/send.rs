@@ -1,0 +1,310 @@
+//! The send side of a transfer: first pass, PROBE, repairs on the
+//! receiver's bitmap (alone, or through the owner's joint decision).
+
+use crate::bitmap::Bitmap;
+use crate::class::{Class, ClassSet};
+use crate::time::{Duration, Instant};
+use crate::transfer::rules::{MAX_BACKOFF, Mode, Retry, allowed_missing, select_repairs, set_all};
+use crate::wire::{Flags, Header, PacketType};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// DATA (first pass or repairs) queued.
+    Sending,
+    /// Everything queued went out; waiting for a bitmap or DONE.
+    Probing,
+}
+
+/// The send side of one transfer.
+#[derive(Debug)]
+pub(crate) struct Sender {
+    n: u32,
+    required: u32,
+    budget_ppm: u32,
+    mode: Mode,
+    stage: Stage,
+    queued: u32,
+    seq: u32,
+    probe_sent: Option<(u32, Instant)>,
+    probe_timer: Option<Instant>,
+    /// The last chunk sent (carried in PROBE so the receiver can tell whether
+    /// the PROBE overtook chunks still in flight).
+    last_sent: u32,
+    backoff: u32,
+    /// Chunks the receiver was known to hold when this report round began:
+    /// a complete report that adds none means the last repairs were all lost.
+    /// (`None` before the first complete report.)
+    round_known: Option<u32>,
+    have: Bitmap,
+    segs_seen: Bitmap,
+    /// [`Mode::Agreed`]: a complete report is in the owner's hands.
+    reported: bool,
+    done: bool,
+    repairs: u32,
+}
+
+/// What a drained send queue leads to ([`Sender::dequeued`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Drained {
+    /// Chunks are still queued (or the transfer is done or probing).
+    Busy,
+    /// [`Mode::Agreed`]: the receiver is known to hold everything; report to
+    /// the owner's decision without probing.
+    Report,
+    /// The last repairs were all lost: probe when the backed-off timer
+    /// (armed, at this instant) fires.
+    ProbeAt(Instant),
+    /// Send [`PROBE_COPIES`] PROBEs now.
+    Probe,
+}
+
+/// What a BITMAP or DONE told the sender.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Heard {
+    /// A round-trip sample (it answered the PROBE in flight).
+    pub rtt: Option<Duration>,
+    /// The receiver holds chunks it was not known to hold (or closed): progress.
+    pub news: bool,
+    /// A complete report while probing: time to decide ([`Sender::decide_alone`],
+    /// or the owner's joint decision in [`Mode::Agreed`]).
+    pub round: bool,
+}
+
+impl Sender {
+    /// A transfer of `n` chunks, `required` of them not droppable, whose
+    /// receiver reports in BITMAP segments of `seg_bytes` bytes.
+    pub(crate) fn new(n: u32, required: u32, budget_ppm: u32, seg_bytes: usize, mode: Mode) -> Sender {
+        Sender {
+            n,
+            required,
+            budget_ppm,
+            mode,
+            stage: Stage::Sending,
+            queued: 0,
+            seq: 0,
+            probe_sent: None,
+            probe_timer: None,
+            last_sent: 0,
+            backoff: 0,
+            round_known: None,
+            have: Bitmap::new(n),
+            segs_seen: Bitmap::new(Bitmap::segment_count(n, seg_bytes)),
+            reported: false,
+            done: false,
+            repairs: 0,
+        }
+    }
+
+    /// Chunks in the transfer.
+    pub(crate) fn n(&self) -> u32 {
+        self.n
+    }
+
+    /// The receiver closed it (scatter), or the owner decided (gather).
+    pub(crate) fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// [`Mode::Agreed`]: its complete report waits for the owner's decision.
+    pub(crate) fn is_reported(&self) -> bool {
+        self.reported
+    }
+
+    /// Heap and struct bytes (for the endpoint's footprint).
+    pub(crate) fn bytes(&self) -> usize {
+        size_of::<Sender>() + self.have.heap_bytes() + self.segs_seen.heap_bytes()
+    }
+
+    /// `k` more first-pass chunks were queued.
+    pub(crate) fn queue(&mut self, k: u32) {
+        self.queued += k;
+    }
+
+    /// Whether a queued chunk still needs sending.
+    pub(crate) fn wants(&self, chunk: u32) -> bool {
+        !self.done && !self.have.get(chunk)
+    }
+
+    /// The transfer's fields of a DATA header.
+    pub(crate) fn fill_data(&self, h: &mut Header) {
+        h.chunk_count = self.n;
+        h.required = self.required;
+        h.budget_ppm = self.budget_ppm;
+    }
+
+    /// `chunk` went out.
+    pub(crate) fn sent(&mut self, chunk: u32) {
+        self.last_sent = chunk;
+    }
+
+    /// A queued chunk left the queue (sent or no longer wanted): when the
+    /// queue drains, the sender probes (or reports).
+    pub(crate) fn dequeued(&mut self, now: Instant, retry: &Retry) -> Drained {
+        self.queued = self.queued.saturating_sub(1);
+        if self.queued > 0 || self.done || self.stage != Stage::Sending {
+            return Drained::Busy;
+        }
+        self.stage = Stage::Probing;
+        if self.mode == Mode::Agreed && self.have.is_full() {
+            self.reported = true;
+            return Drained::Report;
+        }
+        if self.backoff > 0 {
+            // The previous repairs were all lost: probe after the backed-off
+            // timeout instead of at once, so a congested receiver is not
+            // driven by a PROBE / BITMAP / repair loop at full speed.
+            let at = now + retry.backoff(self.backoff);
+            self.probe_timer = Some(at);
+            return Drained::ProbeAt(at);
+        }
+        self.seq = self.seq.wrapping_add(1);
+        Drained::Probe
+    }
+
+    /// Fill a PROBE about to be sent, and arm the probe timer (returned).
+    /// `None`: no PROBE is due any more.
+    pub(crate) fn fill_probe(&mut self, h: &mut Header, now: Instant, retry: &Retry) -> Option<Instant> {
+        if self.done || self.stage != Stage::Probing || self.reported {
+            return None;
+        }
+        h.ty = PacketType::Probe;
+        h.chunk_index = self.last_sent.min(self.n.saturating_sub(1));
+        h.chunk_count = self.n;
+        h.required = self.required;
+        h.budget_ppm = self.budget_ppm;
+        h.seq = self.seq;
+        self.probe_sent = Some((self.seq, now));
+        let at = now + retry.backoff(self.backoff);
+        self.probe_timer = Some(at);
+        Some(at)
+    }
+
+    /// A round-trip sample if `seq` answers the PROBE in flight.
+    fn answered(&self, seq: u32, now: Instant) -> Option<Duration> {
+        self.probe_sent.filter(|&(s, _)| s == seq).map(|(_, at)| now - at)
+    }
+
+    /// A BITMAP segment (or a COMPLETE bitmap) from the receiver. The caller
+    /// checked that it names this transfer's chunk count.
+    pub(crate) fn on_bitmap(&mut self, h: &Header, payload: &[u8], now: Instant, seg_bytes: usize) -> Heard {
+        let rtt = self.answered(h.seq, now);
+        if rtt.is_some() {
+            self.probe_sent = None;
+        }
+        let known = self.have.count_ones();
+        if h.flags.contains(Flags::COMPLETE) {
+            set_all(&mut self.have);
+            set_all(&mut self.segs_seen);
+        } else {
+            self.have.merge_segment(h.chunk_index, payload);
+            self.segs_seen.set(h.chunk_index / (seg_bytes * 8) as u32);
+        }
+        // Only news is progress: an unchanged bitmap (a receiver nudging an
+        // owner that waits for a dead rank) must not defer the hard timeout.
+        let news = self.have.count_ones() != known;
+        let round = self.stage == Stage::Probing && self.segs_seen.is_full() && !self.done;
+        if round {
+            // A complete report with news: probing starts from the base
+            // timeout again. Without news the last repairs were all lost (a
+            // congested path, or a receiver its own PROBEs and repairs keep
+            // flooded): keep backing off, which also holds the next PROBE
+            // after the repairs (see `dequeued`).
+            let have = self.have.count_ones();
+            if self.round_known.is_none_or(|k| have > k) {
+                self.backoff = 0;
+            } else {
+                self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
+            }
+            self.round_known = Some(have);
+            if self.mode == Mode::Agreed {
+                self.reported = true;
+                self.probe_timer = None;
+            }
+        }
+        Heard { rtt, news, round }
+    }
+
+    /// [`Mode::Own`]: decide on a complete report. Returns the repairs to
+    /// send (already counted as queued), highest class first; none means the
+    /// receiver is within budget and closes on the next PROBE.
+    pub(crate) fn decide_alone(
+        &mut self,
+        now: Instant,
+        class_of: impl Fn(u32) -> Class,
+        droppable: ClassSet,
+    ) -> Vec<u32> {
+        let allowed = allowed_missing(self.n, self.budget_ppm);
+        let repairs = select_repairs(self.have.iter_zeros(), class_of, droppable, allowed);
+        self.segs_seen = Bitmap::new(self.segs_seen.len());
+        if repairs.is_empty() {
+            // The receiver asked without being prompted (its deadline NACKs
+            // after our PROBEs were lost): answer now, not at the backed-off
+            // probe timer, so it closes on the PROBE rather than by its deadline.
+            if self.probe_timer.is_some_and(|t| t > now) {
+                self.probe_timer = Some(now);
+            }
+            return repairs;
+        }
+        self.repair(repairs.len() as u32);
+        repairs
+    }
+
+    /// Chunks the receiver lacks as of its last report.
+    pub(crate) fn missing(&self) -> impl Iterator<Item = u32> + '_ {
+        self.have.iter_zeros()
+    }
+
+    /// [`Mode::Agreed`]: the owner's joint decision is to repair `repairs`
+    /// (of the union of every receiver's missing chunks). Returns those this
+    /// receiver lacks (queued); with none, its report stays valid.
+    pub(crate) fn decide_jointly(&mut self, repairs: &[u32]) -> Vec<u32> {
+        let mine: Vec<u32> = repairs.iter().copied().filter(|&c| !self.have.get(c)).collect();
+        self.segs_seen = Bitmap::new(self.segs_seen.len());
+        if mine.is_empty() {
+            set_all(&mut self.segs_seen);
+        } else {
+            self.repair(mine.len() as u32);
+        }
+        mine
+    }
+
+    fn repair(&mut self, k: u32) {
+        self.reported = false;
+        self.stage = Stage::Sending;
+        self.probe_timer = None;
+        self.queued += k;
+        self.repairs += k;
+    }
+
+    /// [`Mode::Agreed`]: the owner announced the agreed mask; nothing more to send.
+    pub(crate) fn finish(&mut self) {
+        self.done = true;
+        self.probe_timer = None;
+    }
+
+    /// [`Mode::Own`]: the receiver's DONE.
+    pub(crate) fn on_done(&mut self, seq: u32, now: Instant) -> Heard {
+        let heard = Heard { rtt: self.answered(seq, now), news: !self.done, round: false };
+        self.done = true;
+        self.probe_sent = None;
+        self.probe_timer = None;
+        heard
+    }
+
+    /// The probe timer, if it is live.
+    pub(crate) fn timer(&self) -> Option<Instant> {
+        self.probe_timer.filter(|_| !self.done && self.stage == Stage::Probing && !self.reported)
+    }
+
+    /// Timers due at `now`: true if the probe timer fired (send
+    /// [`PROBE_COPIES`] PROBEs; the next round backs off further).
+    pub(crate) fn on_timer(&mut self, now: Instant) -> bool {
+        if self.timer().is_none_or(|t| t > now) {
+            return false;
+        }
+        self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
+        self.seq = self.seq.wrapping_add(1);
+        self.probe_timer = None;
+        true
+    }
+}

@@ -1,0 +1,372 @@
+//! One transfer driven on its own, both sides and both modes, without an
+//! endpoint: packets are headers built here, time is whatever the test says.
+
+use crate::bitmap::Bitmap;
+use crate::class::{Class, ClassSet};
+use crate::estimator::DeadlineEstimator;
+use crate::time::{Duration, Instant};
+use crate::transfer::recv::{Answer, Arrived, Fired, Receiver};
+use crate::transfer::rules::{Mode, Refused, Retry, allowed_missing, fill_mask, select_repairs};
+use crate::transfer::send::{Drained, Sender};
+use crate::wire::{self, Flags, Header, PacketType, Phase};
+
+/// Bitmap segment bytes: 128 chunks per segment.
+const SEG: usize = 16;
+/// Elements per chunk.
+const ELEMS: usize = 4;
+
+fn us(n: u64) -> Duration {
+    Duration::from_micros(n)
+}
+
+fn at(micros: u64) -> Instant {
+    Instant::ZERO + us(micros)
+}
+
+fn retry() -> Retry {
+    Retry { rto: us(1000), probe_max: us(5000), deadline_min: us(2000), deadline_max: us(100_000) }
+}
+
+fn est() -> DeadlineEstimator {
+    DeadlineEstimator::new(us(50), us(2000), us(2_000_000))
+}
+
+fn header(ty: PacketType, n: u32, index: u32) -> Header {
+    let class = if ty == PacketType::Data { Class::new(3).unwrap() } else { Class::CONTROL };
+    let mut h = Header::new(ty, class, Phase::Scatter);
+    h.chunk_count = n;
+    h.chunk_index = index;
+    h
+}
+
+/// DATA chunk `i` of `n`, of a transfer with `required` non-droppable chunks
+/// under `budget_ppm`.
+fn data(i: u32, n: u32, required: u32, budget_ppm: u32, flags: Flags) -> Header {
+    let mut h = header(PacketType::Data, n, i);
+    h.required = required;
+    h.budget_ppm = budget_ppm;
+    h.flags = flags;
+    h.payload_len = (ELEMS * 4) as u16;
+    h
+}
+
+/// PROBE round `seq` of a transfer of `n`, sent after chunk `last`.
+fn probe(last: u32, n: u32, seq: u32, required: u32, budget_ppm: u32) -> Header {
+    let mut h = header(PacketType::Probe, n, last);
+    h.seq = seq;
+    h.required = required;
+    h.budget_ppm = budget_ppm;
+    h
+}
+
+/// Chunk `i` arrives at `now` (first pass unless `flags` says otherwise).
+fn arrive(r: &mut Receiver, h: &Header, now: Instant) -> Arrived {
+    r.admit(h, ELEMS * 4, ELEMS).unwrap();
+    r.on_data(h, now, &est(), retry().rto).then
+}
+
+/// The receiver's BITMAP, every segment, as the sender would receive them.
+fn report(r: &Receiver) -> Vec<(Header, Vec<u8>)> {
+    (0..r.bitmap_segments(SEG))
+        .map(|seg| {
+            let mut h = header(PacketType::Hello, r.n(), 0);
+            let mut buf = vec![0u8; wire::OVERHEAD + SEG];
+            r.fill_bitmap(&mut h, seg, SEG, &mut buf).unwrap();
+            let payload = buf[wire::HEADER_LEN..wire::HEADER_LEN + usize::from(h.payload_len)].to_vec();
+            (h, payload)
+        })
+        .collect()
+}
+
+/// A sender of `n` chunks in `mode` whose first pass went out: probing.
+fn drained_sender(n: u32, required: u32, budget_ppm: u32, mode: Mode) -> Sender {
+    let mut s = Sender::new(n, required, budget_ppm, SEG, mode);
+    s.queue(n);
+    for c in 0..n - 1 {
+        assert_eq!(s.dequeued(at(0), &retry()), Drained::Busy);
+        s.sent(c);
+    }
+    s.sent(n - 1);
+    assert_eq!(s.dequeued(at(0), &retry()), Drained::Probe);
+    s
+}
+
+#[test]
+fn allowed_missing_floors() {
+    assert_eq!(allowed_missing(100, 10_000), 1);
+    assert_eq!(allowed_missing(99, 10_000), 0);
+    assert_eq!(allowed_missing(1000, 0), 0);
+    assert_eq!(allowed_missing(u32::MAX, 100_000), 429_496_729);
+}
+
+#[test]
+fn select_repairs_takes_required_then_highest_class_until_within_budget() {
+    let classes = [0u8, 3, 1, 3, 6, 2, 0, 5];
+    let class_of = |c: u32| Class::new(classes[c as usize]).unwrap();
+    let droppable = ClassSet::from_classes((0..=4).filter_map(Class::new));
+    // Missing: 0,1,2,3,4(required),6,7(required). Allowed 2 → repair 4,7
+    // then droppable by class: 1(3),3(3),2(1) until 2 remain (0 and 6).
+    let r = select_repairs([0, 1, 2, 3, 4, 6, 7], class_of, droppable, 2);
+    assert_eq!(r, vec![4, 7, 1, 3, 2]);
+    // Allowed ≥ droppable missing: only required ones.
+    assert_eq!(select_repairs([0, 4], class_of, droppable, 5), vec![4]);
+}
+
+#[test]
+fn admission_refuses_misfits_duplicates_and_late_chunks() {
+    let mut r = Receiver::new(4, vec![0.0; 4 * ELEMS], Mode::Own);
+    let h = data(0, 4, 0, 0, Flags::default());
+    assert_eq!(r.admit(&h, ELEMS * 4, ELEMS), Ok(()));
+    assert_eq!(r.admit(&h, ELEMS * 4, ELEMS), Err(Refused::Duplicate));
+    assert_eq!(r.admit(&data(4, 4, 0, 0, Flags::default()), ELEMS * 4, ELEMS), Err(Refused::Mismatch));
+    assert_eq!(r.admit(&data(1, 5, 0, 0, Flags::default()), ELEMS * 4, ELEMS), Err(Refused::Mismatch));
+    assert_eq!(r.admit(&data(1, 4, 0, 0, Flags::default()), ELEMS * 4 - 4, ELEMS), Err(Refused::Mismatch));
+    assert_eq!(r.got().count_ones(), 1);
+    assert!(r.close(at(5), false).is_some_and(|c| c.incomplete));
+    assert!(r.close(at(6), false).is_none(), "closes once");
+    assert_eq!(r.admit(&data(1, 4, 0, 0, Flags::default()), ELEMS * 4, ELEMS), Err(Refused::Late));
+    // A PROBE of another size, and a second copy of one already acted on.
+    assert_eq!(r.on_probe(&probe(3, 5, 1, 0, 0), at(7), us(0), &est()), Err(Refused::Mismatch));
+    assert!(r.on_probe(&probe(3, 4, 1, 0, 0), at(7), us(0), &est()).is_ok());
+    assert_eq!(r.on_probe(&probe(3, 4, 1, 0, 0), at(8), us(0), &est()), Err(Refused::DuplicateProbe));
+}
+
+#[test]
+fn closes_within_budget_only_with_every_required_chunk() {
+    // 100 chunks, 1% budget (one may be missing), chunks 0 and 1 required.
+    let (n, budget) = (100, 10_000);
+    let flags = |c: u32| if c < 2 { Flags::REQUIRED } else { Flags::default() };
+    for mode in [Mode::Own, Mode::Agreed] {
+        let mut r = Receiver::new(n, Vec::new(), mode);
+        for c in 1..n {
+            assert_eq!(arrive(&mut r, &data(c, n, 2, budget, flags(c)), at(10)), Arrived::Nothing);
+        }
+        // One missing, within budget, but it is required: the bitmap asks for it.
+        let p = r.on_probe(&probe(n - 1, n, 1, 2, budget), at(20), us(0), &est()).unwrap();
+        assert_eq!(p.answer, Answer::Bitmap);
+        let done = arrive(&mut r, &data(0, n, 2, budget, flags(0)), at(30));
+        assert_eq!(done, if mode == Mode::Own { Arrived::Close } else { Arrived::Complete }, "{mode:?}");
+    }
+    // Every required chunk and one droppable missing: a PROBE closes it.
+    let mut r = Receiver::new(n, Vec::new(), Mode::Own);
+    for c in (0..n).filter(|&c| c != 50) {
+        arrive(&mut r, &data(c, n, 2, budget, flags(c)), at(10 + u64::from(c)));
+    }
+    let p = r.on_probe(&probe(n - 1, n, 1, 2, budget), at(200), us(0), &est()).unwrap();
+    assert_eq!(p.answer, Answer::Close);
+    let closed = r.close(at(200), false).unwrap();
+    assert!(closed.incomplete);
+    assert_eq!(closed.took, Some(us(190)), "first chunk to close: a deadline sample");
+    assert_eq!(
+        r.on_probe(&probe(n - 1, n, 2, 2, budget), at(300), us(0), &est()).unwrap().answer,
+        Answer::Done
+    );
+    // The all-gather receiver never closes on its own: it waits for the mask.
+    let mut g = Receiver::new(n, Vec::new(), Mode::Agreed);
+    for c in (0..n).filter(|&c| c != 50) {
+        arrive(&mut g, &data(c, n, 2, budget, flags(c)), at(10));
+    }
+    assert_eq!(
+        g.on_probe(&probe(n - 1, n, 1, 2, budget), at(200), us(0), &est()).unwrap().answer,
+        Answer::Bitmap
+    );
+}
+
+#[test]
+fn the_sender_repairs_exactly_enough_highest_class_first() {
+    let classes = [0u8, 3, 1, 3, 6, 2, 0, 5];
+    let class_of = |c: u32| Class::new(classes[c as usize]).unwrap();
+    let droppable = ClassSet::from_classes((0..=4).filter_map(Class::new));
+    // 8 chunks, budget 25%: two may be missing. Only chunk 5 arrived.
+    let (n, budget) = (8, 250_000);
+    let mut s = drained_sender(n, 2, budget, Mode::Own);
+    let mut r = Receiver::new(n, Vec::new(), Mode::Own);
+    arrive(&mut r, &data(5, n, 2, budget, Flags::default()), at(10));
+    assert_eq!(r.on_probe(&probe(7, n, 1, 2, budget), at(20), us(0), &est()).unwrap().answer, Answer::Bitmap);
+    for (h, payload) in report(&r) {
+        let heard = s.on_bitmap(&h, &payload, at(30), SEG);
+        assert!(heard.news && heard.round);
+    }
+    assert_eq!(s.decide_alone(at(30), class_of, droppable), vec![4, 7, 1, 3, 2]);
+    assert!(!s.wants(5) && s.wants(4) && s.wants(0), "chunks it holds are not sent again");
+    // The five repairs drain, then the sender probes again.
+    for k in 0..5 {
+        let want = if k == 4 { Drained::Probe } else { Drained::Busy };
+        assert_eq!(s.dequeued(at(40), &retry()), want);
+    }
+    // Every repair arrived: within budget, so the next report asks for nothing
+    // and the probe timer is pulled in to answer at once.
+    for c in [4, 7, 1, 3, 2] {
+        arrive(&mut r, &data(c, n, 2, budget, Flags::REPAIR), at(50));
+    }
+    let mut h = header(PacketType::Hello, n, 0);
+    s.fill_probe(&mut h, at(60), &retry()).unwrap();
+    for (h, payload) in report(&r) {
+        assert!(s.on_bitmap(&h, &payload, at(70), SEG).round);
+    }
+    assert!(s.decide_alone(at(70), class_of, droppable).is_empty());
+    assert_eq!(s.timer(), Some(at(70)));
+}
+
+#[test]
+fn the_probe_timer_backs_off_to_its_cap_and_news_resets_it() {
+    let mut s = drained_sender(10, 0, 0, Mode::Own);
+    let mut h = header(PacketType::Hello, 10, 0);
+    let mut now = at(0);
+    // rto 1 ms doubling per fruitless round, capped at probe_max 5 ms.
+    for wait in [1000, 2000, 4000, 5000, 5000] {
+        let armed = s.fill_probe(&mut h, now, &retry()).unwrap();
+        assert_eq!((h.ty, h.chunk_index, h.chunk_count), (PacketType::Probe, 9, 10));
+        assert_eq!(armed, now + us(wait));
+        assert!(!s.on_timer(armed - us(1)), "not due yet");
+        assert!(s.on_timer(armed), "fires: send PROBEs again");
+        assert_eq!(s.timer(), None);
+        now = armed;
+    }
+    // A complete report with news answers the PROBE in flight (an RTT
+    // sample) and resets the backoff.
+    let seq = h.seq;
+    s.fill_probe(&mut h, now, &retry()).unwrap();
+    assert_eq!(h.seq, seq + 1, "every round has its own sequence number");
+    let mut b = header(PacketType::Bitmap, 10, 0);
+    b.seq = h.seq;
+    b.flags = Flags::COMPLETE;
+    let heard = s.on_bitmap(&b, &[], now + us(300), SEG);
+    assert_eq!(heard.rtt, Some(us(300)));
+    assert!(heard.news && heard.round);
+    assert!(s.decide_alone(now, |_| Class::new(0).unwrap(), ClassSet::EMPTY).is_empty());
+    let later = at(100_000);
+    assert_eq!(s.fill_probe(&mut h, later, &retry()), Some(later + us(1000)));
+    // The receiver's DONE ends it.
+    assert!(s.on_done(h.seq, later + us(500)).rtt == Some(us(500)) && s.is_done());
+    assert_eq!(s.timer(), None);
+}
+
+/// Fire the receiver's earliest timer until it does something.
+fn fire(r: &mut Receiver) -> (Instant, Fired) {
+    loop {
+        let t = r.timers().min().expect("a live timer");
+        let fired = r.on_timer(t, &retry());
+        if fired != Fired::Nothing {
+            return (t, fired);
+        }
+    }
+}
+
+#[test]
+fn the_deadline_nacks_before_it_closes() {
+    // 100 chunks, 1%: closable with one missing, but the sender went quiet
+    // (its PROBEs are lost).
+    let (n, budget) = (100, 10_000);
+    let mut r = Receiver::new(n, Vec::new(), Mode::Own);
+    for c in 0..n - 1 {
+        arrive(&mut r, &data(c, n, 0, budget, Flags::default()), at(u64::from(c)));
+    }
+    let (first, fired) = fire(&mut r);
+    assert_eq!(fired, Fired::Bitmap { deadline: true }, "closable, but NACKs first");
+    // Not before an idle gap of max(deadline_min, 2 rto) after the last chunk.
+    assert!(first >= at(98) + us(2000));
+    let (second, fired) = fire(&mut r);
+    assert_eq!(fired, Fired::Close { deadline: true }, "still quiet one retry later: closes");
+    assert!(second >= first + us(2000));
+    let closed = r.close(second, true).unwrap();
+    assert_eq!(closed.took, None, "a deadline close is no sample of how long transfers take");
+    let rep = r.report(3, Phase::Scatter);
+    assert!(rep.deadline_fired && rep.delivered.count_ones() == n - 1 && rep.closed_at == second);
+    // Not within budget: the deadline keeps NACKing, backing off.
+    let mut r = Receiver::new(n, Vec::new(), Mode::Own);
+    for c in 0..n - 2 {
+        arrive(&mut r, &data(c, n, 0, budget, Flags::default()), at(0));
+    }
+    let mut last = at(0);
+    for _ in 0..4 {
+        let (t, fired) = fire(&mut r);
+        assert_eq!(fired, Fired::Bitmap { deadline: true });
+        assert!(t > last);
+        last = t;
+    }
+}
+
+#[test]
+fn after_a_probe_the_receiver_waits_for_the_chunk_it_overtook() {
+    let grace = us(100);
+    for mode in [Mode::Own, Mode::Agreed] {
+        // Chunks 0 and 1 arrived; the PROBE says 3 was sent last (2 and 3 are
+        // still queued in the network behind it); 4 was lost.
+        let n = 5;
+        let mut r = Receiver::new(n, Vec::new(), mode);
+        arrive(&mut r, &data(0, n, 0, 0, Flags::default()), at(0));
+        arrive(&mut r, &data(1, n, 0, 0, Flags::default()), at(10));
+        let p = r.on_probe(&probe(3, n, 1, 0, 0), at(20), grace, &est()).unwrap();
+        assert_eq!(p.answer, Answer::Nothing, "{mode:?}: settle first");
+        assert!(r.timers().any(|t| t == at(120)), "{mode:?}: grace armed");
+        arrive(&mut r, &data(2, n, 0, 0, Flags::default()), at(30));
+        r.admit(&data(3, n, 0, 0, Flags::default()), ELEMS * 4, ELEMS).unwrap();
+        let got = r.on_data(&data(3, n, 0, 0, Flags::default()), at(45), &est(), retry().rto);
+        assert_eq!(got.overtake, Some(us(25)), "{mode:?}: the PROBE overtook chunk 3 by 25 µs");
+        // The awaited chunk landed: the answer is due now, not at the grace's end.
+        assert_eq!(r.on_timer(at(45), &retry()), Fired::Bitmap { deadline: false }, "{mode:?}");
+    }
+    // Within budget after the grace: it closes (reduce-scatter).
+    let n = 200;
+    let mut r = Receiver::new(n, Vec::new(), Mode::Own);
+    for c in 0..n - 2 {
+        arrive(&mut r, &data(c, n, 0, 10_000, Flags::default()), at(10));
+    }
+    let p = r.on_probe(&probe(n - 1, n, 1, 0, 10_000), at(50), grace, &est()).unwrap();
+    assert_eq!(p.answer, Answer::Nothing);
+    assert_eq!(r.on_timer(at(149), &retry()), Fired::Nothing);
+    assert_eq!(r.on_timer(at(150), &retry()), Fired::Close { deadline: false });
+    // No settling when the PROBE's last chunk is already here.
+    let mut r = Receiver::new(3, Vec::new(), Mode::Own);
+    arrive(&mut r, &data(2, 3, 0, 0, Flags::default()), at(0));
+    assert_eq!(r.on_probe(&probe(2, 3, 1, 0, 0), at(5), grace, &est()).unwrap().answer, Answer::Bitmap);
+}
+
+#[test]
+fn an_all_gather_transfer_reports_to_the_owner_and_closes_on_the_agreed_mask() {
+    let n = 3;
+    let mut s = drained_sender(n, 0, 0, Mode::Agreed);
+    let mut r = Receiver::new(n, Vec::new(), Mode::Agreed);
+    arrive(&mut r, &data(0, n, 0, 0, Flags::default()), at(0));
+    arrive(&mut r, &data(2, n, 0, 0, Flags::default()), at(0));
+    assert_eq!(r.on_probe(&probe(2, n, 1, 0, 0), at(10), us(0), &est()).unwrap().answer, Answer::Bitmap);
+    for (h, payload) in report(&r) {
+        assert!(s.on_bitmap(&h, &payload, at(20), SEG).round);
+    }
+    // Reported: no probing of its own while the owner decides.
+    assert!(s.is_reported() && s.timer().is_none());
+    assert_eq!(s.missing().collect::<Vec<_>>(), [1]);
+    // The owner's joint decision: repair chunk 1 (this receiver lacks it) and 0
+    // (another receiver does; this one holds it).
+    assert_eq!(s.decide_jointly(&[0, 1]), [1]);
+    assert!(!s.is_reported());
+    // A report that makes the sender's view complete arrives while the repair
+    // is queued: when the queue drains, it reports instead of probing.
+    assert_eq!(arrive(&mut r, &data(1, n, 0, 0, Flags::REPAIR), at(30)), Arrived::Complete);
+    let (h, payload) = report(&r).remove(0);
+    assert!(h.flags.contains(Flags::COMPLETE));
+    assert!(!s.on_bitmap(&h, &payload, at(40), SEG).round, "still sending");
+    assert_eq!(s.dequeued(at(50), &retry()), Drained::Report);
+    // Complete, waiting for the mask: the nudge re-sends the COMPLETE bitmap,
+    // backing off (rto 1 ms, then 2 ms).
+    assert_eq!(r.timers().collect::<Vec<_>>(), [at(1030)], "the nudge replaced the deadline");
+    assert_eq!(r.on_timer(at(1030), &retry()), Fired::Bitmap { deadline: false });
+    assert_eq!(r.timers().collect::<Vec<_>>(), [at(3030)]);
+    // The owner decided: nothing more to send; the mask closes the receiver.
+    s.finish();
+    assert!(s.is_done() && !s.wants(0));
+    let mut done = header(PacketType::Hello, n, 0);
+    let mut buf = vec![0u8; wire::OVERHEAD + SEG];
+    fill_mask(&mut done, &Bitmap::new(n), 0, SEG, &mut buf).unwrap();
+    assert!(done.flags.contains(Flags::MASK_EMPTY));
+    let closed = r.on_mask(&done, &[], at(4000), SEG).unwrap().unwrap();
+    assert_eq!(closed.took, Some(us(4000)));
+    assert_eq!(r.on_mask(&done, &[], at(4001), SEG), Err(Refused::Late));
+    let rep = r.report(0, Phase::Gather);
+    assert_eq!(
+        (rep.mask.as_ref().map(Bitmap::count_ones), rep.repaired, rep.delivered_fraction()),
+        (Some(0), 1, 1.0)
+    );
+    assert_eq!(r.timers().count(), 0);
+}

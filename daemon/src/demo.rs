@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::datapath::fault::FaultInjector;
 use crate::service::Service;
 use crate::shm::{Client, Status, SubmitOptions};
 
@@ -198,9 +199,12 @@ pub fn run(o: &DemoOptions, out: &mut impl Write) -> io::Result<DemoSummary> {
         let stop = stop.clone();
         let loss_ppm = (o.loss_pct * 1e4).round() as u32;
         services.push(std::thread::spawn(move || -> Result<serde_json::Value, String> {
-            let dp = crate::datapath::open(&cfg)?;
+            let dp = FaultInjector::new(crate::datapath::open(&cfg)?).with_receive_loss(
+                loss_ppm,
+                0xD3_0000 + u64::from(r),
+                u64::from(cfg.rank()),
+            );
             let mut svc = Service::new(cfg, dp).map_err(|e| e.to_string())?;
-            svc.set_receive_loss(loss_ppm, 0xD3_0000 + u64::from(r));
             let mut last = serde_json::Value::Null;
             svc.run(|s| {
                 let done = stop.load(Ordering::Relaxed);

@@ -37,6 +37,7 @@ use serde::Serialize;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
+use crate::datapath::fault::{Fate, FaultInjector};
 use crate::datapath::{Datapath, DatapathStats, SendOutcome};
 use crate::shm::{Attachment, Liveness, ServerConfig, ShmServer, Status, Submission};
 
@@ -104,7 +105,8 @@ pub struct ServiceCounters {
     pub rx_wrong_source: u64,
     /// Datagrams from addresses that are no peer.
     pub rx_unknown_source: u64,
-    /// Datagrams dropped on purpose by the `--debug-rx-loss` test knob.
+    /// Datagrams dropped on purpose by the datapath's fault injector (receive
+    /// loss of `dlcpd demo --loss` and the `--debug-rx-loss` test knob).
     pub rx_debug_dropped: u64,
     /// Datapath flushes forced so that a PROBE does not overtake the data
     /// queued before it.
@@ -162,7 +164,7 @@ struct Slot {
 pub struct Service {
     cfg: Config,
     endpoint: Endpoint,
-    datapath: Box<dyn Datapath>,
+    datapath: FaultInjector,
     shm: ShmServer,
     poll: Poll,
     signals: Signals,
@@ -188,7 +190,6 @@ pub struct Service {
     datapath_tokens: usize,
     admin: mio::net::UnixListener,
     admin_path: std::path::PathBuf,
-    rx_drop: Option<(u32, dlcp_proto::sim::Rng)>,
     reports: BTreeMap<OpId, Box<dlcp_proto::endpoint::OpReport>>,
     adapt: Option<RateAdapter>,
     /// A timerfd for sub-millisecond wakeups (epoll's own timeout has
@@ -360,8 +361,11 @@ pub fn timers(cfg: &Config) -> Timers {
 
 impl Service {
     /// Set up the service: control socket, endpoint, event loop. The datapath is
-    /// built by the caller (socket or DPDK, see `crate::datapath`).
-    pub fn new(cfg: Config, mut datapath: Box<dyn Datapath>) -> Result<Service, ServiceError> {
+    /// built by the caller (socket or DPDK, see `crate::datapath`), wrapped in
+    /// a [`FaultInjector`] if it should inject faults (a plain
+    /// `Box<dyn Datapath>` converts to one without faults).
+    pub fn new(cfg: Config, datapath: impl Into<FaultInjector>) -> Result<Service, ServiceError> {
+        let mut datapath = datapath.into();
         let generation = match cfg.node.generation {
             dlcp_config::schema::Generation::Fixed(g) => g,
             dlcp_config::schema::Generation::Auto => auto_generation(),
@@ -436,7 +440,6 @@ impl Service {
             datapath_tokens,
             admin,
             admin_path,
-            rx_drop: None,
             reports: BTreeMap::new(),
             adapt: None,
             timer,
@@ -464,14 +467,6 @@ impl Service {
                 cuts: 0,
             });
         }
-    }
-
-    /// Test and demo knob: drop each received datagram with probability
-    /// `ppm / 10^6` before the protocol sees it (seeded, so runs repeat), to
-    /// show bounded-loss behaviour without root or a lossy network.
-    pub fn set_receive_loss(&mut self, ppm: u32, seed: u64) {
-        self.rx_drop =
-            (ppm > 0).then(|| (ppm, dlcp_proto::sim::Rng::stream(seed, 0x7278, u64::from(self.cfg.rank()))));
     }
 
     fn serve_admin(&mut self) {
@@ -1055,19 +1050,17 @@ impl Service {
     }
 
     fn receive(&mut self, now: Instant) {
-        let Service { datapath, endpoint, peers, peer_rank, counters, rx_drop, rx_batch, .. } = self;
+        let Service { datapath, endpoint, peers, peer_rank, counters, rx_batch, .. } = self;
         // Datagrams are copied into `rx_batch` and handed to the endpoint a
         // receive call at a time, so their tags are checked together.
         let (buf, spans) = rx_batch;
         // Bounded, so a flood cannot starve timers, trainers and transmit.
         for _ in 0..64 {
-            let mut f = |from: SocketAddr, bytes: &[u8]| {
+            let mut f = |from: SocketAddr, bytes: &[u8], fate: Fate| {
                 // Drops are counted per peer by source address: a configured peer's
                 // rank, or one bounded "unknown" bucket for any other address.
                 let peer = peer_rank.get(&from).copied();
-                if let Some((ppm, rng)) = rx_drop.as_mut()
-                    && rng.below(1_000_000) < u64::from(*ppm)
-                {
+                if let Fate::Dropped(_) = fate {
                     counters.rx_debug_dropped += 1;
                     endpoint.count_dropped(bytes, peer);
                     return;
@@ -1088,7 +1081,7 @@ impl Service {
                 spans.push((buf.len()..buf.len() + bytes.len(), peer));
                 buf.extend_from_slice(bytes);
             };
-            let r = datapath.recv(&mut f);
+            let r = datapath.recv_reporting(&mut f);
             if !spans.is_empty() {
                 let batch: Vec<(&[u8], Option<u32>)> =
                     spans.iter().map(|(r, p)| (&buf[r.clone()], *p)).collect();

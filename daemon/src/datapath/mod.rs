@@ -5,7 +5,8 @@
 //! class; the datapath marks the class's DSCP and sends. Received datagrams come
 //! back with their source address. Two implementations: [`socket`] (ordinary UDP
 //! sockets, always built) and `dpdk` (built where libdpdk is present, see
-//! `dlcp-ffi`; Ethernet/IPv4/UDP/ARP from [`frame`]).
+//! `dlcp-ffi`; Ethernet/IPv4/UDP/ARP from [`frame`]). [`fault`] wraps either
+//! to inject faults (receive loss, a full send buffer) for tests and demos.
 
 use std::io;
 use std::net::SocketAddr;
@@ -14,6 +15,7 @@ use dlcp_proto::priority::Class;
 
 #[cfg(dpdk)]
 pub mod dpdk;
+pub mod fault;
 pub mod frame;
 pub mod socket;
 
@@ -112,6 +114,74 @@ pub trait Datapath {
     fn set_marking(&mut self, dscp: [u8; 8], so_priority: [u8; 8]) -> io::Result<bool> {
         let _ = (dscp, so_priority);
         Ok(false)
+    }
+
+    /// Fault injection, for tests (call it through
+    /// [`fault::FaultInjector::would_block`]): the next `attempts` hand-overs
+    /// of `class`'s queued datagrams to the kernel or NIC fail as if its
+    /// buffer were full, without reaching it, so the datapath's own
+    /// would-block path runs. Returns false if this datapath has no such point
+    /// (the default).
+    fn refuse_handovers(&mut self, class: Class, attempts: u32) -> bool {
+        let _ = (class, attempts);
+        false
+    }
+}
+
+/// A boxed datapath is a datapath (so [`fault::FaultInjector`] can wrap the
+/// `Box<dyn Datapath>` that [`open`] returns). Every method is forwarded,
+/// the defaulted ones included.
+impl<D: Datapath + ?Sized> Datapath for Box<D> {
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        (**self).local_addr()
+    }
+
+    fn send(&mut self, dst: SocketAddr, class: Class, datagram: &[u8]) -> io::Result<SendOutcome> {
+        (**self).send(dst, class, datagram)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        (**self).flush()
+    }
+
+    fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+        (**self).recv(f)
+    }
+
+    fn rx_pending(&self) -> bool {
+        (**self).rx_pending()
+    }
+
+    fn wants_writable(&self) -> bool {
+        (**self).wants_writable()
+    }
+
+    fn register(&mut self, registry: &mio::Registry, first_token: usize) -> io::Result<usize> {
+        (**self).register(registry, first_token)
+    }
+
+    fn stats(&self) -> DatapathStats {
+        (**self).stats()
+    }
+
+    fn poll_hint(&self) -> Option<std::time::Duration> {
+        (**self).poll_hint()
+    }
+
+    fn detail_json(&self) -> Option<serde_json::Value> {
+        (**self).detail_json()
+    }
+
+    fn set_marking(&mut self, dscp: [u8; 8], so_priority: [u8; 8]) -> io::Result<bool> {
+        (**self).set_marking(dscp, so_priority)
+    }
+
+    fn refuse_handovers(&mut self, class: Class, attempts: u32) -> bool {
+        (**self).refuse_handovers(class, attempts)
     }
 }
 

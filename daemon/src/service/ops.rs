@@ -9,6 +9,7 @@ use std::time::Instant as StdInstant;
 use dlcp_config::Config;
 
 use super::{Service, endpoint_config};
+use crate::datapath::Datapath;
 use crate::metrics::{Metrics, MetricsServer, Sample, UPDATE_EVERY};
 use crate::notify::Notifier;
 use crate::reload::{self, ReloadOutcome};

@@ -82,7 +82,9 @@
 //!   reaches the kernel when a queue is full.
 //! - A loopback UDP socket never returns `EWOULDBLOCK` (the loopback driver
 //!   releases each packet's send-buffer charge as it transmits), so the tests
-//!   reach this path through [`SocketDatapath::inject_would_block`].
+//!   reach this path through
+//!   [`FaultInjector::would_block`](super::fault::FaultInjector::would_block)
+//!   (this datapath's [`Datapath::refuse_handovers`]).
 //!
 //! **Receiving.** `recvmmsg` into `batch` buffers. Without GRO each buffer
 //! holds `max_datagram` bytes and a larger datagram (`MSG_TRUNC`) is counted
@@ -336,6 +338,10 @@ pub struct SocketDatapath {
     groups: Vec<Group>,
     regroup: Regroup,
     oversize_logged: bool,
+    /// Fault injection: this many hand-overs of a class's queue to its socket
+    /// fail with would-block first, without a system call (see
+    /// [`Datapath::refuse_handovers`]).
+    refusals: [u32; CLASSES],
 }
 
 impl SocketDatapath {
@@ -451,6 +457,7 @@ impl SocketDatapath {
             groups: Vec::new(),
             regroup: Regroup::default(),
             oversize_logged: false,
+            refusals: [0; CLASSES],
         })
     }
 
@@ -496,15 +503,6 @@ impl SocketDatapath {
         Ok(())
     }
 
-    /// Testing hook: the next `attempts` sends of `class` to the kernel fail
-    /// with would-block without a system call. A loopback UDP send buffer never
-    /// fills (the loopback driver releases each packet's buffer charge as it
-    /// transmits), so this is how tests reach the would-block path.
-    #[doc(hidden)]
-    pub fn inject_would_block(&mut self, class: Class, attempts: u32) {
-        self.queues[class.index()].inject_would_block = attempts;
-    }
-
     /// Queue capacity of a class, in datagrams.
     fn queue_cap(&self) -> usize {
         if self.extra.gso_active { self.cfg.batch * self.cfg.gso_max_segments } else { self.cfg.batch }
@@ -547,8 +545,8 @@ impl SocketDatapath {
             }
             let gso = self.extra.gso_active.then_some((self.cfg.gso_max_segments, self.gso_max_payload));
             plan(&q.items, head, self.cfg.batch, gso, &mut groups);
-            let result = if q.inject_would_block > 0 {
-                q.inject_would_block -= 1;
+            let result = if self.refusals[c] > 0 {
+                self.refusals[c] -= 1;
                 Err(io::Error::from(io::ErrorKind::WouldBlock))
             } else {
                 self.stats.tx_syscalls += 1;
@@ -791,6 +789,13 @@ impl Datapath for SocketDatapath {
         self.cfg.dscp = dscp;
         self.cfg.so_priority = so_priority.map(u32::from);
         Ok(true)
+    }
+
+    /// The next `attempts` `sendmmsg` calls of `class`'s socket are not made
+    /// and fail with would-block instead (a full kernel send buffer).
+    fn refuse_handovers(&mut self, class: Class, attempts: u32) -> bool {
+        self.refusals[class.index()] = attempts;
+        true
     }
 }
 

@@ -26,8 +26,6 @@ pub(super) struct ClassQueue {
     pub(super) items: Vec<Pending>,
     /// The socket refused the head with would-block; cleared when drained.
     pub(super) blocked: bool,
-    /// Testing: this many send attempts fail with would-block first.
-    pub(super) inject_would_block: u32,
 }
 
 impl ClassQueue {

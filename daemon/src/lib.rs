@@ -8,7 +8,7 @@
 //! - [`service`]: the event loop of `dlcpd --config FILE`.
 //! - [`shm`]: the shared-memory channel to trainers.
 //! - [`datapath`]: UDP sockets (and, later, DPDK) under the protocol.
-//! - [`reload`], [`notify`], [`metrics`]: operations — hot reload on SIGHUP,
+//! - [`hot_reload`], [`notify`], [`metrics`]: operations — hot reload on SIGHUP,
 //!   systemd readiness and watchdog, the Prometheus endpoint.
 //! - [`demo`]: `dlcpd demo` — N daemons on loopback with synthetic trainers.
 //! - [`simulate`]: `dlcpd simulate` — the protocol core on the deterministic
@@ -19,9 +19,9 @@
 
 pub mod datapath;
 pub mod demo;
+pub mod hot_reload;
 pub mod metrics;
 pub mod notify;
-pub mod reload;
 pub mod service;
 pub mod simulate;
 

@@ -114,7 +114,7 @@ fn run_service(path: &std::path::Path, rx_loss_pct: f64) -> ExitCode {
         Some(filters) => env_logger::Builder::new().parse_filters(filters).init(),
         None => {
             env_logger::Builder::new().filter_level(log::LevelFilter::Trace).init();
-            log::set_max_level(dlcp::reload::level_filter(cfg.log.level));
+            log::set_max_level(dlcp::hot_reload::level_filter(cfg.log.level));
         }
     }
     log::info!("dlcpd {} — {}", dlcp::VERSION, dlcp::datapath_support());

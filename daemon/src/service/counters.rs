@@ -37,7 +37,7 @@ pub struct ServiceCounters {
     /// Datapath flushes forced so that a PROBE does not overtake the data
     /// queued before it.
     pub probe_flushes: u64,
-    /// Configuration reloads that loaded (see `crate::reload`).
+    /// Configuration reloads that loaded (see `crate::hot_reload`).
     pub reloads_ok: u64,
     /// Configuration reloads rejected (the file did not load; old config kept).
     pub reloads_failed: u64,

@@ -45,8 +45,8 @@ use self::trainers::{ATTACH_BASE, Completion, Trainers};
 use self::view::View;
 use crate::datapath::fault::FaultInjector;
 use crate::datapath::{Datapath, DatapathStats};
+use crate::hot_reload::ReloadOutcome;
 use crate::notify::Notifier;
-use crate::reload::ReloadOutcome;
 use crate::shm::Status;
 
 mod admin;
@@ -376,7 +376,7 @@ impl Service {
     }
 
     /// Re-read the configuration file and apply what can change at runtime
-    /// (see [`crate::reload`]). Logged, counted, and told to systemd.
+    /// (see [`crate::hot_reload`]). Logged, counted, and told to systemd.
     pub fn reload(&mut self) -> ReloadOutcome {
         self.operations.reload(Reloadable {
             cfg: &mut self.cfg,

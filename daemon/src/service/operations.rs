@@ -15,9 +15,9 @@ use super::pump::Pump;
 use super::setup::{self, endpoint_config};
 use super::view::View;
 use crate::datapath::Datapath;
+use crate::hot_reload::{self, ReloadOutcome};
 use crate::metrics::{Metrics, MetricsServer, Sample, UPDATE_EVERY};
 use crate::notify::Notifier;
-use crate::reload::{self, ReloadOutcome};
 
 /// What a reload changes: the parts of the service it reaches.
 pub(super) struct Reloadable<'a> {
@@ -132,7 +132,7 @@ impl Operations {
     }
 
     /// Re-read the configuration file and apply what can change at runtime
-    /// (see [`crate::reload`]). Logged, counted, and told to systemd.
+    /// (see [`crate::hot_reload`]). Logged, counted, and told to systemd.
     pub(super) fn reload(&mut self, mut to: Reloadable<'_>) -> ReloadOutcome {
         let Some(path) = self.config_path.clone() else {
             to.counters.reloads_failed += 1;
@@ -171,7 +171,7 @@ impl Operations {
 
     fn apply(&mut self, file: &str, new: &Config, to: &mut Reloadable<'_>) -> ReloadOutcome {
         let running = &*to.cfg;
-        let plan = reload::plan(running, new);
+        let plan = hot_reload::plan(running, new);
         let mut merged = plan.merged;
         let mut not_applied = Vec::new();
         let p = &merged.priority;
@@ -195,7 +195,7 @@ impl Operations {
         to.endpoint.set_tunables(now, e.classifier, e.timers, rate, e.pacing_burst);
         if merged.log.level != running.log.level {
             if self.log_level_from_config {
-                log::set_max_level(reload::level_filter(merged.log.level));
+                log::set_max_level(hot_reload::level_filter(merged.log.level));
             } else {
                 not_applied.push("log.level: RUST_LOG sets the log filter".to_owned());
             }

@@ -1,4 +1,6 @@
 //! Hot reload: what a running daemon does with a re-read configuration file.
+//! (Which settings may change at runtime is the configuration crate's
+//! business: `dlcp_config`'s reload classes and [`Config::diff`].)
 //!
 //! On `SIGHUP` (or `dlcpctl reload`) the service re-reads the file it was
 //! started with. A file that does not load (syntax, schema, validation — the

@@ -17,10 +17,10 @@
 //! builds from then on; a datapath that cannot reports it and keeps the old maps).
 
 use dlcp_config::{Change, Config, Reload};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The outcome of one reload, as logged and as `dlcpctl reload` prints it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ReloadOutcome {
     /// True if the file loaded (even if nothing changed or some changes need a restart).
     pub ok: bool,

@@ -2,19 +2,22 @@
 //! path with `.admin` appended ([`admin_path`]), send one line (`stats`,
 //! `status`, `reload` or `report OP TENSOR`), read one JSON document until EOF.
 //! [`Admin`] owns the listening socket and what only the admin protocol shows
-//! (the recent ops and their reports); the replies are built from a [`View`]
-//! of the service.
+//! (the recent ops and their reports). The replies are serde-derived types
+//! ([`StatusReply`], [`ReportReply`], [`ErrorReply`]; `reload` replies with
+//! the [`ReloadOutcome`]) built from a [`View`] of the service, except
+//! `stats`, which is still rendered field by field.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration as StdDuration;
 
-use dlcp_proto::endpoint::{OpId, OpReport};
+use dlcp_proto::endpoint::{OpId, OpReport, TransferReport};
 use mio::{Interest, Registry, Token};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::view::View;
+use crate::hot_reload::ReloadOutcome;
 
 /// Recent ops and reports kept for `stats` and `report`.
 const KEEP: usize = 1024;
@@ -49,6 +52,188 @@ pub struct OpRecord {
     pub error: Option<String>,
 }
 
+/// The reply to `status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusReply {
+    /// Version string ([`crate::VERSION`]).
+    pub version: String,
+    /// This daemon's rank.
+    pub rank: u32,
+    /// Ranks in the job.
+    pub world: u32,
+    /// Job id.
+    pub job: u32,
+    /// The generation this daemon announces.
+    pub generation: u32,
+    /// The datapath's description.
+    pub datapath: String,
+    /// Trainers attached now.
+    pub trainers: usize,
+    /// Ops in flight on the network.
+    pub ops_in_flight: usize,
+    /// True after SIGTERM/SIGINT, while ops in flight drain.
+    pub draining: bool,
+    /// Every rank, this one included.
+    pub peers: Vec<PeerStatus>,
+    /// The operations part: configuration file, metrics, reloads, systemd.
+    pub ops: OperationsStatus,
+}
+
+/// One rank in [`StatusReply::peers`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerStatus {
+    /// The rank.
+    pub rank: u32,
+    /// Its configured address.
+    pub address: String,
+    /// The generation it announced, if it was heard.
+    pub generation: Option<u32>,
+    /// True if it is up (this rank always is).
+    pub up: bool,
+    /// True for this daemon's own rank.
+    #[serde(rename = "self")]
+    pub is_self: bool,
+}
+
+/// The operations part of [`StatusReply`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperationsStatus {
+    /// The configuration file the daemon runs with (reload re-reads it).
+    pub config_file: Option<String>,
+    /// `datapath.kind` as configured.
+    pub datapath_kind: dlcp_config::schema::DatapathKind,
+    /// Which datapaths this build has ([`crate::datapath_support`]).
+    pub build: String,
+    /// Seconds since start.
+    pub uptime_s: u64,
+    /// The metrics endpoint.
+    pub metrics: MetricsStatus,
+    /// Reloads that loaded.
+    pub reloads_ok: u64,
+    /// Reloads rejected.
+    pub reloads_failed: u64,
+    /// The last reload, if any.
+    pub last_reload: Option<LastReload>,
+    /// systemd notification and watchdog.
+    pub systemd: SystemdStatus,
+    /// `log.level` as running.
+    pub log_level: String,
+    /// `loss.budget` as running.
+    pub budget: f64,
+}
+
+/// The metrics endpoint in [`OperationsStatus`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetricsStatus {
+    /// `metrics.enabled`.
+    pub enabled: bool,
+    /// The address it listens on, if it does.
+    pub address: Option<String>,
+    /// Why it does not, if it should.
+    pub error: Option<String>,
+}
+
+/// The last reload in [`OperationsStatus`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastReload {
+    /// How long ago.
+    pub seconds_ago: u64,
+    /// What it did.
+    pub outcome: ReloadOutcome,
+}
+
+/// systemd integration in [`OperationsStatus`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SystemdStatus {
+    /// `NOTIFY_SOCKET` is set: readiness, reload and stop are notified.
+    pub notify: bool,
+    /// The watchdog interval, if systemd set one.
+    pub watchdog_ms: Option<u64>,
+}
+
+/// The reply to `report OP TENSOR` (what `dlcpctl report --json` prints).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReportReply {
+    /// Op sequence.
+    pub op: u64,
+    /// Tensor id.
+    pub tensor: u32,
+    /// The reporting rank (owner of the shard described by `own_*` and `scatter`).
+    pub rank: u32,
+    /// Time from local start to completion, microseconds.
+    pub duration_us: u64,
+    /// Chunks of this rank's shard.
+    pub own_chunks: u32,
+    /// The chunks of this rank's shard that were zero-filled everywhere.
+    pub own_mask: Vec<u32>,
+    /// Reduce-scatter into this rank's shard: one per other rank.
+    pub scatter: Vec<TransferReply>,
+    /// All-gather of other ranks' shards: one per other rank.
+    pub gather: Vec<TransferReply>,
+    /// Repair DATA packets this rank sent for the op.
+    pub repairs_sent: u32,
+    /// True if any receive deadline fired during the op.
+    pub deadline_fired: bool,
+}
+
+/// One transfer in [`ReportReply`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransferReply {
+    /// The sending rank (for gather: the shard's owner).
+    pub peer: u32,
+    /// Chunks in the transfer.
+    pub chunks: u32,
+    /// Chunks that did not arrive before the transfer closed.
+    pub missing: Vec<u32>,
+    /// Gather only: the agreed mask of zero-filled chunks.
+    pub mask: Option<Vec<u32>>,
+    /// Chunks that arrived as repairs.
+    pub repaired: u32,
+    /// True if the adaptive deadline fired.
+    pub deadline_fired: bool,
+    /// Fraction of chunks whose data is in the result.
+    pub delivered_fraction: f64,
+}
+
+impl ReportReply {
+    /// The reply for `report` of rank `rank`.
+    pub fn new(r: &OpReport, rank: u32) -> ReportReply {
+        ReportReply {
+            op: r.id.seq,
+            tensor: r.id.tensor,
+            rank,
+            duration_us: r.duration().as_micros() as u64,
+            own_chunks: r.own_chunks,
+            own_mask: r.own_mask.iter_ones().collect(),
+            scatter: r.scatter.iter().map(TransferReply::from).collect(),
+            gather: r.gather.iter().map(TransferReply::from).collect(),
+            repairs_sent: r.repairs_sent,
+            deadline_fired: r.deadline_fired,
+        }
+    }
+}
+
+impl From<&TransferReport> for TransferReply {
+    fn from(t: &TransferReport) -> TransferReply {
+        TransferReply {
+            peer: t.peer,
+            chunks: t.chunks,
+            missing: t.delivered.iter_zeros().collect(),
+            mask: t.mask.as_ref().map(|m| m.iter_ones().collect()),
+            repaired: t.repaired,
+            deadline_fired: t.deadline_fired,
+            delivered_fraction: t.delivered_fraction(),
+        }
+    }
+}
+
+/// The reply to a request that could not be served.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    /// Why.
+    pub error: String,
+}
+
 /// One admin request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Request {
@@ -60,8 +245,8 @@ pub(super) enum Request {
     Reload,
     /// `report OP TENSOR`: what arrived from whom for a completed op.
     Report(OpId),
-    /// Not a request this daemon knows; the reply says why.
-    Invalid(String),
+    /// Not a request this daemon knows: the reply.
+    Invalid(ErrorReply),
 }
 
 impl Request {
@@ -75,11 +260,11 @@ impl Request {
             ["reload"] => Request::Reload,
             ["report", op, tensor] => match (op.parse(), tensor.parse()) {
                 (Ok(seq), Ok(tensor)) => Request::Report(OpId { seq, tensor }),
-                _ => Request::Invalid("usage: report OP TENSOR".to_owned()),
+                _ => Request::Invalid(ErrorReply { error: "usage: report OP TENSOR".to_owned() }),
             },
-            _ => Request::Invalid(format!(
-                "unknown request {req:?} (allowed: stats, status, reload, report OP TENSOR)"
-            )),
+            _ => Request::Invalid(ErrorReply {
+                error: format!("unknown request {req:?} (allowed: stats, status, reload, report OP TENSOR)"),
+            }),
         }
     }
 }
@@ -174,35 +359,16 @@ impl Admin {
     /// The reply to `report OP TENSOR` on rank `rank`: per reduce-scatter
     /// sender the missing chunks of this rank's shard, per gather owner the
     /// agreed mask, and this rank's own mask.
-    pub(super) fn report_json(&self, id: OpId, rank: u32) -> serde_json::Value {
-        let Some(r) = self.reports.get(&id) else {
-            return serde_json::json!({
-                "error": format!("no report for op {} tensor {} (unknown, failed, or too old)", id.seq, id.tensor)
-            });
-        };
-        let transfer = |t: &dlcp_proto::endpoint::TransferReport| {
-            serde_json::json!({
-                "peer": t.peer,
-                "chunks": t.chunks,
-                "missing": t.delivered.iter_zeros().collect::<Vec<_>>(),
-                "mask": t.mask.as_ref().map(|m| m.iter_ones().collect::<Vec<_>>()),
-                "repaired": t.repaired,
-                "deadline_fired": t.deadline_fired,
-                "delivered_fraction": t.delivered_fraction(),
-            })
-        };
-        serde_json::json!({
-            "op": id.seq,
-            "tensor": id.tensor,
-            "rank": rank,
-            "duration_us": r.duration().as_micros() as u64,
-            "own_chunks": r.own_chunks,
-            "own_mask": r.own_mask.iter_ones().collect::<Vec<_>>(),
-            "scatter": r.scatter.iter().map(transfer).collect::<Vec<_>>(),
-            "gather": r.gather.iter().map(transfer).collect::<Vec<_>>(),
-            "repairs_sent": r.repairs_sent,
-            "deadline_fired": r.deadline_fired,
-        })
+    pub(super) fn report(&self, id: OpId, rank: u32) -> Result<ReportReply, ErrorReply> {
+        match self.reports.get(&id) {
+            Some(r) => Ok(ReportReply::new(r, rank)),
+            None => Err(ErrorReply {
+                error: format!(
+                    "no report for op {} tensor {} (unknown, failed, or too old)",
+                    id.seq, id.tensor
+                ),
+            }),
+        }
     }
 
     /// Everything the daemon counts, as JSON (for `dlcpctl stats --json`).
@@ -278,36 +444,34 @@ impl Drop for Admin {
 
 /// The reply to `status`: version, datapath, peers and trainers, with `ops`
 /// (the operations part) inside.
-pub(super) fn status_json(v: &View<'_>, ops: serde_json::Value) -> serde_json::Value {
-    let peers: Vec<_> = (0..v.cfg.world_size())
-        .map(|r| {
-            serde_json::json!({
-                "rank": r,
-                "address": v.peers[r as usize].to_string(),
-                "generation": v.endpoint.peer_generation(r),
-                "up": r == v.cfg.rank() || v.endpoint.peer_up(r),
-                "self": r == v.cfg.rank(),
-            })
+pub(super) fn status(v: &View<'_>, ops: OperationsStatus) -> StatusReply {
+    let peers = (0..v.cfg.world_size())
+        .map(|r| PeerStatus {
+            rank: r,
+            address: v.peers[r as usize].to_string(),
+            generation: v.endpoint.peer_generation(r),
+            up: r == v.cfg.rank() || v.endpoint.peer_up(r),
+            is_self: r == v.cfg.rank(),
         })
         .collect();
-    serde_json::json!({
-        "version": crate::VERSION,
-        "rank": v.cfg.rank(),
-        "world": v.cfg.world_size(),
-        "job": v.cfg.node.job_id,
-        "generation": v.endpoint.config().generation,
-        "datapath": v.datapath.describe(),
-        "trainers": v.trainers.count(),
-        "ops_in_flight": v.endpoint.ops_in_flight(),
-        "draining": v.draining,
-        "peers": peers,
-        "ops": ops,
-    })
+    StatusReply {
+        version: crate::VERSION.to_owned(),
+        rank: v.cfg.rank(),
+        world: v.cfg.world_size(),
+        job: v.cfg.node.job_id,
+        generation: v.endpoint.config().generation,
+        datapath: v.datapath.describe(),
+        trainers: v.trainers.count(),
+        ops_in_flight: v.endpoint.ops_in_flight(),
+        draining: v.draining,
+        peers,
+        ops,
+    }
 }
 
-/// The reply to a request that could not be served.
-pub(super) fn error_json(error: &str) -> serde_json::Value {
-    serde_json::json!({ "error": error })
+/// A reply as the JSON document sent to `dlcpctl`.
+pub(super) fn to_json(reply: &impl Serialize) -> serde_json::Value {
+    serde_json::to_value(reply).unwrap_or_default()
 }
 
 /// The inverse of the `report` reply (what `dlcpctl report --json` prints):
@@ -320,10 +484,10 @@ pub fn report_from_json(v: &serde_json::Value) -> OpReport {
     use dlcp_proto::endpoint::TransferReport;
     use dlcp_proto::time::Instant;
     use dlcp_proto::wire::Phase;
-    let bits = |n: u32, list: &serde_json::Value, set: bool| {
+    let r = ReportReply::deserialize(v).expect("a `report` reply");
+    let bits = |n: u32, list: &[u32], set: bool| {
         let mut b = if set { Bitmap::new(n) } else { Bitmap::full(n) };
-        for x in list.as_array().unwrap() {
-            let i = x.as_u64().unwrap() as u32;
+        for &i in list {
             if set {
                 b.set(i);
             } else {
@@ -332,34 +496,158 @@ pub fn report_from_json(v: &serde_json::Value) -> OpReport {
         }
         b
     };
-    let own_chunks = v["own_chunks"].as_u64().unwrap() as u32;
     OpReport {
-        id: OpId { seq: v["op"].as_u64().unwrap(), tensor: v["tensor"].as_u64().unwrap() as u32 },
+        id: OpId { seq: r.op, tensor: r.tensor },
         started: Instant::ZERO,
         finished: Instant::ZERO,
-        scatter: v["scatter"]
-            .as_array()
-            .unwrap()
+        scatter: r
+            .scatter
             .iter()
-            .map(|t| {
-                let n = t["chunks"].as_u64().unwrap() as u32;
-                TransferReport {
-                    peer: t["peer"].as_u64().unwrap() as u32,
-                    phase: Phase::Scatter,
-                    chunks: n,
-                    delivered: bits(n, &t["missing"], false),
-                    mask: None,
-                    repaired: 0,
-                    deadline_fired: false,
-                    first_at: None,
-                    closed_at: Instant::ZERO,
-                }
+            .map(|t| TransferReport {
+                peer: t.peer,
+                phase: Phase::Scatter,
+                chunks: t.chunks,
+                delivered: bits(t.chunks, &t.missing, false),
+                mask: None,
+                repaired: 0,
+                deadline_fired: false,
+                first_at: None,
+                closed_at: Instant::ZERO,
             })
             .collect(),
         gather: Vec::new(),
-        own_mask: bits(own_chunks, &v["own_mask"], true),
-        own_chunks,
+        own_mask: bits(r.own_chunks, &r.own_mask, true),
+        own_chunks: r.own_chunks,
         repairs_sent: 0,
         deadline_fired: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlcp_proto::bitmap::Bitmap;
+    use dlcp_proto::time::Instant;
+    use dlcp_proto::wire::Phase;
+
+    #[test]
+    fn requests_parse_and_bad_ones_get_the_error_they_always_got() {
+        for (line, want) in [
+            ("stats\n", Request::Stats),
+            (" status ", Request::Status),
+            ("reload", Request::Reload),
+            ("report 5 6\n", Request::Report(OpId { seq: 5, tensor: 6 })),
+        ] {
+            assert_eq!(Request::parse(line), want, "{line:?}");
+        }
+        let error = |line| match Request::parse(line) {
+            Request::Invalid(e) => to_json(&e).to_string(),
+            other => panic!("{line:?} parsed as {other:?}"),
+        };
+        assert_eq!(error("report x 6"), r#"{"error":"usage: report OP TENSOR"}"#);
+        assert_eq!(
+            error(" bogus  thing\n"),
+            r#"{"error":"unknown request \"bogus  thing\" (allowed: stats, status, reload, report OP TENSOR)"}"#
+        );
+    }
+
+    fn transfer(peer: u32, delivered: &Bitmap, mask: Option<Bitmap>) -> TransferReport {
+        TransferReport {
+            peer,
+            phase: if mask.is_some() { Phase::Gather } else { Phase::Scatter },
+            chunks: delivered.len(),
+            delivered: delivered.clone(),
+            mask,
+            repaired: 4,
+            deadline_fired: true,
+            first_at: None,
+            closed_at: Instant::from_nanos(5),
+        }
+    }
+
+    #[test]
+    fn a_report_reply_reads_back_into_what_the_oracle_needs() {
+        let mut delivered = Bitmap::full(10);
+        delivered.clear(3);
+        delivered.clear(7);
+        let mut mask = Bitmap::new(10);
+        mask.set(2);
+        let r = OpReport {
+            id: OpId { seq: 9, tensor: 3 },
+            started: Instant::from_nanos(1000),
+            finished: Instant::from_nanos(5_001_000),
+            scatter: vec![transfer(1, &delivered, None), transfer(2, &Bitmap::full(10), None)],
+            gather: vec![transfer(1, &Bitmap::full(10), Some(mask.clone()))],
+            own_mask: mask.clone(),
+            own_chunks: 10,
+            repairs_sent: 6,
+            deadline_fired: true,
+        };
+        let json = to_json(&ReportReply::new(&r, 2));
+        assert_eq!(
+            json.to_string(),
+            r#"{"deadline_fired":true,"duration_us":5000,"gather":[{"chunks":10,"deadline_fired":true,"#
+                .to_owned()
+                + r#""delivered_fraction":0.9,"mask":[2],"missing":[],"peer":1,"repaired":4}],"op":9,"own_chunks":10,"#
+                + r#""own_mask":[2],"rank":2,"repairs_sent":6,"scatter":[{"chunks":10,"deadline_fired":true,"#
+                + r#""delivered_fraction":0.8,"mask":null,"missing":[3,7],"peer":1,"repaired":4},{"chunks":10,"#
+                + r#""deadline_fired":true,"delivered_fraction":1.0,"mask":null,"missing":[],"peer":2,"#
+                + r#""repaired":4}],"tensor":3}"#
+        );
+        let back = report_from_json(&json);
+        assert_eq!(back.id, r.id);
+        assert_eq!(back.own_chunks, 10);
+        assert_eq!(back.own_mask, mask);
+        assert_eq!(back.scatter.len(), 2);
+        assert_eq!((back.scatter[0].peer, &back.scatter[0].delivered), (1, &delivered));
+        assert_eq!((back.scatter[1].peer, &back.scatter[1].delivered), (2, &Bitmap::full(10)));
+    }
+
+    #[test]
+    fn a_status_reply_has_the_keys_dlcpctl_reads_and_reads_back() {
+        let st = StatusReply {
+            version: "v".into(),
+            rank: 1,
+            world: 2,
+            job: 4,
+            generation: 8,
+            datapath: "dp".into(),
+            trainers: 2,
+            ops_in_flight: 0,
+            draining: false,
+            peers: vec![
+                PeerStatus { rank: 0, address: "a".into(), generation: None, up: false, is_self: false },
+                PeerStatus { rank: 1, address: "b".into(), generation: Some(8), up: true, is_self: true },
+            ],
+            ops: OperationsStatus {
+                config_file: Some("c".into()),
+                datapath_kind: dlcp_config::schema::DatapathKind::Auto,
+                build: "b".into(),
+                uptime_s: 5,
+                metrics: MetricsStatus { enabled: true, address: None, error: Some("x".into()) },
+                reloads_ok: 1,
+                reloads_failed: 2,
+                last_reload: Some(LastReload {
+                    seconds_ago: 3,
+                    outcome: ReloadOutcome::rejected("f", "e".into()),
+                }),
+                systemd: SystemdStatus { notify: false, watchdog_ms: Some(7) },
+                log_level: "info".into(),
+                budget: 0.01,
+            },
+        };
+        let json = to_json(&st);
+        assert_eq!(
+            json.to_string(),
+            r#"{"datapath":"dp","draining":false,"generation":8,"job":4,"ops":{"budget":0.01,"build":"b","#
+                .to_owned()
+                + r#""config_file":"c","datapath_kind":"auto","last_reload":{"outcome":{"applied":[],"error":"e","#
+                + r#""file":"f","needs_restart":[],"not_applied":[],"ok":false},"seconds_ago":3},"log_level":"info","#
+                + r#""metrics":{"address":null,"enabled":true,"error":"x"},"reloads_failed":2,"reloads_ok":1,"#
+                + r#""systemd":{"notify":false,"watchdog_ms":7},"uptime_s":5},"ops_in_flight":0,"peers":["#
+                + r#"{"address":"a","generation":null,"rank":0,"self":false,"up":false},{"address":"b","#
+                + r#""generation":8,"rank":1,"self":true,"up":true}],"rank":1,"trainers":2,"version":"v","world":2}"#
+        );
+        assert_eq!(serde_json::from_value::<StatusReply>(json).unwrap(), st);
     }
 }

@@ -57,7 +57,10 @@ mod setup;
 mod trainers;
 mod view;
 
-pub use self::admin::{OpRecord, admin_path, report_from_json};
+pub use self::admin::{
+    ErrorReply, LastReload, MetricsStatus, OpRecord, OperationsStatus, PeerStatus, ReportReply, StatusReply,
+    SystemdStatus, TransferReply, admin_path, report_from_json,
+};
 pub use self::counters::ServiceCounters;
 pub use self::setup::{ServiceError, auto_generation, endpoint_config, timers};
 
@@ -291,10 +294,10 @@ impl Service {
         while let Some(conn) = self.admin.accept() {
             let reply = match conn.request() {
                 Request::Stats => self.stats_json(),
-                Request::Status => self.status_json(),
-                Request::Reload => serde_json::to_value(self.reload()).unwrap_or_default(),
+                Request::Status => admin::to_json(&self.status()),
+                Request::Reload => admin::to_json(&self.reload()),
                 Request::Report(id) => self.report_json(*id),
-                Request::Invalid(why) => admin::error_json(why),
+                Request::Invalid(e) => admin::to_json(e),
             };
             conn.reply(&reply);
         }
@@ -391,12 +394,20 @@ impl Service {
     /// kept): per reduce-scatter sender the missing chunks of this rank's shard,
     /// per gather owner the agreed mask, and this rank's own mask.
     pub fn report_json(&self, id: OpId) -> serde_json::Value {
-        self.admin.report_json(id, self.cfg.rank())
+        match self.admin.report(id, self.cfg.rank()) {
+            Ok(r) => admin::to_json(&r),
+            Err(e) => admin::to_json(&e),
+        }
     }
 
-    /// Version, datapath, peers and trainers, as JSON (for `dlcpctl status`).
+    /// Version, datapath, peers and trainers (for `dlcpctl status`).
+    pub fn status(&self) -> StatusReply {
+        admin::status(&self.view(), self.operations.status(&self.cfg, &self.counters))
+    }
+
+    /// [`Service::status`] as JSON.
     pub fn status_json(&self) -> serde_json::Value {
-        admin::status_json(&self.view(), self.operations.status_json(&self.cfg, &self.counters))
+        admin::to_json(&self.status())
     }
 
     /// Everything the daemon counts, as JSON (for `dlcpctl stats --json`).

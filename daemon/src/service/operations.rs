@@ -10,6 +10,7 @@ use std::time::Instant as StdInstant;
 use dlcp_config::Config;
 use dlcp_proto::endpoint::Endpoint;
 
+use super::admin::{LastReload, MetricsStatus, OperationsStatus, SystemdStatus};
 use super::counters::ServiceCounters;
 use super::pump::Pump;
 use super::setup::{self, endpoint_config};
@@ -224,30 +225,30 @@ impl Operations {
 
     /// The operations part of `status`: config file, datapath choice, metrics
     /// endpoint, reloads, systemd.
-    pub(super) fn status_json(&self, cfg: &Config, counters: &ServiceCounters) -> serde_json::Value {
-        serde_json::json!({
-            "config_file": self.config_path.as_ref().map(|p| p.display().to_string()),
-            "datapath_kind": cfg.datapath.kind,
-            "build": crate::datapath_support(),
-            "uptime_s": self.started.elapsed().as_secs(),
-            "metrics": {
-                "enabled": cfg.metrics.enabled,
-                "address": self.metrics_addr().map(|a| a.to_string()),
-                "error": self.metrics_error,
+    pub(super) fn status(&self, cfg: &Config, counters: &ServiceCounters) -> OperationsStatus {
+        OperationsStatus {
+            config_file: self.config_path.as_ref().map(|p| p.display().to_string()),
+            datapath_kind: cfg.datapath.kind,
+            build: crate::datapath_support(),
+            uptime_s: self.started.elapsed().as_secs(),
+            metrics: MetricsStatus {
+                enabled: cfg.metrics.enabled,
+                address: self.metrics_addr().map(|a| a.to_string()),
+                error: self.metrics_error.clone(),
             },
-            "reloads_ok": counters.reloads_ok,
-            "reloads_failed": counters.reloads_failed,
-            "last_reload": self.last_reload.as_ref().map(|(t, r)| serde_json::json!({
-                "seconds_ago": t.elapsed().as_secs(),
-                "outcome": r,
-            })),
-            "systemd": {
-                "notify": self.notifier.enabled(),
-                "watchdog_ms": self.notifier.watchdog().map(|d| d.as_millis() as u64),
+            reloads_ok: counters.reloads_ok,
+            reloads_failed: counters.reloads_failed,
+            last_reload: self
+                .last_reload
+                .as_ref()
+                .map(|(t, r)| LastReload { seconds_ago: t.elapsed().as_secs(), outcome: r.clone() }),
+            systemd: SystemdStatus {
+                notify: self.notifier.enabled(),
+                watchdog_ms: self.notifier.watchdog().map(|d| d.as_millis() as u64),
             },
-            "log_level": cfg.log.level.as_str(),
-            "budget": cfg.loss.budget,
-        })
+            log_level: cfg.log.level.as_str().to_owned(),
+            budget: cfg.loss.budget,
+        }
     }
 }
 

@@ -51,6 +51,7 @@ use crate::shm::Status;
 
 mod admin;
 mod counters;
+mod local;
 mod operations;
 mod pump;
 mod setup;

@@ -1,6 +1,7 @@
 //! The trainers on shared memory: attaching and detaching them, taking their
-//! submissions (copied out of the arena at once), starting an op on the network
-//! when all K local trainers have submitted it, and posting completions.
+//! submissions (copied out of the arena at once) to the local reduce
+//! ([`LocalReducer`]), starting an op on the network when all K local trainers
+//! have submitted it, and posting completions.
 //!
 //! A trainer whose control socket closes is gone: its attachment is dropped
 //! (segment reclaimed) and local ops waiting for it fail for the other
@@ -12,12 +13,13 @@ use std::time::{Duration as StdDuration, Instant as StdInstant};
 
 use dlcp_config::Config;
 use dlcp_config::schema::Fill as CfgFill;
-use dlcp_proto::endpoint::{Endpoint, Fill, OpId, OpOptions, ReduceOp, StartError};
+use dlcp_proto::endpoint::{Endpoint, Fill, OpId, OpOptions, ReduceOp};
 use dlcp_proto::time::Instant;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 
 use super::counters::ServiceCounters;
+use super::local::{Added, Contribution, LocalReducer, Reduced, Shape};
 use super::setup;
 use crate::shm::{Attachment, Liveness, ShmServer, Status, Submission};
 
@@ -63,21 +65,18 @@ impl Completion<'_> {
     }
 }
 
-#[derive(Debug)]
-struct Contribution {
+/// Who contributed to a local op: the trainer's attachment and its submission.
+#[derive(Debug, Clone, Copy)]
+struct Ticket {
     attachment: u64,
     sub: Submission,
 }
 
-/// One local op: the contributions of the K local trainers, then the op on the
-/// network until it completes.
+/// A local op on the network, until it completes.
 #[derive(Debug)]
-pub(super) struct LocalOp {
-    contributions: Vec<Option<Contribution>>,
-    /// Contributions by local rank until all are in.
-    parts: Vec<Option<Vec<f32>>>,
-    sum: Option<Vec<f32>>,
-    started_at: Option<StdInstant>,
+pub(super) struct InFlight {
+    /// The contributors, in local-rank order.
+    tickets: Vec<Ticket>,
     /// When the first contribution arrived.
     pub(super) first_at: StdInstant,
     /// The budget the op started with (the trainer's, capped by `loss.budget`).
@@ -89,13 +88,22 @@ pub(super) struct Trainers {
     shm: ShmServer,
     slots: Vec<Option<Attachment>>,
     local_world: Option<u32>,
-    local_ops: BTreeMap<OpId, LocalOp>,
+    /// Local ops collecting their K contributions.
+    reducer: LocalReducer<Ticket>,
+    /// Local ops started on the network.
+    in_flight: BTreeMap<OpId, InFlight>,
 }
 
 impl Trainers {
     /// Trainers attaching through `shm`.
     pub(super) fn new(shm: ShmServer) -> Trainers {
-        Trainers { shm, slots: Vec::new(), local_world: None, local_ops: BTreeMap::new() }
+        Trainers {
+            shm,
+            slots: Vec::new(),
+            local_world: None,
+            reducer: LocalReducer::new(),
+            in_flight: BTreeMap::new(),
+        }
     }
 
     /// Trainers attached now.
@@ -105,7 +113,7 @@ impl Trainers {
 
     /// Local ops not completed yet (collecting contributions or in flight).
     pub(super) fn ops(&self) -> usize {
-        self.local_ops.len()
+        self.reducer.len() + self.in_flight.len()
     }
 
     /// Trainers ever attached to the control socket.
@@ -231,23 +239,9 @@ impl Trainers {
         // Local ops not started yet that hold the gone trainer's contribution, or
         // still wait for its local rank, can never start: fail them for the other
         // local trainers. (A replacement trainer continues with new ops.)
-        let doomed: Vec<OpId> = self
-            .local_ops
-            .iter()
-            .filter(|(_, op)| {
-                op.started_at.is_none()
-                    && op
-                        .contributions
-                        .get(rank)
-                        .is_some_and(|c| c.as_ref().is_none_or(|c| c.attachment == id))
-            })
-            .map(|(k, _)| *k)
-            .collect();
-        for k in doomed {
-            if let Some(op) = self.local_ops.remove(&k) {
-                ctx.counters.ops_failed += 1;
-                self.complete(&op, Completion::failed(Status::PeerDown, StdDuration::ZERO), ctx.counters);
-            }
+        for (_, tickets) in self.reducer.abandon_rank(rank, |t| t.attachment == id) {
+            ctx.counters.ops_failed += 1;
+            self.post(&tickets, Completion::failed(Status::PeerDown, StdDuration::ZERO), ctx.counters);
         }
     }
 
@@ -320,65 +314,55 @@ impl Trainers {
                 }
             }
         };
-        let op = self.local_ops.entry(id).or_insert_with(|| LocalOp {
-            contributions: (0..world).map(|_| None).collect(),
-            parts: (0..world).map(|_| None).collect(),
-            sum: None,
-            started_at: None,
-            first_at: StdInstant::now(),
-            budget_ppm: 0,
-        });
-        let r = local_rank as usize;
-        if r >= op.contributions.len() || op.contributions[r].is_some() || op.started_at.is_some() {
-            ctx.counters.local_mismatch += 1;
-            log::warn!("attachment {att_id}: duplicate submission of op {}/{}", id.seq, id.tensor);
-            self.answer(slot, &sub, Status::InvalidDescriptor);
+        // An op on the network already has all its contributions.
+        if self.in_flight.contains_key(&id) {
+            self.refuse_duplicate(slot, att_id, id, &sub, ctx);
             return;
         }
-        // Local reduce in local-rank order happens when all K are in; keep the
-        // contribution until then (local rank 0 first, so the sum order is fixed).
-        let first = op.contributions.iter().flatten().next().map(|c| c.sub);
-        if let Some(f) = first
-            && (f.span.len_elems != sub.span.len_elems || f.layer != sub.layer || f.layers != sub.layers)
-        {
-            ctx.counters.local_mismatch += 1;
-            log::warn!(
-                "op {}/{}: local trainers disagree (len {} vs {}, layer {}/{} vs {}/{})",
-                id.seq,
-                id.tensor,
-                f.span.len_elems,
-                sub.span.len_elems,
-                f.layer,
-                f.layers,
-                sub.layer,
-                sub.layers
-            );
-            if let Some(op) = self.local_ops.remove(&id) {
+        let shape = Shape { len: sub.span.len_elems, layer: sub.layer, layers: sub.layers };
+        let c = Contribution { local_rank, shape, ticket: Ticket { attachment: att_id, sub }, data };
+        let endpoint = &mut *ctx.endpoint;
+        match self.reducer.add(id, world, c, StdInstant::now(), &mut |b| endpoint.recycle(b)) {
+            Added::Waiting => {}
+            Added::Reduced(r) => self.start_op(id, r, ctx, now),
+            Added::Duplicate(_) => self.refuse_duplicate(slot, att_id, id, &sub, ctx),
+            Added::Mismatch { first, ticket, others } => {
+                ctx.counters.local_mismatch += 1;
+                log::warn!(
+                    "op {}/{}: local trainers disagree (len {} vs {}, layer {}/{} vs {}/{})",
+                    id.seq,
+                    id.tensor,
+                    first.len,
+                    ticket.sub.span.len_elems,
+                    first.layer,
+                    first.layers,
+                    ticket.sub.layer,
+                    ticket.sub.layers
+                );
                 ctx.counters.ops_failed += 1;
-                self.complete(
-                    &op,
+                self.post(
+                    &others,
                     Completion::failed(Status::InvalidDescriptor, StdDuration::ZERO),
                     ctx.counters,
                 );
+                self.answer(slot, &ticket.sub, Status::InvalidDescriptor);
             }
-            self.answer(slot, &sub, Status::InvalidDescriptor);
-            return;
-        }
-        op.contributions[r] = Some(Contribution { attachment: att_id, sub });
-        stash(op, r, data, ctx.endpoint);
-        if op.contributions.iter().all(Option::is_some) {
-            self.start_op(id, ctx, now);
         }
     }
 
-    fn start_op(&mut self, id: OpId, ctx: &mut Ctx<'_>, now: Instant) {
-        let Some(op) = self.local_ops.get_mut(&id) else { return };
-        let sum = op.sum.take().unwrap_or_default();
-        let sub = op.contributions.iter().flatten().next().map(|c| c.sub);
-        let Some(sub) = sub else { return };
+    /// A second submission of op `id` by one local rank: refuse it.
+    fn refuse_duplicate(&mut self, slot: usize, att_id: u64, id: OpId, sub: &Submission, ctx: &mut Ctx<'_>) {
+        ctx.counters.local_mismatch += 1;
+        log::warn!("attachment {att_id}: duplicate submission of op {}/{}", id.seq, id.tensor);
+        self.answer(slot, sub, Status::InvalidDescriptor);
+    }
+
+    /// All K contributions of `id` are in: start it on the network.
+    fn start_op(&mut self, id: OpId, r: Reduced<Ticket>, ctx: &mut Ctx<'_>, now: Instant) {
+        // The lowest local rank's submission speaks for the op (they agree).
+        let Some(sub) = r.tickets.first().map(|t| t.sub) else { return };
         // loss.budget is the operator's cap on what trainers may ask for.
         let budget = sub.budget_ppm.min(ctx.cfg.loss.budget_ppm());
-        op.budget_ppm = budget;
         let opts = OpOptions {
             layer: sub.layer,
             layers: sub.layers,
@@ -395,35 +379,38 @@ impl Trainers {
             rescale: ctx.cfg.loss.rescale || sub.flags & crate::shm::layout::FLAG_RESCALE != 0,
             reduce: ReduceOp::Sum,
         };
-        op.started_at = Some(StdInstant::now());
-        match ctx.endpoint.start_allreduce(now, id, sum, opts) {
-            Ok(()) => ctx.counters.ops_started += 1,
+        match ctx.endpoint.start_allreduce(now, id, r.sum, opts) {
+            Ok(()) => {
+                ctx.counters.ops_started += 1;
+                self.in_flight
+                    .insert(id, InFlight { tickets: r.tickets, first_at: r.first_at, budget_ppm: budget });
+            }
             Err(e) => {
                 log::warn!("op {}/{} could not start: {e}", id.seq, id.tensor);
-                let status = match e {
-                    StartError::Duplicate(_) | StartError::Empty | StartError::TooLarge => {
-                        Status::InvalidDescriptor
-                    }
-                    _ => Status::InvalidDescriptor,
-                };
-                if let Some(op) = self.local_ops.remove(&id) {
-                    ctx.counters.ops_failed += 1;
-                    self.complete(&op, Completion::failed(status, StdDuration::ZERO), ctx.counters);
-                }
+                // Every start error is the descriptor's (duplicate id, empty,
+                // too large, budget, layer).
+                ctx.counters.ops_failed += 1;
+                let done = Completion::failed(Status::InvalidDescriptor, StdDuration::ZERO);
+                self.post(&r.tickets, done, ctx.counters);
             }
         }
     }
 
     /// The local op `id` is over (completed or failed on the network): take it
     /// out, to complete its trainers' submissions.
-    pub(super) fn finish(&mut self, id: OpId) -> Option<LocalOp> {
-        self.local_ops.remove(&id)
+    pub(super) fn finish(&mut self, id: OpId) -> Option<InFlight> {
+        self.in_flight.remove(&id)
     }
 
-    /// Post `done` to every trainer that contributed to `op`, first copying
+    /// Post `done` to every trainer that contributed to `op`.
+    pub(super) fn complete(&mut self, op: &InFlight, done: Completion<'_>, counters: &mut ServiceCounters) {
+        self.post(&op.tickets, done, counters);
+    }
+
+    /// Post `done` to every trainer of `tickets` still attached, first copying
     /// its result into the trainer's buffer if there is one.
-    pub(super) fn complete(&mut self, op: &LocalOp, done: Completion<'_>, counters: &mut ServiceCounters) {
-        for c in op.contributions.iter().flatten() {
+    fn post(&mut self, tickets: &[Ticket], done: Completion<'_>, counters: &mut ServiceCounters) {
+        for c in tickets {
             let Some(slot) = self.slot_of(c.attachment) else { continue };
             let Some(att) = self.slots[slot].as_mut() else { continue };
             let mut st = done.status;
@@ -437,27 +424,5 @@ impl Trainers {
                 counters.completions_dropped += 1;
             }
         }
-    }
-}
-
-/// Add contribution `r` to the local sum. Contributions arrive in any order
-/// but are summed in local-rank order for reproducible bytes: each is kept
-/// until all are in, then rank 0's buffer becomes the sum and the others are
-/// added to it in rank order (and their buffers go back to `pool`). With one
-/// local trainer its contribution *is* the sum: no copy.
-fn stash(op: &mut LocalOp, r: usize, data: Vec<f32>, pool: &mut Endpoint) {
-    if let Some(p) = op.parts.get_mut(r) {
-        *p = Some(data);
-    }
-    if op.parts.iter().all(Option::is_some) {
-        let mut parts = std::mem::take(&mut op.parts).into_iter().flatten();
-        let mut sum = parts.next().unwrap_or_default();
-        for part in parts {
-            for (s, x) in sum.iter_mut().zip(&part) {
-                *s += *x;
-            }
-            pool.recycle(part);
-        }
-        op.sum = Some(sum);
     }
 }

@@ -199,11 +199,8 @@ pub fn run(o: &DemoOptions, out: &mut impl Write) -> io::Result<DemoSummary> {
         let stop = stop.clone();
         let loss_ppm = (o.loss_pct * 1e4).round() as u32;
         services.push(std::thread::spawn(move || -> Result<serde_json::Value, String> {
-            let dp = FaultInjector::new(crate::datapath::open(&cfg)?).with_receive_loss(
-                loss_ppm,
-                0xD3_0000 + u64::from(r),
-                u64::from(cfg.rank()),
-            );
+            let dp = FaultInjector::new(crate::datapath::open(&cfg).map_err(|e| e.to_string())?)
+                .with_receive_loss(loss_ppm, 0xD3_0000 + u64::from(r), u64::from(cfg.rank()));
             let mut svc = Service::new(cfg, dp).map_err(|e| e.to_string())?;
             let mut last = serde_json::Value::Null;
             svc.run(|s| {

@@ -63,7 +63,7 @@ pub use self::admin::{
     SystemdStatus, TransferReply, admin_path, report_from_json,
 };
 pub use self::counters::ServiceCounters;
-pub use self::setup::{ServiceError, auto_generation, endpoint_config, timers};
+pub use self::setup::{ServiceError, SocketGroupError, auto_generation, endpoint_config, timers};
 
 const LISTENER: Token = Token(0);
 const SIGNALS: Token = Token(1);
@@ -103,7 +103,7 @@ impl Service {
         let generation = setup::generation(&cfg);
         let start = StdInstant::now();
         let endpoint = Endpoint::new(endpoint_config(&cfg, generation), Instant::ZERO);
-        let group = setup::socket_gid(&cfg.control).map_err(ServiceError::Config)?;
+        let group = setup::socket_gid(&cfg.control)?;
         let shm = setup::shm_server(&cfg, group)?;
         let poll = Poll::new()?;
         let listener_fd = shm.as_fd().as_raw_fd();

@@ -28,9 +28,26 @@ pub enum ServiceError {
     /// An I/O error setting up the event loop.
     #[error("event loop: {0}")]
     Io(#[from] io::Error),
-    /// A configuration value the service cannot use.
+    /// `control.socket_group` names no group.
     #[error("configuration: {0}")]
-    Config(String),
+    SocketGroup(#[from] SocketGroupError),
+    /// `[shm]` describes rings or an arena the channel cannot have.
+    #[error("configuration: shm geometry: {0}")]
+    Geometry(#[source] crate::shm::layout::GeometryError),
+}
+
+/// Why `control.socket_group` gives no gid.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketGroupError {
+    /// `/etc/group` could not be read.
+    #[error("/etc/group: {0}")]
+    GroupFile(#[source] io::Error),
+    /// No group of that name in `/etc/group`.
+    #[error("control.socket_group {group:?}: no such group in /etc/group")]
+    NoSuchGroup {
+        /// The configured name.
+        group: String,
+    },
 }
 
 /// Derive a generation from the wall clock: tenths of a second since
@@ -97,7 +114,7 @@ pub(super) fn shm_server(cfg: &Config, group: Option<u32>) -> Result<ShmServer, 
     let mut sc = ServerConfig::new(cfg.control.socket_path.clone(), cfg.control.mode());
     sc.policy = peer_policy(group);
     sc.geometry = crate::shm::Geometry::new(cfg.shm.ring_entries, cfg.shm.ring_entries, cfg.shm.arena_bytes)
-        .map_err(|e| ServiceError::Config(format!("shm geometry: {e}")))?;
+        .map_err(ServiceError::Geometry)?;
     ShmServer::bind(sc)
         .map_err(|e| ServiceError::Control { path: cfg.control.socket_path.display().to_string(), source: e })
 }
@@ -114,19 +131,19 @@ pub(super) fn timerfd() -> io::Result<OwnedFd> {
 
 /// The gid of `control.socket_group` (a group name from `/etc/group`, or a
 /// number); `None` if unset (the sockets keep the daemon's group).
-pub(super) fn socket_gid(c: &dlcp_config::Control) -> Result<Option<u32>, String> {
+pub(super) fn socket_gid(c: &dlcp_config::Control) -> Result<Option<u32>, SocketGroupError> {
     let Some(g) = c.socket_group.as_deref() else { return Ok(None) };
     if let Ok(n) = g.parse::<u32>() {
         return Ok(Some(n));
     }
-    let groups = std::fs::read_to_string("/etc/group").map_err(|e| format!("/etc/group: {e}"))?;
+    let groups = std::fs::read_to_string("/etc/group").map_err(SocketGroupError::GroupFile)?;
     groups
         .lines()
         .map(|l| l.split(':').collect::<Vec<_>>())
         .find(|f| f.len() >= 3 && f[0] == g)
         .and_then(|f| f[2].parse().ok())
         .map(Some)
-        .ok_or_else(|| format!("control.socket_group {g:?}: no such group in /etc/group"))
+        .ok_or_else(|| SocketGroupError::NoSuchGroup { group: g.to_owned() })
 }
 
 /// Who may attach: the daemon's own user, root, and members (primary or
@@ -158,11 +175,15 @@ mod tests {
 
     #[test]
     fn socket_group_by_number_name_or_not_at_all() {
-        assert_eq!(socket_gid(&control(None)), Ok(None));
-        assert_eq!(socket_gid(&control(Some("4242"))), Ok(Some(4242)));
-        assert_eq!(socket_gid(&control(Some("root"))), Ok(Some(0)));
+        assert_eq!(socket_gid(&control(None)).unwrap(), None);
+        assert_eq!(socket_gid(&control(Some("4242"))).unwrap(), Some(4242));
+        assert_eq!(socket_gid(&control(Some("root"))).unwrap(), Some(0));
         let e = socket_gid(&control(Some("no-such-group-dlcp"))).unwrap_err();
-        assert!(e.contains("no such group"), "{e}");
+        assert!(
+            matches!(&e, SocketGroupError::NoSuchGroup { group } if group == "no-such-group-dlcp"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("no such group"), "{e}");
         let p = peer_policy(Some(4242));
         let cred = |uid, gid| crate::shm::PeerCred { pid: 1, uid, gid };
         assert!(p.allows_peer(&cred(0, 1)), "root");

@@ -250,9 +250,9 @@ impl SocketConfig {
 }
 
 /// Opens the socket datapath a loaded daemon configuration asks for
-/// ([`SocketConfig::from_config`]); the error is the [`DatapathError`]'s message.
-pub fn open(cfg: &dlcp_config::Config) -> Result<SocketDatapath, String> {
-    SocketDatapath::new(SocketConfig::from_config(cfg)).map_err(|e| e.to_string())
+/// ([`SocketConfig::from_config`]).
+pub fn open(cfg: &dlcp_config::Config) -> Result<SocketDatapath, DatapathError> {
+    SocketDatapath::new(SocketConfig::from_config(cfg))
 }
 
 /// Why a [`SocketDatapath`] could not be created.

@@ -5,9 +5,13 @@
 //! the daemon's pieces; the protocol logic lives in [`dlcp_proto`] (sans-IO) and
 //! the configuration schema in [`dlcp_config`].
 //!
-//! - [`service`]: the event loop of `dlcpd --config FILE`.
-//! - [`shm`]: the shared-memory channel to trainers.
-//! - [`datapath`]: UDP sockets (and, later, DPDK) under the protocol.
+//! - [`service`]: the event loop of `dlcpd --config FILE` and the parts it
+//!   composes: trainers and their local reduce, the pump between datapath and
+//!   protocol, the `dlcpctl` admin protocol, operations.
+//! - [`shm`]: the shared-memory channel to trainers (crate `dlcp-shm`).
+//! - [`datapath`]: under the protocol, kernel UDP sockets or DPDK (where
+//!   libdpdk was found at build time), and the fault injector that wraps
+//!   either for tests and demos.
 //! - [`hot_reload`], [`notify`], [`metrics`]: operations — hot reload on SIGHUP,
 //!   systemd readiness and watchdog, the Prometheus endpoint.
 //! - [`demo`]: `dlcpd demo` — N daemons on loopback with synthetic trainers.

@@ -2,9 +2,8 @@
 //! datapath, signals — one thread, driven by mio.
 //!
 //! ```text
-//!  trainer ─doorbell─▶ Trainers: next_submission ─copy out─▶ local op (K trainers)
-//!                                       all K in ─▶ sum in local-rank order
-//!                                                  ─▶ Endpoint::start_allreduce
+//!  trainer ─doorbell─▶ Trainers: next_submission ─copy out─▶ LocalReducer (K trainers)
+//!                               all K in, summed in local-rank order ─▶ Endpoint::start_allreduce
 //!  Datapath::recv ─▶ Pump::receive (source check) ─▶ Endpoint::handle_datagrams_from
 //!  Endpoint::poll_transmit_many ─▶ Pump::transmit ─▶ Datapath::send (class → DSCP) ─▶ flush
 //!  Endpoint::poll_event: OpComplete ─▶ copy result into every trainer's buffer ─▶ completion
@@ -15,13 +14,19 @@
 //! timer (capped for housekeeping). SIGTERM/SIGINT stop accepting new ops, drain
 //! those in flight (bounded by the hard timeout) and return.
 //!
-//! [`Service`] composes the parts, each in its own file, none of which knows
-//! the service: `setup.rs` (configuration → subsystems), `trainers.rs` (attach,
-//! detach, submissions, completions), `pump.rs` (datagrams between datapath and
-//! endpoint, and the loss-driven pacing), `admin.rs` (the `dlcpctl` protocol),
-//! `operations.rs` (reload, systemd notification, metrics), `counters.rs` (the
-//! service's counters) and `view.rs` (the read-only look that admin replies
-//! and metrics are built from).
+//! [`Service`] (this file: set-up, the loop, signals, dispatch) composes the
+//! parts, each in its own file and none of them knowing the service:
+//!
+//! - `setup.rs`: configuration → subsystems (endpoint settings, generation,
+//!   control socket, timerfd, the service's clock);
+//! - `trainers.rs`: attach, detach, submissions, op start, completions;
+//! - `local.rs`: the local reduce of the K trainers of a host (pure);
+//! - `pump.rs`: datagrams between datapath and endpoint, and the loss-driven
+//!   pacing;
+//! - `admin.rs`: the `dlcpctl` protocol and its reply types;
+//! - `operations.rs`: reload, systemd notification, metrics;
+//! - `counters.rs`: the service's counters; `view.rs`: the read-only look at
+//!   the service that admin replies and metrics are built from.
 
 use std::io;
 use std::net::SocketAddr;

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use dlcp_ffi::dpdk::{Eal, Mbuf, Mempool, Port, PortConfig};
 use dlcp_proto::priority::Class;
 
+use super::api::{Datapath, DatapathStats, SendOutcome};
 use super::frame::{self, Arp, ArpOp, Checksum, Ignore, Mac, Parsed, UdpFrame};
-use super::{Datapath, DatapathStats, SendOutcome};
 
 /// Datagrams kept per unresolved neighbour while ARP asks for it.
 const ARP_PENDING_MAX: usize = 256;

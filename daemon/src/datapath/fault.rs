@@ -26,7 +26,7 @@ use std::net::SocketAddr;
 use dlcp_proto::priority::Class;
 use dlcp_proto::sim::Rng;
 
-use super::{Datapath, DatapathStats, SendOutcome};
+use super::api::{Datapath, DatapathStats, SendOutcome};
 
 /// Stream tag of the receive-loss generator (`"rx"`), so its sequence differs
 /// from other generators seeded alike.

@@ -123,7 +123,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use self::queue::{ClassQueue, Group, Regroup, plan, segments};
 use self::sys::RxMeta;
-use super::{Datapath, DatapathStats, SendOutcome};
+use super::api::{Datapath, DatapathStats, SendOutcome};
 
 mod queue;
 mod sys;

@@ -116,7 +116,7 @@ impl Trainers {
         self.reducer.len() + self.in_flight.len()
     }
 
-    /// Trainers ever attached to the control socket.
+    /// Attachments the control socket created since start.
     pub(super) fn shm_attached(&self) -> u64 {
         self.shm.stats().attached
     }

@@ -14,6 +14,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
+use dlcp::datapath::fault::FaultInjector;
 use dlcp::datapath::socket::{DatapathError, SocketConfig, SocketDatapath};
 use dlcp::datapath::{Datapath, SendOutcome};
 use dlcp::proto::priority::Class;
@@ -595,12 +596,12 @@ fn flush_serves_highest_class_first() {
 #[test]
 fn would_block_contract() {
     let cfg = SocketConfig { batch: 4, gso: false, send_buffer_bytes: 4096, ..config(v4()) };
-    let mut a = SocketDatapath::new(cfg).unwrap();
+    let mut a = FaultInjector::new(SocketDatapath::new(cfg).unwrap());
     let mut b = SocketDatapath::new(config(v4())).unwrap();
     let dst = b.local_addr();
     let low = class(1);
     // The kernel refuses class 1 three times (loopback never fills a send buffer).
-    a.inject_would_block(low, 3);
+    assert!(a.would_block(low, 3));
     let mut accepted = Vec::new();
     let mut seq = 0;
     let refused = loop {
@@ -614,11 +615,11 @@ fn would_block_contract() {
     };
     assert_eq!(accepted.len(), 4, "the queue holds one batch");
     assert!(a.wants_writable());
-    assert_eq!(a.socket_stats().tx_queued[1], 4);
+    assert_eq!(a.inner().socket_stats().tx_queued[1], 4);
     assert_eq!(a.stats().tx_would_block, 1);
     // Refused again while blocked; the queue does not grow.
     assert_eq!(a.send(dst, low, &refused).unwrap(), SendOutcome::WouldBlock);
-    assert_eq!(a.socket_stats().tx_queued[1], 4);
+    assert_eq!(a.inner().socket_stats().tx_queued[1], 4);
     // A higher class is not stuck behind the blocked low class.
     let urgent = datagram(7, 1000, 64);
     assert_eq!(a.send(dst, Class::CONTROL, &urgent).unwrap(), SendOutcome::Sent);
@@ -638,7 +639,7 @@ fn would_block_contract() {
     assert!(events.iter().any(|e| e.token() == mio::Token(11 + 1) && e.is_writable()), "no writable event");
     a.flush().unwrap();
     assert!(!a.wants_writable());
-    assert_eq!(a.socket_stats().tx_queued, [0; 8]);
+    assert_eq!(a.inner().socket_stats().tx_queued, [0; 8]);
     // The caller offers the refused datagram again; now it is accepted.
     assert_eq!(a.send(dst, low, &refused).unwrap(), SendOutcome::Sent);
     accepted.push(refused);

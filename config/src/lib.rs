@@ -45,9 +45,9 @@
 //! or [`Reload::Restart`]; see [`SETTINGS`], [`reload_class`] and [`Config::diff`].
 #![forbid(unsafe_code)]
 
+mod changes;
 mod error;
 mod locate;
-mod reload;
 pub mod schema;
 mod validate;
 
@@ -58,8 +58,8 @@ use dlcp_proto::priority::ClassifierConfig;
 use dlcp_proto::wire::MacKey;
 use serde::{Deserialize, Serialize};
 
+pub use changes::{Change, Reload, SETTINGS, needs_restart, reload_class};
 pub use error::{ConfigError, ErrorKind, Location};
-pub use reload::{Change, Reload, SETTINGS, needs_restart, reload_class};
 pub use schema::{
     Control, Datapath, DatapathKind, DpdkDatapath, Fill, Generation, Log, LogLevel, Loss, Metrics, Network,
     Node, Pacing, Peer, Priority, Secret, Shm, SocketDatapath,
@@ -197,12 +197,12 @@ impl Config {
     /// (`peers[2].port`), other arrays as a whole (`priority.dscp`); a changed
     /// secret shows as `node.job_secret` without its value.
     pub fn diff(&self, new: &Config) -> Vec<Change> {
-        reload::diff(self, new)
+        changes::diff(self, new)
     }
 
     /// The effective settings as `(dotted path, TOML value)` pairs.
     pub fn settings(&self) -> Vec<(String, String)> {
-        reload::leaves(self)
+        changes::leaves(self)
     }
 
     /// The name the configuration was loaded under.

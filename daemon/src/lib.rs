@@ -5,10 +5,14 @@
 //! the daemon's pieces; the protocol logic lives in [`dlcp_proto`] (sans-IO) and
 //! the configuration schema in [`dlcp_config`].
 //!
-//! - [`service`]: the event loop of `dlcpd --config FILE`.
-//! - [`shm`]: the shared-memory channel to trainers.
-//! - [`datapath`]: UDP sockets (and, later, DPDK) under the protocol.
-//! - [`reload`], [`notify`], [`metrics`]: operations — hot reload on SIGHUP,
+//! - [`service`]: the event loop of `dlcpd --config FILE` and the parts it
+//!   composes: trainers and their local reduce, the pump between datapath and
+//!   protocol, the `dlcpctl` admin protocol, operations.
+//! - [`shm`]: the shared-memory channel to trainers (crate `dlcp-shm`).
+//! - [`datapath`]: under the protocol, kernel UDP sockets or DPDK (where
+//!   libdpdk was found at build time), and the fault injector that wraps
+//!   either for tests and demos.
+//! - [`hot_reload`], [`notify`], [`metrics`]: operations — hot reload on SIGHUP,
 //!   systemd readiness and watchdog, the Prometheus endpoint.
 //! - [`demo`]: `dlcpd demo` — N daemons on loopback with synthetic trainers.
 //! - [`simulate`]: `dlcpd simulate` — the protocol core on the deterministic
@@ -19,9 +23,9 @@
 
 pub mod datapath;
 pub mod demo;
+pub mod hot_reload;
 pub mod metrics;
 pub mod notify;
-pub mod reload;
 pub mod service;
 pub mod simulate;
 

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use dlcp::datapath::fault::FaultInjector;
 use dlcp::demo::{self, DemoOptions};
 use dlcp::simulate::{self, SimOptions};
 
@@ -113,7 +114,7 @@ fn run_service(path: &std::path::Path, rx_loss_pct: f64) -> ExitCode {
         Some(filters) => env_logger::Builder::new().parse_filters(filters).init(),
         None => {
             env_logger::Builder::new().filter_level(log::LevelFilter::Trace).init();
-            log::set_max_level(dlcp::reload::level_filter(cfg.log.level));
+            log::set_max_level(dlcp::hot_reload::level_filter(cfg.log.level));
         }
     }
     log::info!("dlcpd {} — {}", dlcp::VERSION, dlcp::datapath_support());
@@ -122,7 +123,11 @@ fn run_service(path: &std::path::Path, rx_loss_pct: f64) -> ExitCode {
         return ExitCode::from(2);
     }
     let datapath = match dlcp::datapath::open(&cfg) {
-        Ok(d) => d,
+        Ok(d) => FaultInjector::new(d).with_receive_loss(
+            (rx_loss_pct * 1e4).round() as u32,
+            0x5eed,
+            u64::from(cfg.rank()),
+        ),
         Err(e) => {
             log::error!("{}: datapath: {e}", path.display());
             return ExitCode::from(1);
@@ -135,7 +140,6 @@ fn run_service(path: &std::path::Path, rx_loss_pct: f64) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    svc.set_receive_loss((rx_loss_pct * 1e4).round() as u32, 0x5eed);
     svc.set_operations(path.to_owned(), dlcp::notify::Notifier::from_env(), rust_log.is_none());
     match svc.run(|_| false) {
         Ok(()) => ExitCode::SUCCESS,

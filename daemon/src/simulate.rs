@@ -176,12 +176,31 @@ impl PeakFootprint {
     }
 }
 
+/// The ops of one layer bucket in an iteration: id, options, and the generator
+/// state its inputs were drawn from (to regenerate them for the check).
+type Batch = (OpId, OpOptions, Rng);
+
+/// One run's simulator and what it has measured so far.
+struct Run<'a> {
+    opts: &'a SimOptions,
+    sim: Sim<Endpoint>,
+    elems: usize,
+    budget_ppm: u32,
+    rng: Rng,
+    op_times: Vec<Duration>,
+    iter_gbps: Vec<f64>,
+    verified: bool,
+    completed: u64,
+    failed: u64,
+    min_delivered: f64,
+    peak: PeakFootprint,
+}
+
 /// Run the demo, writing progress and the summary to `out`.
 pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
     let wall = WallClock::now();
     let world = opts.hosts;
     let key = MacKey::derive(b"dlcpd demo job secret");
-    let budget_ppm = (opts.budget_pct / 100.0 * f64::from(PPM)).round() as u32;
     let nodes: Vec<Endpoint> = (0..world)
         .map(|r| {
             let mut c = EndpointConfig::new(r, world, 1, 1, key.clone());
@@ -217,39 +236,42 @@ pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
         opts.budget_pct,
         opts.seed
     )?;
-    let mut rng = Rng::stream(opts.seed, 0xDE40, u64::from(world));
-    let mut op_times = Vec::new();
-    let mut iter_gbps = Vec::new();
-    let mut verified = true;
-    let (mut completed, mut failed) = (0u64, 0u64);
-    let mut min_delivered = 1.0f64;
-    let mut peak = PeakFootprint::default();
+    let mut run = Run {
+        opts,
+        sim,
+        elems,
+        budget_ppm: (opts.budget_pct / 100.0 * f64::from(PPM)).round() as u32,
+        rng: Rng::stream(opts.seed, 0xDE40, u64::from(world)),
+        op_times: Vec::new(),
+        iter_gbps: Vec::new(),
+        verified: true,
+        completed: 0,
+        failed: 0,
+        min_delivered: 1.0,
+        peak: PeakFootprint::default(),
+    };
     for it in 0..opts.iters {
-        let start = sim.now();
-        let mut batch = Vec::new();
-        for l in 0..opts.layers {
-            let id = OpId { seq: u64::from(it), tensor: l };
-            let o = OpOptions { layer: l, layers: opts.layers, budget_ppm, ..OpOptions::default() };
-            // The inputs move into the endpoints; the check regenerates them
-            // from this copy of the generator (a world of inputs is big).
-            let input_rng = rng.clone();
-            let now = sim.now();
-            for r in 0..world {
-                let input = tensor(&mut rng, elems);
-                sim.node_mut(r)
-                    .start_allreduce(now, id, input, o)
-                    .map_err(|e| io::Error::other(e.to_string()))?;
-            }
-            for r in 0..world {
-                peak.observe(sim.node(r).footprint());
-            }
-            batch.push((id, o, input_rng));
-        }
+        run.iteration(it, out)?;
+    }
+    let per_rank_op = *sent_by_type.borrow();
+    let summary = run.summary(per_rank_op, wall.elapsed());
+    print_summary(opts, &summary, out)?;
+    Ok(summary)
+}
+
+impl Run<'_> {
+    /// One iteration: start one op per layer on every rank, run the network
+    /// until all are done, check every result and print a progress line.
+    fn iteration(&mut self, it: u32, out: &mut impl Write) -> io::Result<()> {
+        let world = self.opts.hosts;
+        let start = self.sim.now();
+        let batch = self.start_ops(it)?;
         // Done when every rank's ops finished (ops only finish during the run,
         // so the scan resumes where it stopped); sample a rank's footprint
         // every so often (amortised O(1) per event).
         let (mut next_busy, mut steps) = (0u32, 0u64);
-        sim.run_until(start + Duration::from_secs(120), |s| {
+        let peak = &mut self.peak;
+        self.sim.run_until(start + Duration::from_secs(120), |s| {
             steps += 1;
             if steps % FOOTPRINT_EVERY == 0 {
                 peak.observe(s.node(((steps / FOOTPRINT_EVERY) % u64::from(world)) as u32).footprint());
@@ -259,25 +281,94 @@ pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
             }
             next_busy == world
         });
+        let results = self.collect(&batch, out)?;
+        let (iter_ok, iter_end, iter_min) = self.check(&batch, results, start);
+        self.verified &= iter_ok;
+        self.min_delivered = self.min_delivered.min(iter_min);
+        let secs = (iter_end - start).as_secs_f64();
+        let bits = (self.elems * 4 * self.opts.layers as usize * 8) as f64;
+        let gbps = if secs > 0.0 { bits / secs / 1e9 } else { 0.0 };
+        self.iter_gbps.push(gbps);
+        let repairs: u64 = (0..world).map(|r| self.sim.node(r).stats().repairs_sent).sum();
+        writeln!(
+            out,
+            "iter {:>4}/{}: {:>9.3} ms  {:>7.2} Gbit/s  min delivered {:>7.3}%  repairs so far {:>6}  {}",
+            it + 1,
+            self.opts.iters,
+            secs * 1e3,
+            gbps,
+            iter_min * 100.0,
+            repairs,
+            if iter_ok { "ok" } else { "MISMATCH" }
+        )?;
+        out.flush()
+    }
+
+    /// Start iteration `it`'s op of every layer on every rank, with seeded inputs.
+    fn start_ops(&mut self, it: u32) -> io::Result<Vec<Batch>> {
+        let mut batch = Vec::new();
+        for l in 0..self.opts.layers {
+            let id = OpId { seq: u64::from(it), tensor: l };
+            let o = OpOptions {
+                layer: l,
+                layers: self.opts.layers,
+                budget_ppm: self.budget_ppm,
+                ..OpOptions::default()
+            };
+            // The inputs move into the endpoints; the check regenerates them
+            // from this copy of the generator (a world of inputs is big).
+            let input_rng = self.rng.clone();
+            let now = self.sim.now();
+            for r in 0..self.opts.hosts {
+                let input = tensor(&mut self.rng, self.elems);
+                self.sim
+                    .node_mut(r)
+                    .start_allreduce(now, id, input, o)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+            }
+            for r in 0..self.opts.hosts {
+                self.peak.observe(self.sim.node(r).footprint());
+            }
+            batch.push((id, o, input_rng));
+        }
+        Ok(batch)
+    }
+
+    /// Every rank's events: the results of `batch`'s ops (by op, then rank),
+    /// counting completions and printing failures.
+    fn collect(&mut self, batch: &[Batch], out: &mut impl Write) -> io::Result<Vec<Vec<Option<RankResult>>>> {
+        let world = self.opts.hosts;
         let mut results: Vec<Vec<Option<RankResult>>> =
             (0..batch.len()).map(|_| (0..world).map(|_| None).collect()).collect();
         for r in 0..world {
-            while let Some(ev) = sim.node_mut(r).poll_event() {
+            while let Some(ev) = self.sim.node_mut(r).poll_event() {
                 match ev {
                     Event::OpComplete { id, result, report } => {
-                        completed += 1;
+                        self.completed += 1;
                         if let Some(i) = batch.iter().position(|b| b.0 == id) {
                             results[i][r as usize] = Some((result, *report));
                         }
                     }
                     Event::OpFailed { id, error } => {
-                        failed += 1;
+                        self.failed += 1;
                         writeln!(out, "  rank {r}: op {}/{} failed: {error}", id.seq, id.tensor)?;
                     }
                     _ => {}
                 }
             }
         }
+        Ok(results)
+    }
+
+    /// Check every op of `batch` against the value recomputed from its inputs,
+    /// the delivery bitmaps and the fill rule. Returns whether all matched, when
+    /// the last finished (from `start`), and the least delivered fraction.
+    fn check(
+        &mut self,
+        batch: &[Batch],
+        mut results: Vec<Vec<Option<RankResult>>>,
+        start: Instant,
+    ) -> (bool, Instant, f64) {
         let mut iter_ok = true;
         let mut iter_end = start;
         let mut iter_min = 1.0f64;
@@ -287,74 +378,68 @@ pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
                 continue;
             };
             let mut g = input_rng.clone();
-            let inputs: Vec<Vec<f32>> = (0..world).map(|_| tensor(&mut g, elems)).collect();
+            let inputs: Vec<Vec<f32>> = (0..self.opts.hosts).map(|_| tensor(&mut g, self.elems)).collect();
             let reports: Vec<&OpReport> = res.iter().map(|(_, rep)| rep).collect();
             let ins: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
             let want: Vec<u32> =
                 oracle::recompute(&ins, &reports, *o, CHUNK_BYTES / 4).iter().map(|x| x.to_bits()).collect();
             for (v, rep) in &res {
                 iter_ok &= v.iter().map(|x| x.to_bits()).eq(want.iter().copied());
-                op_times.push(rep.duration());
+                self.op_times.push(rep.duration());
                 iter_end = iter_end.max(rep.finished);
                 iter_min = iter_min.min(rep.min_delivered_fraction());
             }
         }
-        verified &= iter_ok;
-        min_delivered = min_delivered.min(iter_min);
-        let secs = (iter_end - start).as_secs_f64();
-        let bits = (elems * 4 * opts.layers as usize * 8) as f64;
-        let gbps = if secs > 0.0 { bits / secs / 1e9 } else { 0.0 };
-        iter_gbps.push(gbps);
-        let repairs: u64 = (0..world).map(|r| sim.node(r).stats().repairs_sent).sum();
-        writeln!(
-            out,
-            "iter {:>4}/{}: {:>9.3} ms  {:>7.2} Gbit/s  min delivered {:>7.3}%  repairs so far {:>6}  {}",
-            it + 1,
-            opts.iters,
-            secs * 1e3,
-            gbps,
-            iter_min * 100.0,
-            repairs,
-            if iter_ok { "ok" } else { "MISMATCH" }
-        )?;
-        out.flush()?;
+        (iter_ok, iter_end, iter_min)
     }
-    op_times.sort();
-    let st: &NetStats = sim.stats();
-    let per_class: Vec<(Class, u64, f64)> = Class::all()
-        .filter(|c| st.offered[c.index()] > 0)
-        .map(|c| {
-            let offered = st.offered[c.index()];
-            let lost = st.lost[c.index()] + st.switch_drops[c.index()];
-            (c, offered, 1.0 - lost as f64 / offered as f64)
-        })
-        .collect();
-    let sum =
-        |f: fn(&dlcp_proto::endpoint::Stats) -> u64| (0..world).map(|r| f(sim.node(r).stats())).sum::<u64>();
-    iter_gbps.sort_by(f64::total_cmp);
-    let ops_per_rank = f64::from(opts.iters) * f64::from(opts.layers);
-    // Every chunk once: each rank sends every other owner's shard and its own
-    // reduced shard to every other rank.
-    let chunk_elems = CHUNK_BYTES / 4;
-    let all_chunks: u64 =
-        (0..world).map(|s| oracle::shard(elems, world, s).len().div_ceil(chunk_elems) as u64).sum();
-    let ideal_data = 2.0 * (all_chunks as f64) * f64::from(world - 1) / f64::from(world);
-    let summary = SimSummary {
-        verified,
-        ops_completed: completed,
-        ops_failed: failed,
-        op_p50: percentile(&op_times, 0.5),
-        op_p99: percentile(&op_times, 0.99),
-        goodput_gbps: iter_gbps.get(iter_gbps.len() / 2).copied().unwrap_or(0.0),
-        per_class,
-        repairs: sum(|s| s.repairs_sent),
-        deadlines: sum(|s| s.deadlines_fired),
-        min_delivered,
-        wall: wall.elapsed(),
-        per_rank_op: sent_by_type.borrow().map(|n| n as f64 / f64::from(world) / ops_per_rank),
-        ideal_data_per_rank_op: ideal_data,
-        peak,
-    };
+
+    /// The summary, given the datagrams sent by packet type.
+    fn summary(mut self, sent_by_type: [u64; 6], wall: std::time::Duration) -> SimSummary {
+        let world = self.opts.hosts;
+        self.op_times.sort();
+        let st: &NetStats = self.sim.stats();
+        let per_class: Vec<(Class, u64, f64)> = Class::all()
+            .filter(|c| st.offered[c.index()] > 0)
+            .map(|c| {
+                let offered = st.offered[c.index()];
+                let lost = st.lost[c.index()] + st.switch_drops[c.index()];
+                (c, offered, 1.0 - lost as f64 / offered as f64)
+            })
+            .collect();
+        let sim = &self.sim;
+        let sum = |f: fn(&dlcp_proto::endpoint::Stats) -> u64| {
+            (0..world).map(|r| f(sim.node(r).stats())).sum::<u64>()
+        };
+        self.iter_gbps.sort_by(f64::total_cmp);
+        let ops_per_rank = f64::from(self.opts.iters) * f64::from(self.opts.layers);
+        // Every chunk once: each rank sends every other owner's shard and its own
+        // reduced shard to every other rank.
+        let chunk_elems = CHUNK_BYTES / 4;
+        let all_chunks: u64 =
+            (0..world).map(|s| oracle::shard(self.elems, world, s).len().div_ceil(chunk_elems) as u64).sum();
+        let ideal_data = 2.0 * (all_chunks as f64) * f64::from(world - 1) / f64::from(world);
+        SimSummary {
+            verified: self.verified,
+            ops_completed: self.completed,
+            ops_failed: self.failed,
+            op_p50: percentile(&self.op_times, 0.5),
+            op_p99: percentile(&self.op_times, 0.99),
+            goodput_gbps: self.iter_gbps.get(self.iter_gbps.len() / 2).copied().unwrap_or(0.0),
+            per_class,
+            repairs: sum(|s| s.repairs_sent),
+            deadlines: sum(|s| s.deadlines_fired),
+            min_delivered: self.min_delivered,
+            wall,
+            per_rank_op: sent_by_type.map(|n| n as f64 / f64::from(world) / ops_per_rank),
+            ideal_data_per_rank_op: ideal_data,
+            peak: self.peak,
+        }
+    }
+}
+
+/// The summary table.
+fn print_summary(opts: &SimOptions, summary: &SimSummary, out: &mut impl Write) -> io::Result<()> {
+    let world = opts.hosts;
     writeln!(out)?;
     writeln!(out, "summary ({world} hosts, {} iterations × {} tensors)", opts.iters, opts.layers)?;
     writeln!(out, "  ops completed / failed      {} / {}", summary.ops_completed, summary.ops_failed)?;
@@ -427,7 +512,7 @@ pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
         p.queued
     )?;
     writeln!(out, "  wall time                   {:.2} s", summary.wall.as_secs_f64())?;
-    Ok(summary)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -228,6 +228,43 @@ fn print_stats(v: &Value) {
         p["deadline_closes"],
         p["deadline_nacks"]
     );
+    print_traffic_tables(v);
+    let rej = p["rejected"].as_object().cloned().unwrap_or_default();
+    // The service's own drops (source-address check, debug loss) by the same
+    // reason names as dlcp_rx_dropped_total.
+    let own = [
+        ("wrong_source", "rx_wrong_source"),
+        ("unknown_source", "rx_unknown_source"),
+        ("debug_loss", "rx_debug_dropped"),
+    ]
+    .map(|(k, f)| (k.to_string(), s[f].clone()));
+    let nonzero: Vec<String> =
+        rej.into_iter().chain(own).filter(|(_, n)| u(n) > 0).map(|(k, n)| format!("{k} {}", u(&n))).collect();
+    println!(
+        "\nrejected datagrams: {}",
+        if nonzero.is_empty() { "none".to_string() } else { nonzero.join(", ") }
+    );
+    let d = &v["datapath_counters"];
+    println!(
+        "datapath: {} rx datagrams, {} tx would-block, {} tx errors, {} rx errors, {} truncated",
+        d["rx_packets"], d["tx_would_block"], d["tx_errors"], d["rx_errors"], d["rx_truncated"]
+    );
+    println!(
+        "trainers: {} attached, {} gone, {} refused; {} submissions, {} rejected, {} completions dropped",
+        s["trainers_attached"],
+        s["trainers_gone"],
+        s["trainers_refused"],
+        s["submissions"],
+        s["submissions_rejected"],
+        s["completions_dropped"]
+    );
+    println!("reloads: {} ok, {} rejected", s["reloads_ok"], s["reloads_failed"]);
+    print_recent_ops(v);
+}
+
+/// Per class and per peer: sent, received, dropped on arrival, repairs.
+fn print_traffic_tables(v: &Value) {
+    let p = &v["protocol"];
     // Dropped: received datagrams discarded on arrival, by the class their
     // header claims and by the configured peer address that sent them.
     let header = |key: &str| {
@@ -281,36 +318,10 @@ fn print_stats(v: &Value) {
         row(&r.to_string(), cols.each_ref().map(|x| g(x, r)));
     }
     row("unknown", unknown("rx_dropped_unknown_peer"));
-    let rej = p["rejected"].as_object().cloned().unwrap_or_default();
-    // The service's own drops (source-address check, debug loss) by the same
-    // reason names as dlcp_rx_dropped_total.
-    let own = [
-        ("wrong_source", "rx_wrong_source"),
-        ("unknown_source", "rx_unknown_source"),
-        ("debug_loss", "rx_debug_dropped"),
-    ]
-    .map(|(k, f)| (k.to_string(), s[f].clone()));
-    let nonzero: Vec<String> =
-        rej.into_iter().chain(own).filter(|(_, n)| u(n) > 0).map(|(k, n)| format!("{k} {}", u(&n))).collect();
-    println!(
-        "\nrejected datagrams: {}",
-        if nonzero.is_empty() { "none".to_string() } else { nonzero.join(", ") }
-    );
-    let d = &v["datapath_counters"];
-    println!(
-        "datapath: {} rx datagrams, {} tx would-block, {} tx errors, {} rx errors, {} truncated",
-        d["rx_packets"], d["tx_would_block"], d["tx_errors"], d["rx_errors"], d["rx_truncated"]
-    );
-    println!(
-        "trainers: {} attached, {} gone, {} refused; {} submissions, {} rejected, {} completions dropped",
-        s["trainers_attached"],
-        s["trainers_gone"],
-        s["trainers_refused"],
-        s["submissions"],
-        s["submissions_rejected"],
-        s["completions_dropped"]
-    );
-    println!("reloads: {} ok, {} rejected", s["reloads_ok"], s["reloads_failed"]);
+}
+
+/// The last ten ops, newest first.
+fn print_recent_ops(v: &Value) {
     let recent = v["recent_ops"].as_array().cloned().unwrap_or_default();
     if !recent.is_empty() {
         println!(

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use dlcp_ffi::dpdk::{Eal, Mbuf, Mempool, Port, PortConfig};
 use dlcp_proto::priority::Class;
 
+use super::api::{Datapath, DatapathStats, SendOutcome};
 use super::frame::{self, Arp, ArpOp, Checksum, Ignore, Mac, Parsed, UdpFrame};
-use super::{Datapath, DatapathStats, SendOutcome};
 
 /// Datagrams kept per unresolved neighbour while ARP asks for it.
 const ARP_PENDING_MAX: usize = 256;
@@ -78,19 +78,14 @@ pub struct DpdkConfig {
 impl DpdkConfig {
     /// The settings a loaded daemon configuration asks for; `Err` if the node's
     /// address is not IPv4 (the DPDK datapath speaks IPv4 only).
-    pub fn from_config(cfg: &dlcp_config::Config) -> Result<DpdkConfig, String> {
+    pub fn from_config(cfg: &dlcp_config::Config) -> Result<DpdkConfig, DpdkError> {
         let d = &cfg.datapath.dpdk;
         let local = match cfg.bind_addr() {
             SocketAddr::V4(a) => a,
-            SocketAddr::V6(a) => {
-                return Err(format!("the DPDK datapath speaks IPv4 only; this node's address is {a}"));
-            }
+            SocketAddr::V6(a) => return Err(DpdkError::NotIpv4 { addr: a }),
         };
         if local.ip().is_unspecified() {
-            return Err(
-                "the DPDK datapath needs this node's own IPv4 address (network.bind_address is 0.0.0.0)"
-                    .into(),
-            );
+            return Err(DpdkError::UnspecifiedAddress);
         }
         let ring = |v: u32| u16::try_from(v).unwrap_or(u16::MAX);
         Ok(DpdkConfig {
@@ -200,21 +195,43 @@ impl std::fmt::Debug for DpdkDatapath {
     }
 }
 
+/// Why the DPDK datapath could not start. Each message is one line.
+#[derive(Debug, thiserror::Error)]
+pub enum DpdkError {
+    /// The node's address is IPv6.
+    #[error("the DPDK datapath speaks IPv4 only; this node's address is {addr}")]
+    NotIpv4 {
+        /// The address.
+        addr: std::net::SocketAddrV6,
+    },
+    /// `network.bind_address` is the unspecified address.
+    #[error("the DPDK datapath needs this node's own IPv4 address (network.bind_address is 0.0.0.0)")]
+    UnspecifiedAddress,
+    /// EAL came up without a port to use.
+    #[error(
+        "EAL found no DPDK port (eal_args {eal_args:?}: add --vdev=... or -a <PCI address> of a NIC bound to vfio-pci)"
+    )]
+    NoPort {
+        /// The EAL arguments used.
+        eal_args: Vec<String>,
+    },
+    /// A DPDK call failed (EAL, mempool, port).
+    #[error(transparent)]
+    Dpdk(#[from] dlcp_ffi::dpdk::Error),
+}
+
 /// Open the DPDK datapath a loaded daemon configuration asks for: initialise EAL,
-/// create the pool, configure and start the port. The error says why not, in one line.
-pub fn open(cfg: &dlcp_config::Config) -> Result<DpdkDatapath, String> {
+/// create the pool, configure and start the port.
+pub fn open(cfg: &dlcp_config::Config) -> Result<DpdkDatapath, DpdkError> {
     DpdkDatapath::new(DpdkConfig::from_config(cfg)?)
 }
 
 impl DpdkDatapath {
     /// Initialise EAL and bring the port up with `cfg`.
-    pub fn new(cfg: DpdkConfig) -> Result<DpdkDatapath, String> {
-        let eal = Eal::init(&cfg.eal_args).map_err(|e| e.to_string())?;
+    pub fn new(cfg: DpdkConfig) -> Result<DpdkDatapath, DpdkError> {
+        let eal = Eal::init(&cfg.eal_args)?;
         if eal.port_count() == 0 {
-            return Err(format!(
-                "EAL found no DPDK port (eal_args {:?}: add --vdev=... or -a <PCI address> of a NIC bound to vfio-pci)",
-                cfg.eal_args
-            ));
+            return Err(DpdkError::NoPort { eal_args: cfg.eal_args.clone() });
         }
         // Data room: DPDK's default (2048 + headroom), more for jumbo frames.
         let need = cfg.mtu as usize + frame::ETH_LEN + 128;
@@ -226,8 +243,7 @@ impl DpdkDatapath {
             256.min(cfg.mbuf_pool_size / 8),
             room as u16,
             -1,
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         let pcfg = PortConfig {
             rx_queues: cfg.rx_queues,
             tx_queues: cfg.tx_queues,
@@ -236,7 +252,7 @@ impl DpdkDatapath {
             tx_cksum_offload: true,
             promiscuous: true,
         };
-        let port = Port::open(eal, cfg.port_id, pool, &pcfg).map_err(|e| e.to_string())?;
+        let port = Port::open(eal, cfg.port_id, pool, &pcfg)?;
         let mac = Mac(port.info().mac);
         let cksum = if port.info().tx_cksum_offload { Checksum::Offload } else { Checksum::Software };
         let (queue_order, classes) = service_order(&cfg.class_tx_queue, cfg.tx_queues);

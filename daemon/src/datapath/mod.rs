@@ -5,155 +5,19 @@
 //! class; the datapath marks the class's DSCP and sends. Received datagrams come
 //! back with their source address. Two implementations: [`socket`] (ordinary UDP
 //! sockets, always built) and `dpdk` (built where libdpdk is present, see
-//! `dlcp-ffi`; Ethernet/IPv4/UDP/ARP from [`frame`]).
+//! `dlcp-ffi`; Ethernet/IPv4/UDP/ARP from [`frame`]). [`fault`] wraps either
+//! to inject faults (receive loss, a full send buffer) for tests and demos.
+//!
+//! Files: `api.rs` (the trait every datapath implements), `open.rs` (which one
+//! the configuration gets), and one file or folder per datapath.
 
-use std::io;
-use std::net::SocketAddr;
+pub use self::api::{Datapath, DatapathStats, SendOutcome};
+pub use self::open::{DpdkUnavailable, OpenError, open};
 
-use dlcp_proto::priority::Class;
-
+mod api;
 #[cfg(dpdk)]
 pub mod dpdk;
+pub mod fault;
 pub mod frame;
+mod open;
 pub mod socket;
-
-/// Per-class and total counters of a datapath.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DatapathStats {
-    /// Datagrams handed to the kernel/NIC per class.
-    pub tx_packets: [u64; 8],
-    /// Bytes handed to the kernel/NIC per class.
-    pub tx_bytes: [u64; 8],
-    /// Datagrams received.
-    pub rx_packets: u64,
-    /// Bytes received.
-    pub rx_bytes: u64,
-    /// Sends refused because the socket/queue was full (retried later).
-    pub tx_would_block: u64,
-    /// Send errors other than would-block (e.g. unreachable), per errno, summed.
-    pub tx_errors: u64,
-    /// Receive errors other than would-block.
-    pub rx_errors: u64,
-    /// Datagrams received that were truncated (larger than the receive buffer).
-    pub rx_truncated: u64,
-    /// Send system calls (sendmsg/sendmmsg).
-    pub tx_syscalls: u64,
-    /// Receive system calls (recvmsg/recvmmsg).
-    pub rx_syscalls: u64,
-}
-
-/// Outcome of [`Datapath::send`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SendOutcome {
-    /// Accepted (queued for the wire, or sent).
-    Sent,
-    /// The queue for this class is full: keep the datagram and retry when the
-    /// datapath is writable again (see [`Datapath::wants_writable`]).
-    WouldBlock,
-}
-
-/// Moves datagrams between the event loop and the network. Non-blocking:
-/// no method waits.
-pub trait Datapath {
-    /// A human-readable name with the reason it was chosen, e.g.
-    /// `"socket (udp 10.0.0.1:7700, 8 class sockets, GSO off)"`.
-    fn describe(&self) -> String;
-
-    /// The local address peers send to.
-    fn local_addr(&self) -> SocketAddr;
-
-    /// Queue or send one datagram to `dst`, marked with `class`'s DSCP.
-    /// Errors other than would-block are counted and reported as `Ok(Sent)`
-    /// after logging (a lost datagram is the protocol's business); `Err` is
-    /// returned only for failures that make the datapath unusable.
-    fn send(&mut self, dst: SocketAddr, class: Class, datagram: &[u8]) -> io::Result<SendOutcome>;
-
-    /// Push batched datagrams to the kernel/NIC (e.g. one `sendmmsg`).
-    fn flush(&mut self) -> io::Result<()>;
-
-    /// Receive every datagram available now (up to an internal batch limit per
-    /// call), calling `f(source, bytes)` for each. Returns how many were delivered.
-    fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize>;
-
-    /// True if the last [`Datapath::recv`] stopped at its per-call limit rather
-    /// than because nothing was left: call it again before waiting for readiness
-    /// (edge-triggered registrations will not report the rest).
-    fn rx_pending(&self) -> bool {
-        false
-    }
-
-    /// True if a send returned [`SendOutcome::WouldBlock`] and the loop should
-    /// wait for writability before sending more.
-    fn wants_writable(&self) -> bool;
-
-    /// Register the datapath's file descriptors with a mio registry, using
-    /// tokens from `first_token` upward; returns how many tokens it used.
-    fn register(&mut self, registry: &mio::Registry, first_token: usize) -> io::Result<usize>;
-
-    /// Counters.
-    fn stats(&self) -> DatapathStats;
-
-    /// How soon the event loop must poll this datapath again even if no file
-    /// descriptor is ready: `None` (the default) when readiness events suffice;
-    /// a poll-mode datapath without descriptors (DPDK) returns a short interval,
-    /// zero while packets keep coming, backing off when idle.
-    fn poll_hint(&self) -> Option<std::time::Duration> {
-        None
-    }
-
-    /// Datapath-specific counters (e.g. per NIC queue) for `dlcpctl stats --json`.
-    fn detail_json(&self) -> Option<serde_json::Value> {
-        None
-    }
-
-    /// Change the class → DSCP and class → `SO_PRIORITY` maps from now on (a
-    /// configuration reload). Returns `Ok(false)` if this datapath cannot change
-    /// them while running (the reload then reports them as needing a restart).
-    fn set_marking(&mut self, dscp: [u8; 8], so_priority: [u8; 8]) -> io::Result<bool> {
-        let _ = (dscp, so_priority);
-        Ok(false)
-    }
-}
-
-/// Open the datapath the configuration asks for (`datapath.kind`):
-/// * `socket`: UDP sockets;
-/// * `dpdk`: the DPDK datapath, or an error saying why it cannot run (not built,
-///   EAL or port failure) — fail fast;
-/// * `auto`: DPDK when it was built, `datapath.dpdk.eal_args` names what to run on,
-///   and the port comes up; otherwise one log line says why and sockets are used.
-pub fn open(cfg: &dlcp_config::Config) -> Result<Box<dyn Datapath>, String> {
-    use dlcp_config::schema::DatapathKind;
-    match cfg.datapath.kind {
-        DatapathKind::Dpdk => {
-            return open_dpdk(cfg).map_err(|why| format!("datapath.kind = \"dpdk\": {why}"));
-        }
-        DatapathKind::Auto => {
-            let why = if !dlcp_ffi::DPDK_BUILT {
-                format!("no DPDK datapath in this build: {}", dlcp_ffi::DPDK_PROBE)
-            } else if cfg.datapath.dpdk.eal_args.is_empty() {
-                "datapath.dpdk.eal_args is empty (no DPDK device configured)".to_string()
-            } else {
-                match open_dpdk(cfg) {
-                    Ok(d) => {
-                        log::info!("datapath auto: using DPDK");
-                        return Ok(d);
-                    }
-                    Err(e) => e,
-                }
-            };
-            log::info!("datapath auto: using sockets ({why})");
-        }
-        DatapathKind::Socket => {}
-    }
-    socket::open(cfg).map(|d| Box::new(d) as Box<dyn Datapath>)
-}
-
-#[cfg(dpdk)]
-fn open_dpdk(cfg: &dlcp_config::Config) -> Result<Box<dyn Datapath>, String> {
-    dpdk::open(cfg).map(|d| Box::new(d) as Box<dyn Datapath>)
-}
-
-#[cfg(not(dpdk))]
-fn open_dpdk(_cfg: &dlcp_config::Config) -> Result<Box<dyn Datapath>, String> {
-    Err(format!("this build has no DPDK datapath ({})", dlcp_ffi::DPDK_PROBE))
-}

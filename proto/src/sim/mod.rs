@@ -64,7 +64,8 @@ use std::collections::BinaryHeap;
 use std::fmt;
 
 use crate::class::Class;
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Endpoint, Transmit};
+use crate::rng::Rng;
 use crate::time::{Duration, Instant};
 
 mod net;
@@ -78,13 +79,6 @@ pub use observe::{
     ChunkKey, DeliveryLog, DropFn, NetStats, PerClass, PortStats, TraceEvent, TraceFn, TraceRecord,
 };
 use switch::{Admit, PrioQueue};
-
-// A temporary bridge for daemon/src/service.rs, which still names them here:
-// they are `endpoint::Transmit` and `rng::Rng`. Remove once it imports those.
-#[doc(hidden)]
-pub use crate::endpoint::Transmit;
-#[doc(hidden)]
-pub use crate::rng::Rng;
 
 /// What the simulator drives: a sans-IO endpoint.
 pub trait Node {

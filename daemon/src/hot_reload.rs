@@ -1,4 +1,6 @@
 //! Hot reload: what a running daemon does with a re-read configuration file.
+//! (Which settings may change at runtime is the configuration crate's
+//! business: `dlcp_config`'s reload classes and [`Config::diff`].)
 //!
 //! On `SIGHUP` (or `dlcpctl reload`) the service re-reads the file it was
 //! started with. A file that does not load (syntax, schema, validation — the
@@ -15,10 +17,10 @@
 //! builds from then on; a datapath that cannot reports it and keeps the old maps).
 
 use dlcp_config::{Change, Config, Reload};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The outcome of one reload, as logged and as `dlcpctl reload` prints it.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ReloadOutcome {
     /// True if the file loaded (even if nothing changed or some changes need a restart).
     pub ok: bool,

@@ -14,14 +14,15 @@
 //!   can be forgotten, and a GSO super-packet is one class by construction;
 //! - (c) each class has its own kernel send buffer and its own user-space queue,
 //!   so a low class that fills its buffer (would-block) cannot hold up a higher
-//!   class (DESIGN.md §4: one socket alternating TOS equalises classes under
-//!   congestion), and [`flush`](Datapath::flush) serves the queues strictly
-//!   highest class first.
+//!   class (measured on the development machines: one blocking socket that
+//!   alternated its TOS gave the classes an even split under congestion — the
+//!   shared send buffer equalises them), and [`flush`](Datapath::flush) serves
+//!   the queues strictly highest class first.
 //!
 //! Why not one socket with a per-packet `IP_TOS` control message and software
 //! queues: the kernel send buffer would still be shared, so a low-class burst
-//! that fills it makes the next high-class send would-block too (the trap of
-//! DESIGN.md §4, moved into the kernel), and a per-packet `SO_PRIORITY` needs a
+//! that fills it makes the next high-class send would-block too (the same
+//! equalising trap, moved into the kernel), and a per-packet `SO_PRIORITY` needs a
 //! control message only recent kernels accept. The price of socket-per-class
 //! is one `sendmmsg` per non-empty class per flush (at most 8).
 //!
@@ -81,7 +82,9 @@
 //!   reaches the kernel when a queue is full.
 //! - A loopback UDP socket never returns `EWOULDBLOCK` (the loopback driver
 //!   releases each packet's send-buffer charge as it transmits), so the tests
-//!   reach this path through [`SocketDatapath::inject_would_block`].
+//!   reach this path through
+//!   [`FaultInjector::would_block`](super::fault::FaultInjector::would_block)
+//!   (this datapath's [`Datapath::refuse_handovers`]).
 //!
 //! **Receiving.** `recvmmsg` into `batch` buffers. Without GRO each buffer
 //! holds `max_datagram` bytes and a larger datagram (`MSG_TRUNC`) is counted
@@ -100,6 +103,13 @@
 //! destination as a v4-mapped address (works when bound to `::` with dual
 //! stack, or to a v4-mapped address), sets `IP_TOS` as well as `IPV6_TCLASS`
 //! for those, and reports v4-mapped sources as IPv4 addresses.
+//!
+//! **Files.** This file holds the datapath: configuration, sockets, flush and
+//! receive loops, counters. `queue.rs` holds the pure bookkeeping — a class's
+//! queue, its regrouping by destination, the plan of one `sendmmsg` call, the
+//! split of a GRO buffer — and `sys.rs` the raw system calls (`sendmmsg`,
+//! `recvmmsg`, control messages, `setsockopt`) with all of the datapath's
+//! `unsafe`.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};
@@ -111,7 +121,12 @@ use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::{Datapath, DatapathStats, SendOutcome};
+use self::queue::{ClassQueue, Group, Regroup, plan, segments};
+use self::sys::RxMeta;
+use super::api::{Datapath, DatapathStats, SendOutcome};
+
+mod queue;
+mod sys;
 
 /// Largest `gso_max_segments` accepted (the kernel's `UDP_MAX_SEGMENTS` on
 /// older kernels; newer ones allow 128).
@@ -235,9 +250,9 @@ impl SocketConfig {
 }
 
 /// Opens the socket datapath a loaded daemon configuration asks for
-/// ([`SocketConfig::from_config`]); the error is the [`DatapathError`]'s message.
-pub fn open(cfg: &dlcp_config::Config) -> Result<SocketDatapath, String> {
-    SocketDatapath::new(SocketConfig::from_config(cfg)).map_err(|e| e.to_string())
+/// ([`SocketConfig::from_config`]).
+pub fn open(cfg: &dlcp_config::Config) -> Result<SocketDatapath, DatapathError> {
+    SocketDatapath::new(SocketConfig::from_config(cfg))
 }
 
 /// Why a [`SocketDatapath`] could not be created.
@@ -303,179 +318,6 @@ pub struct SocketStats {
     pub tx_queued: [usize; CLASSES],
 }
 
-/// One queued datagram.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Pending {
-    /// Destination, already in the socket's family (v4-mapped on IPv6).
-    dst: SocketAddr,
-    /// Offset of the payload in the queue's buffer.
-    off: usize,
-    /// Payload length.
-    len: usize,
-}
-
-/// A class's user-space queue: payloads back to back, in acceptance order.
-#[derive(Debug, Default)]
-struct ClassQueue {
-    buf: Vec<u8>,
-    items: Vec<Pending>,
-    /// The socket refused the head with would-block; cleared when drained.
-    blocked: bool,
-    /// Testing: this many send attempts fail with would-block first.
-    inject_would_block: u32,
-}
-
-impl ClassQueue {
-    fn push(&mut self, dst: SocketAddr, data: &[u8]) {
-        let off = self.buf.len();
-        self.buf.extend_from_slice(data);
-        self.items.push(Pending { dst, off, len: data.len() });
-    }
-
-    /// Reorders the queue so that each destination's datagrams are adjacent
-    /// (destinations in order of first appearance, each one's datagrams in
-    /// acceptance order), so that GSO can carry them in one message. The
-    /// protocol core interleaves destinations chunk by chunk (chunk 0 to every
-    /// peer, then chunk 1, ...): without this, runs to one destination were ~1
-    /// datagram long and GSO barely applied (2.3 segments per message, most
-    /// datagrams sent alone, on a 4-host allreduce).
-    fn group_by_destination(&mut self, scratch: &mut Regroup) {
-        // Runs of equal destination, and the distinct destinations.
-        let dsts = &mut scratch.dsts;
-        dsts.clear();
-        let mut runs = 0;
-        let mut prev = None;
-        for it in &self.items {
-            if prev != Some(it.dst) {
-                runs += 1;
-                prev = Some(it.dst);
-                if !dsts.contains(&it.dst) {
-                    if dsts.len() == MAX_REGROUP_DESTINATIONS {
-                        return; // too many to bother; sent as queued
-                    }
-                    dsts.push(it.dst);
-                }
-            }
-        }
-        if runs == dsts.len() {
-            return; // already grouped
-        }
-        let (buf, items) = (&mut scratch.buf, &mut scratch.items);
-        buf.clear();
-        items.clear();
-        for &d in dsts.iter() {
-            for it in self.items.iter().filter(|it| it.dst == d) {
-                items.push(Pending { dst: d, off: buf.len(), len: it.len });
-                buf.extend_from_slice(&self.buf[it.off..it.off + it.len]);
-            }
-        }
-        std::mem::swap(&mut self.buf, buf);
-        std::mem::swap(&mut self.items, items);
-    }
-
-    /// Forgets the first `n` items (sent or dropped), moving the rest to the front.
-    fn consume(&mut self, n: usize) {
-        if n >= self.items.len() {
-            self.items.clear();
-            self.buf.clear();
-            return;
-        }
-        if n == 0 {
-            return;
-        }
-        let cut = self.items[n].off;
-        self.buf.drain(..cut);
-        self.items.drain(..n);
-        for it in &mut self.items {
-            it.off -= cut;
-        }
-    }
-}
-
-/// Most distinct destinations a class queue is regrouped for (see
-/// [`ClassQueue::group_by_destination`]); a queue with more is sent as queued.
-const MAX_REGROUP_DESTINATIONS: usize = 64;
-
-/// Scratch space of [`ClassQueue::group_by_destination`], kept between flushes.
-#[derive(Debug, Default)]
-struct Regroup {
-    dsts: Vec<SocketAddr>,
-    buf: Vec<u8>,
-    items: Vec<Pending>,
-}
-
-/// One message of a `sendmmsg` call: `count` consecutive queue items starting
-/// at `first`, sent as one GSO message of segment size `segment` when
-/// `count > 1`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Group {
-    first: usize,
-    count: usize,
-    segment: usize,
-    bytes: usize,
-}
-
-/// Splits `items[start..]` into at most `batch` messages. With `gso =
-/// Some((max_segments, max_payload))`, consecutive datagrams to one
-/// destination of one size (plus at most one shorter, last one) share a
-/// message, up to `max_segments` of them and `max_payload` bytes.
-fn plan(items: &[Pending], start: usize, batch: usize, gso: Option<(usize, usize)>, out: &mut Vec<Group>) {
-    out.clear();
-    let mut i = start;
-    while out.len() < batch && i < items.len() {
-        let first = items[i];
-        let mut count = 1;
-        let mut bytes = first.len;
-        if let Some((max_segments, max_payload)) = gso
-            && first.len > 0
-        {
-            while count < max_segments && i + count < items.len() {
-                let next = items[i + count];
-                if next.dst != first.dst
-                    || next.len == 0
-                    || next.len > first.len
-                    || bytes + next.len > max_payload
-                {
-                    break;
-                }
-                count += 1;
-                bytes += next.len;
-                if next.len < first.len {
-                    break; // a shorter datagram can only be the last segment
-                }
-            }
-        }
-        let segment = if count > 1 { first.len } else { 0 };
-        out.push(Group { first: i, count, segment, bytes });
-        i += count;
-    }
-}
-
-/// Errors with which a kernel refuses a GSO message it would send without GSO.
-fn is_gso_refusal(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EINVAL | libc::EIO | libc::ENOPROTOOPT | libc::EOPNOTSUPP | libc::EMSGSIZE)
-    )
-}
-
-/// What a receive call learned about one datagram.
-#[derive(Debug, Clone, Copy, Default)]
-struct RxMeta {
-    len: usize,
-    truncated: bool,
-    src: Option<SocketAddr>,
-    /// GRO segment size (0: one datagram).
-    segment: usize,
-}
-
-/// The datagrams in a received buffer of `len` bytes coalesced at `segment`
-/// bytes (0: not coalesced): ranges of `segment` bytes, the last one shorter.
-fn segments(len: usize, segment: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
-    let step = if segment == 0 || segment >= len { len.max(1) } else { segment };
-    (0..len.max(1)).step_by(step).map(move |start| start..(start + step).min(len))
-}
-
 /// The socket datapath: see the [module documentation](self).
 #[derive(Debug)]
 pub struct SocketDatapath {
@@ -496,6 +338,10 @@ pub struct SocketDatapath {
     groups: Vec<Group>,
     regroup: Regroup,
     oversize_logged: bool,
+    /// Fault injection: this many hand-overs of a class's queue to its socket
+    /// fail with would-block first, without a system call (see
+    /// [`Datapath::refuse_handovers`]).
+    refusals: [u32; CLASSES],
 }
 
 impl SocketDatapath {
@@ -611,6 +457,7 @@ impl SocketDatapath {
             groups: Vec::new(),
             regroup: Regroup::default(),
             oversize_logged: false,
+            refusals: [0; CLASSES],
         })
     }
 
@@ -656,15 +503,6 @@ impl SocketDatapath {
         Ok(())
     }
 
-    /// Testing hook: the next `attempts` sends of `class` to the kernel fail
-    /// with would-block without a system call. A loopback UDP send buffer never
-    /// fills (the loopback driver releases each packet's buffer charge as it
-    /// transmits), so this is how tests reach the would-block path.
-    #[doc(hidden)]
-    pub fn inject_would_block(&mut self, class: Class, attempts: u32) {
-        self.queues[class.index()].inject_would_block = attempts;
-    }
-
     /// Queue capacity of a class, in datagrams.
     fn queue_cap(&self) -> usize {
         if self.extra.gso_active { self.cfg.batch * self.cfg.gso_max_segments } else { self.cfg.batch }
@@ -707,8 +545,8 @@ impl SocketDatapath {
             }
             let gso = self.extra.gso_active.then_some((self.cfg.gso_max_segments, self.gso_max_payload));
             plan(&q.items, head, self.cfg.batch, gso, &mut groups);
-            let result = if q.inject_would_block > 0 {
-                q.inject_would_block -= 1;
+            let result = if self.refusals[c] > 0 {
+                self.refusals[c] -= 1;
                 Err(io::Error::from(io::ErrorKind::WouldBlock))
             } else {
                 self.stats.tx_syscalls += 1;
@@ -740,7 +578,7 @@ impl SocketDatapath {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break true,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if groups[0].count > 1 && is_gso_refusal(&e) => {
+                Err(e) if groups[0].count > 1 && sys::is_gso_refusal(&e) => {
                     self.extra.gso_active = false;
                     self.extra.gso_fallbacks += 1;
                     warn!(
@@ -952,6 +790,13 @@ impl Datapath for SocketDatapath {
         self.cfg.so_priority = so_priority.map(u32::from);
         Ok(true)
     }
+
+    /// The next `attempts` `sendmmsg` calls of `class`'s socket are not made
+    /// and fail with would-block instead (a full kernel send buffer).
+    fn refuse_handovers(&mut self, class: Class, attempts: u32) -> bool {
+        self.refusals[class.index()] = attempts;
+        true
+    }
 }
 
 impl Drop for SocketDatapath {
@@ -960,356 +805,9 @@ impl Drop for SocketDatapath {
     }
 }
 
-/// The raw system calls socket2 does not cover. Each function is safe to call:
-/// the pointers handed to the kernel are built inside from live references.
-mod sys {
-    use std::io;
-    use std::mem;
-    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
-    use std::os::fd::{AsRawFd, BorrowedFd};
-
-    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-
-    use super::RxMeta;
-
-    /// `SO_ATTACH_REUSEPORT_CBPF` (asm-generic value; not exported by `libc`
-    /// for this target).
-    #[cfg(not(any(target_arch = "sparc", target_arch = "sparc64")))]
-    const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
-    #[cfg(any(target_arch = "sparc", target_arch = "sparc64"))]
-    const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 0x35;
-
-    /// One outgoing message.
-    pub(super) struct TxMsg<'a> {
-        pub dst: &'a SockAddr,
-        pub data: &'a [u8],
-        /// GSO segment size; 0 sends `data` as one datagram.
-        pub segment: u16,
-    }
-
-    /// Room for one `cmsghdr` carrying a `u16` (`CMSG_SPACE(2)`), aligned for it.
-    #[repr(C, align(8))]
-    #[derive(Clone, Copy)]
-    struct GsoControl([u8; 32]);
-
-    /// `setsockopt(fd, level, name, value)`.
-    #[allow(unsafe_code)]
-    fn setsockopt<T>(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
-        // SAFETY: `value` is a live reference to `size_of::<T>()` readable bytes
-        // for the whole call, and the kernel only reads them; `fd` is open.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                level,
-                name,
-                (value as *const T).cast(),
-                mem::size_of::<T>() as libc::socklen_t,
-            )
-        };
-        if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
-    }
-
-    /// Attaches `ret #0` as the reuseport program of `fd`'s group (created if
-    /// `fd` is not bound yet): every datagram goes to the group's first socket.
-    pub(super) fn attach_steering(fd: BorrowedFd<'_>) -> io::Result<()> {
-        let mut program =
-            [libc::sock_filter { code: (libc::BPF_RET | libc::BPF_K) as u16, jt: 0, jf: 0, k: 0 }];
-        let fprog = libc::sock_fprog { len: program.len() as u16, filter: program.as_mut_ptr() };
-        setsockopt(fd, libc::SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &fprog)
-    }
-
-    /// Turns on `UDP_GRO` (coalesced receive with a segment-size cmsg).
-    pub(super) fn enable_gro(fd: BorrowedFd<'_>) -> io::Result<()> {
-        setsockopt(fd, libc::SOL_UDP, libc::UDP_GRO, &(1 as libc::c_int))
-    }
-
-    /// Turns `UDP_GRO` off again.
-    pub(super) fn disable_gro(fd: BorrowedFd<'_>) -> io::Result<()> {
-        setsockopt(fd, libc::SOL_UDP, libc::UDP_GRO, &(0 as libc::c_int))
-    }
-
-    /// True if the kernel accepts `UDP_SEGMENT` (tried on a throwaway socket).
-    pub(super) fn probe_gso(domain: Domain) -> bool {
-        let Ok(s) = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP)) else { return false };
-        let size: libc::c_int = 1200;
-        use std::os::fd::AsFd;
-        setsockopt(s.as_fd(), libc::SOL_UDP, libc::UDP_SEGMENT, &size).is_ok()
-    }
-
-    /// One `sendmmsg` of `msgs`; returns how many messages the kernel took.
-    #[allow(unsafe_code)]
-    pub(super) fn send_batch(fd: BorrowedFd<'_>, msgs: &[TxMsg<'_>]) -> io::Result<usize> {
-        let mut iovs: Vec<libc::iovec> = msgs
-            .iter()
-            .map(|m| libc::iovec { iov_base: m.data.as_ptr().cast_mut().cast(), iov_len: m.data.len() })
-            .collect();
-        let mut controls = vec![GsoControl([0; 32]); msgs.len()];
-        let iov_base = iovs.as_mut_ptr();
-        let control_base = controls.as_mut_ptr();
-        let mut hdrs: Vec<libc::mmsghdr> = Vec::with_capacity(msgs.len());
-        for (i, m) in msgs.iter().enumerate() {
-            // SAFETY: all-zero bytes are a valid `mmsghdr` (null pointers, zero lengths).
-            let mut h: libc::mmsghdr = unsafe { mem::zeroed() };
-            h.msg_hdr.msg_name = m.dst.as_ptr().cast_mut().cast();
-            h.msg_hdr.msg_namelen = m.dst.len();
-            h.msg_hdr.msg_iov = iov_base.wrapping_add(i);
-            h.msg_hdr.msg_iovlen = 1;
-            if m.segment > 0 {
-                let control = control_base.wrapping_add(i);
-                h.msg_hdr.msg_control = control.cast();
-                // SAFETY: CMSG_SPACE only computes a size.
-                h.msg_hdr.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as _;
-                debug_assert!(h.msg_hdr.msg_controllen as usize <= mem::size_of::<GsoControl>());
-                // SAFETY: `msg_control` points to `controls[i]`, a live, zeroed,
-                // 8-aligned buffer of at least `msg_controllen` bytes, so
-                // CMSG_FIRSTHDR returns a pointer to its start, and CMSG_DATA
-                // points 2 bytes inside it (written unaligned).
-                unsafe {
-                    let cmsg = libc::CMSG_FIRSTHDR(&h.msg_hdr);
-                    (*cmsg).cmsg_level = libc::SOL_UDP;
-                    (*cmsg).cmsg_type = libc::UDP_SEGMENT;
-                    (*cmsg).cmsg_len = libc::CMSG_LEN(2) as _;
-                    std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), m.segment);
-                }
-            }
-            hdrs.push(h);
-        }
-        // SAFETY: `hdrs` holds `msgs.len()` initialised headers whose name, iovec
-        // and control pointers point into `msgs` (borrowed for this call),
-        // `iovs` and `controls` (alive until the end of this function and not
-        // moved after the pointers were taken); the kernel only reads them and
-        // writes each `msg_len` inside `hdrs`.
-        let rc = unsafe { libc::sendmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr(), hdrs.len() as libc::c_uint, 0) };
-        if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(rc as usize) }
-    }
-
-    /// One `recvmmsg` into `bufs` split in slots of `slot` bytes (as many
-    /// messages as `meta` has entries); fills `meta` for each message
-    /// received and returns how many.
-    #[allow(unsafe_code)]
-    pub(super) fn recv_batch(
-        fd: BorrowedFd<'_>,
-        bufs: &mut [u8],
-        slot: usize,
-        meta: &mut [RxMeta],
-    ) -> io::Result<usize> {
-        let n = meta.len().min(bufs.len() / slot);
-        let mut iovs: Vec<libc::iovec> = bufs
-            .chunks_exact_mut(slot)
-            .take(n)
-            .map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() })
-            .collect();
-        // SAFETY: all-zero bytes are a valid `sockaddr_storage`.
-        let mut names: Vec<libc::sockaddr_storage> = vec![unsafe { mem::zeroed() }; n];
-        let mut controls = vec![RxControl([0; 64]); n];
-        let iov_base = iovs.as_mut_ptr();
-        let name_base = names.as_mut_ptr();
-        let control_base = controls.as_mut_ptr();
-        let mut hdrs: Vec<libc::mmsghdr> = (0..n)
-            .map(|i| {
-                // SAFETY: all-zero bytes are a valid `mmsghdr`.
-                let mut h: libc::mmsghdr = unsafe { mem::zeroed() };
-                h.msg_hdr.msg_name = name_base.wrapping_add(i).cast();
-                h.msg_hdr.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-                h.msg_hdr.msg_iov = iov_base.wrapping_add(i);
-                h.msg_hdr.msg_iovlen = 1;
-                h.msg_hdr.msg_control = control_base.wrapping_add(i).cast();
-                h.msg_hdr.msg_controllen = mem::size_of::<RxControl>() as _;
-                h
-            })
-            .collect();
-        // SAFETY: each header's name, iovec and control point to `names[i]`,
-        // `iovs[i]` (whose buffer is the distinct slot `i` of `bufs`, exclusively
-        // borrowed) and `controls[i]`; all live until the end of this function
-        // and are not moved after the pointers were taken. The kernel writes at
-        // most `msg_namelen` bytes of name, `slot` bytes of data and
-        // `msg_controllen` bytes of control per message.
-        let rc = unsafe {
-            libc::recvmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr(), n as libc::c_uint, 0, std::ptr::null_mut())
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let got = rc as usize;
-        for (i, h) in hdrs[..got].iter().enumerate() {
-            meta[i] = RxMeta {
-                len: (h.msg_len as usize).min(slot),
-                truncated: h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
-                src: parse_name(&names[i], h.msg_hdr.msg_namelen),
-                segment: gro_segment(&h.msg_hdr),
-            };
-        }
-        Ok(got)
-    }
-
-    /// Room for the control messages of one received datagram (only `UDP_GRO`,
-    /// an `int`, is enabled), aligned for `cmsghdr`.
-    #[repr(C, align(8))]
-    #[derive(Clone, Copy)]
-    struct RxControl([u8; 64]);
-
-    /// The segment size of a `UDP_GRO` control message in `msg`, or 0.
-    #[allow(unsafe_code)]
-    fn gro_segment(msg: &libc::msghdr) -> usize {
-        let mut segment = 0;
-        // SAFETY: `msg` was just filled by recvmmsg: `msg_control` points to a
-        // live `RxControl` and `msg_controllen` is what the kernel wrote into it
-        // (at most its size), so CMSG_FIRSTHDR/CMSG_NXTHDR stay inside it and
-        // return null at its end; the data of a UDP_GRO message is an `int`
-        // (read unaligned).
-        unsafe {
-            let mut cmsg = libc::CMSG_FIRSTHDR(msg);
-            while !cmsg.is_null() {
-                if (*cmsg).cmsg_level == libc::SOL_UDP && (*cmsg).cmsg_type == libc::UDP_GRO {
-                    let v = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
-                    segment = usize::try_from(v).unwrap_or(0);
-                }
-                cmsg = libc::CMSG_NXTHDR(msg, cmsg);
-            }
-        }
-        segment
-    }
-
-    /// The IP address in a `sockaddr_storage` the kernel filled with `len` bytes.
-    #[allow(unsafe_code)]
-    fn parse_name(name: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
-        let len = len as usize;
-        match libc::c_int::from(name.ss_family) {
-            libc::AF_INET if len >= mem::size_of::<libc::sockaddr_in>() => {
-                // SAFETY: the kernel wrote a `sockaddr_in` (family AF_INET, length
-                // checked); `sockaddr_storage` is large and aligned enough for it.
-                let a: libc::sockaddr_in =
-                    unsafe { std::ptr::read((name as *const libc::sockaddr_storage).cast()) };
-                Some(SocketAddr::new(
-                    IpAddr::V4(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr))),
-                    u16::from_be(a.sin_port),
-                ))
-            }
-            libc::AF_INET6 if len >= mem::size_of::<libc::sockaddr_in6>() => {
-                // SAFETY: as above, for a `sockaddr_in6` (family AF_INET6).
-                let a: libc::sockaddr_in6 =
-                    unsafe { std::ptr::read((name as *const libc::sockaddr_storage).cast()) };
-                Some(SocketAddr::V6(SocketAddrV6::new(
-                    Ipv6Addr::from(a.sin6_addr.s6_addr),
-                    u16::from_be(a.sin6_port),
-                    a.sin6_flowinfo,
-                    a.sin6_scope_id,
-                )))
-            }
-            _ => None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::{Ipv4Addr, SocketAddrV4};
-
-    fn item(port: u16, off: usize, len: usize) -> Pending {
-        Pending { dst: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)), off, len }
-    }
-
-    fn items(spec: &[(u16, usize)]) -> Vec<Pending> {
-        let mut off = 0;
-        spec.iter()
-            .map(|&(port, len)| {
-                let it = item(port, off, len);
-                off += len;
-                it
-            })
-            .collect()
-    }
-
-    #[test]
-    fn plan_without_gso_is_one_message_per_datagram() {
-        let v = items(&[(1, 100); 5]);
-        let mut g = Vec::new();
-        plan(&v, 0, 3, None, &mut g);
-        assert_eq!(
-            g.iter().map(|g| (g.first, g.count, g.segment)).collect::<Vec<_>>(),
-            vec![(0, 1, 0), (1, 1, 0), (2, 1, 0)]
-        );
-        plan(&v, 3, 3, None, &mut g);
-        assert_eq!(g.len(), 2);
-    }
-
-    #[test]
-    fn plan_groups_equal_sizes_per_destination_and_caps_segments() {
-        // 5 × 100 to port 1, a short tail of 40, then 3 × 100 to port 2, then 200 to port 2.
-        let v = items(&[
-            (1, 100),
-            (1, 100),
-            (1, 100),
-            (1, 100),
-            (1, 100),
-            (1, 40),
-            (2, 100),
-            (2, 100),
-            (2, 100),
-            (2, 200),
-        ]);
-        let mut g = Vec::new();
-        plan(&v, 0, 10, Some((4, 65_507)), &mut g);
-        let got: Vec<_> = g.iter().map(|g| (g.first, g.count, g.segment, g.bytes)).collect();
-        assert_eq!(got, vec![(0, 4, 100, 400), (4, 2, 100, 140), (6, 3, 100, 300), (9, 1, 0, 200)]);
-    }
-
-    #[test]
-    fn plan_respects_payload_limit_and_zero_length() {
-        let v = items(&[(1, 30_000), (1, 30_000), (1, 30_000), (1, 0), (1, 0)]);
-        let mut g = Vec::new();
-        plan(&v, 0, 10, Some((64, 65_507)), &mut g);
-        let got: Vec<_> = g.iter().map(|g| (g.first, g.count)).collect();
-        assert_eq!(got, vec![(0, 2), (2, 1), (3, 1), (4, 1)]);
-    }
-
-    #[test]
-    fn group_by_destination_keeps_each_destinations_order() {
-        let mut q = ClassQueue::default();
-        let a: SocketAddr = "10.0.0.1:1".parse().unwrap();
-        let b: SocketAddr = "10.0.0.2:1".parse().unwrap();
-        let c: SocketAddr = "10.0.0.3:1".parse().unwrap();
-        let order = [(a, 1u8), (b, 2), (a, 3), (c, 4), (b, 5), (a, 6)];
-        for (d, tag) in order {
-            q.push(d, &[tag; 3]);
-        }
-        let mut scratch = Regroup::default();
-        q.group_by_destination(&mut scratch);
-        let got: Vec<(SocketAddr, u8)> = q.items.iter().map(|it| (it.dst, q.buf[it.off])).collect();
-        assert_eq!(got, vec![(a, 1), (a, 3), (a, 6), (b, 2), (b, 5), (c, 4)]);
-        for it in &q.items {
-            assert_eq!(&q.buf[it.off..it.off + it.len], &[q.buf[it.off]; 3]);
-        }
-        // Already grouped: untouched (same buffer).
-        let ptr = q.buf.as_ptr();
-        q.group_by_destination(&mut scratch);
-        assert_eq!(q.buf.as_ptr(), ptr);
-        assert_eq!(q.items.len(), 6);
-    }
-
-    #[test]
-    fn plan_stops_at_batch() {
-        let v = items(&[(1, 10), (2, 10), (3, 10), (4, 10)]);
-        let mut g = Vec::new();
-        plan(&v, 1, 2, Some((16, 65_507)), &mut g);
-        assert_eq!(g.iter().map(|g| g.first).collect::<Vec<_>>(), vec![1, 2]);
-    }
-
-    #[test]
-    fn queue_consume_keeps_order_and_offsets() {
-        let mut q = ClassQueue::default();
-        let a = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9));
-        q.push(a, b"one");
-        q.push(a, b"two!");
-        q.push(a, b"three");
-        q.consume(1);
-        assert_eq!(q.items.len(), 2);
-        let it = q.items[1];
-        assert_eq!(&q.buf[it.off..it.off + it.len], b"three");
-        q.consume(5);
-        assert!(q.items.is_empty() && q.buf.is_empty());
-    }
 
     #[test]
     fn validate_rejects_out_of_range() {
@@ -1332,27 +830,5 @@ mod tests {
             ..SocketConfig::new("[::1]:0".parse().unwrap())
         };
         assert!(v6.validate().is_ok());
-    }
-
-    #[test]
-    fn gro_segments_split_with_a_short_tail() {
-        let v = |len, seg| segments(len, seg).collect::<Vec<_>>();
-        assert_eq!(v(0, 0), vec![0..0]);
-        assert_eq!(v(0, 100), vec![0..0]);
-        assert_eq!(v(250, 0), vec![0..250]);
-        assert_eq!(v(250, 250), vec![0..250]);
-        assert_eq!(v(250, 400), vec![0..250]);
-        assert_eq!(v(250, 100), vec![0..100, 100..200, 200..250]);
-        assert_eq!(v(300, 100), vec![0..100, 100..200, 200..300]);
-        assert_eq!(v(3, 1), vec![0..1, 1..2, 2..3]);
-    }
-
-    #[test]
-    fn gso_refusal_errnos() {
-        for e in [libc::EINVAL, libc::EIO, libc::ENOPROTOOPT, libc::EOPNOTSUPP, libc::EMSGSIZE] {
-            assert!(is_gso_refusal(&io::Error::from_raw_os_error(e)));
-        }
-        assert!(!is_gso_refusal(&io::Error::from_raw_os_error(libc::EHOSTUNREACH)));
-        assert!(!is_gso_refusal(&io::Error::from(io::ErrorKind::WouldBlock)));
     }
 }

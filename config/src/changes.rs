@@ -1,5 +1,6 @@
-//! Reload classes: which settings a running daemon can take on `SIGHUP` /
-//! `dlcpd reload`, and which need a restart.
+//! Changes between two configurations and their reload classes: which
+//! settings a running daemon can take on `SIGHUP` / `dlcpctl reload`, and which
+//! need a restart. (What the daemon then does with them is `dlcp::hot_reload`.)
 
 use std::fmt;
 

@@ -1,0 +1,174 @@
+//! What every datapath is to the event loop: the [`Datapath`] trait, its
+//! counters ([`DatapathStats`]) and send outcome ([`SendOutcome`]), and the
+//! boxed datapath that forwards to its content.
+
+use std::io;
+use std::net::SocketAddr;
+
+use dlcp_proto::priority::Class;
+
+/// Per-class and total counters of a datapath.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DatapathStats {
+    /// Datagrams handed to the kernel/NIC per class.
+    pub tx_packets: [u64; 8],
+    /// Bytes handed to the kernel/NIC per class.
+    pub tx_bytes: [u64; 8],
+    /// Datagrams received.
+    pub rx_packets: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Sends refused because the socket/queue was full (retried later).
+    pub tx_would_block: u64,
+    /// Send errors other than would-block (e.g. unreachable), per errno, summed.
+    pub tx_errors: u64,
+    /// Receive errors other than would-block.
+    pub rx_errors: u64,
+    /// Datagrams received that were truncated (larger than the receive buffer).
+    pub rx_truncated: u64,
+    /// Send system calls (sendmsg/sendmmsg).
+    pub tx_syscalls: u64,
+    /// Receive system calls (recvmsg/recvmmsg).
+    pub rx_syscalls: u64,
+}
+
+/// Outcome of [`Datapath::send`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOutcome {
+    /// Accepted (queued for the wire, or sent).
+    Sent,
+    /// The queue for this class is full: keep the datagram and retry when the
+    /// datapath is writable again (see [`Datapath::wants_writable`]).
+    WouldBlock,
+}
+
+/// Moves datagrams between the event loop and the network. Non-blocking:
+/// no method waits.
+pub trait Datapath {
+    /// A human-readable name with the reason it was chosen, e.g.
+    /// `"socket (udp 10.0.0.1:7700, 8 class sockets, GSO off)"`.
+    fn describe(&self) -> String;
+
+    /// The local address peers send to.
+    fn local_addr(&self) -> SocketAddr;
+
+    /// Queue or send one datagram to `dst`, marked with `class`'s DSCP.
+    /// Errors other than would-block are counted and reported as `Ok(Sent)`
+    /// after logging (a lost datagram is the protocol's business); `Err` is
+    /// returned only for failures that make the datapath unusable.
+    fn send(&mut self, dst: SocketAddr, class: Class, datagram: &[u8]) -> io::Result<SendOutcome>;
+
+    /// Push batched datagrams to the kernel/NIC (e.g. one `sendmmsg`).
+    fn flush(&mut self) -> io::Result<()>;
+
+    /// Receive every datagram available now (up to an internal batch limit per
+    /// call), calling `f(source, bytes)` for each. Returns how many were delivered.
+    fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize>;
+
+    /// True if the last [`Datapath::recv`] stopped at its per-call limit rather
+    /// than because nothing was left: call it again before waiting for readiness
+    /// (edge-triggered registrations will not report the rest).
+    fn rx_pending(&self) -> bool {
+        false
+    }
+
+    /// True if a send returned [`SendOutcome::WouldBlock`] and the loop should
+    /// wait for writability before sending more.
+    fn wants_writable(&self) -> bool;
+
+    /// Register the datapath's file descriptors with a mio registry, using
+    /// tokens from `first_token` upward; returns how many tokens it used.
+    fn register(&mut self, registry: &mio::Registry, first_token: usize) -> io::Result<usize>;
+
+    /// Counters.
+    fn stats(&self) -> DatapathStats;
+
+    /// How soon the event loop must poll this datapath again even if no file
+    /// descriptor is ready: `None` (the default) when readiness events suffice;
+    /// a poll-mode datapath without descriptors (DPDK) returns a short interval,
+    /// zero while packets keep coming, backing off when idle.
+    fn poll_hint(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// Datapath-specific counters (e.g. per NIC queue) for `dlcpctl stats --json`.
+    fn detail_json(&self) -> Option<serde_json::Value> {
+        None
+    }
+
+    /// Change the class → DSCP and class → `SO_PRIORITY` maps from now on (a
+    /// configuration reload). Returns `Ok(false)` if this datapath cannot change
+    /// them while running (the reload then reports them as needing a restart).
+    fn set_marking(&mut self, dscp: [u8; 8], so_priority: [u8; 8]) -> io::Result<bool> {
+        let _ = (dscp, so_priority);
+        Ok(false)
+    }
+
+    /// Fault injection, for tests (call it through
+    /// [`FaultInjector::would_block`](super::fault::FaultInjector::would_block)): the next `attempts` hand-overs
+    /// of `class`'s queued datagrams to the kernel or NIC fail as if its
+    /// buffer were full, without reaching it, so the datapath's own
+    /// would-block path runs. Returns false if this datapath has no such point
+    /// (the default).
+    fn refuse_handovers(&mut self, class: Class, attempts: u32) -> bool {
+        let _ = (class, attempts);
+        false
+    }
+}
+
+/// A boxed datapath is a datapath (so [`FaultInjector`](super::fault::FaultInjector)
+/// can wrap the `Box<dyn Datapath>` that [`open`](super::open) returns). Every method is forwarded,
+/// the defaulted ones included.
+impl<D: Datapath + ?Sized> Datapath for Box<D> {
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+
+    fn local_addr(&self) -> SocketAddr {
+        (**self).local_addr()
+    }
+
+    fn send(&mut self, dst: SocketAddr, class: Class, datagram: &[u8]) -> io::Result<SendOutcome> {
+        (**self).send(dst, class, datagram)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        (**self).flush()
+    }
+
+    fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
+        (**self).recv(f)
+    }
+
+    fn rx_pending(&self) -> bool {
+        (**self).rx_pending()
+    }
+
+    fn wants_writable(&self) -> bool {
+        (**self).wants_writable()
+    }
+
+    fn register(&mut self, registry: &mio::Registry, first_token: usize) -> io::Result<usize> {
+        (**self).register(registry, first_token)
+    }
+
+    fn stats(&self) -> DatapathStats {
+        (**self).stats()
+    }
+
+    fn poll_hint(&self) -> Option<std::time::Duration> {
+        (**self).poll_hint()
+    }
+
+    fn detail_json(&self) -> Option<serde_json::Value> {
+        (**self).detail_json()
+    }
+
+    fn set_marking(&mut self, dscp: [u8; 8], so_priority: [u8; 8]) -> io::Result<bool> {
+        (**self).set_marking(dscp, so_priority)
+    }
+
+    fn refuse_handovers(&mut self, class: Class, attempts: u32) -> bool {
+        (**self).refuse_handovers(class, attempts)
+    }
+}

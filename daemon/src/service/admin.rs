@@ -1,0 +1,653 @@
+//! The admin protocol that `dlcpctl` speaks: connect to the control socket's
+//! path with `.admin` appended ([`admin_path`]), send one line (`stats`,
+//! `status`, `reload` or `report OP TENSOR`), read one JSON document until EOF.
+//! [`Admin`] owns the listening socket and what only the admin protocol shows
+//! (the recent ops and their reports). The replies are serde-derived types
+//! ([`StatusReply`], [`ReportReply`], [`ErrorReply`]; `reload` replies with
+//! the [`ReloadOutcome`]) built from a [`View`] of the service, except
+//! `stats`, which is still rendered field by field.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration as StdDuration;
+
+use dlcp_proto::endpoint::{OpId, OpReport, TransferReport};
+use mio::{Interest, Registry, Token};
+use serde::{Deserialize, Serialize};
+
+use super::view::View;
+use crate::hot_reload::ReloadOutcome;
+
+/// Recent ops and reports kept for `stats` and `report`.
+const KEEP: usize = 1024;
+
+/// Path of the admin socket that `dlcpctl` talks to: the control socket's path
+/// with `.admin` appended. Protocol: connect, send one line (`stats` or
+/// `status`), read one JSON document until EOF.
+pub fn admin_path(control: &Path) -> PathBuf {
+    let mut p = control.as_os_str().to_owned();
+    p.push(".admin");
+    p.into()
+}
+
+/// One completed op, for `stats`.
+#[derive(Debug, Clone, Serialize)]
+pub struct OpRecord {
+    /// Op sequence.
+    pub op: u64,
+    /// Tensor id.
+    pub tensor: u32,
+    /// Elements.
+    pub len: usize,
+    /// Duration in microseconds.
+    pub duration_us: u64,
+    /// Least delivered fraction over this rank's transfers.
+    pub min_delivered: f64,
+    /// Repairs this rank sent.
+    pub repairs_sent: u32,
+    /// Whether a deadline fired.
+    pub deadline_fired: bool,
+    /// Error, if the op failed.
+    pub error: Option<String>,
+}
+
+/// The reply to `status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusReply {
+    /// Version string ([`crate::VERSION`]).
+    pub version: String,
+    /// This daemon's rank.
+    pub rank: u32,
+    /// Ranks in the job.
+    pub world: u32,
+    /// Job id.
+    pub job: u32,
+    /// The generation this daemon announces.
+    pub generation: u32,
+    /// The datapath's description.
+    pub datapath: String,
+    /// Trainers attached now.
+    pub trainers: usize,
+    /// Ops in flight on the network.
+    pub ops_in_flight: usize,
+    /// True after SIGTERM/SIGINT, while ops in flight drain.
+    pub draining: bool,
+    /// Every rank, this one included.
+    pub peers: Vec<PeerStatus>,
+    /// The operations part: configuration file, metrics, reloads, systemd.
+    pub ops: OperationsStatus,
+}
+
+/// One rank in [`StatusReply::peers`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerStatus {
+    /// The rank.
+    pub rank: u32,
+    /// Its configured address.
+    pub address: String,
+    /// The generation it announced, if it was heard.
+    pub generation: Option<u32>,
+    /// True if it is up (this rank always is).
+    pub up: bool,
+    /// True for this daemon's own rank.
+    #[serde(rename = "self")]
+    pub is_self: bool,
+}
+
+/// The operations part of [`StatusReply`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperationsStatus {
+    /// The configuration file the daemon runs with (reload re-reads it).
+    pub config_file: Option<String>,
+    /// `datapath.kind` as configured.
+    pub datapath_kind: dlcp_config::schema::DatapathKind,
+    /// Which datapaths this build has ([`crate::datapath_support`]).
+    pub build: String,
+    /// Seconds since start.
+    pub uptime_s: u64,
+    /// The metrics endpoint.
+    pub metrics: MetricsStatus,
+    /// Reloads that loaded.
+    pub reloads_ok: u64,
+    /// Reloads rejected.
+    pub reloads_failed: u64,
+    /// The last reload, if any.
+    pub last_reload: Option<LastReload>,
+    /// systemd notification and watchdog.
+    pub systemd: SystemdStatus,
+    /// `log.level` as running.
+    pub log_level: String,
+    /// `loss.budget` as running.
+    pub budget: f64,
+}
+
+/// The metrics endpoint in [`OperationsStatus`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetricsStatus {
+    /// `metrics.enabled`.
+    pub enabled: bool,
+    /// The address it listens on, if it does.
+    pub address: Option<String>,
+    /// Why it does not, if it should.
+    pub error: Option<String>,
+}
+
+/// The last reload in [`OperationsStatus`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastReload {
+    /// How long ago.
+    pub seconds_ago: u64,
+    /// What it did.
+    pub outcome: ReloadOutcome,
+}
+
+/// systemd integration in [`OperationsStatus`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SystemdStatus {
+    /// `NOTIFY_SOCKET` is set: readiness, reload and stop are notified.
+    pub notify: bool,
+    /// The watchdog interval, if systemd set one.
+    pub watchdog_ms: Option<u64>,
+}
+
+/// The reply to `report OP TENSOR` (what `dlcpctl report --json` prints).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReportReply {
+    /// Op sequence.
+    pub op: u64,
+    /// Tensor id.
+    pub tensor: u32,
+    /// The reporting rank (owner of the shard described by `own_*` and `scatter`).
+    pub rank: u32,
+    /// Time from local start to completion, microseconds.
+    pub duration_us: u64,
+    /// Chunks of this rank's shard.
+    pub own_chunks: u32,
+    /// The chunks of this rank's shard that were zero-filled everywhere.
+    pub own_mask: Vec<u32>,
+    /// Reduce-scatter into this rank's shard: one per other rank.
+    pub scatter: Vec<TransferReply>,
+    /// All-gather of other ranks' shards: one per other rank.
+    pub gather: Vec<TransferReply>,
+    /// Repair DATA packets this rank sent for the op.
+    pub repairs_sent: u32,
+    /// True if any receive deadline fired during the op.
+    pub deadline_fired: bool,
+}
+
+/// One transfer in [`ReportReply`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransferReply {
+    /// The sending rank (for gather: the shard's owner).
+    pub peer: u32,
+    /// Chunks in the transfer.
+    pub chunks: u32,
+    /// Chunks that did not arrive before the transfer closed.
+    pub missing: Vec<u32>,
+    /// Gather only: the agreed mask of zero-filled chunks.
+    pub mask: Option<Vec<u32>>,
+    /// Chunks that arrived as repairs.
+    pub repaired: u32,
+    /// True if the adaptive deadline fired.
+    pub deadline_fired: bool,
+    /// Fraction of chunks whose data is in the result.
+    pub delivered_fraction: f64,
+}
+
+impl ReportReply {
+    /// The reply for `report` of rank `rank`.
+    pub fn new(r: &OpReport, rank: u32) -> ReportReply {
+        ReportReply {
+            op: r.id.seq,
+            tensor: r.id.tensor,
+            rank,
+            duration_us: r.duration().as_micros() as u64,
+            own_chunks: r.own_chunks,
+            own_mask: r.own_mask.iter_ones().collect(),
+            scatter: r.scatter.iter().map(TransferReply::from).collect(),
+            gather: r.gather.iter().map(TransferReply::from).collect(),
+            repairs_sent: r.repairs_sent,
+            deadline_fired: r.deadline_fired,
+        }
+    }
+}
+
+impl From<&TransferReport> for TransferReply {
+    fn from(t: &TransferReport) -> TransferReply {
+        TransferReply {
+            peer: t.peer,
+            chunks: t.chunks,
+            missing: t.delivered.iter_zeros().collect(),
+            mask: t.mask.as_ref().map(|m| m.iter_ones().collect()),
+            repaired: t.repaired,
+            deadline_fired: t.deadline_fired,
+            delivered_fraction: t.delivered_fraction(),
+        }
+    }
+}
+
+/// The reply to a request that could not be served.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    /// Why.
+    pub error: String,
+}
+
+/// One admin request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Request {
+    /// `stats`: every counter.
+    Stats,
+    /// `status`: version, datapath, peers, trainers, operations.
+    Status,
+    /// `reload`: re-read the configuration file.
+    Reload,
+    /// `report OP TENSOR`: what arrived from whom for a completed op.
+    Report(OpId),
+    /// Not a request this daemon knows: the reply.
+    Invalid(ErrorReply),
+}
+
+impl Request {
+    /// Parse one request line (surrounding whitespace ignored).
+    pub(super) fn parse(line: &str) -> Request {
+        let req = line.trim();
+        let words: Vec<&str> = req.split_whitespace().collect();
+        match words.as_slice() {
+            ["stats"] => Request::Stats,
+            ["status"] => Request::Status,
+            ["reload"] => Request::Reload,
+            ["report", op, tensor] => match (op.parse(), tensor.parse()) {
+                (Ok(seq), Ok(tensor)) => Request::Report(OpId { seq, tensor }),
+                _ => Request::Invalid(ErrorReply { error: "usage: report OP TENSOR".to_owned() }),
+            },
+            _ => Request::Invalid(ErrorReply {
+                error: format!("unknown request {req:?} (allowed: stats, status, reload, report OP TENSOR)"),
+            }),
+        }
+    }
+}
+
+/// One accepted admin connection with its request, waiting for the reply.
+pub(super) struct Connection {
+    stream: std::os::unix::net::UnixStream,
+    request: Request,
+}
+
+impl Connection {
+    /// What was asked.
+    pub(super) fn request(&self) -> &Request {
+        &self.request
+    }
+
+    /// Send the reply and close.
+    pub(super) fn reply(mut self, reply: &serde_json::Value) {
+        let _ = self.stream.write_all(reply.to_string().as_bytes());
+    }
+}
+
+/// The admin socket, and what only the admin protocol shows.
+pub(super) struct Admin {
+    listener: mio::net::UnixListener,
+    path: PathBuf,
+    recent: VecDeque<OpRecord>,
+    reports: BTreeMap<OpId, Box<OpReport>>,
+}
+
+impl Admin {
+    /// Listen on `path` (a stale socket file there is replaced) with file mode `mode`.
+    pub(super) fn bind(path: PathBuf, mode: u32) -> io::Result<Admin> {
+        let _ = std::fs::remove_file(&path);
+        let listener = mio::net::UnixListener::bind(&path)?;
+        let admin = Admin { listener, path, recent: VecDeque::new(), reports: BTreeMap::new() };
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&admin.path, std::fs::Permissions::from_mode(mode))?;
+        }
+        Ok(admin)
+    }
+
+    /// The socket's path.
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Watch the socket for connections under `token`.
+    pub(super) fn register(&mut self, registry: &Registry, token: Token) -> io::Result<()> {
+        registry.register(&mut self.listener, token, Interest::READABLE)
+    }
+
+    /// The next waiting connection and its request, if any. A short blocking
+    /// exchange: one request line (200 ms to arrive), one JSON reply.
+    pub(super) fn accept(&mut self) -> Option<Connection> {
+        let (stream, _) = match self.listener.accept() {
+            Ok(x) => x,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+            Err(e) => {
+                log::warn!("admin socket: {e}");
+                return None;
+            }
+        };
+        let fd: std::os::fd::OwnedFd = stream.into();
+        let mut s = std::os::unix::net::UnixStream::from(fd);
+        let _ = s.set_nonblocking(false);
+        let _ = s.set_read_timeout(Some(StdDuration::from_millis(200)));
+        let _ = s.set_write_timeout(Some(StdDuration::from_millis(500)));
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).unwrap_or(0);
+        let request = Request::parse(&String::from_utf8_lossy(&buf[..n]));
+        Some(Connection { stream: s, request })
+    }
+
+    /// Keep `r` for `stats` (the last 1024).
+    pub(super) fn record(&mut self, r: OpRecord) {
+        if self.recent.len() >= KEEP {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(r);
+    }
+
+    /// Keep `report` for `report OP TENSOR` (the last 1024).
+    pub(super) fn keep_report(&mut self, id: OpId, report: Box<OpReport>) {
+        if self.reports.len() >= KEEP {
+            self.reports.pop_first();
+        }
+        self.reports.insert(id, report);
+    }
+
+    /// The reply to `report OP TENSOR` on rank `rank`: per reduce-scatter
+    /// sender the missing chunks of this rank's shard, per gather owner the
+    /// agreed mask, and this rank's own mask.
+    pub(super) fn report(&self, id: OpId, rank: u32) -> Result<ReportReply, ErrorReply> {
+        match self.reports.get(&id) {
+            Some(r) => Ok(ReportReply::new(r, rank)),
+            None => Err(ErrorReply {
+                error: format!(
+                    "no report for op {} tensor {} (unknown, failed, or too old)",
+                    id.seq, id.tensor
+                ),
+            }),
+        }
+    }
+
+    /// Everything the daemon counts, as JSON (for `dlcpctl stats --json`).
+    pub(super) fn stats_json(&self, v: &View<'_>) -> serde_json::Value {
+        let s = v.endpoint.stats();
+        let r = &s.rejected;
+        let dr = &s.rx_dropped;
+        let count = |c: dlcp_proto::endpoint::PacketCount| serde_json::json!({ "packets": c.packets, "bytes": c.bytes });
+        let d = v.datapath.stats();
+        serde_json::json!({
+            "version": crate::VERSION,
+            "rank": v.cfg.rank(),
+            "world": v.cfg.world_size(),
+            "datapath": v.datapath.describe(),
+            "trainers": v.trainers.count(),
+            "pacing_rate_bytes_per_sec": v.endpoint.pacing_rate(),
+            "pacing_rate_cuts": v.rate_cuts,
+            "service": v.counters,
+            "protocol": {
+                "tx_packets_per_class": s.tx_packets, "tx_bytes_per_class": s.tx_bytes,
+                "rx_packets_per_class": s.rx_packets, "rx_bytes_per_class": s.rx_bytes,
+                "tx_packets_per_peer": s.tx_packets_peer, "rx_packets_per_peer": s.rx_packets_peer,
+                "tx_bytes_per_peer": s.tx_bytes_peer, "rx_bytes_per_peer": s.rx_bytes_peer,
+                "rx_dropped_packets_per_class": dr.class.map(|c| c.packets),
+                "rx_dropped_bytes_per_class": dr.class.map(|c| c.bytes),
+                "rx_dropped_unknown_class": count(dr.unknown_class),
+                "rx_dropped_packets_per_peer": dr.peer.iter().map(|c| c.packets).collect::<Vec<_>>(),
+                "rx_dropped_bytes_per_peer": dr.peer.iter().map(|c| c.bytes).collect::<Vec<_>>(),
+                "rx_dropped_unknown_peer": count(dr.unknown_peer),
+                "repairs_sent": s.repairs_sent, "repairs_received": s.repairs_received,
+                "repairs_sent_per_class": s.repairs_sent_per_class,
+                "repairs_received_per_class": s.repairs_received_per_class,
+                "repair_bytes_sent_per_class": s.repair_bytes_sent_per_class,
+                "repair_bytes_received_per_class": s.repair_bytes_received_per_class,
+                "repairs_sent_per_peer": s.repairs_sent_peer.iter().map(|c| c.packets).collect::<Vec<_>>(),
+                "repairs_received_per_peer": s.repairs_received_peer.iter().map(|c| c.packets).collect::<Vec<_>>(),
+                "repair_bytes_sent_per_peer": s.repairs_sent_peer.iter().map(|c| c.bytes).collect::<Vec<_>>(),
+                "repair_bytes_received_per_peer": s.repairs_received_peer.iter().map(|c| c.bytes).collect::<Vec<_>>(),
+                "probes_sent": s.probes_sent, "probes_duplicate": s.probes_duplicate,
+                "deadlines_fired": s.deadlines_fired, "deadline_closes": s.deadline_closes,
+                "deadline_nacks": s.deadline_nacks,
+                "hard_timeouts": s.hard_timeouts, "ops_completed": s.ops_completed, "ops_failed": s.ops_failed,
+                "closed_within_budget": s.closed_within_budget, "ops_in_flight": v.endpoint.ops_in_flight(),
+                "rejected": {
+                    "malformed": r.malformed, "bad_tag": r.bad_tag, "wrong_job": r.wrong_job,
+                    "wrong_rank": r.wrong_rank, "stale_generation": r.stale_generation, "stale_op": r.stale_op,
+                    "mismatch": r.mismatch, "duplicate": r.duplicate, "late": r.late,
+                    "early_buffered": r.early_buffered, "early_dropped": r.early_dropped,
+                    "early_expired": r.early_expired,
+                },
+            },
+            "datapath_counters": {
+                "tx_packets_per_class": d.tx_packets, "tx_bytes_per_class": d.tx_bytes,
+                "rx_packets": d.rx_packets, "rx_bytes": d.rx_bytes, "tx_would_block": d.tx_would_block,
+                "tx_errors": d.tx_errors, "rx_errors": d.rx_errors, "rx_truncated": d.rx_truncated,
+                "tx_syscalls": d.tx_syscalls, "rx_syscalls": d.rx_syscalls,
+                "detail": v.datapath.detail_json(),
+            },
+            "shm": {
+                "attached": v.trainers.shm_attached(),
+                "rejected_descriptors": v.trainers.rejected_descriptors(),
+            },
+            "recent_ops": self.recent.iter().rev().take(64).collect::<Vec<_>>(),
+        })
+    }
+}
+
+impl Drop for Admin {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The reply to `status`: version, datapath, peers and trainers, with `ops`
+/// (the operations part) inside.
+pub(super) fn status(v: &View<'_>, ops: OperationsStatus) -> StatusReply {
+    let peers = (0..v.cfg.world_size())
+        .map(|r| PeerStatus {
+            rank: r,
+            address: v.peers[r as usize].to_string(),
+            generation: v.endpoint.peer_generation(r),
+            up: r == v.cfg.rank() || v.endpoint.peer_up(r),
+            is_self: r == v.cfg.rank(),
+        })
+        .collect();
+    StatusReply {
+        version: crate::VERSION.to_owned(),
+        rank: v.cfg.rank(),
+        world: v.cfg.world_size(),
+        job: v.cfg.node.job_id,
+        generation: v.endpoint.config().generation,
+        datapath: v.datapath.describe(),
+        trainers: v.trainers.count(),
+        ops_in_flight: v.endpoint.ops_in_flight(),
+        draining: v.draining,
+        peers,
+        ops,
+    }
+}
+
+/// A reply as the JSON document sent to `dlcpctl`.
+pub(super) fn to_json(reply: &impl Serialize) -> serde_json::Value {
+    serde_json::to_value(reply).unwrap_or_default()
+}
+
+/// The inverse of the `report` reply (what `dlcpctl report --json` prints):
+/// rebuild the parts of an owner's [`OpReport`] that
+/// [`dlcp_proto::oracle::recompute`] needs — per sender the delivered chunks
+/// of the owner's shard, and the owner's own mask. Timing fields are zero.
+/// Panics on JSON that the `report` reply did not produce (it is for tests and tools).
+pub fn report_from_json(v: &serde_json::Value) -> OpReport {
+    use dlcp_proto::bitmap::Bitmap;
+    use dlcp_proto::endpoint::TransferReport;
+    use dlcp_proto::time::Instant;
+    use dlcp_proto::wire::Phase;
+    let r = ReportReply::deserialize(v).expect("a `report` reply");
+    let bits = |n: u32, list: &[u32], set: bool| {
+        let mut b = if set { Bitmap::new(n) } else { Bitmap::full(n) };
+        for &i in list {
+            if set {
+                b.set(i);
+            } else {
+                b.clear(i);
+            }
+        }
+        b
+    };
+    OpReport {
+        id: OpId { seq: r.op, tensor: r.tensor },
+        started: Instant::ZERO,
+        finished: Instant::ZERO,
+        scatter: r
+            .scatter
+            .iter()
+            .map(|t| TransferReport {
+                peer: t.peer,
+                phase: Phase::Scatter,
+                chunks: t.chunks,
+                delivered: bits(t.chunks, &t.missing, false),
+                mask: None,
+                repaired: 0,
+                deadline_fired: false,
+                first_at: None,
+                closed_at: Instant::ZERO,
+            })
+            .collect(),
+        gather: Vec::new(),
+        own_mask: bits(r.own_chunks, &r.own_mask, true),
+        own_chunks: r.own_chunks,
+        repairs_sent: 0,
+        deadline_fired: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlcp_proto::bitmap::Bitmap;
+    use dlcp_proto::time::Instant;
+    use dlcp_proto::wire::Phase;
+
+    #[test]
+    fn requests_parse_and_bad_ones_get_the_error_they_always_got() {
+        for (line, want) in [
+            ("stats\n", Request::Stats),
+            (" status ", Request::Status),
+            ("reload", Request::Reload),
+            ("report 5 6\n", Request::Report(OpId { seq: 5, tensor: 6 })),
+        ] {
+            assert_eq!(Request::parse(line), want, "{line:?}");
+        }
+        let error = |line| match Request::parse(line) {
+            Request::Invalid(e) => to_json(&e).to_string(),
+            other => panic!("{line:?} parsed as {other:?}"),
+        };
+        assert_eq!(error("report x 6"), r#"{"error":"usage: report OP TENSOR"}"#);
+        assert_eq!(
+            error(" bogus  thing\n"),
+            r#"{"error":"unknown request \"bogus  thing\" (allowed: stats, status, reload, report OP TENSOR)"}"#
+        );
+    }
+
+    fn transfer(peer: u32, delivered: &Bitmap, mask: Option<Bitmap>) -> TransferReport {
+        TransferReport {
+            peer,
+            phase: if mask.is_some() { Phase::Gather } else { Phase::Scatter },
+            chunks: delivered.len(),
+            delivered: delivered.clone(),
+            mask,
+            repaired: 4,
+            deadline_fired: true,
+            first_at: None,
+            closed_at: Instant::from_nanos(5),
+        }
+    }
+
+    #[test]
+    fn a_report_reply_reads_back_into_what_the_oracle_needs() {
+        let mut delivered = Bitmap::full(10);
+        delivered.clear(3);
+        delivered.clear(7);
+        let mut mask = Bitmap::new(10);
+        mask.set(2);
+        let r = OpReport {
+            id: OpId { seq: 9, tensor: 3 },
+            started: Instant::from_nanos(1000),
+            finished: Instant::from_nanos(5_001_000),
+            scatter: vec![transfer(1, &delivered, None), transfer(2, &Bitmap::full(10), None)],
+            gather: vec![transfer(1, &Bitmap::full(10), Some(mask.clone()))],
+            own_mask: mask.clone(),
+            own_chunks: 10,
+            repairs_sent: 6,
+            deadline_fired: true,
+        };
+        let json = to_json(&ReportReply::new(&r, 2));
+        assert_eq!(
+            json.to_string(),
+            r#"{"deadline_fired":true,"duration_us":5000,"gather":[{"chunks":10,"deadline_fired":true,"#
+                .to_owned()
+                + r#""delivered_fraction":0.9,"mask":[2],"missing":[],"peer":1,"repaired":4}],"op":9,"own_chunks":10,"#
+                + r#""own_mask":[2],"rank":2,"repairs_sent":6,"scatter":[{"chunks":10,"deadline_fired":true,"#
+                + r#""delivered_fraction":0.8,"mask":null,"missing":[3,7],"peer":1,"repaired":4},{"chunks":10,"#
+                + r#""deadline_fired":true,"delivered_fraction":1.0,"mask":null,"missing":[],"peer":2,"#
+                + r#""repaired":4}],"tensor":3}"#
+        );
+        let back = report_from_json(&json);
+        assert_eq!(back.id, r.id);
+        assert_eq!(back.own_chunks, 10);
+        assert_eq!(back.own_mask, mask);
+        assert_eq!(back.scatter.len(), 2);
+        assert_eq!((back.scatter[0].peer, &back.scatter[0].delivered), (1, &delivered));
+        assert_eq!((back.scatter[1].peer, &back.scatter[1].delivered), (2, &Bitmap::full(10)));
+    }
+
+    #[test]
+    fn a_status_reply_has_the_keys_dlcpctl_reads_and_reads_back() {
+        let st = StatusReply {
+            version: "v".into(),
+            rank: 1,
+            world: 2,
+            job: 4,
+            generation: 8,
+            datapath: "dp".into(),
+            trainers: 2,
+            ops_in_flight: 0,
+            draining: false,
+            peers: vec![
+                PeerStatus { rank: 0, address: "a".into(), generation: None, up: false, is_self: false },
+                PeerStatus { rank: 1, address: "b".into(), generation: Some(8), up: true, is_self: true },
+            ],
+            ops: OperationsStatus {
+                config_file: Some("c".into()),
+                datapath_kind: dlcp_config::schema::DatapathKind::Auto,
+                build: "b".into(),
+                uptime_s: 5,
+                metrics: MetricsStatus { enabled: true, address: None, error: Some("x".into()) },
+                reloads_ok: 1,
+                reloads_failed: 2,
+                last_reload: Some(LastReload {
+                    seconds_ago: 3,
+                    outcome: ReloadOutcome::rejected("f", "e".into()),
+                }),
+                systemd: SystemdStatus { notify: false, watchdog_ms: Some(7) },
+                log_level: "info".into(),
+                budget: 0.01,
+            },
+        };
+        let json = to_json(&st);
+        assert_eq!(
+            json.to_string(),
+            r#"{"datapath":"dp","draining":false,"generation":8,"job":4,"ops":{"budget":0.01,"build":"b","#
+                .to_owned()
+                + r#""config_file":"c","datapath_kind":"auto","last_reload":{"outcome":{"applied":[],"error":"e","#
+                + r#""file":"f","needs_restart":[],"not_applied":[],"ok":false},"seconds_ago":3},"log_level":"info","#
+                + r#""metrics":{"address":null,"enabled":true,"error":"x"},"reloads_failed":2,"reloads_ok":1,"#
+                + r#""systemd":{"notify":false,"watchdog_ms":7},"uptime_s":5},"ops_in_flight":0,"peers":["#
+                + r#"{"address":"a","generation":null,"rank":0,"self":false,"up":false},{"address":"b","#
+                + r#""generation":8,"rank":1,"self":true,"up":true}],"rank":1,"trainers":2,"version":"v","world":2}"#
+        );
+        assert_eq!(serde_json::from_value::<StatusReply>(json).unwrap(), st);
+    }
+}

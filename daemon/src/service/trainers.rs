@@ -1,0 +1,428 @@
+//! The trainers on shared memory: attaching and detaching them, taking their
+//! submissions (copied out of the arena at once) to the local reduce
+//! ([`LocalReducer`]), starting an op on the network when all K local trainers
+//! have submitted it, and posting completions.
+//!
+//! A trainer whose control socket closes is gone: its attachment is dropped
+//! (segment reclaimed) and local ops waiting for it fail for the other
+//! trainers.
+
+use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
+use std::time::{Duration as StdDuration, Instant as StdInstant};
+
+use dlcp_config::Config;
+use dlcp_config::schema::Fill as CfgFill;
+use dlcp_proto::endpoint::{Endpoint, Fill, OpId, OpOptions, ReduceOp};
+use dlcp_proto::time::Instant;
+use mio::unix::SourceFd;
+use mio::{Interest, Registry, Token};
+
+use super::counters::ServiceCounters;
+use super::local::{Added, Contribution, LocalReducer, Reduced, Shape};
+use super::setup;
+use crate::shm::{Attachment, Liveness, ShmServer, Status, Submission};
+
+/// The first mio token of the attachments: attachment slot `i` has the
+/// control socket at `ATTACH_BASE + 2i` and the doorbell at `ATTACH_BASE + 2i + 1`.
+pub(super) const ATTACH_BASE: usize = 1 << 16;
+
+/// What the trainers' handlers need of the rest of the service.
+pub(super) struct Ctx<'a> {
+    /// The running configuration.
+    pub(super) cfg: &'a Config,
+    /// The protocol endpoint (buffers, op start).
+    pub(super) endpoint: &'a mut Endpoint,
+    /// The service's counters.
+    pub(super) counters: &'a mut ServiceCounters,
+    /// Where trainers' descriptors are watched.
+    pub(super) registry: &'a Registry,
+    /// The service is draining: no new ops.
+    pub(super) draining: bool,
+    /// The service's start (its protocol clock, see [`setup::since`]).
+    pub(super) start: StdInstant,
+}
+
+/// What a completion tells the trainers of a local op.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Completion<'a> {
+    /// The outcome.
+    pub(super) status: Status,
+    /// Least delivered fraction, in parts per million.
+    pub(super) delivered_ppm: u32,
+    /// Repairs this rank sent.
+    pub(super) repairs: u32,
+    /// Time since the first local contribution.
+    pub(super) duration: StdDuration,
+    /// The reduced tensor, copied into each trainer's buffer.
+    pub(super) result: Option<&'a [f32]>,
+}
+
+impl Completion<'_> {
+    /// An op that ended without a result after `duration`.
+    pub(super) fn failed(status: Status, duration: StdDuration) -> Completion<'static> {
+        Completion { status, delivered_ppm: 0, repairs: 0, duration, result: None }
+    }
+}
+
+/// Who contributed to a local op: the trainer's attachment and its submission.
+#[derive(Debug, Clone, Copy)]
+struct Ticket {
+    attachment: u64,
+    sub: Submission,
+}
+
+/// A local op on the network, until it completes.
+#[derive(Debug)]
+pub(super) struct InFlight {
+    /// The contributors, in local-rank order.
+    tickets: Vec<Ticket>,
+    /// When the first contribution arrived.
+    pub(super) first_at: StdInstant,
+    /// The budget the op started with (the trainer's, capped by `loss.budget`).
+    pub(super) budget_ppm: u32,
+}
+
+/// The attached trainers and their local ops.
+pub(super) struct Trainers {
+    shm: ShmServer,
+    slots: Vec<Option<Attachment>>,
+    local_world: Option<u32>,
+    /// Local ops collecting their K contributions.
+    reducer: LocalReducer<Ticket>,
+    /// Local ops started on the network.
+    in_flight: BTreeMap<OpId, InFlight>,
+}
+
+impl Trainers {
+    /// Trainers attaching through `shm`.
+    pub(super) fn new(shm: ShmServer) -> Trainers {
+        Trainers {
+            shm,
+            slots: Vec::new(),
+            local_world: None,
+            reducer: LocalReducer::new(),
+            in_flight: BTreeMap::new(),
+        }
+    }
+
+    /// Trainers attached now.
+    pub(super) fn count(&self) -> usize {
+        self.slots.iter().flatten().count()
+    }
+
+    /// Local ops not completed yet (collecting contributions or in flight).
+    pub(super) fn ops(&self) -> usize {
+        self.reducer.len() + self.in_flight.len()
+    }
+
+    /// Attachments the control socket created since start.
+    pub(super) fn shm_attached(&self) -> u64 {
+        self.shm.stats().attached
+    }
+
+    /// Descriptors the attached trainers' channels rejected.
+    pub(super) fn rejected_descriptors(&self) -> u64 {
+        self.slots.iter().flatten().map(|a| a.stats().rejected()).sum()
+    }
+
+    /// Submission-ring entries used, completion-ring entries used, and ring
+    /// capacity, summed over the attached trainers.
+    pub(super) fn ring_occupancy(&self) -> (u64, u64, u64) {
+        let (mut sq, mut cq, mut cap) = (0u64, 0u64, 0u64);
+        for att in self.slots.iter().flatten() {
+            let (a, b, k) = att.ring_occupancy();
+            sq += u64::from(a);
+            cq += u64::from(b);
+            cap += u64::from(k);
+        }
+        (sq, cq, cap)
+    }
+
+    /// Handle an event on attachment token `t` (at least [`ATTACH_BASE`]).
+    pub(super) fn on_token(&mut self, t: usize, ctx: &mut Ctx<'_>, now: Instant) {
+        let slot = (t - ATTACH_BASE) / 2;
+        if (t - ATTACH_BASE) % 2 == 0 {
+            self.check(slot, ctx);
+        } else {
+            self.drain_submissions(slot, ctx, now);
+        }
+    }
+
+    /// Take every trainer waiting on the control socket.
+    pub(super) fn accept(&mut self, ctx: &mut Ctx<'_>) {
+        loop {
+            match self.shm.accept() {
+                Ok(Some(att)) => self.add(att, ctx),
+                Ok(None) => break,
+                Err(e) => {
+                    ctx.counters.trainers_refused += 1;
+                    log::warn!("trainer refused: {e}");
+                }
+            }
+        }
+    }
+
+    fn add(&mut self, att: Attachment, ctx: &mut Ctx<'_>) {
+        let reg = att.registration();
+        if reg.job_id != u64::from(ctx.cfg.node.job_id) {
+            ctx.counters.trainers_refused += 1;
+            log::warn!(
+                "trainer pid {} registered for job {} but this daemon serves job {}; detaching it",
+                att.peer().pid,
+                reg.job_id,
+                ctx.cfg.node.job_id
+            );
+            return;
+        }
+        if let Some(w) = self.local_world
+            && w != reg.local_world
+            && self.slots.iter().any(Option::is_some)
+        {
+            ctx.counters.trainers_refused += 1;
+            log::warn!(
+                "trainer pid {} says local world {} but attached trainers say {w}",
+                att.peer().pid,
+                reg.local_world
+            );
+            return;
+        }
+        self.local_world = Some(reg.local_world);
+        let i = self.slots.iter().position(Option::is_none).unwrap_or_else(|| {
+            self.slots.push(None);
+            self.slots.len() - 1
+        });
+        let reg_result = ctx
+            .registry
+            .register(
+                &mut SourceFd(&att.control_fd().as_raw_fd()),
+                Token(ATTACH_BASE + 2 * i),
+                Interest::READABLE,
+            )
+            .and_then(|()| {
+                ctx.registry.register(
+                    &mut SourceFd(&att.doorbell_fd().as_raw_fd()),
+                    Token(ATTACH_BASE + 2 * i + 1),
+                    Interest::READABLE,
+                )
+            });
+        if let Err(e) = reg_result {
+            log::error!("cannot watch trainer pid {}: {e}; detaching it", att.peer().pid);
+            return;
+        }
+        ctx.counters.trainers_attached += 1;
+        self.slots[i] = Some(att);
+        // Submissions may already be waiting.
+        self.drain_submissions(i, ctx, setup::since(ctx.start));
+    }
+
+    fn check(&mut self, slot: usize, ctx: &mut Ctx<'_>) {
+        let Some(att) = self.slots.get_mut(slot).and_then(Option::as_mut) else { return };
+        match att.liveness() {
+            Liveness::Alive => {}
+            other => {
+                let id = att.id();
+                log::info!("trainer attachment {id} (pid {}) is gone ({other:?})", att.peer().pid);
+                self.remove(slot, ctx);
+            }
+        }
+    }
+
+    fn remove(&mut self, slot: usize, ctx: &mut Ctx<'_>) {
+        let Some(att) = self.slots.get_mut(slot).and_then(Option::take) else { return };
+        let id = att.id();
+        let rank = att.registration().local_rank as usize;
+        let _ = ctx.registry.deregister(&mut SourceFd(&att.control_fd().as_raw_fd()));
+        let _ = ctx.registry.deregister(&mut SourceFd(&att.doorbell_fd().as_raw_fd()));
+        ctx.counters.trainers_gone += 1;
+        drop(att);
+        // Local ops not started yet that hold the gone trainer's contribution, or
+        // still wait for its local rank, can never start: fail them for the other
+        // local trainers. (A replacement trainer continues with new ops.)
+        for (_, tickets) in self.reducer.abandon_rank(rank, |t| t.attachment == id) {
+            ctx.counters.ops_failed += 1;
+            self.post(&tickets, Completion::failed(Status::PeerDown, StdDuration::ZERO), ctx.counters);
+        }
+    }
+
+    fn slot_of(&self, attachment: u64) -> Option<usize> {
+        self.slots.iter().position(|s| s.as_ref().is_some_and(|a| a.id() == attachment))
+    }
+
+    fn drain_submissions(&mut self, slot: usize, ctx: &mut Ctx<'_>, now: Instant) {
+        let Some(att) = self.slots.get_mut(slot).and_then(Option::as_mut) else { return };
+        let _ = att.wait(Some(StdDuration::ZERO));
+        let mut subs = Vec::new();
+        loop {
+            match att.next_submission() {
+                Ok(Some(sub)) => subs.push(sub),
+                Ok(None) => break,
+                Err(crate::shm::ChannelError::Rejected { .. }) => {
+                    // Answered with an InvalidDescriptor completion and counted by the attachment.
+                    ctx.counters.submissions_rejected += 1;
+                }
+                Err(e) => {
+                    log::warn!("trainer attachment {}: {e}; detaching it", att.id());
+                    self.remove(slot, ctx);
+                    return;
+                }
+            }
+        }
+        let att_id = att.id();
+        let local_rank = att.registration().local_rank;
+        for sub in subs {
+            ctx.counters.submissions += 1;
+            self.on_submission(slot, att_id, local_rank, sub, ctx, now);
+        }
+    }
+
+    /// Post a completion for `sub` to the trainer in `slot` (if still there).
+    fn answer(&mut self, slot: usize, sub: &Submission, status: Status) {
+        if let Some(att) = self.slots[slot].as_mut() {
+            let _ = att.complete_submission(sub, status, 0, 0, StdDuration::ZERO);
+        }
+    }
+
+    fn on_submission(
+        &mut self,
+        slot: usize,
+        att_id: u64,
+        local_rank: u32,
+        sub: Submission,
+        ctx: &mut Ctx<'_>,
+        now: Instant,
+    ) {
+        if ctx.draining {
+            self.answer(slot, &sub, Status::Shutdown);
+            return;
+        }
+        let id = OpId { seq: sub.op_seq, tensor: sub.tensor_id };
+        let world = self.local_world.unwrap_or(1) as usize;
+        // Copy the contribution out of shared memory now (the trainer owns the buffer).
+        let data = {
+            let Some(att) = self.slots[slot].as_ref() else { return };
+            // Into a reused buffer (a fresh one page-faults on every op).
+            let mut d = ctx.endpoint.take_buffer(usize::try_from(sub.span.len_elems).unwrap_or(0));
+            match att.copy_from_arena_into(sub.span.offset, &mut d) {
+                Ok(()) => d,
+                Err(e) => {
+                    ctx.endpoint.recycle(d);
+                    log::warn!("attachment {att_id}: {e}");
+                    ctx.counters.submissions_rejected += 1;
+                    self.answer(slot, &sub, Status::InvalidDescriptor);
+                    return;
+                }
+            }
+        };
+        // An op on the network already has all its contributions.
+        if self.in_flight.contains_key(&id) {
+            self.refuse_duplicate(slot, att_id, id, &sub, ctx);
+            return;
+        }
+        let shape = Shape { len: sub.span.len_elems, layer: sub.layer, layers: sub.layers };
+        let c = Contribution { local_rank, shape, ticket: Ticket { attachment: att_id, sub }, data };
+        let endpoint = &mut *ctx.endpoint;
+        match self.reducer.add(id, world, c, StdInstant::now(), &mut |b| endpoint.recycle(b)) {
+            Added::Waiting => {}
+            Added::Reduced(r) => self.start_op(id, r, ctx, now),
+            Added::Duplicate(_) => self.refuse_duplicate(slot, att_id, id, &sub, ctx),
+            Added::Mismatch { first, ticket, others } => {
+                ctx.counters.local_mismatch += 1;
+                log::warn!(
+                    "op {}/{}: local trainers disagree (len {} vs {}, layer {}/{} vs {}/{})",
+                    id.seq,
+                    id.tensor,
+                    first.len,
+                    ticket.sub.span.len_elems,
+                    first.layer,
+                    first.layers,
+                    ticket.sub.layer,
+                    ticket.sub.layers
+                );
+                ctx.counters.ops_failed += 1;
+                self.post(
+                    &others,
+                    Completion::failed(Status::InvalidDescriptor, StdDuration::ZERO),
+                    ctx.counters,
+                );
+                self.answer(slot, &ticket.sub, Status::InvalidDescriptor);
+            }
+        }
+    }
+
+    /// A second submission of op `id` by one local rank: refuse it.
+    fn refuse_duplicate(&mut self, slot: usize, att_id: u64, id: OpId, sub: &Submission, ctx: &mut Ctx<'_>) {
+        ctx.counters.local_mismatch += 1;
+        log::warn!("attachment {att_id}: duplicate submission of op {}/{}", id.seq, id.tensor);
+        self.answer(slot, sub, Status::InvalidDescriptor);
+    }
+
+    /// All K contributions of `id` are in: start it on the network.
+    fn start_op(&mut self, id: OpId, r: Reduced<Ticket>, ctx: &mut Ctx<'_>, now: Instant) {
+        // The lowest local rank's submission speaks for the op (they agree).
+        let Some(sub) = r.tickets.first().map(|t| t.sub) else { return };
+        // loss.budget is the operator's cap on what trainers may ask for.
+        let budget = sub.budget_ppm.min(ctx.cfg.loss.budget_ppm());
+        let opts = OpOptions {
+            layer: sub.layer,
+            layers: sub.layers,
+            budget_ppm: budget,
+            gather_budget_ppm: ctx.cfg.loss.gather_budget_ppm().min(budget),
+            // The trainer's flags can only ask for more than `[loss]` sets:
+            // a flag bit turns the behaviour on for this op, the config turns
+            // it on for every op.
+            fill: match ctx.cfg.loss.fill {
+                CfgFill::Local => Fill::Local,
+                CfgFill::Zero if sub.flags & crate::shm::layout::FLAG_FILL_LOCAL != 0 => Fill::Local,
+                CfgFill::Zero => Fill::Zero,
+            },
+            rescale: ctx.cfg.loss.rescale || sub.flags & crate::shm::layout::FLAG_RESCALE != 0,
+            reduce: ReduceOp::Sum,
+        };
+        match ctx.endpoint.start_allreduce(now, id, r.sum, opts) {
+            Ok(()) => {
+                ctx.counters.ops_started += 1;
+                self.in_flight
+                    .insert(id, InFlight { tickets: r.tickets, first_at: r.first_at, budget_ppm: budget });
+            }
+            Err(e) => {
+                log::warn!("op {}/{} could not start: {e}", id.seq, id.tensor);
+                // Every start error is the descriptor's (duplicate id, empty,
+                // too large, budget, layer).
+                ctx.counters.ops_failed += 1;
+                let done = Completion::failed(Status::InvalidDescriptor, StdDuration::ZERO);
+                self.post(&r.tickets, done, ctx.counters);
+            }
+        }
+    }
+
+    /// The local op `id` is over (completed or failed on the network): take it
+    /// out, to complete its trainers' submissions.
+    pub(super) fn finish(&mut self, id: OpId) -> Option<InFlight> {
+        self.in_flight.remove(&id)
+    }
+
+    /// Post `done` to every trainer that contributed to `op`.
+    pub(super) fn complete(&mut self, op: &InFlight, done: Completion<'_>, counters: &mut ServiceCounters) {
+        self.post(&op.tickets, done, counters);
+    }
+
+    /// Post `done` to every trainer of `tickets` still attached, first copying
+    /// its result into the trainer's buffer if there is one.
+    fn post(&mut self, tickets: &[Ticket], done: Completion<'_>, counters: &mut ServiceCounters) {
+        for c in tickets {
+            let Some(slot) = self.slot_of(c.attachment) else { continue };
+            let Some(att) = self.slots[slot].as_mut() else { continue };
+            let mut st = done.status;
+            if let Some(r) = done.result
+                && let Err(e) = att.copy_to_arena(c.sub.span.offset, r)
+            {
+                log::warn!("attachment {}: cannot write result: {e}", c.attachment);
+                st = Status::InvalidDescriptor;
+            }
+            if att.complete_submission(&c.sub, st, done.delivered_ppm, done.repairs, done.duration).is_err() {
+                counters.completions_dropped += 1;
+            }
+        }
+    }
+}

@@ -52,7 +52,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         (None, None) => return Err("one of --sizes or --buckets is required".into()),
     };
     let cpu0 = crate::cpu_seconds();
-    let m0 = crate::window::mark();
+    let m0 = crate::window::start();
     let mut min_delivered = 1_000_000u32;
     let mut repairs = 0u64;
     let mut results = Vec::new();

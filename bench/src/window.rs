@@ -14,6 +14,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The environment variable naming the system's cgroup `cpu.stat`.
 pub const CGROUP_ENV: &str = "DLCP_BENCH_CGROUP_CPU_STAT";
+/// The environment variable naming a file to create when the timed region
+/// starts (the harness starts `perf record` then).
+pub const STARTED_ENV: &str = "DLCP_BENCH_STARTED";
 
 /// CPU counters at one instant.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -52,6 +55,16 @@ pub fn mark() -> Mark {
     let machine = std::fs::read_to_string("/proc/stat").ok().and_then(|t| parse_proc_stat(&t));
     let wall = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
     Mark { wall, cgroup_usec, busy: machine.map(|m| m.0), total: machine.map(|m| m.1) }
+}
+
+/// Reads the counters at the start of the timed region, and creates the
+/// file named by [`STARTED_ENV`] (if set) to say the region has started.
+pub fn start() -> Mark {
+    let m = mark();
+    if let Ok(p) = std::env::var(STARTED_ENV) {
+        let _ = std::fs::write(p, b"");
+    }
+    m
 }
 
 /// The `"window"` JSON object of a timed region from `a` to `b`.

@@ -114,7 +114,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         a.sizes.iter().enumerate().map(|(i, &n)| crate::trainer::input(a.seed + i as u64, n)).collect();
     let mut tensors: Vec<Vec<f32>> = a.sizes.iter().map(|&n| vec![0.0; n]).collect();
     let cpu0 = crate::cpu_seconds();
-    let m0 = crate::window::mark();
+    let m0 = crate::window::start();
     let mut id = 0u32;
     let mut results = Vec::new();
     for (input, t) in inputs.iter().zip(tensors.iter_mut()) {

@@ -119,7 +119,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
     } else {
         return Err("one of --sizes or --buckets is required".into());
     }
-    let m1 = crate::window::mark();
+    let m1 = crate::window::end();
     let cpu = crate::cpu_seconds() - cpu0;
     println!(
         "{{\"system\":\"dlcp\",\"budget_ppm\":{budget},\"cpu_s\":{cpu:.3},\"min_delivered_ppm\":{min_delivered},\"repairs\":{repairs},\"window\":{},\"results\":[{}]}}",

@@ -15,7 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// The environment variable naming the system's cgroup `cpu.stat`.
 pub const CGROUP_ENV: &str = "DLCP_BENCH_CGROUP_CPU_STAT";
 /// The environment variable naming a file to create when the timed region
-/// starts (the harness starts `perf record` then).
+/// starts (the harness starts `perf record` then; `<file>.end` when it ends).
 pub const STARTED_ENV: &str = "DLCP_BENCH_STARTED";
 
 /// CPU counters at one instant.
@@ -63,6 +63,16 @@ pub fn start() -> Mark {
     let m = mark();
     if let Ok(p) = std::env::var(STARTED_ENV) {
         let _ = std::fs::write(p, b"");
+    }
+    m
+}
+
+/// Reads the counters at the end of the timed region, and creates the file
+/// named by [`STARTED_ENV`] with `.end` appended (if set).
+pub fn end() -> Mark {
+    let m = mark();
+    if let Ok(p) = std::env::var(STARTED_ENV) {
+        let _ = std::fs::write(p + ".end", b"");
     }
     m
 }

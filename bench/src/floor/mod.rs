@@ -129,7 +129,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         }
         results.push(format!("{{\"elems\":{},\"times\":{}}}", t.len(), crate::trainer::secs(&times)));
     }
-    let m1 = crate::window::mark();
+    let m1 = crate::window::end();
     let cpu = crate::cpu_seconds() - cpu0;
     let c = node.counters;
     println!(

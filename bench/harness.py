@@ -1123,7 +1123,10 @@ def main():
     def on_signal(sig, frame):
         raise KeyboardInterrupt
 
+    # SIGINT too: a harness started where SIGINT is ignored (in the background of a
+    # non-interactive shell) must still clean up when it gets one.
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     sys.exit(b.run_all())
 
 

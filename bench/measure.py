@@ -14,6 +14,7 @@ import time
 CGROUP_ENV = "DLCP_BENCH_CGROUP_CPU_STAT"  # read by window.rs and peer.py
 STARTED_ENV = "DLCP_BENCH_STARTED"  # a file the ranks create when their timed region starts (+ ".end": ends)
 USER_HZ = 100
+MIN_PERF_S = 1.0
 
 
 # ---------------------------------------------------------------- cgroups
@@ -342,9 +343,12 @@ class Profiler:
                     h["proc"] = subprocess.Popen(
                         ["perf", "record", "-a", "-g", "-q", "-o", h["data"], "--", "sleep", str(self.seconds)],
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                if h["proc"] is not None and (os.path.exists(flag + ".end") or h["proc"].poll() is not None):
+                # Stop when the first rank's region ended, but record at least MIN_PERF_S
+                # (perf needs a moment to start; a short region would leave no samples).
+                if h["proc"] is not None and (h["proc"].poll() is not None or (
+                        os.path.exists(flag + ".end") and time.time() - h["t0"] >= MIN_PERF_S)):
                     if h["proc"].poll() is None:
-                        h["proc"].send_signal(signal.SIGINT)  # the first rank's region ended
+                        h["proc"].send_signal(signal.SIGINT)
                     return
                 time.sleep(0.01)
 
@@ -408,7 +412,7 @@ def perf_summary(what, secs, rows, split, top=40):
     lines = [f"# perf profile: {what}",
              f"# perf record -a -g for {secs:.1f} s within the timed region (whole machine: both CPUs,",
              "# every process, softirq and the emulated switch included);",
-             "# perf report --no-children --sort comm,dso,symbol --stdio -g none (rows >= 0.3%)",
+             "# perf report --no-children --sort comm,dso,symbol --stdio -g none -t TAB (rows >= 0.3%)",
              "",
              "## share of all samples per command (kernel / user)",
              ""]

@@ -82,7 +82,7 @@ def lead(headline):
             "emulated switch and the kernel's forwarding included; see below). Ratios dlcp / reference "
             "(issue 14 asks dlcp's ≤ 0.8 × Gloo's at MTU 9000, ≤ 1.0 at 1500).\n",
             "| MTU | cgroup: dlcp b1% | dlcp b0 | Gloo | Open MPI | floor | b1% / Gloo | b1% / floor | "
-            "machine: dlcp b1% | Gloo | floor | b1% / Gloo |",
+            "machine net of idle: dlcp b1% | Gloo | floor | b1% / Gloo |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c, m in clean:
         r = rows_of(headline, c, m)
@@ -196,7 +196,8 @@ def perf_section(headline):
     if not rows:
         return []
     out = ["## perf profiles (clean runs)\n",
-           "`perf record -a -g` of the whole machine from the start of each run's timed region; summaries "
+           "`perf record -a -g` of the whole machine within each run's timed region (from its start until the "
+           "first rank ends, at least 1 s, at most `--perf` seconds); summaries "
            "(top symbols, kernel / user split per command) in the files below. Shares are of all samples on "
            "both CPUs.\n",
            "| condition | system | seconds | file | dlcpd kernel / user | trainer or rank kernel / user |",

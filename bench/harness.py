@@ -234,7 +234,7 @@ class Runner:
         biggest, total = max(elems or [0]), sum(elems)
         if biggest <= SHM_DEFAULT_MAX_TENSOR and total <= SHM_DEFAULT_ARENA:
             return ""
-        arena = max(SHM_DEFAULT_ARENA, 2 * biggest, total + 16 * MiB)
+        arena = -(-max(SHM_DEFAULT_ARENA, 2 * biggest, total + 16 * MiB) // MiB) * MiB  # whole MiB
         return f"[shm]\narena_bytes = {arena}\nmax_tensor_bytes = {max(biggest, SHM_DEFAULT_MAX_TENSOR)}\n\n"
 
     def start_daemons(self, system, hosts, extra=""):
@@ -652,8 +652,12 @@ class Bench:
         file (defaults filled in, secret redacted), and what the bench sets beyond defaults."""
         d = tempfile.mkdtemp(prefix="cfg-", dir=self.workdir)
         cfg = os.path.join(d, "d0.toml")
-        with open(cfg, "w") as f:
-            f.write(self.runner.dlcp_config(0, 4, os.path.join(d, "d0.sock")))
+        saved, self.bed.mtu = self.bed.mtu, 1500
+        try:
+            with open(cfg, "w") as f:
+                f.write(self.runner.dlcp_config(0, 4, os.path.join(d, "d0.sock")))
+        finally:
+            self.bed.mtu = saved
         text = measure.dlcpd_config(self.a.bindir, cfg, sh)
         self.data["config"] = {
             "effective": text,
@@ -1039,6 +1043,8 @@ def check_config_and_plan():
     assert cfg["network"] == {"mtu": 9000} and cfg["shm"]["max_tensor_bytes"] == 256 * MiB, cfg
     assert cfg["shm"]["arena_bytes"] >= 512 * MiB
     assert Runner.shm_for([64 * MiB]) == "" and Runner.shm_for(buckets=[6_000_000] * 4) == ""
+    odd = tomllib.loads(Runner.shm_for(buckets=[16_000_001] * 5))["shm"]  # 305 MB, not whole pages
+    assert odd["arena_bytes"] % MiB == 0 and odd["arena_bytes"] >= 5 * 16_000_001 * 4, odd
     assert tomllib.loads(DLCP_PACED) == {"pacing": {"rate_mbps": PACED_MBPS}}
     assert [cg_name(s) for s in ("dlcp1", "dlcp0", "dlcp1-paced", "gloo-bbr", "mpi", "floor")] == \
         ["dlcp", "dlcp", "dlcp", "gloo", "mpi", "floor"]

@@ -1113,6 +1113,7 @@ def main():
     ap.add_argument("--only", default="", help="comma list of steps: micro,datapath,headline,sizes,scaling,simulate")
     ap.add_argument("--sim-timeout", type=int, default=600, help="seconds per simulation")
     ap.add_argument("--load-note", default="", help="what else ran on the machine")
+    ap.add_argument("--tag", default="", help="appended to the results' names (e.g. before / after)")
     ap.add_argument("--perf", type=float, nargs="?", const=5.0, default=0.0, metavar="SECONDS",
                     help="perf record -a -g for SECONDS (default 5) of each clean headline run's timed region; "
                          "summaries go to results/<base>-perf-*.txt")
@@ -1121,7 +1122,9 @@ def main():
     host = socket.gethostname()
     if a.out is None:
         a.out = os.path.join(ROOT, "bench", "results")
-    a.base = f"{stamp}-{host}" + ("-quick" if a.quick else "")
+    if a.tag and not re.fullmatch(r"[A-Za-z0-9._-]+", a.tag):
+        ap.error("--tag: letters, digits, '.', '_' and '-' only")
+    a.base = f"{stamp}-{host}" + ("-quick" if a.quick else "") + (f"-{a.tag}" if a.tag else "")
     os.makedirs(a.out, exist_ok=True)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     b = Bench(a)

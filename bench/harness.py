@@ -3,15 +3,21 @@
 cluster of scripts/testbed.sh and writes bench/results/<date>-<host>.md + PNGs.
 
 Systems, all over the same namespaces, veths (offloads off), switch qdiscs:
-  dlcp b1%   dlcpd (socket datapath) + dlcp-bench trainer (Rust client), budget 1%
-  dlcp b0    the same, budget 0 (reliable, bit-exact)
-  gloo       torch.distributed Gloo (bench/peer.py), GLOO_SOCKET_IFNAME=eth0
-  mpi        Open MPI MPI_Allreduce via mpi4py (bench/peer.py), TCP BTL on eth0
+  dlcp1        dlcpd (socket datapath, default config) + dlcp-bench trainer (Rust client), budget 1%
+  dlcp0        the same, budget 0 (reliable, bit-exact, like Gloo)
+  dlcp1-paced  budget 1% with [pacing] rate_mbps = 3000: the one tuned setting the bench
+               used before; a separately labelled row, never the headline
+  gloo         torch.distributed Gloo (bench/peer.py), GLOO_SOCKET_IFNAME=eth0
+  mpi          Open MPI MPI_Allreduce via mpi4py (bench/peer.py), TCP BTL on eth0
+  floor        dlcp-bench floor: the same bytes over bare sendmmsg/recvmmsg (GSO/GRO), summed;
+               no protocol, MAC or repair (clean network only)
 TCP peers run under a congestion control set per host namespace (cubic or bbr).
+Each system's processes (daemons and trainers) run in one cgroup v2 group; CPU per
+GiB comes from it and from /proc/stat net of an idle baseline (bench/measure.py).
 
 Every run prints progress to stderr; summary lines `NAME: dlcp X, peer Y, ratio R`
-to stdout. Teardown (daemons, testbed, sysctl) happens in `finally` blocks; run.sh
-adds a trap on top.
+to stdout. Teardown (processes, testbed, cgroups, sysctl) happens in `finally`
+blocks; run.sh adds a trap on top.
 """
 import argparse
 import datetime
@@ -26,6 +32,8 @@ import sys
 import tempfile
 import time
 
+import measure
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTBED = os.path.join(ROOT, "scripts", "testbed.sh")
 PEER = os.path.join(ROOT, "bench", "peer.py")
@@ -33,14 +41,15 @@ PY = "/usr/bin/python3"
 MiB = 1 << 20
 JOB = 7
 PORT = 7702
-# dlcpd's only non-default setting here: pace each daemon's sends at PACING_MBPS.
-# Unpaced, four daemons on two cores overran the veths' receive path and repaired
-# half their packets (16 MiB op 1.9 s unpaced, 1.5 s paced at 1 Gbit/s, repairs
-# 77397 -> 147) — before PROBEs stopped overtaking their data. Since then (quick
-# run, quiet machine, 16 MiB p50): unpaced 720 ms, 1 Gbit/s 662 ms, 3 Gbit/s 608 ms;
-# at 1 Gbit/s a daemon pair reached only 0.54x iperf3 UDP, at 3 Gbit/s 1.02x.
-PACING_MBPS = 3000
-DLCP_PACING = f"[pacing]\nrate_mbps = {PACING_MBPS}\n"
+FLOOR_PORT = 7703
+# The bench runs dlcpd's defaults. The one tuned setting it used before (pacing each
+# daemon at 3 Gbit/s: before PROBEs stopped overtaking their data, four unpaced daemons
+# on two cores overran the veths' receive path) is now a separately labelled row.
+PACED_MBPS = 3000
+DLCP_PACED = f"[pacing]\nrate_mbps = {PACED_MBPS}\n"
+# dlcpd's default [shm] max_tensor_bytes / arena_bytes: a bigger workload must raise them.
+SHM_DEFAULT_MAX_TENSOR = 64 * MiB
+SHM_DEFAULT_ARENA = 256 * MiB
 T_START = time.time()
 CC_SAVE = "/run/dlcp-bench-allowed-cc"
 
@@ -63,6 +72,7 @@ class Testbed:
     def __init__(self, prefix):
         self.prefix = prefix
         self.hosts = 0
+        self.mtu = 1500
         self.env = dict(os.environ, DLCPTB_PREFIX=prefix)
 
     def ns(self, h):
@@ -80,7 +90,9 @@ class Testbed:
             args += ["--mtu", str(mtu)]
         sh(args, env=self.env)
         self.hosts = hosts
-        self.desc = f"{hosts} hosts, loss {loss or 0}%, rate {rate or 'none'} Mbit/s on ports {rate_ports or 'all'}"
+        self.mtu = mtu or 1500
+        self.desc = (f"{hosts} hosts, MTU {self.mtu}, loss {loss or 0}%, rate {rate or 'none'} Mbit/s on ports "
+                     f"{rate_ports or 'all'}")
 
     def down(self):
         sh([TESTBED, "down"], check=False, env=self.env)
@@ -159,10 +171,15 @@ def combine(system, per_rank, extra_cpu=0.0):
             item["front"] = [max(x) for x in zip(*[r["front"] for r in rs])]
         results.append(item)
     cpu = sum(r["cpu_s"] for r in per_rank) + extra_cpu
-    out = {"system": system, "results": results, "cpu_s": cpu}
+    out = {"system": system, "results": results, "cpu_s": cpu, "cpu": measure.window_cpu(per_rank)}
     if "min_delivered_ppm" in per_rank[0]:
         out["min_delivered_ppm"] = min(r["min_delivered_ppm"] for r in per_rank)
         out["repairs"] = sum(r["repairs"] for r in per_rank)
+    if "lost" in per_rank[0]:
+        out["floor"] = {k: sum(r.get(k, 0) for r in per_rank)
+                        for k in ("lost", "stale", "malformed", "tx_datagrams", "tx_calls", "rx_datagrams", "rx_calls")}
+        out["floor"].update({k: per_rank[0][k] for k in ("datagram_bytes", "gso_segments", "batch", "rcvbuf",
+                                                          "sndbuf") if k in per_rank[0]})
     return out
 
 
@@ -172,26 +189,55 @@ def workload_args(sizes=None, buckets=None):
     return ["--buckets", ",".join(str(b) for b in buckets)]
 
 
+def cg_name(system):
+    """The cgroup a system's processes run in: one per system (dlcp, gloo, mpi, floor)."""
+    return system.split("-")[0].rstrip("01")
+
+
 class Runner:
-    def __init__(self, bed, bindir, workdir):
+    """Starts one system's processes for one measurement. Every process goes into the
+    system's cgroup; kernel drop counters are read around the run and dlcpd's own after
+    it; a perf profile is taken when asked."""
+
+    def __init__(self, bed, bindir, workdir, cgroups, profiler):
         self.bed = bed
         self.bindir = bindir
         self.workdir = workdir
+        self.cgroups = cgroups
+        self.profiler = profiler
+        self.kernel = measure.KernelCounters(bed, sh)
+        self.started = None  # file the ranks create when their timed region starts (perf)
+
+    def popen(self, system, args, env=None, **kw):
+        """Popen of args in the system's cgroup, with the env the ranks read (window.rs)."""
+        env = self.cgroups.env(cg_name(system), env)
+        if self.started:
+            env[measure.STARTED_ENV] = self.started
+        return subprocess.Popen(self.cgroups.wrap(cg_name(system), args), env=env, **kw)
 
     # ---------------- dlcp
     def dlcp_config(self, rank, hosts, sockpath, extra=""):
-        t = (f"[node]\nrank = {rank}\njob_id = {JOB}\njob_secret = \"dlcp benchmark secret 0123456789\"\n"
-             f"generation = \"auto\"\n\n")
+        """dlcpd's defaults plus only what a run needs: who the node and its peers are,
+        the link's MTU when it is not the default 1500, and the control socket's path."""
+        t = (f"[node]\nrank = {rank}\njob_id = {JOB}\njob_secret = \"dlcp benchmark secret 0123456789\"\n\n")
         for r in range(hosts):
             t += f"[[peers]]\nrank = {r}\naddress = \"10.77.0.{r + 1}\"\nport = {PORT}\n\n"
-        t += ("[network]\nheartbeat_interval_ms = 100\npeer_timeout_ms = 2000\n\n"
-              "[loss]\nhard_timeout_ms = 30000\n\n"
-              f"[control]\nsocket_path = \"{sockpath}\"\nsocket_mode = \"0600\"\n\n"
-              "[shm]\narena_bytes = 536870912\nmax_tensor_bytes = 268435456\n\n"
-              f"[log]\nlevel = \"warn\"\n\n{DLCP_PACING}{extra}\n")
+        if self.bed.mtu != 1500:
+            t += f"[network]\nmtu = {self.bed.mtu}\n\n"
+        t += f"[control]\nsocket_path = \"{sockpath}\"\n\n{extra}"
         return t
 
-    def start_daemons(self, hosts, extra=""):
+    @staticmethod
+    def shm_for(sizes=None, buckets=None):
+        """[shm] for a workload beyond dlcpd's default limits (needed to run; not a tuning)."""
+        elems = list(sizes or []) + [b * 4 for b in (buckets or [])]
+        biggest, total = max(elems or [0]), sum(elems)
+        if biggest <= SHM_DEFAULT_MAX_TENSOR and total <= SHM_DEFAULT_ARENA:
+            return ""
+        arena = -(-max(SHM_DEFAULT_ARENA, 2 * biggest, total + 16 * MiB) // MiB) * MiB  # whole MiB
+        return f"[shm]\narena_bytes = {arena}\nmax_tensor_bytes = {max(biggest, SHM_DEFAULT_MAX_TENSOR)}\n\n"
+
+    def start_daemons(self, system, hosts, extra=""):
         """extra: TOML appended to every host's config, or a function of the host giving it."""
         d = tempfile.mkdtemp(prefix="dlcpd-", dir=self.workdir)
         daemons, socks = [], []
@@ -201,8 +247,8 @@ class Runner:
             with open(cfg, "w") as f:
                 f.write(self.dlcp_config(h, hosts, sock, extra(h) if callable(extra) else extra))
             logf = open(os.path.join(d, f"d{h}.log"), "w")
-            p = subprocess.Popen(["ip", "netns", "exec", self.bed.ns(h), os.path.join(self.bindir, "dlcpd"),
-                                  "--config", cfg], stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
+            p = self.popen(system, ["ip", "netns", "exec", self.bed.ns(h), os.path.join(self.bindir, "dlcpd"),
+                                    "--config", cfg], stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
             daemons.append(p)
             socks.append(sock)
         ctl = os.path.join(self.bindir, "dlcpctl")
@@ -235,8 +281,16 @@ class Runner:
                 p.kill()
                 p.wait()
 
-    def run_dlcp(self, hosts, budget_ppm, reps, warmup, sizes=None, buckets=None, timeout=900, extra=""):
-        daemons, socks, d = self.start_daemons(hosts, extra)
+    def daemon_stats(self, socks):
+        """Drop counters of every daemon (dlcpctl stats --json), summed, and the datapath in use."""
+        ctl = os.path.join(self.bindir, "dlcpctl")
+        docs = [measure.load_json(sh([ctl, "--socket", s, "stats", "--json"], check=False).stdout) for s in socks]
+        return measure.sum_counters(measure.daemon_drops(d) for d in docs), (docs[0].get("datapath", "") if docs else "")
+
+    def run_dlcp(self, system, hosts, budget_ppm, reps, warmup, sizes=None, buckets=None, timeout=900, extra=""):
+        if isinstance(extra, str):
+            extra += self.shm_for(sizes, buckets)
+        daemons, socks, d = self.start_daemons(system, hosts, extra)
         try:
             cpu0 = sum(proc_cpu(p.pid) for p in daemons)
             procs = []
@@ -245,24 +299,32 @@ class Runner:
                         "--socket", socks[h], "--job", str(JOB), "--reps", str(reps), "--warmup", str(warmup),
                         "--budget-ppm", str(budget_ppm), "--seed", str(1000 * h + 1), "--timeout-s", "120"]
                 args += workload_args(sizes, buckets)
-                procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                procs.append(self.popen(system, args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
             outs = wait_all(procs, timeout, "dlcp trainers")
             cpu = sum(proc_cpu(p.pid) for p in daemons) - cpu0
-            name = f"dlcp b{budget_ppm / 10000:g}%"
-            r = combine(name, parse_json_lines(outs), extra_cpu=cpu)
-            st = sh([os.path.join(self.bindir, "dlcpctl"), "--socket", socks[0], "status", "--json"], check=False)
-            try:
-                r["datapath"] = json.loads(st.stdout).get("datapath", "")
-            except ValueError:
-                r["datapath"] = ""
+            r = combine(LABEL.get(system, system), parse_json_lines(outs), extra_cpu=cpu)
+            r["drops"], r["datapath"] = self.daemon_stats(socks)
             return r
         finally:
             self.stop_daemons(daemons)
             if os.environ.get("DLCP_BENCH_KEEP_LOGS") != "1":
                 shutil.rmtree(d, ignore_errors=True)
 
+    # ---------------- the floor
+    def run_floor(self, hosts, reps, warmup, sizes, timeout=900):
+        peers = ",".join(f"10.77.0.{h + 1}:{FLOOR_PORT}" for h in range(hosts))
+        procs = []
+        for h in range(hosts):
+            args = ["ip", "netns", "exec", self.bed.ns(h), os.path.join(self.bindir, "dlcp-bench"), "floor",
+                    "--rank", str(h), "--peers", peers, "--mtu", str(self.bed.mtu), "--reps", str(reps),
+                    "--warmup", str(warmup), "--seed", str(1000 * h + 1)]
+            args += workload_args(sizes)
+            procs.append(self.popen("floor", args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        outs = wait_all(procs, timeout, "floor ranks")
+        return combine("floor", parse_json_lines(outs))
+
     # ---------------- Gloo
-    def run_gloo(self, hosts, reps, warmup, sizes=None, buckets=None, timeout=900, cc=None):
+    def run_gloo(self, system, hosts, reps, warmup, sizes=None, buckets=None, timeout=900, cc=None):
         env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0")
         port = 29500 + int(time.time()) % 1000
         procs = []
@@ -271,12 +333,12 @@ class Runner:
                     "--world", str(hosts), "--master", f"10.77.0.1:{port}", "--reps", str(reps),
                     "--warmup", str(warmup), "--seed", str(1000 * h + 1)]
             args += workload_args(sizes, buckets)
-            procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+            procs.append(self.popen(system, args, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         outs = wait_all(procs, timeout, "gloo ranks")
         return combine(f"gloo {cc}" if cc else "gloo", parse_json_lines(outs))
 
     # ---------------- Open MPI
-    def run_mpi(self, hosts, reps, warmup, sizes=None, buckets=None, timeout=900, cc=None):
+    def run_mpi(self, system, hosts, reps, warmup, sizes=None, buckets=None, timeout=900, cc=None):
         env = dict(os.environ, PMIX_MCA_ptl_tcp_remote_connections="1",
                    PMIX_MCA_ptl_tcp_if_include="10.77.0.0/24", OMPI_MCA_btl_tcp_if_include="eth0")
         app = []
@@ -287,11 +349,17 @@ class Runner:
             app += ["-np", "1", "ip", "netns", "exec", self.bed.ns(h), PY, PEER, "--backend", "mpi",
                     "--out-dir", out_dir, "--reps", str(reps), "--warmup", str(warmup), "--seed", str(1000 * h + 1)]
             app += workload_args(sizes, buckets)
-        args = ["ip", "netns", "exec", self.bed.ns(0), "mpirun", "--allow-run-as-root", "--oversubscribe",
-                "-x", "PMIX_MCA_ptl_tcp_remote_connections", "-x", "PMIX_MCA_ptl_tcp_if_include",
-                "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0",
-                "--mca", "oob_tcp_if_include", "eth0"] + app
-        p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        env = self.cgroups.env(cg_name(system), env)
+        if self.started:
+            env[measure.STARTED_ENV] = self.started
+        forward = [k for k in ("PMIX_MCA_ptl_tcp_remote_connections", "PMIX_MCA_ptl_tcp_if_include",
+                               measure.CGROUP_ENV, measure.STARTED_ENV) if k in env]
+        args = ["ip", "netns", "exec", self.bed.ns(0), "mpirun", "--allow-run-as-root", "--oversubscribe"]
+        for k in forward:
+            args += ["-x", k]
+        args += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0",
+                 "--mca", "oob_tcp_if_include", "eth0"] + app
+        p = self.popen(system, args, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_all([p], timeout, "mpirun")
         outs = []
         for h in range(hosts):
@@ -306,17 +374,36 @@ class Runner:
             raise RuntimeError(f"mpirun: {len(ranks)} of {hosts} ranks reported")
         return combine(f"mpi {cc}" if cc else "mpi", ranks)
 
-    def run(self, system, hosts, reps, warmup, sizes=None, buckets=None, extra=""):
-        """system: 'dlcp1', 'dlcp0', 'gloo', 'mpi', 'gloo-bbr', 'mpi-bbr', ..."""
+    def run(self, system, hosts, reps, warmup, sizes=None, buckets=None, extra="", profile=None):
+        """system: 'dlcp1', 'dlcp0', 'dlcp1-paced', 'floor', 'gloo', 'mpi', 'gloo-bbr', 'mpi-bbr', ...
+        profile: a tag to take a perf profile of the timed region under (None: no profile)."""
         t0 = time.time()
-        if system.startswith("dlcp"):
-            r = self.run_dlcp(hosts, 10000 if system == "dlcp1" else 0, reps, warmup, sizes, buckets, extra=extra)
-        else:
-            base, _, cc = system.partition("-")
-            cc = cc or "cubic"
-            self.bed.set_cc(cc)
-            fn = self.run_gloo if base == "gloo" else self.run_mpi
-            r = fn(hosts, reps, warmup, sizes, buckets, cc=cc)
+        before = self.kernel.snapshot()
+        prof = None
+        if profile and self.profiler.enabled:
+            prof = self.profiler.start(profile, f"{LABEL.get(system, system)}, {self.bed.desc}")
+            self.started = self.profiler.started_file(profile)
+        try:
+            if system.startswith("dlcp"):
+                budget = 10000 if system.startswith("dlcp1") else 0
+                more = extra
+                if "paced" in system:
+                    more = (lambda h: DLCP_PACED + extra(h)) if callable(extra) else DLCP_PACED + extra
+                r = self.run_dlcp(system, hosts, budget, reps, warmup, sizes, buckets, extra=more)
+            elif system == "floor":
+                r = self.run_floor(hosts, reps, warmup, sizes)
+            else:
+                base, _, cc = system.partition("-")
+                cc = cc or "cubic"
+                self.bed.set_cc(cc)
+                fn = self.run_gloo if base == "gloo" else self.run_mpi
+                r = fn(system, hosts, reps, warmup, sizes, buckets, cc=cc)
+        finally:
+            self.started = None
+            perf = self.profiler.finish(prof) if prof else None
+        r["kernel"] = measure.KernelCounters.delta(before, self.kernel.snapshot())
+        if perf:
+            r["perf"] = perf
         r["key"] = system
         r["warmup"] = warmup
         r["wall_s"] = time.time() - t0
@@ -336,15 +423,42 @@ def stats(times):
     return {"n": len(times), "p50": pct(times, 50), "p99": pct(times, 99), "max": max(times)}
 
 
+def gib_reduced(run):
+    """GiB of tensor reduced, warm-up reps included (the CPU counted covers them too)."""
+    return sum(r["elems"] * 4 * (len(r["times"]) + run["warmup"]) for r in run["results"]) / (1 << 30)
+
+
+def cpu_figures(run, baseline_cores=None):
+    """CPU seconds per GiB reduced, by source:
+    proc     the ranks' own CPU time over their loops (+ the daemons' over the run), as before;
+    cgroup   the system's cgroup (daemons and trainers) over the timed region;
+    machine  the whole machine's busy time (/proc/stat) over the timed region: softirq,
+             the emulated switch and everything else running included;
+    net      machine minus the idle baseline (busy cores measured with nothing of ours
+             running, times the region's length)."""
+    gib = gib_reduced(run)
+    if not gib:
+        return {}
+    out = {"proc": run["cpu_s"] / gib}
+    w = run.get("cpu") or {}
+    if "cgroup_s" in w:
+        out["cgroup"] = w["cgroup_s"] / gib
+    if "machine_s" in w:
+        out["machine"] = w["machine_s"] / gib
+        if baseline_cores is not None:
+            out["net"] = max(0.0, w["machine_s"] - baseline_cores * w["wall_s"]) / gib
+    return out
+
+
 def cpu_per_gib(run):
-    """CPU seconds of all ranks (and daemons) per GiB of tensor reduced; the CPU
-    counted covers the warm-up reps too, so they are counted in the GiB."""
-    gib = sum(r["elems"] * 4 * (len(r["times"]) + run["warmup"]) for r in run["results"]) / (1 << 30)
-    return run["cpu_s"] / gib if gib else float("nan")
+    """The system's CPU per GiB: from its cgroup when there is one, else per process."""
+    f = cpu_figures(run)
+    return f.get("cgroup", f.get("proc", float("nan")))
 
 
-LABEL = {"dlcp1": "dlcp b1%", "dlcp0": "dlcp b0", "gloo": "Gloo cubic", "gloo-bbr": "Gloo bbr",
-         "mpi": "Open MPI cubic", "mpi-bbr": "Open MPI bbr"}
+LABEL = {"dlcp1": "dlcp b1%", "dlcp0": "dlcp b0", "dlcp1-paced": "dlcp b1% paced 3 Gbit/s (tuned)",
+         "gloo": "Gloo cubic", "gloo-bbr": "Gloo bbr", "mpi": "Open MPI cubic", "mpi-bbr": "Open MPI bbr",
+         "floor": "floor (bare UDP)"}
 
 
 def ms(x):
@@ -358,11 +472,17 @@ class Bench:
         self.quick = a.quick
         self.bed = Testbed(a.prefix)
         self.workdir = tempfile.mkdtemp(prefix="dlcp-bench-")
-        self.runner = Runner(self.bed, a.bindir, self.workdir)
+        self.cgroups = measure.Cgroups(a.prefix, log)
+        if not self.cgroups.available:
+            log(f"cgroup CPU per system unavailable: {self.cgroups.reason} (per-process CPU instead)")
+        self.profiler = measure.Profiler(a.out, a.base, a.perf, self.workdir, log, sh)
+        if a.perf and not self.profiler.enabled:
+            log("--perf: perf not found (apt-get install linux-perf): no profiles")
+        self.runner = Runner(self.bed, a.bindir, self.workdir, self.cgroups, self.profiler)
         self.summary = []  # (name, dlcp, peer, ratio, unit)
         self.md = []
         self.data = {"micro": [], "datapath": {}, "headline": [], "sizes": [], "model": [], "scaling": [],
-                     "sim": []}
+                     "sim": [], "config": {}, "baselines": []}
         self.saved_allowed_cc = None
         self.errors = []
         self.base = a.base
@@ -422,9 +542,9 @@ class Bench:
             args = ["ip", "netns", "exec", self.bed.ns(0), "iperf3", "-c", "10.77.0.2", "-p", "5201", "-t", secs,
                     "--bidir", "-J"]
             if mode == "udp":
-                # Same socket buffers (4 MiB) and pace (PACING_MBPS) as dlcpd here; unpaced
-                # (-b 0) UDP loses over half its datagrams at the receiver on two cores.
-                args += ["-u", "-b", f"{PACING_MBPS}M", "-w", "4M", "-l", "1472"]
+                # dlcpd's socket buffers (4 MiB), paced at PACED_MBPS: unpaced (-b 0), UDP
+                # loses over half its datagrams at the receiver on two cores.
+                args += ["-u", "-b", f"{PACED_MBPS}M", "-w", "4M", "-l", "1472"]
             r = sh(args, timeout=60)
             j = json.loads(r.stdout)
             end = j["end"]
@@ -454,7 +574,7 @@ class Bench:
             self.data["datapath"] = {"size": size, "reps": reps, "dlcp_mbps": dl, "udp_mbps": udp,
                                      "tcp_mbps": tcp, "p50": t["p50"]}
             self.line("datapath_vs_iperf3_udp", dl, udp, "Mbit/s",
-                      f"iperf3 UDP 1472 B paced at {PACING_MBPS / 1000:g} Gbit/s like dlcpd, 4 MiB buffers, --bidir")
+                      f"iperf3 UDP 1472 B paced at {PACED_MBPS / 1000:g} Gbit/s, 4 MiB buffers, --bidir")
             self.line("datapath_vs_iperf3_tcp", dl, tcp, "Mbit/s", "iperf3 TCP, --bidir")
             self.dpdk_datapath(size, reps, udp)
         finally:
@@ -490,12 +610,6 @@ class Bench:
                   "iperf3 UDP on the kernel stack; dlcp on DPDK net_af_packet, which still crosses the kernel")
 
     # ---- 4. headline
-    def conditions(self):
-        if self.quick:
-            return [("clean", {}), ("loss 1%", {"loss": 1})]
-        return [("clean", {}), ("loss 0.1%", {"loss": 0.1}), ("loss 1%", {"loss": 1}),
-                ("congested port", {"rate": 300, "rate_ports": "0", "cross": 400})]
-
     def cross_traffic(self, hosts, mbps):
         """Best-effort (DSCP 0) iperf3 UDP from an extra host into host 0's bottleneck port."""
         src = hosts  # the extra host
@@ -509,50 +623,74 @@ class Bench:
         return [cli, srv]
 
     def plan(self):
-        """(condition, testbed args, size, [(system, reps)]) of the headline."""
+        """The headline conditions: dicts with cond, mtu, testbed args, size, [(system, reps)].
+        Clean and 1% loss at MTU 1500 and 9000; the floor in the clean ones."""
         if self.quick:
-            trio = [("dlcp1", 5), ("gloo", 5), ("mpi", 5)]
-            return [("clean", {}, 16 * MiB, trio), ("loss 1%", {"loss": 1}, 16 * MiB, trio)]
-        # >= 20 reps for the 64 MiB headline trio; the secondary systems (dlcp budget 0,
-        # the TCP peers under bbr) and the slow congested-port runs get fewer, to keep
-        # the full run near 30 minutes on two cores.
+            size, n = 16 * MiB, 3
+            clean = [(s, n) for s in ("dlcp1", "dlcp0", "gloo", "mpi", "floor")]
+            lossy = [(s, n) for s in ("dlcp1", "dlcp0", "gloo", "mpi")]
+            return [{"cond": c, "mtu": m, "tb": tb, "size": size, "systems": sy}
+                    for c, tb, sy in (("clean", {}, clean), ("loss 1%", {"loss": 1}, lossy)) for m in (1500, 9000)]
+        # 10 reps for the main systems (the issue's p50 over 10); 5 for the secondary
+        # rows (the tuned dlcp row, the TCP peers under bbr) and the slow congested port.
         bbr = [(f"{p}-bbr", 5) for p in ("gloo", "mpi") if "bbr" in self.ccs]
-        trio = [("dlcp1", 20), ("gloo", 20), ("mpi", 20)]
-        main = trio[:1] + [("dlcp0", 5)] + trio[1:]
-        return [("clean", {}, 64 * MiB, main + bbr),
-                ("loss 0.1%", {"loss": 0.1}, 64 * MiB, trio),
-                ("loss 1%", {"loss": 1}, 64 * MiB, main + bbr),
-                ("congested port", {"rate": 300, "rate_ports": "0", "cross": 400}, 16 * MiB,
-                 [("dlcp1", 5), ("dlcp0", 3), ("gloo", 3), ("mpi", 3)])]
+        trio = [("dlcp1", 10), ("gloo", 10), ("mpi", 10)]
+        main = trio[:1] + [("dlcp0", 10)] + trio[1:]
+        lossy = trio[:1] + [("dlcp0", 5)] + trio[1:]
+        big = 64 * MiB
+        return [{"cond": "clean", "mtu": 1500, "tb": {}, "size": big,
+                 "systems": main + [("floor", 10), ("dlcp1-paced", 5)] + bbr},
+                {"cond": "clean", "mtu": 9000, "tb": {}, "size": big, "systems": main + [("floor", 10)]},
+                {"cond": "loss 0.1%", "mtu": 1500, "tb": {"loss": 0.1}, "size": big, "systems": trio},
+                {"cond": "loss 1%", "mtu": 1500, "tb": {"loss": 1}, "size": big, "systems": lossy + bbr},
+                {"cond": "loss 1%", "mtu": 9000, "tb": {"loss": 1}, "size": big, "systems": lossy},
+                {"cond": "congested port", "mtu": 1500, "tb": {"rate": 300, "rate_ports": "0", "cross": 400},
+                 "size": 16 * MiB, "systems": [("dlcp1", 5), ("dlcp0", 3), ("gloo", 3), ("mpi", 3)]}]
+
+    def record_config(self):
+        """The configuration dlcpd runs with in the headline: dlcpd check-config of host 0's
+        file (defaults filled in, secret redacted), and what the bench sets beyond defaults."""
+        d = tempfile.mkdtemp(prefix="cfg-", dir=self.workdir)
+        cfg = os.path.join(d, "d0.toml")
+        saved, self.bed.mtu = self.bed.mtu, 1500
+        try:
+            with open(cfg, "w") as f:
+                f.write(self.runner.dlcp_config(0, 4, os.path.join(d, "d0.sock")))
+        finally:
+            self.bed.mtu = saved
+        text = measure.dlcpd_config(self.a.bindir, cfg, sh)
+        self.data["config"] = {
+            "effective": text,
+            "set": ["[node] rank, job_id, job_secret; [[peers]]: who the hosts are (no default exists)",
+                    "[control] socket_path: one socket per daemon in a temporary directory",
+                    "[network] mtu = 9000 in the MTU 9000 conditions: the links' MTU",
+                    "[shm] arena_bytes / max_tensor_bytes only for workloads beyond the defaults (256 MiB in "
+                    "the sizes step): needed to run",
+                    f"dlcp b1% paced 3 Gbit/s (tuned): [pacing] rate_mbps = {PACED_MBPS}, a labelled row, "
+                    "never the headline"]}
+        log("dlcpd configuration (dlcpd check-config of host 0's file; MTU 1500):\n"
+            + "\n".join("    " + line for line in text.splitlines()))
 
     def headline(self):
         hosts = 4
-        for cname, c, csize, systems in self.plan():
-            congested = "cross" in c
-            log(f"headline: {cname}, {csize // MiB} MiB, {hosts} hosts: "
-                + ", ".join(f"{s} x{n}" for s, n in systems))
-            self.bed.up(hosts + (1 if congested else 0), loss=c.get("loss"), rate=c.get("rate"),
-                        rate_ports=c.get("rate_ports"))
+        self.record_config()
+        for c in self.plan():
+            cname, mtu, csize = c["cond"], c["mtu"], c["size"]
+            tb = dict(c["tb"])
+            cross = tb.pop("cross", None)
+            log(f"headline: {cname}, MTU {mtu}, {csize // MiB} MiB, {hosts} hosts: "
+                + ", ".join(f"{s} x{n}" for s, n in c["systems"]))
+            self.bed.up(hosts + (1 if cross else 0), mtu=mtu, **tb)
             extra = []
             try:
-                if congested:
-                    extra = self.cross_traffic(hosts, c["cross"])
-                for s, reps in systems:
-                    try:
-                        r = self.runner.run(s, hosts, reps, 1, sizes=[csize])
-                    except Exception as e:  # a peer failing is a result, not the end of the run
-                        log(f"  {s}: FAILED: {e}")
-                        self.errors.append(f"{cname} {s}: {e}")
-                        continue
-                    st = stats(r["results"][0]["times"])
-                    log(f"  {LABEL.get(s, s)}: p50 {ms(st['p50'])} ms p99 {ms(st['p99'])} ms max "
-                        f"{ms(st['max'])} ms ({r['wall_s']:.0f} s)")
-                    self.data["headline"].append({"cond": cname, "size": csize, "system": s, "stats": st,
-                                                  "cpu_per_gib": cpu_per_gib(r), "times": r["results"][0]["times"],
-                                                  "min_delivered_ppm": r.get("min_delivered_ppm")})
-                    if cname == "clean" and s in ("dlcp1", "gloo", "mpi"):
-                        self.data["sizes"].append({"cond": cname, "system": s, "size": csize, "stats": st})
-                if c.get("loss"):
+                if cross:
+                    extra = self.cross_traffic(hosts, cross)
+                base = measure.idle_baseline(2 if self.quick else 4)
+                log(f"  idle baseline: {base:.2f} busy cores with nothing of ours running")
+                self.data["baselines"].append({"cond": cname, "mtu": mtu, "busy_cores": base})
+                for s, reps in c["systems"]:
+                    self.headline_run(cname, mtu, csize, s, reps, base)
+                if tb.get("loss"):
                     seen, dropped = self.bed.loss_counters()
                     log(f"  nftables: {dropped} of {seen} packets dropped ({100 * dropped / max(seen, 1):.2f}%)")
             finally:
@@ -560,18 +698,59 @@ class Bench:
                     p.kill()
                     p.wait()
                 self.bed.down()
-            self.headline_lines(cname, csize)
+            self.headline_lines(cname, mtu, csize)
 
-    def headline_lines(self, cname, size):
-        rows = {h["system"]: h for h in self.data["headline"] if h["cond"] == cname}
-        d = rows.get("dlcp1")
-        if not d:
+    def headline_run(self, cname, mtu, csize, s, reps, base):
+        hosts = 4
+        profile = None
+        if cname == "clean" and s in ("dlcp1", "dlcp0", "floor", "gloo", "mpi"):
+            profile = f"clean-mtu{mtu}-{s}"
+        try:
+            r = self.runner.run(s, hosts, reps, 1, sizes=[csize], profile=profile)
+        except Exception as e:  # a peer failing is a result, not the end of the run
+            log(f"  {s}: FAILED: {e}")
+            self.errors.append(f"{cname} MTU {mtu} {s}: {e}")
             return
-        tag = cname.replace(" ", "_").replace("%", "pct").replace(".", "p")
-        for peer in ("gloo", "mpi"):
-            if peer in rows:
-                self.line(f"allreduce_{size // MiB}MiB_{tag}_p99_vs_{peer}", d["stats"]["p99"] * 1000,
-                          rows[peer]["stats"]["p99"] * 1000, "ms", LABEL[peer], lower_better=True)
+        st = stats(r["results"][0]["times"])
+        cpu = cpu_figures(r, base)
+        row = {"cond": cname, "mtu": mtu, "size": csize, "system": s, "stats": st, "cpu": cpu,
+               "cpu_per_gib": cpu_per_gib(r), "times": r["results"][0]["times"],
+               "min_delivered_ppm": r.get("min_delivered_ppm"), "repairs": r.get("repairs"),
+               "drops": r.get("drops"), "kernel": r.get("kernel"), "floor": r.get("floor"),
+               "perf": r.get("perf"), "window": r.get("cpu"), "baseline_cores": base}
+        self.data["headline"].append(row)
+        extra = ""
+        if r.get("drops") is not None:
+            extra = f", daemon rx drops {r['drops'].get('protocol_rx_dropped', '?')}"
+        if r.get("floor"):
+            extra = f", lost {r['floor']['lost']}"
+        log(f"  {LABEL.get(s, s)}: p50 {ms(st['p50'])} ms p99 {ms(st['p99'])} ms max {ms(st['max'])} ms, "
+            f"CPU-s/GiB cgroup {cpu.get('cgroup', float('nan')):.1f} machine net "
+            f"{cpu.get('net', float('nan')):.1f}, kernel UDP rcvbuf errors "
+            f"{r['kernel'].get('udp_rcvbuf_errors', '?')}{extra} ({r['wall_s']:.0f} s)")
+        if cname == "clean" and mtu == 1500 and s in ("dlcp1", "gloo", "mpi"):
+            self.data["sizes"].append({"cond": cname, "system": s, "size": csize, "stats": st})
+
+    def headline_lines(self, cname, mtu, size):
+        """Summary lines of a condition: dlcp b1% and b0 against each peer (p99 under loss,
+        p50 when clean), the best peer, and the floor; CPU per GiB against Gloo."""
+        rows = {h["system"]: h for h in self.data["headline"] if h["cond"] == cname and h["mtu"] == mtu}
+        tag = cname.replace(" ", "_").replace("%", "pct").replace(".", "p") + ("" if mtu == 1500 else f"_mtu{mtu}")
+        q = "p50" if cname == "clean" else "p99"
+        for d in ("dlcp1", "dlcp0"):
+            if d not in rows:
+                continue
+            who = "" if d == "dlcp1" else "_b0"
+            dv = rows[d]["stats"][q] * 1000
+            for peer in ("gloo", "mpi", "floor"):
+                if peer in rows and (peer != "floor" or cname == "clean"):
+                    self.line(f"allreduce_{size // MiB}MiB_{tag}{who}_{q}_vs_{peer}", dv,
+                              rows[peer]["stats"][q] * 1000, "ms", LABEL[peer], lower_better=True)
+            for peer in ("gloo",):
+                a, b = rows[d]["cpu"].get("cgroup"), rows.get(peer, {}).get("cpu", {}).get("cgroup")
+                if cname == "clean" and a and b:
+                    self.line(f"allreduce_{size // MiB}MiB_{tag}{who}_cpu_per_gib_vs_{peer}", a, b, "CPU-s/GiB",
+                              f"{LABEL[peer]}, cgroup", lower_better=True)
 
     # ---- sizes and the bucketed model
     def sizes(self):
@@ -674,10 +853,14 @@ class Bench:
         finally:
             self.bed.down()
             self.restore_cc()
+            self.profiler.cleanup()
+            self.cgroups.cleanup()
             shutil.rmtree(self.workdir, ignore_errors=True)
         self.elapsed = time.time() - T_START
         self.data["run"] = {"summary": self.summary, "errors": self.errors, "elapsed_s": self.elapsed,
-                            "load_note": self.a.load_note, "quick": self.quick}
+                            "load_note": self.a.load_note, "quick": self.quick,
+                            "cgroups": self.cgroups.reason or "cgroup v2, one group per system",
+                            "perf_files": self.profiler.files}
         with open(os.path.join(self.a.out, self.base + ".json"), "w") as f:
             json.dump(self.data, f, indent=1)
         import report
@@ -776,8 +959,146 @@ def self_check():
     assert sim["ideal"] == 1512.0 and sim["control_per_rank_op"] == 615.2 and sim["data_per_rank_op"] == 1529.9, sim
     assert sim["control_types"] == {"probe": 276.1, "bitmap": 143.0, "done": 133.1, "hello": 63.0}, sim
     assert sim["state_kib"] == 202.1 and sim["open_transfers"] == 189 and sim["op_p99_ms"] == 3.254, sim
+    check_measure()
+    check_config_and_plan()
+    check_report()
     print("harness self-check: ok (ResNet-50 161 tensors, 25557032 parameters, "
-          f"{len(b)} buckets; percentiles, CPU/GiB, per-rep max over ranks)")
+          f"{len(b)} buckets; percentiles, CPU/GiB, per-rep max over ranks; cgroup/proc CPU windows, "
+          "drop counters, perf report parsing; default dlcpd config, plan at both MTUs; report tables)")
+
+
+def check_measure():
+    """The parsers of bench/measure.py on samples of what they read."""
+    m = measure
+    assert m.parse_mounts("tmpfs /sys/fs/cgroup tmpfs rw 0 0\ncgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n") \
+        == "/sys/fs/cgroup/unified"
+    assert m.parse_mounts("proc /proc proc rw 0 0\n") is None
+    assert m.parse_cpu_stat("usage_usec 1500\nuser_usec 1000\n") == 1500 and m.parse_cpu_stat("") is None
+    assert m.parse_proc_stat("cpu  10 1 20 300 4 5 6 7 0 0\ncpu0 1 1 1 1 1 1 1 1\n") == (49, 353)
+    # The cgroup wrapper moves the shell into the group and execs: the pid written is the command's.
+    with tempfile.NamedTemporaryFile("r") as f:
+        r = subprocess.run(m.cg_wrap(f.name, ["sh", "-c", "echo $$"]), capture_output=True, text=True, check=True)
+        assert f.read().strip() == r.stdout.strip() != "", (f.name, r.stdout)
+    wins = [{"window": {"t0": 100.0, "t1": 103.0, "cg0": 5_000_000, "cg1": 9_000_000, "busy0": 1000, "busy1": 1500}},
+            {"window": {"t0": 100.5, "t1": 104.0, "cg0": 5_500_000, "cg1": 9_500_000, "busy0": 1010, "busy1": 1600}}]
+    w = m.window_cpu(wins)
+    assert w == {"wall_s": 4.0, "cgroup_s": 4.5, "machine_s": 6.0}, w
+    assert "cgroup_s" not in m.window_cpu([{"window": dict(wins[0]["window"], cg0=None)}])
+    assert m.window_cpu([{}]) == {}
+    run = {"results": [{"elems": 1 << 27, "times": [1.0]}], "warmup": 1, "cpu_s": 3.0, "cpu": w}
+    f = cpu_figures(run, baseline_cores=0.5)  # 1 GiB reduced (2 reps of 512 MiB)
+    assert f == {"proc": 3.0, "cgroup": 4.5, "machine": 6.0, "net": 4.0}, f
+    assert cpu_per_gib(run) == 4.5 and cpu_per_gib(dict(run, cpu={})) == 3.0
+    udp = m.parse_snmp_udp("Ip: Forwarding\nIp: 1\nUdp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors\n"
+                           "Udp: 100 0 5 200 4\nUdpLite: InDatagrams\nUdpLite: 0\n")
+    assert udp["RcvbufErrors"] == 4 and udp["InErrors"] == 5, udp
+    dev = ("Inter-|   Receive |  Transmit\n face |bytes packets errs drop fifo frame compressed multicast|bytes\n"
+           "    lo: 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n  eth0: 1000 10 0 3 0 0 0 0 2000 20 0 9 0 0 0 0\n")
+    assert m.parse_netdev_rx_dropped(dev) == 3
+    tc = ("qdisc htb 1: root refcnt 2 r2q 10 default 0x10 direct_packets_stat 0 direct_qlen 1000\n"
+          " Sent 123456 bytes 100 pkt (dropped 7, overlimits 2 requeues 0)\n backlog 0b 0p requeues 0\n"
+          "qdisc pfifo 20: parent 1:10 limit 50p\n Sent 1000 bytes 10 pkt (dropped 3, overlimits 0 requeues 0)\n"
+          "qdisc pfifo 21: parent 1:11 limit 50p\n Sent 1000 bytes 10 pkt (dropped 4, overlimits 0 requeues 0)\n")
+    assert m.parse_qdisc_drops(tc) == 7
+    assert m.KernelCounters.delta({"a": 1, "b": 5}, {"a": 4, "b": 5}) == {"a": 3, "b": 0}
+    st = {"protocol": {"rx_dropped_packets_per_class": [0, 1, 2, 0, 0, 0, 0, 0],
+                       "rx_dropped_unknown_class": {"packets": 3, "bytes": 9}, "rejected": {"early_dropped": 4},
+                       "repairs_sent": 10},
+          "datapath_counters": {"rx_truncated": 0, "rx_errors": 1,
+                                "detail": {"kernel": {"RcvbufErrors": 7}, "rx_ring_overruns": 2, "gro_active": True}},
+          "service": {"rx_debug_dropped": 0}}
+    d = m.daemon_drops(st)
+    assert d == {"protocol_rx_dropped": 6, "early_dropped": 4, "datapath_rx_truncated": 0, "datapath_rx_errors": 1,
+                 "repairs_sent": 10, "datapath_counters.detail.kernel.RcvbufErrors": 7,
+                 "datapath_counters.detail.rx_ring_overruns": 2}, d
+    assert m.daemon_drops({}) == {} and m.daemon_drops({"protocol": {"repairs_sent": "x"}}) == {}
+    assert m.sum_counters([{"a": 1}, {"a": 2, "b": 3}, {}]) == {"a": 3, "b": 3}
+    rep = ("# Samples: 40K of event 'cpu-clock:pppH'\n# Overhead\tCommand\tShared Object\tSymbol\n#\n"
+           " 12.50%  \tdlcpd          \tdlcpd              \t[.] blake3::platform::hash_many   \t-      -\n"
+           "  8.00%  \tdlcpd          \t[kernel.kallsyms]  \t[k] copy_user_enhanced_fast_string\n"
+           "  5.00%  \topt cgu.0      \tlibLLVM.so.22.1    \t[.] llvm::Foo<[u8; 8], (anonymous namespace)::X>\n"
+           "  2.00%  \tdlcp-bench     \tlibc.so.6          \t[.] __memmove_avx_unaligned_erms\n\n"
+           "#\n# (Tip: ...)\n")
+    rows = m.parse_perf_report(rep)
+    assert rows[0] == (12.5, "dlcpd", "dlcpd", "u", "blake3::platform::hash_many") and len(rows) == 4, rows
+    assert rows[2] == (5.0, "opt cgu.0", "libLLVM.so.22.1", "u", "llvm::Foo<[u8; 8], (anonymous namespace)::X>"), rows
+    sp = m.perf_split(rows)
+    assert sp["dlcpd"] == {"k": 8.0, "u": 12.5} and sp["opt cgu.0"] == {"k": 0.0, "u": 5.0}, sp
+    text = m.perf_summary("dlcp b1%", 5.0, rows, sp)
+    assert "dlcpd" in text and "kernel   8.00%" in text and "blake3::platform::hash_many" in text, text
+
+
+def check_config_and_plan():
+    """dlcpd runs its defaults (only identities, socket, MTU and needed shm sizes are set);
+    the headline plan has clean and 1% loss at both MTUs, with the floor when clean."""
+    import tomllib
+    bed = Testbed("selfcheck")
+    rn = Runner(bed, "/nonexistent", "/tmp", None, None)
+    cfg = tomllib.loads(rn.dlcp_config(2, 4, "/tmp/x.sock"))
+    assert set(cfg) == {"node", "peers", "control"}, cfg
+    assert cfg["control"] == {"socket_path": "/tmp/x.sock"} and len(cfg["peers"]) == 4 and cfg["node"]["rank"] == 2
+    assert set(cfg["node"]) == {"rank", "job_id", "job_secret"}, cfg["node"]
+    bed.mtu = 9000
+    cfg = tomllib.loads(rn.dlcp_config(0, 2, "/tmp/x.sock", Runner.shm_for([256 * MiB])))
+    assert cfg["network"] == {"mtu": 9000} and cfg["shm"]["max_tensor_bytes"] == 256 * MiB, cfg
+    assert cfg["shm"]["arena_bytes"] >= 512 * MiB
+    assert Runner.shm_for([64 * MiB]) == "" and Runner.shm_for(buckets=[6_000_000] * 4) == ""
+    odd = tomllib.loads(Runner.shm_for(buckets=[16_000_001] * 5))["shm"]  # 305 MB, not whole pages
+    assert odd["arena_bytes"] % MiB == 0 and odd["arena_bytes"] >= 5 * 16_000_001 * 4, odd
+    assert tomllib.loads(DLCP_PACED) == {"pacing": {"rate_mbps": PACED_MBPS}}
+    assert [cg_name(s) for s in ("dlcp1", "dlcp0", "dlcp1-paced", "gloo-bbr", "mpi", "floor")] == \
+        ["dlcp", "dlcp", "dlcp", "gloo", "mpi", "floor"]
+    for quick, size in ((True, 16 * MiB), (False, 64 * MiB)):
+        bn = Bench.__new__(Bench)
+        bn.quick, bn.ccs = quick, ["cubic", "bbr"]
+        plan = {(c["cond"], c["mtu"]): c for c in bn.plan()}
+        for cond in ("clean", "loss 1%"):
+            for mtu in (1500, 9000):
+                c = plan[(cond, mtu)]
+                sys_ = [s for s, _ in c["systems"]]
+                assert c["size"] == size and {"dlcp1", "dlcp0", "gloo", "mpi"} <= set(sys_), (cond, mtu, sys_)
+                assert ("floor" in sys_) == (cond == "clean"), (cond, mtu, sys_)
+                assert all(n >= (3 if quick else 5) for _, n in c["systems"]), c
+        if not quick:
+            assert "dlcp1-paced" in [s for s, _ in plan[("clean", 1500)]["systems"]]
+            assert all(n == 10 for s, n in plan[("clean", 9000)]["systems"]), "p50 over 10 reps"
+    assert set(LABEL) >= {"dlcp1", "dlcp0", "dlcp1-paced", "floor", "gloo", "mpi"}
+
+
+def check_report():
+    """The results file's headline tables from synthetic rows."""
+    import report_headline as rh
+
+    def row(cond, mtu, s, p50, cg=None, extra=None):
+        r = {"cond": cond, "mtu": mtu, "size": 64 * MiB, "system": s,
+             "stats": {"n": 10, "p50": p50, "p99": p50 * 1.2, "max": p50 * 1.3},
+             "cpu": {"proc": 1.0, "cgroup": cg, "machine": 2.0, "net": 1.5} if cg else {}}
+        r.update(extra or {})
+        return r
+    h = [row("clean", 1500, "dlcp1", 1.0, 30.0, {"drops": {"protocol_rx_dropped": 5, "kernel.RcvbufErrors": 2},
+                                                 "kernel": {"udp_rcvbuf_errors": 9}, "min_delivered_ppm": 990000,
+                                                 "perf": {"file": "x-perf.txt", "seconds": 5.0,
+                                                          "split": {"dlcpd": {"k": 40.0, "u": 30.0}}}}),
+         row("clean", 1500, "gloo", 0.5, 15.0), row("clean", 1500, "mpi", 0.6, 16.0),
+         row("clean", 1500, "floor", 0.4, 10.0, {"floor": {"lost": 0}, "kernel": {"udp_rcvbuf_errors": 0}}),
+         row("clean", 9000, "dlcp1", 0.5, 16.0), row("clean", 9000, "gloo", 0.16, 6.0),
+         row("loss 1%", 1500, "dlcp1", 1.1), row("loss 1%", 1500, "gloo", 4.8)]
+    lead = "\n".join(rh.lead(h))
+    assert "| 1500 | 1000 | – | 500 | 600 | 400 | 2.00 (Gloo) | – | 2.50 | – |" in lead, lead
+    assert "| 9000 | 500 | – | 160 | – | – | 3.12 (Gloo) |" in lead, lead
+    assert "| 1500 | 30.0 | – | 15.0 | 16.0 | 10.0 | 2.00 | 3.00 |" in lead, lead
+    assert "| 1500 | 1100 / 1320 | – | 4800 / 5760 | – | 1.10 | 0.23 |" in lead, lead
+    tables = "\n".join(rh.condition_tables(h, [{"cond": "clean", "mtu": 1500, "busy_cores": 0.25}]))
+    assert "### clean, MTU 1500 — 64 MiB float32; idle baseline 0.25 busy cores" in tables
+    assert "| dlcp b1% | 10 | 1000 | 1200 | 1300 | 0.54 | 30.0 | 2.0 (1.5) | 1.0 | 2.50 |  | 99.00% |" in tables, tables
+    drops = "\n".join(rh.drops_section(h))
+    assert "kernel.RcvbufErrors" in drops and "| clean, MTU 1500 | dlcp b1% | – | 5 | – | – | – | 2 | 9 |" in drops, drops
+    floor_row = next(line for line in drops.splitlines() if line.startswith("| clean, MTU 1500 | floor (bare UDP) |"))
+    assert floor_row.endswith("| 0 | – | – | – | 0 |"), floor_row
+    assert "40.0% / 30.0%" in "\n".join(rh.perf_section(h))
+    assert "| loss 1% | 1500 | 64 MiB |" in rh.summary_table(h)
+    cfg = "\n".join(rh.config_section({"effective": "[node]\nrank = 0\n", "set": ["x"]}))
+    assert "```toml\n[node]\nrank = 0\n```" in cfg and "- x" in cfg
 
 
 def main():
@@ -792,12 +1113,18 @@ def main():
     ap.add_argument("--only", default="", help="comma list of steps: micro,datapath,headline,sizes,scaling,simulate")
     ap.add_argument("--sim-timeout", type=int, default=600, help="seconds per simulation")
     ap.add_argument("--load-note", default="", help="what else ran on the machine")
+    ap.add_argument("--tag", default="", help="appended to the results' names (e.g. before / after)")
+    ap.add_argument("--perf", type=float, nargs="?", const=5.0, default=0.0, metavar="SECONDS",
+                    help="perf record -a -g for SECONDS (default 5) of each clean headline run's timed region; "
+                         "summaries go to results/<base>-perf-*.txt")
     a = ap.parse_args()
     stamp = datetime.datetime.utcnow().strftime("%Y-%m-%d")
     host = socket.gethostname()
     if a.out is None:
         a.out = os.path.join(ROOT, "bench", "results")
-    a.base = f"{stamp}-{host}" + ("-quick" if a.quick else "")
+    if a.tag and not re.fullmatch(r"[A-Za-z0-9._-]+", a.tag):
+        ap.error("--tag: letters, digits, '.', '_' and '-' only")
+    a.base = f"{stamp}-{host}" + ("-quick" if a.quick else "") + (f"-{a.tag}" if a.tag else "")
     os.makedirs(a.out, exist_ok=True)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     b = Bench(a)
@@ -805,7 +1132,10 @@ def main():
     def on_signal(sig, frame):
         raise KeyboardInterrupt
 
+    # SIGINT too: a harness started where SIGINT is ignored (in the background of a
+    # non-interactive shell) must still clean up when it gets one.
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     sys.exit(b.run_all())
 
 

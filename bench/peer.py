@@ -2,20 +2,53 @@
 """One rank of the peer allreduce benchmark: Gloo (torch.distributed) or Open MPI
 (mpi4py MPI_Allreduce), the same measurement as `dlcp-bench trainer`.
 
-Each rep rewrites the input (outside the timing), then times one allreduce (sizes)
+Inputs are made, then a barrier, then the CPU window opens (see mark()). Each rep
+rewrites the input (outside the timing), then times one allreduce (sizes)
 or, for a bucketed model, all buckets issued back to front asynchronously, as DDP
 does, recording when the front bucket and when all buckets are complete. Prints
-one JSON line: per-rep times in seconds and the CPU seconds of the timed loop.
+one JSON line: per-rep times in seconds, the CPU seconds of the timed loop, and the
+CPU window (the system cgroup's and the machine's counters at its start and end).
 
 Peers run at their defaults: Gloo needs only GLOO_SOCKET_IFNAME (set by the
 harness); MPI's interface selection is passed to mpirun by the harness.
 """
 import argparse
 import json
+import os
 import sys
 import time
 
 import numpy as np
+
+CGROUP_ENV = "DLCP_BENCH_CGROUP_CPU_STAT"  # as in bench/src/window.rs
+STARTED_ENV = "DLCP_BENCH_STARTED"
+
+
+def mark():
+    """CPU counters now (see bench/src/window.rs): wall time, the system cgroup's
+    usage_usec, the machine's busy and total jiffies."""
+    cg = None
+    try:
+        with open(os.environ[CGROUP_ENV]) as f:
+            for line in f:
+                if line.startswith("usage_usec "):
+                    cg = int(line.split()[1])
+    except (KeyError, OSError, ValueError):
+        pass
+    busy = total = None
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu "):
+                v = [int(x) for x in line.split()[1:]] + [0] * 10
+                busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+                total = busy + v[3] + v[4]
+                break
+    return {"t": time.time(), "cg": cg, "busy": busy, "total": total}
+
+
+def window(a, b):
+    return {"t0": a["t"], "t1": b["t"], "cg0": a["cg"], "cg1": b["cg"], "busy0": a["busy"], "busy1": b["busy"],
+            "total0": a["total"], "total1": b["total"]}
 
 
 def inputs(seed, n):
@@ -67,6 +100,9 @@ def main():
                     front = time.perf_counter() - t0
             return front
 
+        def barrier():
+            dist.barrier()
+
         def finish():
             dist.destroy_process_group()
 
@@ -98,15 +134,25 @@ def main():
                     front = time.perf_counter() - t0
             return front
 
+        def barrier():
+            comm.Barrier()
+
         def finish():
             pass
 
     results = []
+    # Inputs first, then a barrier, then the CPU marks: the timed region's CPU
+    # covers the allreduces (warm-up included), not imports or input generation.
+    srcs = [inputs(a.seed + i, n) for i, n in enumerate(sizes or buckets)]
+    barrier()
     cpu0 = time.process_time()
+    m0 = mark()
+    if os.environ.get(STARTED_ENV):
+        open(os.environ[STARTED_ENV], "w").close()
     if sizes:
         for i, n in enumerate(sizes):
             t = alloc(n)
-            src = inputs(a.seed + i, n)
+            src = srcs[i]
             times = []
             for rep in range(a.warmup + a.reps):
                 fill(t, src)
@@ -118,7 +164,6 @@ def main():
             del t
     else:
         ts = [alloc(n) for n in buckets]
-        srcs = [inputs(a.seed + i, n) for i, n in enumerate(buckets)]
         times, front = [], []
         for rep in range(a.warmup + a.reps):
             for t, s in zip(ts, srcs):
@@ -130,9 +175,13 @@ def main():
                 times.append(time.perf_counter() - t0)
                 front.append(f)
         results.append({"elems": sum(buckets), "times": times, "front": front})
+    m1 = mark()
     cpu = time.process_time() - cpu0
+    if os.environ.get(STARTED_ENV):
+        open(os.environ[STARTED_ENV] + ".end", "w").close()
     finish()
-    line = json.dumps({"system": a.backend, "rank": rank, "cpu_s": cpu, "results": results})
+    line = json.dumps({"system": a.backend, "rank": rank, "cpu_s": cpu, "window": window(m0, m1),
+                       "results": results})
     if a.out_dir:
         # mpirun merges the ranks' stdout: lines could interleave.
         with open(f"{a.out_dir}/rank{rank}.json", "w") as f:

@@ -5,8 +5,9 @@
 # Installs what it needs (Debian 12, as root), builds release, runs every
 # benchmark (bench/harness.py) on the testbed of scripts/testbed.sh, tears the
 # testbed down even on failure, and writes bench/results/<date>-<host>.md + PNGs.
-# --quick: under 5 minutes, 16 MiB headline, one summary line per benchmark.
-# Extra arguments go to bench/harness.py (--only STEPS, --prefix P, --load-note TEXT).
+# --quick: under 5 minutes, 16 MiB headline at MTU 1500 and 9000, one summary line
+# per benchmark. --perf [SECONDS]: perf profiles of the clean headline runs.
+# Extra arguments go to bench/harness.py (--only STEPS, --load-note TEXT, --perf, --tag NAME).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -28,6 +29,13 @@ if [ -n "$missing" ]; then
   apt-get update -q >/dev/null
   apt-get install -y -q --no-install-recommends $missing >/dev/null
 fi
+case " $* " in
+  *" --perf"*)
+    command -v perf >/dev/null || {
+      say "installing: linux-perf (for --perf)"
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends linux-perf >/dev/null
+    } ;;
+esac
 command -v cargo >/dev/null || { say "cargo not found: install a Rust toolchain >= 1.85 (rustup)"; exit 1; }
 
 say "building release (dlcpd, dlcpctl, dlcp-bench)"
@@ -36,6 +44,19 @@ cargo build --release --locked -q -p dlcp -p dlcp-bench
 CC_SAVE=/run/dlcp-bench-allowed-cc
 cleanup() {
   DLCPTB_PREFIX=$PREFIX scripts/testbed.sh down >/dev/null 2>&1 || true
+  # The harness removes its cgroups itself; this covers a harness that was killed:
+  # end what is still in them (only processes the harness started) and remove them.
+  local mnt g c
+  for mnt in $(awk '$3 == "cgroup2" { print $2 }' /proc/mounts); do
+    g=$mnt/dlcp-bench-$PREFIX
+    [ -d "$g" ] || continue
+    for c in "$g"/*/; do
+      [ -f "$c/cgroup.kill" ] && echo 1 >"$c/cgroup.kill" 2>/dev/null || true
+    done
+    sleep 0.5
+    for c in "$g"/*/; do rmdir "$c" 2>/dev/null || true; done
+    rmdir "$g" 2>/dev/null || true
+  done
   # The harness restores this itself; this covers a harness that was killed.
   if [ -f "$CC_SAVE" ]; then
     sysctl -q -w net.ipv4.tcp_allowed_congestion_control="$(cat "$CC_SAVE")" || true

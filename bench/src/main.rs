@@ -11,16 +11,28 @@
 //!   benchmark: attaches to its host's `dlcpd` with the Rust client (`dlcp-client`),
 //!   runs warm-up and timed allreduces, prints its per-rep times and CPU time as JSON.
 //!   `bench/harness.py` starts one per testbed host.
+//! * `dlcp-bench floor --rank R --peers IP:PORT,.. ...` — one host of the floor:
+//!   the same allreduce bytes over bare `sendmmsg`/`recvmmsg` (GSO/GRO), summed,
+//!   with no protocol, MAC or repair (see `floor/mod.rs`). One per testbed host.
+//!
+//! Trainers and the floor print a `"window"` of CPU counters (see `window.rs`).
 
+mod floor;
 mod micro;
 mod trainer;
+mod window;
 
 use std::process::ExitCode;
 
 fn usage() -> &'static str {
-    "usage:\n  dlcp-bench micro [--ms MILLIS]\n  dlcp-bench trainer --socket PATH [--job ID] \
-     (--sizes E1,E2,.. | --buckets E1,E2,..) [--reps N] [--warmup N] [--budget-ppm P] [--timeout-s S]\n\
-     sizes and buckets are in f32 elements; buckets are listed front layer first."
+    "usage:
+  dlcp-bench micro [--ms MILLIS]
+  dlcp-bench trainer --socket PATH [--job ID] (--sizes E1,E2,.. | --buckets E1,E2,..) [--reps N]
+      [--warmup N] [--budget-ppm P] [--timeout-s S]
+  dlcp-bench floor --rank R --peers IP:PORT,IP:PORT,.. --sizes E1,E2,.. [--mtu M] [--reps N]
+      [--warmup N] [--seed S] [--gso-segments G] [--batch B] [--rcvbuf BYTES] [--sndbuf BYTES]
+      [--dscp D] [--idle-ms MS] [--barrier-s S]
+sizes and buckets are in f32 elements; buckets are listed front layer first."
 }
 
 fn main() -> ExitCode {
@@ -28,6 +40,7 @@ fn main() -> ExitCode {
     let r = match args.first().map(String::as_str) {
         Some("micro") => micro::main(&args[1..]),
         Some("trainer") => trainer::main(&args[1..]),
+        Some("floor") => floor::main(&args[1..]),
         Some("-h" | "--help") => {
             println!("{}", usage());
             return ExitCode::SUCCESS;

@@ -19,6 +19,49 @@ struct Figure {
     peer_name: &'static str,
     peer: f64,
     unit: &'static str,
+    /// Bytes the measured loop touches, over and over (its working set).
+    ws_bytes: u64,
+    /// The working set in words.
+    working_set: String,
+}
+
+/// Size of the last-level cache of CPU 0 (the largest data or unified cache in
+/// sysfs), or 32 MiB if sysfs does not say.
+fn llc_bytes() -> u64 {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+    let mut best = 0;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let ty = read(e.path().join("type")).unwrap_or_default();
+        if ty == "Instruction" {
+            continue;
+        }
+        if let Some(sz) = read(e.path().join("size")).and_then(|s| parse_size(&s)) {
+            best = best.max(sz);
+        }
+    }
+    if best == 0 { 32 << 20 } else { best }
+}
+
+/// A sysfs cache size: `32768K`, `1M`, or bytes.
+fn parse_size(s: &str) -> Option<u64> {
+    let (num, mult) = match s.as_bytes().last()? {
+        b'K' => (&s[..s.len() - 1], 1 << 10),
+        b'M' => (&s[..s.len() - 1], 1 << 20),
+        b'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok().map(|n| n * mult)
+}
+
+/// Working set of the benchmarks that stream data: twice the last-level
+/// cache, at least 64 MiB, so every pass comes from memory as a tensor does.
+fn streaming_bytes(llc: u64) -> usize {
+    (2 * llc).max(64 << 20) as usize
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.0} MiB", b as f64 / f64::from(1u32 << 20))
 }
 
 /// Calls `f` in batches of `batch` until `dur` has passed; returns calls per second.
@@ -87,91 +130,156 @@ fn udp_send_pps(dur: Duration) -> Result<f64, String> {
     Ok(sent as f64 / start.elapsed().as_secs_f64())
 }
 
-fn header_figures(dur: Duration, udp_pps: f64) -> Vec<Figure> {
+/// `count` datagrams of `size` bytes, back to back, each encoded from the
+/// next `size - OVERHEAD` bytes of a tensor of that many bytes (as the datapath
+/// cuts a tensor into chunks). Returns (tensor bytes, datagrams).
+fn datagram_stream(key: &MacKey, h: &Header, size: usize, count: usize) -> (Vec<u8>, Vec<u8>) {
+    let pl = size - OVERHEAD;
+    let tensor: Vec<u8> = (0..pl * count).map(|i| (i * 31 + 7) as u8).collect();
+    let mut pkts = vec![0u8; size * count];
+    for (src, out) in tensor.chunks_exact(pl).zip(pkts.chunks_exact_mut(size)) {
+        wire::encode(key, h, src, out).expect("encode");
+    }
+    (tensor, pkts)
+}
+
+fn header_figures(dur: Duration, udp_pps: f64, big: usize) -> Vec<Figure> {
     let key = MacKey::derive(b"bench secret");
     let size = 1472;
-    let payload: Vec<u8> = (0..size - OVERHEAD).map(|i| i as u8).collect();
-    let h = data_header(payload.len());
-    let mut pkt = vec![0u8; size];
-    wire::encode(&key, &h, &payload, &mut pkt).expect("encode");
+    let h = data_header(size - OVERHEAD);
+    let count = big / size;
+    let (tensor, mut pkts) = datagram_stream(&key, &h, size, count);
+    let stream_ws = (tensor.len() + pkts.len()) as u64;
+    let stream = format!("{count} datagrams = {} (2x LLC or more: from memory, as a tensor)", mib(stream_ws));
     let mut hdr = [0u8; wire::HEADER_LEN];
     // Header only: emit into 64 bytes; parse (bounds + field checks) from a full datagram.
     let emit = rate(dur, 1024, || {
         black_box(&h).emit(black_box(&mut hdr[..])).expect("emit");
     });
+    let first = pkts[..size].to_vec();
     let parse = rate(dur, 1024, || {
-        let p = Packet::new_checked(black_box(&pkt[..])).expect("packet");
+        let p = Packet::new_checked(black_box(&first[..])).expect("packet");
         black_box(Header::parse(&p).expect("parse"));
     });
     let both = 1.0 / (1.0 / emit + 1.0 / parse);
-    // Full datagram, as the datapath does it: header + payload copy + keyed-BLAKE3 tag.
-    let mut out = vec![0u8; size];
-    let encode = rate(dur, 256, || {
-        black_box(wire::encode(&key, black_box(&h), black_box(&payload), &mut out).expect("encode"));
-    });
+    // Full datagram, as the datapath does it: header + payload copy + keyed-BLAKE3
+    // tag, walking through the tensor and the datagrams.
+    let pl = size - OVERHEAD;
+    let mut i = 0;
     let decode = rate(dur, 256, || {
-        black_box(wire::decode(&key, black_box(&pkt[..])).expect("decode"));
+        black_box(wire::decode(&key, black_box(&pkts[i * size..(i + 1) * size])).expect("decode"));
+        i = (i + 1) % count;
+    });
+    let encode = rate(dur, 256, || {
+        let o = &mut pkts[i * size..(i + 1) * size];
+        black_box(
+            wire::encode(&key, black_box(&h), black_box(&tensor[i * pl..(i + 1) * pl]), o).expect("encode"),
+        );
+        i = (i + 1) % count;
     });
     let full = 1.0 / (1.0 / encode + 1.0 / decode);
-    // The tag alone, as dlcpd computes it: 64 datagrams of a send or receive
-    // batch at a time (MacKey::tag_many), and one at a time (MacKey::tag).
-    const BATCH: usize = 64;
-    let msgs: Vec<Vec<u8>> = (0..BATCH)
-        .map(|i| {
-            let mut m = pkt[..size - wire::TAG_LEN].to_vec();
-            m[wire::HEADER_LEN] = i as u8;
-            m
-        })
-        .collect();
-    let refs: Vec<&[u8]> = msgs.iter().map(|m| &m[..]).collect();
-    let mut tags = vec![[0u8; wire::TAG_LEN]; BATCH];
-    let many = BATCH as f64
-        * rate(dur, 4, || {
-            key.tag_many(black_box(&refs), &mut tags);
-            black_box(&tags);
-        });
-    let one = rate(dur, 256, || {
-        black_box(key.tag(black_box(&msgs[0])));
-    });
+    let (many, one) = mac_rates(dur, &key, &pkts, size);
+    let fig = |name, what, dlcp, ws_bytes, working_set: &str| Figure {
+        name,
+        what,
+        dlcp,
+        peer_name: "kernel UDP send 1472 B, one core",
+        peer: udp_pps,
+        unit: "pkt/s",
+        ws_bytes,
+        working_set: working_set.to_string(),
+    };
     vec![
-        Figure {
-            name: "header_codec",
-            what: "64-byte header emit + parse, per core",
-            dlcp: both,
-            peer_name: "kernel UDP send 1472 B, one core",
-            peer: udp_pps,
-            unit: "pkt/s",
-        },
-        Figure {
-            name: "packet_codec_mac",
-            what: "1472-byte datagram encode + decode with keyed-BLAKE3 tag, per core",
-            dlcp: full,
-            peer_name: "kernel UDP send 1472 B, one core",
-            peer: udp_pps,
-            unit: "pkt/s",
-        },
-        Figure {
-            name: "mac_batched",
-            what: "keyed-BLAKE3 tag of 1472-byte datagrams, 64 at a time as dlcpd does (tag_many), per core",
-            dlcp: many,
-            peer_name: "kernel UDP send 1472 B, one core",
-            peer: udp_pps,
-            unit: "pkt/s",
-        },
-        Figure {
-            name: "mac_single",
-            what: "keyed-BLAKE3 tag of one 1472-byte datagram at a time, per core",
-            dlcp: one,
-            peer_name: "kernel UDP send 1472 B, one core",
-            peer: udp_pps,
-            unit: "pkt/s",
-        },
+        fig(
+            "header_codec",
+            "64-byte header emit + parse, per core",
+            both,
+            (wire::HEADER_LEN + size) as u64,
+            "one header and one datagram (cache-resident: per-packet CPU only)",
+        ),
+        fig(
+            "packet_codec_mac",
+            "1472-byte datagram encode + decode with keyed-BLAKE3 tag, per core",
+            full,
+            stream_ws,
+            &stream,
+        ),
+        fig(
+            "mac_batched",
+            "keyed-BLAKE3 tag of 1472-byte datagrams, 64 at a time as dlcpd does (tag_many), per core",
+            many,
+            pkts.len() as u64,
+            &format!("{count} datagrams = {}", mib(pkts.len() as u64)),
+        ),
+        fig(
+            "mac_single",
+            "keyed-BLAKE3 tag of one 1472-byte datagram at a time, per core",
+            one,
+            pkts.len() as u64,
+            &format!("{count} datagrams = {}", mib(pkts.len() as u64)),
+        ),
     ]
 }
 
-/// f32 sum `dst += src` (the endpoint's reduce loop) vs `memcpy` of the same bytes.
-fn aggregation_figure(dur: Duration) -> Figure {
-    let n = 16 << 20; // 64 MiB per buffer: well outside the caches
+/// Tags per second of the datagrams of `size` bytes in `pkts` (their bytes
+/// before the tag), 64 at a time with `tag_many` and one at a time with `tag`,
+/// walking through the whole buffer.
+fn mac_rates(dur: Duration, key: &MacKey, pkts: &[u8], size: usize) -> (f64, f64) {
+    const BATCH: usize = 64;
+    let count = pkts.len() / size;
+    let msg = |k: usize| &pkts[k * size..(k + 1) * size - wire::TAG_LEN];
+    let mut tags = vec![[0u8; wire::TAG_LEN]; BATCH];
+    let mut i = 0;
+    let many = BATCH as f64
+        * rate(dur, 4, || {
+            let refs: [&[u8]; BATCH] = std::array::from_fn(|k| msg((i + k) % count));
+            key.tag_many(black_box(&refs), &mut tags);
+            black_box(&tags);
+            i = (i + BATCH) % count;
+        });
+    let one = rate(dur, 256, || {
+        black_box(key.tag(black_box(msg(i))));
+        i = (i + 1) % count;
+    });
+    (many, one)
+}
+
+/// The tag at MTU 9000 (8972-byte datagrams), in GB/s of tagged bytes, vs
+/// `memcpy` of the same buffer: how much dearer the MAC is than one pass over
+/// the bytes.
+fn jumbo_mac_figures(dur: Duration, big: usize, copy_gbs: f64) -> Vec<Figure> {
+    let key = MacKey::derive(b"bench secret");
+    let size = 8972;
+    let h = data_header(size - OVERHEAD);
+    let count = big / size;
+    let (_, pkts) = datagram_stream(&key, &h, size, count);
+    let (many, one) = mac_rates(dur, &key, &pkts, size);
+    let gbs = |pps: f64| pps * (size - wire::TAG_LEN) as f64 / 1e9;
+    let ws = format!("{count} datagrams = {}", mib(pkts.len() as u64));
+    let fig = |name, what, dlcp| Figure {
+        name,
+        what,
+        dlcp,
+        peer_name: "memcpy of a buffer of the same size",
+        peer: copy_gbs,
+        unit: "GB/s",
+        ws_bytes: pkts.len() as u64,
+        working_set: ws.clone(),
+    };
+    vec![
+        fig(
+            "mac_batched_jumbo",
+            "keyed-BLAKE3 tag of 8972-byte datagrams (MTU 9000), 64 at a time (tag_many), per core",
+            gbs(many),
+        ),
+        fig("mac_single_jumbo", "keyed-BLAKE3 tag of one 8972-byte datagram at a time, per core", gbs(one)),
+    ]
+}
+
+/// f32 sum `dst += src` (the endpoint's reduce loop) vs `memcpy` of the same
+/// bytes, over `big` bytes per buffer. Returns the figure and memcpy's GB/s.
+fn aggregation_figure(dur: Duration, big: usize) -> (Figure, f64) {
+    let n = big / 4;
     let src: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 1e-3).collect();
     let mut dst: Vec<f32> = vec![0.5; n];
     let bytes = (n * 4) as f64;
@@ -183,14 +291,17 @@ fn aggregation_figure(dur: Duration) -> Figure {
         dst.copy_from_slice(black_box(&src));
         black_box(&dst);
     }) * bytes;
-    Figure {
+    let fig = Figure {
         name: "aggregation",
-        what: "f32 sum dst += src, 64 MiB, bytes of src per second",
+        what: "f32 sum dst += src, bytes of src per second",
         dlcp: sum / 1e9,
         peer_name: "memcpy of the same bytes",
         peer: copy / 1e9,
         unit: "GB/s",
-    }
+        ws_bytes: 2 * (n * 4) as u64,
+        working_set: format!("src + dst = 2 x {}", mib((n * 4) as u64)),
+    };
+    (fig, copy / 1e9)
 }
 
 /// An in-process daemon side of the shared-memory channel, in a thread: it serves
@@ -230,11 +341,11 @@ fn shm_server(
     Ok((path, t))
 }
 
-fn shm_figures(dur: Duration) -> Result<Vec<Figure>, String> {
+fn shm_figures(dur: Duration, big: usize) -> Result<Vec<Figure>, String> {
     let dir = std::env::temp_dir().join(format!("dlcp-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let r = (|| {
-        let (path, server) = shm_server(&dir, 64 << 20)?;
+        let (path, server) = shm_server(&dir, (big + (4 << 20)) as u64)?;
         let mut cl = TrainerChannel::attach(&path, 1, 0, 1).map_err(|e| format!("attach: {e}"))?;
         let op = |cl: &mut TrainerChannel, t: &dlcp::shm::Tensor| {
             cl.submit(t, SubmitOptions::default()).expect("submit");
@@ -243,7 +354,7 @@ fn shm_figures(dur: Duration) -> Result<Vec<Figure>, String> {
         };
         let small = cl.alloc("small", 1).map_err(|e| e.to_string())?;
         let rts = rate(dur, 64, || op(&mut cl, &small));
-        let n = 4 << 20; // 16 MiB tensor
+        let n = big / 4; // a tensor beyond the last-level cache
         let big = cl.alloc("big", n as u64).map_err(|e| e.to_string())?;
         cl.write(&big, &vec![0.25f32; n]).map_err(|e| e.to_string())?;
         let big_rate = rate(dur, 1, || op(&mut cl, &big)) * (n * 4) as f64;
@@ -281,14 +392,18 @@ fn shm_figures(dur: Duration) -> Result<Vec<Figure>, String> {
                 peer_name: "64-byte ping-pong over a Unix socket pair",
                 peer: unix_rts,
                 unit: "round trips/s",
+                ws_bytes: 4,
+                working_set: "one 1-element tensor and its descriptors (per-op overhead only)".into(),
             },
             Figure {
                 name: "shm_tensor",
-                what: "16 MiB tensor trainer -> daemon -> trainer (copy out + copy in, as dlcpd does)",
+                what: "tensor trainer -> daemon -> trainer (copy out + copy in, as dlcpd does)",
                 dlcp: big_rate / 1e9,
                 peer_name: "one memcpy of the same bytes (two copies: ideal ratio 0.5)",
                 peer: copy / 1e9,
                 unit: "GB/s",
+                ws_bytes: 2 * (n * 4) as u64,
+                working_set: format!("arena tensor + daemon buffer = 2 x {}", mib((n * 4) as u64)),
             },
         ])
     })();
@@ -309,16 +424,25 @@ fn fmt(v: f64) -> String {
 pub fn main(args: &[String]) -> Result<(), String> {
     let ms: u64 = crate::flag(args, "--ms")?.unwrap_or(700);
     let dur = Duration::from_millis(ms);
-    eprintln!("micro benchmarks: {ms} ms per figure, one thread each (the shm channel: two)");
+    let llc = llc_bytes();
+    let big = streaming_bytes(llc);
+    eprintln!(
+        "micro benchmarks: {ms} ms per figure, one thread each (the shm channel: two); last-level cache {}, \
+         streaming working sets of {} per buffer",
+        mib(llc),
+        mib(big as u64)
+    );
     let udp = udp_send_pps(dur.max(Duration::from_millis(300)))?;
-    let mut figs = header_figures(dur, udp);
-    figs.push(aggregation_figure(dur));
-    figs.extend(shm_figures(dur)?);
+    let mut figs = header_figures(dur, udp, big);
+    let (agg, copy_gbs) = aggregation_figure(dur, big);
+    figs.extend(jumbo_mac_figures(dur, big, copy_gbs));
+    figs.push(agg);
+    figs.extend(shm_figures(dur, big)?);
     let mut json = Vec::new();
     for f in &figs {
         let ratio = f.dlcp / f.peer;
         println!(
-            "{}: dlcp {} {}, peer {} {}, ratio {:.2}   ({}; peer: {})",
+            "{}: dlcp {} {}, peer {} {}, ratio {:.2}   ({}; peer: {}; working set {})",
             f.name,
             fmt(f.dlcp),
             f.unit,
@@ -326,13 +450,32 @@ pub fn main(args: &[String]) -> Result<(), String> {
             f.unit,
             ratio,
             f.what,
-            f.peer_name
+            f.peer_name,
+            f.working_set
         );
         json.push(format!(
-            "{{\"name\":\"{}\",\"what\":\"{}\",\"dlcp\":{},\"peer_name\":\"{}\",\"peer\":{},\"unit\":\"{}\",\"ratio\":{}}}",
-            f.name, f.what, f.dlcp, f.peer_name, f.peer, f.unit, ratio
+            "{{\"name\":\"{}\",\"what\":\"{}\",\"dlcp\":{},\"peer_name\":\"{}\",\"peer\":{},\"unit\":\"{}\",\"ratio\":{},\
+             \"ws_bytes\":{},\"working_set\":\"{}\",\"llc_bytes\":{llc}}}",
+            f.name, f.what, f.dlcp, f.peer_name, f.peer, f.unit, ratio, f.ws_bytes, f.working_set
         ));
     }
     println!("JSON [{}]", json.join(","));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_sizes_parse_and_streaming_sets_exceed_the_llc() {
+        assert_eq!(parse_size("32768K"), Some(32 << 20));
+        assert_eq!(parse_size("1M"), Some(1 << 20));
+        assert_eq!(parse_size("512"), Some(512));
+        assert_eq!(parse_size("x"), None);
+        let llc = llc_bytes();
+        assert!(llc >= 64 << 10, "last-level cache {llc}");
+        assert!(streaming_bytes(llc) as u64 >= 2 * llc && streaming_bytes(llc) >= 64 << 20);
+        assert_eq!(streaming_bytes(128 << 20), 256 << 20);
+    }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use dlcp_client::{Client, Options, TensorId};
 
 /// Deterministic small values (|x| < 1e-2), so sums over reps cannot overflow.
-fn input(seed: u64, n: usize) -> Vec<f32> {
+pub(crate) fn input(seed: u64, n: usize) -> Vec<f32> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {
@@ -28,7 +28,8 @@ fn list(args: &[String], name: &str) -> Result<Option<Vec<usize>>, String> {
         .map(Some)
 }
 
-fn secs(v: &[f64]) -> String {
+/// Seconds as a JSON array.
+pub(crate) fn secs(v: &[f64]) -> String {
     let s: Vec<String> = v.iter().map(|x| format!("{x:.6}")).collect();
     format!("[{}]", s.join(","))
 }
@@ -44,7 +45,14 @@ pub fn main(args: &[String]) -> Result<(), String> {
     let sizes = list(args, "--sizes")?;
     let buckets = list(args, "--buckets")?;
     let mut cl = Client::attach(&socket, job, 0, 1).map_err(|e| format!("attach to {socket}: {e}"))?;
+    // Inputs are made before the timed region's CPU marks (peer.py does the same).
+    let inputs: Vec<Vec<f32>> = match (&sizes, &buckets) {
+        (Some(s), _) => s.iter().enumerate().map(|(i, &n)| input(seed + i as u64, n)).collect(),
+        (None, Some(b)) => b.iter().enumerate().map(|(i, &n)| input(seed + i as u64, n)).collect(),
+        (None, None) => return Err("one of --sizes or --buckets is required".into()),
+    };
     let cpu0 = crate::cpu_seconds();
+    let m0 = crate::window::start();
     let mut min_delivered = 1_000_000u32;
     let mut repairs = 0u64;
     let mut results = Vec::new();
@@ -57,10 +65,10 @@ pub fn main(args: &[String]) -> Result<(), String> {
     if let Some(sizes) = sizes {
         for (i, &n) in sizes.iter().enumerate() {
             let id = cl.alloc(&format!("s{i}"), n as u64).map_err(|e| format!("alloc {n}: {e}"))?;
-            let data = input(seed + i as u64, n);
+            let data = &inputs[i];
             let mut times = Vec::new();
             for rep in 0..warmup + reps {
-                cl.write(id, &data).map_err(|e| e.to_string())?;
+                cl.write(id, data).map_err(|e| e.to_string())?;
                 let t0 = Instant::now();
                 check(cl.allreduce(id, Options::layer(0, 1).budget_ppm(budget), timeout))?;
                 if rep >= warmup {
@@ -79,10 +87,9 @@ pub fn main(args: &[String]) -> Result<(), String> {
             .enumerate()
             .map(|(i, &n)| cl.alloc(&format!("b{i}"), n as u64).map_err(|e| format!("alloc {n}: {e}")))
             .collect::<Result<_, _>>()?;
-        let data: Vec<Vec<f32>> = b.iter().enumerate().map(|(i, &n)| input(seed + i as u64, n)).collect();
         let (mut times, mut front) = (Vec::new(), Vec::new());
         for rep in 0..warmup + reps {
-            for (id, d) in ids.iter().zip(&data) {
+            for (id, d) in ids.iter().zip(&inputs) {
                 cl.write(*id, d).map_err(|e| e.to_string())?;
             }
             let t0 = Instant::now();
@@ -112,9 +119,11 @@ pub fn main(args: &[String]) -> Result<(), String> {
     } else {
         return Err("one of --sizes or --buckets is required".into());
     }
+    let m1 = crate::window::end();
     let cpu = crate::cpu_seconds() - cpu0;
     println!(
-        "{{\"system\":\"dlcp\",\"budget_ppm\":{budget},\"cpu_s\":{cpu:.3},\"min_delivered_ppm\":{min_delivered},\"repairs\":{repairs},\"results\":[{}]}}",
+        "{{\"system\":\"dlcp\",\"budget_ppm\":{budget},\"cpu_s\":{cpu:.3},\"min_delivered_ppm\":{min_delivered},\"repairs\":{repairs},\"window\":{},\"results\":[{}]}}",
+        crate::window::json(&m0, &m1),
         results.join(",")
     );
     Ok(())

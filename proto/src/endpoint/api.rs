@@ -16,6 +16,39 @@ pub struct OpId {
     pub tensor: u32,
 }
 
+/// A slot of the endpoint's op table (its slab of ops in flight).
+pub(crate) type Slot = u32;
+
+/// No slot (an item about an op that is not in the table, e.g. a lingering one).
+pub(crate) const NO_SLOT: Slot = u32::MAX;
+
+/// An op as queues refer to it: its id, and the slot it has while in flight
+/// (the id's fields side by side with the slot: 16 bytes, not 24).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OpKey {
+    seq: u64,
+    tensor: u32,
+    /// Its slot ([`NO_SLOT`]: not in flight).
+    pub slot: Slot,
+}
+
+impl OpKey {
+    /// Op `id` in `slot`.
+    pub(crate) fn new(id: OpId, slot: Slot) -> OpKey {
+        OpKey { seq: id.seq, tensor: id.tensor, slot }
+    }
+
+    /// An op that is not in the table (lingering, or none: a HELLO).
+    pub(crate) fn outside(id: OpId) -> OpKey {
+        OpKey::new(id, NO_SLOT)
+    }
+
+    /// The op.
+    pub(crate) fn id(self) -> OpId {
+        OpId { seq: self.seq, tensor: self.tensor }
+    }
+}
+
 /// How a missing reduce-scatter contribution is filled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fill {

@@ -32,7 +32,8 @@ pub(crate) enum Noted {
 #[derive(Debug)]
 pub(crate) struct Peers {
     peers: Vec<PeerState>,
-    /// `(last heard, rank)` of every peer that is up, for the peer timeout.
+    /// `(heard, rank)` of every peer that is up, for the peer timeout: `heard`
+    /// is at most the peer's last-heard time (updated lazily).
     heard: BTreeSet<(Instant, u32)>,
     next_heartbeat: Option<Instant>,
     hello_seq: u32,
@@ -65,7 +66,9 @@ impl Peers {
         self.hello_seq
     }
 
-    /// A packet from `src` of `generation` arrived at `now`.
+    /// A packet from `src` of `generation` arrived at `now`. O(1) for a peer
+    /// that is up: only its last-heard time changes; its entry in the timeout
+    /// order is brought up to date when it comes due ([`Peers::expire`]).
     pub(crate) fn note(&mut self, now: Instant, src: u32, generation: u32) -> Noted {
         let p = &mut self.peers[src as usize];
         let restarted = match p.generation {
@@ -75,14 +78,11 @@ impl Peers {
             None => None,
         };
         p.generation = Some(generation);
-        if p.up
-            && let Some(h) = p.last_heard
-        {
-            self.heard.remove(&(h, src));
-        }
         p.last_heard = Some(now);
-        self.heard.insert((now, src));
         let came_up = !p.up;
+        if came_up {
+            self.heard.insert((now, src));
+        }
         p.up = true;
         Noted::Current { restarted, came_up }
     }
@@ -106,7 +106,9 @@ impl Peers {
         }
     }
 
-    /// Peers silent for `timeout` at `now`, in rank order: now down.
+    /// Peers silent for `timeout` at `now`, in rank order: now down. An
+    /// entry of the timeout order may be older than its peer's last-heard
+    /// time (see [`Peers::note`]): it moves to that time instead.
     pub(crate) fn expire(&mut self, now: Instant, timeout: Duration) -> Vec<u32> {
         let mut down = Vec::new();
         while let Some(&(h, j)) = self.heard.first() {
@@ -114,7 +116,12 @@ impl Peers {
                 break;
             }
             self.heard.pop_first();
-            down.push(j);
+            match self.peers[j as usize].last_heard {
+                Some(last) if last + timeout > now => {
+                    self.heard.insert((last, j));
+                }
+                _ => down.push(j),
+            }
         }
         down.sort_unstable();
         for &j in &down {

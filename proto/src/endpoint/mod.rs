@@ -63,7 +63,7 @@
 //! buffer (`history`), and what op handlers share with the endpoint —
 //! configuration, queues, counters, estimators (`shared`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use crate::class::Class;
 use crate::pacer::Pacer;
@@ -77,6 +77,7 @@ pub(crate) mod allreduce;
 pub(crate) mod api;
 pub(crate) mod history;
 pub(crate) mod membership;
+pub(crate) mod optable;
 pub(crate) mod shared;
 pub(crate) mod timers;
 pub(crate) mod tx;
@@ -89,8 +90,10 @@ pub use api::{
 pub use tx::Transmit;
 
 use allreduce::{Layout, Op, Side};
+use api::OpKey;
 use history::{Early, History, Linger};
 use membership::{Noted, Peers};
+use optable::OpTable;
 use shared::Shared;
 use timers::{TimerEntry, TimerIndex};
 use tx::{TxItem, TxKind};
@@ -101,7 +104,7 @@ pub struct Endpoint {
     /// Configuration, transmit queues, counters, estimators.
     sh: Shared,
     chunk_elems: usize,
-    ops: BTreeMap<OpId, Op>,
+    ops: OpTable,
     /// Finished ops, and datagrams for ops not started yet.
     history: History,
     pacer: Pacer,
@@ -128,7 +131,7 @@ impl Endpoint {
         );
         Endpoint {
             chunk_elems: cfg.chunk_bytes / 4,
-            ops: BTreeMap::new(),
+            ops: OpTable::default(),
             history: History::default(),
             pacer: Pacer::new(cfg.pacing_rate, cfg.pacing_burst, now),
             peers: Peers::new(cfg.world, cfg.timers.heartbeat, now),
@@ -249,7 +252,7 @@ impl Endpoint {
         opts: OpOptions,
     ) -> Result<(), StartError> {
         self.now = now;
-        if self.ops.contains_key(&id) || self.history.knows(&id) {
+        if self.ops.contains(&id) || self.history.knows(&id) {
             return Err(StartError::Duplicate(id));
         }
         if data.is_empty() {
@@ -268,8 +271,9 @@ impl Endpoint {
         if layout.too_large() {
             return Err(StartError::TooLarge);
         }
-        let mut op = Op::start(now, id, layout, data, opts, &mut self.pool, &mut self.sh);
-        op.reduce(id, &mut self.sh);
+        let key = OpKey::new(id, self.ops.vacant());
+        let mut op = Op::start(now, key, layout, data, opts, &mut self.pool, &mut self.sh);
+        op.reduce(key, &mut self.sh);
         self.ops.insert(id, op);
         // Replay datagrams that arrived before this rank started the op.
         for d in self.history.take_early(&id) {
@@ -299,7 +303,6 @@ impl Endpoint {
         if self.sh.stats.rejected.discarded_on_arrival() != before {
             self.count_dropped(datagram, from);
         }
-        self.prune_timers();
     }
 
     /// Count a received datagram the caller discarded before handing it over
@@ -415,18 +418,25 @@ impl Endpoint {
             return;
         }
         let id = OpId { seq: h.op, tensor: h.tensor };
-        if let Some(op) = self.ops.get_mut(&id) {
-            op.on_packet(now, id, &h, payload, &mut self.sh);
-            self.index_timers(id, Side::of_packet(h.ty, h.phase), h.src);
+        if let Some(slot) = self.ops.slot(&id) {
+            let key = OpKey::new(id, slot);
+            let side = Side::of_packet(h.ty, h.phase);
+            let Some(op) = self.ops.at_mut(slot, &id) else { return };
+            let before = op.transfers().timer_set(side, h.src);
+            op.on_packet(now, key, &h, payload, &mut self.sh);
+            if op.transfers().timer_set(side, h.src) != before {
+                self.index_timers(id, side, h.src);
+            }
             self.check_complete(id);
         } else if let Some(l) = self.history.lingering(&id) {
+            let key = OpKey::outside(id);
             match (h.ty, h.phase) {
                 (PacketType::Probe, Phase::Scatter) => {
                     let kind = TxKind::Done { seg: 0 };
-                    self.sh.tx.push(TxItem { id, phase: Phase::Scatter, peer: h.src, kind });
+                    self.sh.tx.push(TxItem { op: key, phase: Phase::Scatter, peer: h.src, kind });
                 }
                 (PacketType::Bitmap, Phase::Gather) => {
-                    self.sh.tx.push_mask(id, h.src, &l.mask, self.sh.cfg.chunk_bytes);
+                    self.sh.tx.push_mask(key, h.src, &l.mask, self.sh.cfg.chunk_bytes);
                 }
                 _ => self.sh.stats.rejected.late += 1,
             }
@@ -457,8 +467,7 @@ impl Endpoint {
         if let Some(old) = restarted {
             self.events.push_back(Event::PeerRestarted { rank: src, old, new: generation });
             // The restarted peer lost its state: every live op fails.
-            let ids: Vec<OpId> = self.ops.keys().copied().collect();
-            for id in ids {
+            for id in self.ops.ids() {
                 self.fail(id, OpError::PeerRestarted { rank: src, old, new: generation });
             }
             self.history.forget_early_from(src);
@@ -539,8 +548,7 @@ impl Endpoint {
         // Per-op timers: the transfers with a timer due, in (op, side, peer) order.
         let ops = &self.ops;
         let due = self.timers.pop_due(now, |e| timer_live(ops, e));
-        let ids: Vec<OpId> = self.ops.keys().copied().collect();
-        for id in ids {
+        for id in self.ops.ids() {
             let a = due.partition_point(|d| d.0 < id);
             let b = due.partition_point(|d| d.0 <= id);
             let keys: Vec<(Side, u32)> = due[a..b].iter().map(|d| (d.1, d.2)).collect();
@@ -557,14 +565,15 @@ impl Endpoint {
     /// timer at or before `now`, sorted), or fail it by the hard timeout.
     fn op_timers(&mut self, now: Instant, id: OpId, keys: &[(Side, u32)]) {
         let t = self.sh.cfg.timers;
-        let Some(op) = self.ops.get_mut(&id) else { return };
+        let Some(slot) = self.ops.slot(&id) else { return };
+        let Some(op) = self.ops.at_mut(slot, &id) else { return };
         if op.stalls_at(t.hard_timeout) <= now {
             let (phase, waiting_on) = (op.phase(), op.waiting_on(self.sh.me()));
             self.sh.stats.hard_timeouts += 1;
             self.fail(id, OpError::Timeout { phase, waiting_on, timeout: t.hard_timeout });
             return;
         }
-        op.on_timers(now, id, keys, &mut self.sh);
+        op.on_timers(now, OpKey::new(id, slot), keys, &mut self.sh);
     }
 
     /// Index every live timer of one transfer (after it may have been armed).
@@ -655,7 +664,7 @@ impl Endpoint {
             // Is the chunk still wanted?
             let wanted =
                 |op: &&Op| op.transfers().sender(item.phase, item.peer).is_some_and(|st| st.wants(chunk));
-            let Some(op) = self.ops.get(&item.id).filter(wanted) else {
+            let Some(op) = self.ops.by_key(item.op).filter(wanted) else {
                 self.sh.tx.pop(qi);
                 self.dequeued(now, item);
                 continue;
@@ -676,15 +685,15 @@ impl Endpoint {
     /// Bookkeeping after a DATA item left the queue: when a send transfer's
     /// queue drains, it probes.
     fn dequeued(&mut self, now: Instant, item: TxItem) {
-        let Some(op) = self.ops.get_mut(&item.id) else { return };
-        if let Some(at) = op.dequeued(now, item.id, item.phase, item.peer, &mut self.sh) {
-            self.timers.insert(at, item.id, Side::send(item.phase), item.peer);
+        let Some(op) = self.ops.by_key_mut(item.op) else { return };
+        if let Some(at) = op.dequeued(now, item.op, item.phase, item.peer, &mut self.sh) {
+            self.timers.insert(at, item.op.id(), Side::send(item.phase), item.peer);
         }
     }
 
     fn encode_data(&mut self, item: TxItem, buf: &mut [u8]) -> Option<Transmit> {
         let TxKind::Data { repair, class, .. } = item.kind else { return None };
-        let len = self.ops.get_mut(&item.id)?.write_data(item, buf, &self.sh)?;
+        let len = self.ops.by_key_mut(item.op)?.write_data(item, buf, &self.sh)?;
         if repair {
             self.sh.stats.count_repair_sent(item.peer, class, len);
         }
@@ -693,8 +702,8 @@ impl Endpoint {
 
     fn encode_control(&mut self, now: Instant, item: TxItem, buf: &mut [u8]) -> Option<Transmit> {
         let seg_bytes = self.sh.seg_bytes();
-        let mut h = self.sh.header(PacketType::Hello, Class::CONTROL, item.phase, item.id, item.peer);
-        let (op, peer) = (self.ops.get_mut(&item.id), item.peer);
+        let mut h = self.sh.header(PacketType::Hello, Class::CONTROL, item.phase, item.op.id(), item.peer);
+        let (op, peer) = (self.ops.by_key_mut(item.op), item.peer);
         match item.kind {
             TxKind::Hello => {
                 h.op = 0;
@@ -704,13 +713,13 @@ impl Endpoint {
             TxKind::Probe => {
                 let st = op?.transfers_mut().sender_mut(item.phase, peer)?;
                 let at = st.fill_probe(&mut h, now, &self.sh.retry())?;
-                self.timers.insert(at, item.id, Side::send(item.phase), peer);
+                self.timers.insert(at, item.op.id(), Side::send(item.phase), peer);
                 self.sh.stats.probes_sent += 1;
             }
             TxKind::Bitmap { seg } => {
                 op?.transfers().receiver(item.phase, peer)?.fill_bitmap(&mut h, seg, seg_bytes, buf)?
             }
-            TxKind::Done { seg } => match (op, self.history.lingering(&item.id)) {
+            TxKind::Done { seg } => match (op, self.history.lingering(&item.op.id())) {
                 (Some(op), _) => op.fill_done(item.phase, peer, seg, &mut h, buf, seg_bytes)?,
                 (None, Some(l)) if item.phase == Phase::Scatter => fill_done(&mut h, l.own_chunks, 0),
                 (None, Some(l)) => fill_mask(&mut h, &l.mask, seg, seg_bytes, buf)?,
@@ -724,6 +733,6 @@ impl Endpoint {
 }
 
 /// Whether an index entry is still one of its transfer's live timers.
-fn timer_live(ops: &BTreeMap<OpId, Op>, &(at, id, side, peer): &TimerEntry) -> bool {
+fn timer_live(ops: &OpTable, &(at, id, side, peer): &TimerEntry) -> bool {
     ops.get(&id).is_some_and(|op| op.transfers().timers(side, peer).any(|t| t == at))
 }

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 
 use crate::bitmap::Bitmap;
 use crate::class::Class;
-use crate::endpoint::api::OpId;
+use crate::endpoint::api::{OpId, OpKey};
 use crate::transfer::{PROBE_COPIES, mask_segments};
 use crate::wire::Phase;
 
@@ -42,10 +42,10 @@ pub(crate) enum TxKind {
     Hello,
 }
 
-/// A queued packet: of `kind`, for the transfer of op `id` in `phase` with `peer`.
+/// A queued packet: of `kind`, for the transfer of op `op` in `phase` with `peer`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TxItem {
-    pub id: OpId,
+    pub op: OpKey,
     pub phase: Phase,
     pub peer: u32,
     pub kind: TxKind,
@@ -81,31 +81,31 @@ impl TxQueues {
     }
 
     /// Queue the [`PROBE_COPIES`] copies of a PROBE.
-    pub(crate) fn push_probes(&mut self, id: OpId, phase: Phase, peer: u32) {
+    pub(crate) fn push_probes(&mut self, op: OpKey, phase: Phase, peer: u32) {
         for _ in 0..PROBE_COPIES {
-            self.push(TxItem { id, phase, peer, kind: TxKind::Probe });
+            self.push(TxItem { op, phase, peer, kind: TxKind::Probe });
         }
     }
 
     /// Queue `segs` BITMAP segments.
-    pub(crate) fn push_bitmaps(&mut self, id: OpId, phase: Phase, peer: u32, segs: u32) {
+    pub(crate) fn push_bitmaps(&mut self, op: OpKey, phase: Phase, peer: u32, segs: u32) {
         for seg in 0..segs {
-            self.push(TxItem { id, phase, peer, kind: TxKind::Bitmap { seg } });
+            self.push(TxItem { op, phase, peer, kind: TxKind::Bitmap { seg } });
         }
     }
 
     /// Queue the DONE segments announcing the agreed gather `mask` to `peer`.
-    pub(crate) fn push_mask(&mut self, id: OpId, peer: u32, mask: &Bitmap, seg_bytes: usize) {
+    pub(crate) fn push_mask(&mut self, op: OpKey, peer: u32, mask: &Bitmap, seg_bytes: usize) {
         for seg in 0..mask_segments(mask, seg_bytes) {
-            self.push(TxItem { id, phase: Phase::Gather, peer, kind: TxKind::Done { seg } });
+            self.push(TxItem { op, phase: Phase::Gather, peer, kind: TxKind::Done { seg } });
         }
     }
 
     /// Queue a HELLO to every rank of `world` but `me`.
     pub(crate) fn push_hellos(&mut self, world: u32, me: u32) {
         for peer in (0..world).filter(|&j| j != me) {
-            let id = OpId { seq: 0, tensor: 0 };
-            self.push(TxItem { id, phase: Phase::None, peer, kind: TxKind::Hello });
+            let op = OpKey::outside(OpId { seq: 0, tensor: 0 });
+            self.push(TxItem { op, phase: Phase::None, peer, kind: TxKind::Hello });
         }
     }
 

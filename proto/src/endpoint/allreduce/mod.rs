@@ -15,7 +15,7 @@ pub(crate) mod table;
 
 use crate::bitmap::Bitmap;
 use crate::class::Class;
-use crate::endpoint::api::{OpId, OpOptions, OpReport};
+use crate::endpoint::api::{OpId, OpKey, OpOptions, OpReport};
 use crate::endpoint::shared::Shared;
 use crate::endpoint::tx::{TxItem, TxKind};
 use crate::pool::BufferPool;
@@ -70,12 +70,12 @@ fn refused(sh: &mut Shared, r: Refused) {
 }
 
 impl Op {
-    /// Start op `id` on `input` at `now`: rank the chunks this rank sends by
+    /// Start op `key` on `input` at `now`: rank the chunks this rank sends by
     /// magnitude into classes, open every transfer and queue the first pass
     /// of reduce-scatter.
     pub(crate) fn start(
         now: Instant,
-        id: OpId,
+        key: OpKey,
         layout: Layout,
         input: Vec<f32>,
         opts: OpOptions,
@@ -87,7 +87,7 @@ impl Op {
             opts,
             started: now,
             last_progress: now,
-            layout,
+            layout: layout.clone(),
             result: pool.take_zeroed(input.len()),
             input,
             classes: vec![Vec::new(); world as usize],
@@ -125,7 +125,7 @@ impl Op {
                 op.transfers.set_receiver(Phase::Gather, j, Receiver::new(n, Vec::new(), Mode::Agreed));
             }
         }
-        op.first_pass(id, Phase::Scatter, sh);
+        op.first_pass(key, Phase::Scatter, sh);
         op
     }
 
@@ -150,7 +150,7 @@ impl Op {
     /// Queue every chunk of every send transfer of `phase` once, interleaved
     /// across destinations so every path is busy at once, starting after this
     /// rank to spread incast.
-    fn first_pass(&mut self, id: OpId, phase: Phase, sh: &mut Shared) {
+    fn first_pass(&mut self, key: OpKey, phase: Phase, sh: &mut Shared) {
         let (world, me) = (sh.cfg.world, sh.me());
         let max = self.transfers.senders(phase).map(|(_, st)| st.n()).max().unwrap_or(0);
         for chunk in 0..max {
@@ -161,22 +161,22 @@ impl Op {
                 };
                 st.queue(1);
                 let kind = TxKind::Data { chunk, repair: false, class: self.class_of(phase, j, chunk) };
-                sh.tx.push_data(TxItem { id, phase, peer: j, kind });
+                sh.tx.push_data(TxItem { op: key, phase, peer: j, kind });
             }
         }
     }
 
     /// Reduce this rank's shard once every reduce-scatter transfer closed,
     /// then start the all-gather.
-    pub(crate) fn reduce(&mut self, id: OpId, sh: &mut Shared) {
+    pub(crate) fn reduce(&mut self, key: OpKey, sh: &mut Shared) {
         if self.reduced || self.transfers.any_open(Phase::Scatter) {
             return;
         }
         self.reduced = true;
         let (world, me) = (sh.cfg.world, sh.me());
-        let layout = self.layout;
+        let layout = &self.layout;
         let (own, out) = (&self.input[layout.shard(me)], &mut self.result[layout.shard(me)]);
-        reduce_shard(&layout, me, &self.opts, own, self.transfers.receivers(Phase::Scatter), out);
+        reduce_shard(layout, me, &self.opts, own, self.transfers.receivers(Phase::Scatter), out);
         // Gather classes: rank own chunks by magnitude within the shard.
         let n = layout.chunks(me);
         let ranks = layout.magnitude_ranks(&self.result, [me].into_iter());
@@ -196,12 +196,19 @@ impl Op {
             let st = Sender::new(n, required, self.opts.gather_budget_ppm, sh.seg_bytes(), Mode::Agreed);
             self.transfers.set_sender(Phase::Gather, j, st);
         }
-        self.first_pass(id, Phase::Gather, sh);
+        self.first_pass(key, Phase::Gather, sh);
     }
 
     /// A packet for this op from `h.src`, authenticated and of the current
     /// generation of its sender.
-    pub(crate) fn on_packet(&mut self, now: Instant, id: OpId, h: &Header, payload: &[u8], sh: &mut Shared) {
+    pub(crate) fn on_packet(
+        &mut self,
+        now: Instant,
+        key: OpKey,
+        h: &Header,
+        payload: &[u8],
+        sh: &mut Shared,
+    ) {
         let src = h.src as usize;
         match self.peer_gen[src] {
             None => self.peer_gen[src] = Some(h.generation),
@@ -212,9 +219,9 @@ impl Op {
             _ => {}
         }
         let handled = match (h.ty, h.phase) {
-            (PacketType::Data, _) => self.on_data(now, id, h, payload, sh),
-            (PacketType::Probe, _) => self.on_probe(now, id, h, sh),
-            (PacketType::Bitmap, _) => self.on_bitmap(now, id, h, payload, sh),
+            (PacketType::Data, _) => self.on_data(now, key, h, payload, sh),
+            (PacketType::Probe, _) => self.on_probe(now, key, h, sh),
+            (PacketType::Bitmap, _) => self.on_bitmap(now, key, h, payload, sh),
             (PacketType::Done, Phase::Scatter) => self.on_done(now, h, sh),
             (PacketType::Done, _) => self.on_mask(now, h, payload, sh),
             (PacketType::Hello, _) => Err(Refused::Mismatch),
@@ -226,7 +233,7 @@ impl Op {
 
     /// A chunk: into the scatter receive buffer, or straight into the result
     /// (gather: it is the owner's reduced value).
-    fn on_data(&mut self, now: Instant, id: OpId, h: &Header, payload: &[u8], sh: &mut Shared) -> Handled {
+    fn on_data(&mut self, now: Instant, key: OpKey, h: &Header, payload: &[u8], sh: &mut Shared) -> Handled {
         let (phase, peer) = (h.phase, h.src);
         let owner = if phase == Phase::Gather { peer } else { sh.me() };
         let r = self.transfers.receiver_mut(phase, peer).ok_or(Refused::Mismatch)?;
@@ -248,13 +255,13 @@ impl Op {
         }
         match got.then {
             Arrived::Nothing => {}
-            Arrived::Close => self.close(now, id, peer, false, sh),
-            Arrived::Complete => sh.tx.push_bitmaps(id, phase, peer, 1),
+            Arrived::Close => self.close(now, key, peer, false, sh),
+            Arrived::Complete => sh.tx.push_bitmaps(key, phase, peer, 1),
         }
         Ok(())
     }
 
-    fn on_probe(&mut self, now: Instant, id: OpId, h: &Header, sh: &mut Shared) -> Handled {
+    fn on_probe(&mut self, now: Instant, key: OpKey, h: &Header, sh: &mut Shared) -> Handled {
         let (phase, peer) = (h.phase, h.src);
         let grace = sh.close_grace();
         let r = self.transfers.receiver_mut(phase, peer).ok_or(Refused::Mismatch)?;
@@ -264,14 +271,21 @@ impl Op {
         }
         match probed.answer {
             Answer::Nothing => {}
-            Answer::Done => sh.tx.push(TxItem { id, phase, peer, kind: TxKind::Done { seg: 0 } }),
-            Answer::Close => self.close(now, id, peer, false, sh),
-            Answer::Bitmap => sh.tx.push_bitmaps(id, phase, peer, r.bitmap_segments(sh.seg_bytes())),
+            Answer::Done => sh.tx.push(TxItem { op: key, phase, peer, kind: TxKind::Done { seg: 0 } }),
+            Answer::Close => self.close(now, key, peer, false, sh),
+            Answer::Bitmap => sh.tx.push_bitmaps(key, phase, peer, r.bitmap_segments(sh.seg_bytes())),
         }
         Ok(())
     }
 
-    fn on_bitmap(&mut self, now: Instant, id: OpId, h: &Header, payload: &[u8], sh: &mut Shared) -> Handled {
+    fn on_bitmap(
+        &mut self,
+        now: Instant,
+        key: OpKey,
+        h: &Header,
+        payload: &[u8],
+        sh: &mut Shared,
+    ) -> Handled {
         let (phase, peer) = (h.phase, h.src);
         let st = self.transfers.sender_mut(phase, peer).ok_or(Refused::Mismatch)?;
         if h.chunk_count != st.n() {
@@ -281,7 +295,7 @@ impl Op {
             && let Some(mask) = &self.gmask
         {
             // The receiver missed our DONE: announce the mask again.
-            sh.tx.push_mask(id, peer, mask, sh.seg_bytes());
+            sh.tx.push_mask(key, peer, mask, sh.seg_bytes());
             return Ok(());
         }
         let heard = st.on_bitmap(h, payload, now, sh.seg_bytes());
@@ -293,8 +307,8 @@ impl Op {
         }
         if heard.round {
             match phase {
-                Phase::Gather => self.decide_gather(id, sh),
-                _ => self.decide_scatter(now, id, peer, sh),
+                Phase::Gather => self.decide_gather(key, sh),
+                _ => self.decide_scatter(now, key, peer, sh),
             }
         }
         Ok(())
@@ -335,7 +349,7 @@ impl Op {
 
     /// Close the reduce-scatter transfer from `peer` (`by_deadline`: its
     /// deadline closed it), answer DONE and reduce once every one closed.
-    fn close(&mut self, now: Instant, id: OpId, peer: u32, by_deadline: bool, sh: &mut Shared) {
+    fn close(&mut self, now: Instant, key: OpKey, peer: u32, by_deadline: bool, sh: &mut Shared) {
         let Some(r) = self.transfers.receiver_mut(Phase::Scatter, peer) else { return };
         let Some(closed) = r.close(now, by_deadline) else { return };
         if closed.incomplete {
@@ -345,29 +359,29 @@ impl Op {
             sh.deadlines[0].observe(took, r.n());
         }
         self.last_progress = now;
-        sh.tx.push(TxItem { id, phase: Phase::Scatter, peer, kind: TxKind::Done { seg: 0 } });
-        self.reduce(id, sh);
+        sh.tx.push(TxItem { op: key, phase: Phase::Scatter, peer, kind: TxKind::Done { seg: 0 } });
+        self.reduce(key, sh);
     }
 
     /// A reduce-scatter receiver's full bitmap arrived: repair just enough.
-    fn decide_scatter(&mut self, now: Instant, id: OpId, dst: u32, sh: &mut Shared) {
+    fn decide_scatter(&mut self, now: Instant, key: OpKey, dst: u32, sh: &mut Shared) {
         let classes = &self.classes[dst as usize];
         let Some(st) = self.transfers.sender_mut(Phase::Scatter, dst) else { return };
         let repairs = st.decide_alone(now, |c| classes[c as usize], self.classifier.droppable);
-        self.queue_repairs(id, Phase::Scatter, dst, &repairs, sh);
+        self.queue_repairs(key, Phase::Scatter, dst, &repairs, sh);
     }
 
-    fn queue_repairs(&mut self, id: OpId, phase: Phase, peer: u32, chunks: &[u32], sh: &mut Shared) {
+    fn queue_repairs(&mut self, key: OpKey, phase: Phase, peer: u32, chunks: &[u32], sh: &mut Shared) {
         self.repairs_sent += chunks.len() as u32;
         for &chunk in chunks {
             let kind = TxKind::Data { chunk, repair: true, class: self.class_of(phase, peer, chunk) };
-            sh.tx.push_data(TxItem { id, phase, peer, kind });
+            sh.tx.push_data(TxItem { op: key, phase, peer, kind });
         }
     }
 
     /// Every gather receiver has reported: repair the union of what is
     /// missing until it fits the gather budget, or announce the agreed mask.
-    fn decide_gather(&mut self, id: OpId, sh: &mut Shared) {
+    fn decide_gather(&mut self, key: OpKey, sh: &mut Shared) {
         if self.gmask.is_some() || self.transfers.senders(Phase::Gather).any(|(_, st)| !st.is_reported()) {
             return;
         }
@@ -390,7 +404,7 @@ impl Op {
             }
             self.transfers.senders_mut(Phase::Gather).for_each(|(_, st)| st.finish());
             for j in (0..sh.cfg.world).filter(|&j| j != me) {
-                sh.tx.push_mask(id, j, &union, sh.seg_bytes());
+                sh.tx.push_mask(key, j, &union, sh.seg_bytes());
             }
             self.gmask = Some(union);
             return;
@@ -401,7 +415,7 @@ impl Op {
             .map(|(j, st)| (j, st.decide_jointly(&repairs)))
             .collect();
         for (j, chunks) in mine {
-            self.queue_repairs(id, Phase::Gather, j, &chunks, sh);
+            self.queue_repairs(key, Phase::Gather, j, &chunks, sh);
         }
     }
 
@@ -466,11 +480,11 @@ impl Op {
 
     /// Serve the due timers of this op: `keys` are its transfers with a live
     /// timer at or before `now`, as (side, peer), sorted.
-    pub(crate) fn on_timers(&mut self, now: Instant, id: OpId, keys: &[(Side, u32)], sh: &mut Shared) {
+    pub(crate) fn on_timers(&mut self, now: Instant, key: OpKey, keys: &[(Side, u32)], sh: &mut Shared) {
         let retry = sh.retry();
         for &(side, j) in keys.iter().filter(|k| k.0.is_send()) {
             if self.transfers.sender_mut(side.phase(), j).is_some_and(|st| st.on_timer(now)) {
-                sh.tx.push_probes(id, side.phase(), j);
+                sh.tx.push_probes(key, side.phase(), j);
             }
         }
         let mut close = Vec::new();
@@ -491,15 +505,15 @@ impl Op {
                 Fired::Close { deadline: false } => grace_close.push(j),
                 Fired::Bitmap { deadline } => {
                     sh.stats.deadline_nacks += u64::from(deadline);
-                    sh.tx.push_bitmaps(id, phase, j, r.bitmap_segments(sh.seg_bytes()));
+                    sh.tx.push_bitmaps(key, phase, j, r.bitmap_segments(sh.seg_bytes()));
                 }
             }
         }
         for j in close {
-            self.close(now, id, j, true, sh);
+            self.close(now, key, j, true, sh);
         }
         for j in grace_close {
-            self.close(now, id, j, false, sh);
+            self.close(now, key, j, false, sh);
         }
     }
 
@@ -517,7 +531,7 @@ impl Op {
         let (owner, data) =
             if phase == Phase::Scatter { (peer, &self.input) } else { (sh.me(), &self.result) };
         let cr = self.layout.chunk_in_tensor(owner, chunk);
-        let mut h = sh.header(PacketType::Data, class, phase, item.id, peer);
+        let mut h = sh.header(PacketType::Data, class, phase, item.op.id(), peer);
         h.chunk_index = chunk;
         st.fill_data(&mut h);
         h.payload_len = (cr.len() * 4) as u16;
@@ -539,7 +553,7 @@ impl Op {
     pub(crate) fn dequeued(
         &mut self,
         now: Instant,
-        id: OpId,
+        key: OpKey,
         phase: Phase,
         peer: u32,
         sh: &mut Shared,
@@ -548,12 +562,12 @@ impl Op {
         match self.transfers.sender_mut(phase, peer)?.dequeued(now, &retry) {
             Drained::Busy => None,
             Drained::Report => {
-                self.decide_gather(id, sh);
+                self.decide_gather(key, sh);
                 None
             }
             Drained::ProbeAt(at) => Some(at),
             Drained::Probe => {
-                sh.tx.push_probes(id, phase, peer);
+                sh.tx.push_probes(key, phase, peer);
                 None
             }
         }

@@ -7,26 +7,29 @@ use crate::endpoint::api::{Fill, OpOptions, ReduceOp};
 use crate::priority::rank_order;
 use crate::transfer::Receiver;
 
-/// Where a tensor's shards and chunks lie.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a tensor's shards and chunks lie. Every shard's first element is
+/// computed once, when the op starts: a chunk's place is then one multiply
+/// and one add (no wide division per datagram).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Layout {
     len: usize,
     world: u32,
     chunk_elems: usize,
+    /// First element of every shard, and `len` at the end (`world + 1` entries).
+    starts: Box<[usize]>,
 }
 
 impl Layout {
     /// A tensor of `len` elements over `world` ranks, in chunks of `chunk_elems`.
     pub(crate) fn new(len: usize, world: u32, chunk_elems: usize) -> Layout {
-        Layout { len, world, chunk_elems }
+        let (l, w) = (len as u128, u128::from(world));
+        let starts = (0..=world).map(|s| (u128::from(s) * l / w) as usize).collect();
+        Layout { len, world, chunk_elems, starts }
     }
 
     /// Element range of shard `s`.
     pub(crate) fn shard(&self, s: u32) -> Range<usize> {
-        let (l, w) = (self.len as u128, u128::from(self.world));
-        let a = (u128::from(s) * l / w) as usize;
-        let b = ((u128::from(s) + 1) * l / w) as usize;
-        a..b
+        self.starts[s as usize]..self.starts[s as usize + 1]
     }
 
     /// Chunks of shard `s`.
@@ -43,7 +46,7 @@ impl Layout {
 
     /// Element range of chunk `c` of shard `s` in the whole tensor.
     pub(crate) fn chunk_in_tensor(&self, s: u32, c: u32) -> Range<usize> {
-        let base = self.shard(s).start;
+        let base = self.starts[s as usize];
         let r = self.chunk(s, c);
         base + r.start..base + r.end
     }
@@ -151,7 +154,7 @@ mod tests {
     #[test]
     fn layout_covers_tensor() {
         for (len, world, ce) in [(10usize, 3u32, 2usize), (1, 4, 3), (1000, 7, 13), (5, 5, 1)] {
-            let l = Layout { len, world, chunk_elems: ce };
+            let l = Layout::new(len, world, ce);
             let mut covered = 0;
             for s in 0..world {
                 let sh = l.shard(s);

@@ -132,6 +132,16 @@ impl Transfers {
         st.and_then(Sender::timer).into_iter().chain(r.into_iter().flat_map(Receiver::timers))
     }
 
+    /// The live timers of one transfer as one value, to tell whether a
+    /// packet changed them (only then does the endpoint index them again).
+    pub(crate) fn timer_set(&self, side: Side, peer: u32) -> [Option<Instant>; 3] {
+        let mut set = [None; 3];
+        for (s, t) in set.iter_mut().zip(self.timers(side, peer)) {
+            *s = Some(t);
+        }
+        set
+    }
+
     /// The peers (but `me`) some transfer still waits on: data, a bitmap or
     /// a DONE. Reduce-scatter sends matter only until this rank `reduced`.
     pub(crate) fn waiting_on(&self, me: u32, reduced: bool) -> Vec<u32> {

@@ -304,6 +304,12 @@ counters! {
         pub duplicate: u64 => [dropped("rejected.duplicate", "duplicate")],
         /// A chunk that arrived after its transfer closed.
         pub late: u64 => [dropped("rejected.late", "late")],
+        /// Claims a sender rank other than the configured peer whose address
+        /// it came from (`Endpoint::handle_datagram_from`).
+        pub wrong_source: u64 => [dropped("rejected.wrong_source", "wrong_source")],
+        /// Claims a sender rank but came from an address that is no configured
+        /// peer's.
+        pub unknown_source: u64 => [dropped("rejected.unknown_source", "unknown_source")],
         /// Buffered because the op had not started locally.
         pub early_buffered: u64 => [Desc::json_only(
             "rejected.early_buffered",
@@ -330,6 +336,8 @@ impl RejectCounters {
             mismatch,
             duplicate,
             late,
+            wrong_source,
+            unknown_source,
             early_buffered: _,
             early_dropped,
             early_expired: _,
@@ -343,6 +351,8 @@ impl RejectCounters {
             + mismatch
             + duplicate
             + late
+            + wrong_source
+            + unknown_source
             + early_dropped
     }
 }
@@ -635,9 +645,9 @@ mod tests {
         let mut in_debug = numbers(&format!("{s:?}"));
         in_debug.sort_unstable();
         assert_eq!(in_debug, given);
-        // 4×8 + 4×3 per class / per peer, 2×(8+1+3+1) dropped, 12 reasons,
+        // 4×8 + 4×3 per class / per peer, 2×(8+1+3+1) dropped, 14 reasons,
         // 2 + 4×8 + 2×2×3 repairs, 9 others.
-        assert_eq!(given.len(), 32 + 12 + 26 + 12 + 2 + 32 + 12 + 9);
+        assert_eq!(given.len(), 32 + 12 + 26 + 14 + 2 + 32 + 12 + 9);
     }
 
     #[test]

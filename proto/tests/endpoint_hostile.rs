@@ -242,3 +242,35 @@ fn discarded_datagrams_are_counted_per_class_and_per_peer() {
     assert_eq!(s.rx_packets.iter().sum::<u64>(), 3);
     assert_eq!(s.rx_bytes_peer[1], 2 * dup as u64);
 }
+
+/// The source check: a datagram claiming rank `j` is taken only from rank
+/// `j`'s address (the caller's `from`); from another peer's address it is
+/// `wrong_source`, from an address that is no peer's `unknown_source`, and
+/// neither is processed (its chunk is not admitted). A claim outside the
+/// world is left to the rank check.
+#[test]
+fn a_datagram_must_come_from_the_peer_it_claims() {
+    let mut e = live_endpoint();
+    let now = Instant::from_nanos(10);
+    let mut buf = vec![0u8; 2048];
+    let mut h = Header::new(PacketType::Data, Class::new(3).unwrap(), Phase::Scatter);
+    (h.job, h.generation, h.src, h.dst, h.op, h.tensor, h.chunk_count) = (77, 1, 1, 0, 1, 1, 12);
+    let n = wire::encode(&key(), &h, &[0; 256], &mut buf).unwrap();
+    e.handle_datagram_from(now, &buf[..n], Some(2));
+    e.handle_datagram_from(now, &buf[..n], None);
+    let r = e.stats().rejected.clone();
+    assert_eq!((r.wrong_source, r.unknown_source, r.discarded_on_arrival()), (1, 1, 2), "{r:?}");
+    assert_eq!(e.stats().rx_packets.iter().sum::<u64>(), 0, "nothing was processed");
+    let d = &e.stats().rx_dropped;
+    assert_eq!((d.peer[2].packets, d.unknown_peer.packets, d.class[3].packets), (1, 1, 2));
+    // From its own address the very datagram is accepted (not a duplicate).
+    e.handle_datagram_from(now, &buf[..n], Some(1));
+    assert_eq!(e.stats().rx_packets[3], 1);
+    assert_eq!(e.stats().rejected.discarded_on_arrival(), 2);
+    // A rank outside the world is not a source question.
+    h.src = 9;
+    let n = wire::encode(&key(), &h, &[0; 256], &mut buf).unwrap();
+    e.handle_datagram_from(now, &buf[..n], None);
+    let r = &e.stats().rejected;
+    assert_eq!((r.wrong_rank, r.unknown_source), (1, 1), "{r:?}");
+}

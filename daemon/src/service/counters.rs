@@ -27,9 +27,12 @@ pub struct ServiceCounters {
     pub ops_failed: u64,
     /// Completions that could not be posted (trainer's completion ring full).
     pub completions_dropped: u64,
-    /// Datagrams whose source address does not match the rank they claim.
+    /// Datagrams whose source address does not match the rank they claim: a
+    /// copy of the endpoint's `rejected.wrong_source` (the endpoint checks),
+    /// kept under this name for `dlcpctl stats` and the metrics.
     pub rx_wrong_source: u64,
-    /// Datagrams from addresses that are no peer.
+    /// Datagrams from addresses that are no peer: a copy of the endpoint's
+    /// `rejected.unknown_source`, kept under this name like `rx_wrong_source`.
     pub rx_unknown_source: u64,
     /// Datagrams dropped on purpose by the datapath's fault injector (receive
     /// loss of `dlcpd demo --loss` and the `--debug-rx-loss` test knob).

@@ -1,5 +1,5 @@
 //! Datagrams between the datapath and the protocol endpoint: [`Pump::receive`]
-//! hands what arrived to the endpoint (after the source check), and
+//! hands what arrived to the endpoint with the peer its address belongs to, and
 //! [`Pump::transmit`] hands what the endpoint produced to the datapath
 //! (keeping what it refused for the next turn). Also the loss-driven pacing
 //! ([`RateAdapter`]), which sets the endpoint's transmit rate.
@@ -12,7 +12,6 @@ use std::time::{Duration as StdDuration, Instant as StdInstant};
 use dlcp_proto::endpoint::Endpoint;
 use dlcp_proto::priority::Class;
 use dlcp_proto::time::Instant;
-use dlcp_proto::wire;
 
 use super::counters::ServiceCounters;
 use crate::datapath::fault::{Fate, FaultInjector};
@@ -84,7 +83,7 @@ impl Pump {
 
     /// Hand what the datapath received to the endpoint, a receive call at a time.
     pub(super) fn receive(&mut self, endpoint: &mut Endpoint, counters: &mut ServiceCounters, now: Instant) {
-        let Pump { datapath, peers, peer_rank, rx_batch, .. } = self;
+        let Pump { datapath, peer_rank, rx_batch, .. } = self;
         // Datagrams are copied into `rx_batch` and handed to the endpoint a
         // receive call at a time, so their tags are checked together.
         let (buf, spans) = rx_batch;
@@ -99,19 +98,7 @@ impl Pump {
                     endpoint.count_dropped(bytes, peer);
                     return;
                 }
-                // moves to proto (issue 13 step 2): the claimed sender must send
-                // from its configured address; the MAC then proves the rest.
-                if let Ok(p) = wire::Packet::new_checked(bytes)
-                    && peers.get(p.src() as usize).is_some_and(|a| *a != from)
-                {
-                    if peer.is_some() {
-                        counters.rx_wrong_source += 1;
-                    } else {
-                        counters.rx_unknown_source += 1;
-                    }
-                    endpoint.count_dropped(bytes, peer);
-                    return;
-                }
+                // The endpoint checks that the claimed sender is the peer at `from`.
                 spans.push((buf.len()..buf.len() + bytes.len(), peer));
                 buf.extend_from_slice(bytes);
             };
@@ -123,6 +110,11 @@ impl Pump {
                 spans.clear();
                 buf.clear();
             }
+            // The endpoint counts what its source check rejected; the service's
+            // counters of the same name show the endpoint's.
+            let rejected = &endpoint.stats().rejected;
+            (counters.rx_wrong_source, counters.rx_unknown_source) =
+                (rejected.wrong_source, rejected.unknown_source);
             match r {
                 Ok(0) if !datapath.rx_pending() => break,
                 Ok(_) => continue,

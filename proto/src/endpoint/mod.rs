@@ -294,15 +294,38 @@ impl Endpoint {
 
     /// Process one received datagram that came from peer rank `from` as far as
     /// the caller knows (its source address is that peer's configured address),
-    /// or from no configured peer (`None`). Never panics; every rejection is
-    /// counted by reason ([`Stats::rejected`]) and, if it discards the datagram,
-    /// by class and by `from` ([`Stats::rx_dropped`]).
+    /// or from no configured peer (`None`). A datagram whose header claims
+    /// another sender rank of this world is rejected before its tag is checked
+    /// (`wrong_source`, or `unknown_source` when `from` is `None`): a peer must
+    /// send from its configured address, and the MAC proves the rest. Never
+    /// panics; every rejection is counted by reason ([`Stats::rejected`]) and,
+    /// if it discards the datagram, by class and by `from` ([`Stats::rx_dropped`]).
     pub fn handle_datagram_from(&mut self, now: Instant, datagram: &[u8], from: Option<u32>) {
         let before = self.sh.stats.rejected.discarded_on_arrival();
-        self.handle_datagram_impl(now, datagram, false);
+        if self.source_ok(datagram, from) {
+            self.handle_datagram_impl(now, datagram, false);
+        }
         if self.sh.stats.rejected.discarded_on_arrival() != before {
             self.count_dropped(datagram, from);
         }
+    }
+
+    /// Whether `datagram`, received from peer `from`, may claim the sender it
+    /// claims: any rank of this world only from that rank's configured
+    /// address (not well-formed, or a rank outside the world: other checks
+    /// reject it). Counts a failure by reason.
+    fn source_ok(&mut self, datagram: &[u8], from: Option<u32>) -> bool {
+        let Ok(p) = wire::Packet::new_checked(datagram) else { return true };
+        let src = p.src();
+        if src >= self.sh.cfg.world || Some(src) == from {
+            return true;
+        }
+        let rejected = &mut self.sh.stats.rejected;
+        match from {
+            Some(_) => rejected.wrong_source += 1,
+            None => rejected.unknown_source += 1,
+        }
+        false
     }
 
     /// Count a received datagram the caller discarded before handing it over
@@ -328,15 +351,26 @@ impl Endpoint {
         self.now = now;
         // Structure first (as `wire::decode`): only well-formed packets are tagged.
         let mut auth: Vec<&[u8]> = Vec::with_capacity(datagrams.len());
-        for (d, _) in datagrams {
-            if wire::Packet::new_checked(*d).is_ok() {
+        let mut passed = Vec::with_capacity(datagrams.len());
+        for &(d, from) in datagrams {
+            let before = self.sh.stats.rejected.discarded_on_arrival();
+            let ok = self.source_ok(d, from);
+            if !ok {
+                self.count_dropped(d, from);
+            }
+            if ok && wire::Packet::new_checked(d).is_ok() {
                 auth.push(&d[..d.len() - wire::TAG_LEN]);
             }
+            passed.push(ok);
+            debug_assert!(ok || self.sh.stats.rejected.discarded_on_arrival() != before);
         }
         let mut tags = vec![[0u8; wire::TAG_LEN]; auth.len()];
         self.sh.cfg.key.tag_many(&auth, &mut tags);
         let mut tags = tags.iter();
-        for &(d, from) in datagrams {
+        for (&(d, from), ok) in datagrams.iter().zip(passed) {
+            if !ok {
+                continue;
+            }
             let before = self.sh.stats.rejected.discarded_on_arrival();
             let want = if wire::Packet::new_checked(d).is_ok() { tags.next() } else { None };
             self.handle_tagged(now, d, want);

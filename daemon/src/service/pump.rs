@@ -21,9 +21,6 @@ use crate::datapath::{Datapath, SendOutcome};
 /// computed together).
 const TX_BATCH: usize = 64;
 
-/// A received datagram's bytes in the receive batch and its source peer (`None`: not a configured peer).
-type RxSpan = (std::ops::Range<usize>, Option<u32>);
-
 /// Moves datagrams between the datapath and the endpoint.
 pub(super) struct Pump {
     datapath: FaultInjector,
@@ -37,9 +34,6 @@ pub(super) struct Pump {
     /// The datagrams of one `poll_transmit_many` call: (transmit, offset in `tx_buf`).
     tx_batch: Vec<(dlcp_proto::endpoint::Transmit, usize)>,
     tx_buf: Vec<u8>,
-    /// Received datagrams of one datapath receive call, back to back, and
-    /// their spans with the configured peer each came from (see `receive`).
-    rx_batch: (Vec<u8>, Vec<RxSpan>),
     adapt: Option<RateAdapter>,
 }
 
@@ -56,7 +50,6 @@ impl Pump {
             tx_slot,
             tx_batch: Vec::new(),
             tx_buf: Vec::new(),
-            rx_batch: (Vec::new(), Vec::new()),
             adapt: None,
         }
     }
@@ -81,35 +74,34 @@ impl Pump {
         !self.pending_tx.is_empty()
     }
 
-    /// Hand what the datapath received to the endpoint, a receive call at a time.
+    /// Hand what the datapath received to the endpoint, each datagram
+    /// straight from the datapath's receive slot (the endpoint checks its tag
+    /// there, then places its payload), with the peer its source address
+    /// belongs to.
     pub(super) fn receive(&mut self, endpoint: &mut Endpoint, counters: &mut ServiceCounters, now: Instant) {
-        let Pump { datapath, peer_rank, rx_batch, .. } = self;
-        // Datagrams are copied into `rx_batch` and handed to the endpoint a
-        // receive call at a time, so their tags are checked together.
-        let (buf, spans) = rx_batch;
+        let Pump { datapath, peer_rank, .. } = self;
+        // The last source looked up: datagrams come in runs from one peer.
+        let mut last: Option<(SocketAddr, Option<u32>)> = None;
         // Bounded, so a flood cannot starve timers, trainers and transmit.
         for _ in 0..64 {
-            let mut f = |from: SocketAddr, bytes: &[u8], fate: Fate| {
-                // Drops are counted per peer by source address: a configured peer's
-                // rank, or one bounded "unknown" bucket for any other address.
-                let peer = peer_rank.get(&from).copied();
-                if let Fate::Dropped(_) = fate {
-                    counters.rx_debug_dropped += 1;
-                    endpoint.count_dropped(bytes, peer);
-                    return;
+            let r = datapath.recv_reporting(&mut |from: SocketAddr, bytes: &[u8], fate: Fate| {
+                // A configured peer's rank, or none (one bounded "unknown" bucket).
+                let peer = match last {
+                    Some((a, p)) if a == from => p,
+                    _ => {
+                        let p = peer_rank.get(&from).copied();
+                        last = Some((from, p));
+                        p
+                    }
+                };
+                match fate {
+                    Fate::Dropped(_) => {
+                        counters.rx_debug_dropped += 1;
+                        endpoint.count_dropped(bytes, peer);
+                    }
+                    Fate::Delivered => endpoint.handle_datagram_from(now, bytes, peer),
                 }
-                // The endpoint checks that the claimed sender is the peer at `from`.
-                spans.push((buf.len()..buf.len() + bytes.len(), peer));
-                buf.extend_from_slice(bytes);
-            };
-            let r = datapath.recv_reporting(&mut f);
-            if !spans.is_empty() {
-                let batch: Vec<(&[u8], Option<u32>)> =
-                    spans.iter().map(|(r, p)| (&buf[r.clone()], *p)).collect();
-                endpoint.handle_datagrams_from(now, &batch);
-                spans.clear();
-                buf.clear();
-            }
+            });
             // The endpoint counts what its source check rejected; the service's
             // counters of the same name show the endpoint's.
             let rejected = &endpoint.stats().rejected;

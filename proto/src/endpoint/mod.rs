@@ -335,71 +335,20 @@ impl Endpoint {
         self.sh.stats.count_dropped(datagram, from);
     }
 
-    /// Process received datagrams, in order: the same outcome as
-    /// [`handle_datagram`](Self::handle_datagram) on each, but their tags are
-    /// checked together ([`wire::MacKey::tag_many`], several times cheaper per
-    /// MTU-sized datagram than one at a time).
+    /// Process received datagrams, in order: exactly
+    /// [`handle_datagram`](Self::handle_datagram) on each.
     pub fn handle_datagrams(&mut self, now: Instant, datagrams: &[&[u8]]) {
-        let batch: Vec<(&[u8], Option<u32>)> = datagrams.iter().map(|d| (*d, wire::peek_src(d))).collect();
-        self.handle_datagrams_from(now, &batch);
+        for d in datagrams {
+            self.handle_datagram(now, d);
+        }
     }
 
-    /// [`handle_datagram_from`](Self::handle_datagram_from) on each
-    /// `(datagram, from)`, in order, with the tags checked together as in
-    /// [`handle_datagrams`](Self::handle_datagrams).
+    /// Process received datagrams with the peer each came from, in order:
+    /// exactly [`handle_datagram_from`](Self::handle_datagram_from) on each.
     pub fn handle_datagrams_from(&mut self, now: Instant, datagrams: &[(&[u8], Option<u32>)]) {
-        self.now = now;
-        // Structure first (as `wire::decode`): only well-formed packets are tagged.
-        let mut auth: Vec<&[u8]> = Vec::with_capacity(datagrams.len());
-        let mut passed = Vec::with_capacity(datagrams.len());
         for &(d, from) in datagrams {
-            let before = self.sh.stats.rejected.discarded_on_arrival();
-            let ok = self.source_ok(d, from);
-            if !ok {
-                self.count_dropped(d, from);
-            }
-            if ok && wire::Packet::new_checked(d).is_ok() {
-                auth.push(&d[..d.len() - wire::TAG_LEN]);
-            }
-            passed.push(ok);
-            debug_assert!(ok || self.sh.stats.rejected.discarded_on_arrival() != before);
+            self.handle_datagram_from(now, d, from);
         }
-        let mut tags = vec![[0u8; wire::TAG_LEN]; auth.len()];
-        self.sh.cfg.key.tag_many(&auth, &mut tags);
-        let mut tags = tags.iter();
-        for (&(d, from), ok) in datagrams.iter().zip(passed) {
-            if !ok {
-                continue;
-            }
-            let before = self.sh.stats.rejected.discarded_on_arrival();
-            let want = if wire::Packet::new_checked(d).is_ok() { tags.next() } else { None };
-            self.handle_tagged(now, d, want);
-            if self.sh.stats.rejected.discarded_on_arrival() != before {
-                self.count_dropped(d, from);
-            }
-        }
-        self.prune_timers();
-    }
-
-    /// One datagram of a batch: `want` is the tag it must carry, `None` if it
-    /// is not a well-formed packet.
-    fn handle_tagged(&mut self, now: Instant, d: &[u8], want: Option<&[u8; wire::TAG_LEN]>) {
-        let rejected = &mut self.sh.stats.rejected;
-        let Some(want) = want else {
-            rejected.malformed += 1;
-            return;
-        };
-        if !wire::tags_equal(want, &d[d.len() - wire::TAG_LEN..]) {
-            rejected.bad_tag += 1;
-            return;
-        }
-        let Ok(p) = wire::Packet::new_checked(d) else { return };
-        let Ok(h) = Header::parse(&p) else {
-            rejected.malformed += 1;
-            return;
-        };
-        let payload = &d[wire::HEADER_LEN..wire::HEADER_LEN + usize::from(h.payload_len)];
-        self.handle_authenticated(now, h, payload, d, false);
     }
 
     /// `replay`: a datagram buffered before its op started, already counted.

@@ -124,7 +124,6 @@ use thiserror::Error;
 
 mod mac;
 
-pub(crate) use mac::tags_equal;
 pub use mac::{KEY_CONTEXT, MacKey, TAG_LEN};
 
 /// `0xD1C9`, the first two bytes of every dlcp datagram.

@@ -10,6 +10,7 @@
 //! and timers to them and acts on what they return, through the endpoint's
 //! [`Shared`] pieces (queues, counters, estimators).
 
+pub(crate) mod accumulate;
 pub(crate) mod shard;
 pub(crate) mod table;
 
@@ -27,8 +28,9 @@ use crate::transfer::{
 };
 use crate::wire::{self, Flags, Header, PacketType, Phase};
 
+use accumulate::{Accumulator, Shard, read_f32s};
 pub(crate) use shard::Layout;
-use shard::{read_f32s, reduce_shard, write_f32s};
+use shard::write_f32s;
 pub(crate) use table::{Side, Transfers};
 
 /// One allreduce op (see the module docs).
@@ -46,6 +48,8 @@ pub(crate) struct Op {
     /// Classes of own shard's chunks in all-gather.
     gclasses: Vec<Class>,
     transfers: Transfers,
+    /// The reduction of this rank's shard, as contributions arrive.
+    acc: Accumulator,
     reduced: bool,
     /// The agreed mask of own shard, once decided.
     gmask: Option<Bitmap>,
@@ -93,6 +97,7 @@ impl Op {
             classes: vec![Vec::new(); world as usize],
             gclasses: Vec::new(),
             transfers: Transfers::new(world as usize),
+            acc: Accumulator::new(layout.chunks(me), world),
             reduced: false,
             gmask: None,
             repairs_sent: 0,
@@ -125,6 +130,10 @@ impl Op {
                 op.transfers.set_receiver(Phase::Gather, j, Receiver::new(n, Vec::new(), Mode::Agreed));
             }
         }
+        // This rank's own term goes into the sum at once where it comes first.
+        let shard = Shard { layout: &op.layout, me, own: &op.input[op.layout.shard(me)] };
+        let out = &mut op.result[op.layout.shard(me)];
+        op.acc.start(shard, op.transfers.receivers(Phase::Scatter), out);
         op.first_pass(key, Phase::Scatter, sh);
         op
     }
@@ -175,8 +184,9 @@ impl Op {
         self.reduced = true;
         let (world, me) = (sh.cfg.world, sh.me());
         let layout = &self.layout;
-        let (own, out) = (&self.input[layout.shard(me)], &mut self.result[layout.shard(me)]);
-        reduce_shard(layout, me, &self.opts, own, self.transfers.receivers(Phase::Scatter), out);
+        let shard = Shard { layout, me, own: &self.input[layout.shard(me)] };
+        let out = &mut self.result[layout.shard(me)];
+        self.acc.finish(shard, self.transfers.receivers(Phase::Scatter), &self.opts, out);
         // Gather classes: rank own chunks by magnitude within the shard.
         let n = layout.chunks(me);
         let ranks = layout.magnitude_ranks(&self.result, [me].into_iter());
@@ -231,21 +241,29 @@ impl Op {
         }
     }
 
-    /// A chunk: into the scatter receive buffer, or straight into the result
-    /// (gather: it is the owner's reduced value).
+    /// A chunk (its payload authenticated, straight from the received
+    /// datagram): gather, the owner's reduced value, into the result;
+    /// scatter, a contribution to this rank's shard, added to the result at
+    /// once when its turn in rank order has come, else staged (see
+    /// [`accumulate`]).
     fn on_data(&mut self, now: Instant, key: OpKey, h: &Header, payload: &[u8], sh: &mut Shared) -> Handled {
-        let (phase, peer) = (h.phase, h.src);
+        let (phase, peer, c) = (h.phase, h.src, h.chunk_index);
         let owner = if phase == Phase::Gather { peer } else { sh.me() };
         let r = self.transfers.receiver_mut(phase, peer).ok_or(Refused::Mismatch)?;
-        let range = self.layout.chunk(owner, h.chunk_index);
+        let range = self.layout.chunk(owner, c);
         r.admit(h, payload.len(), range.len())?;
         self.last_progress = now;
-        match phase {
-            Phase::Gather => {
-                read_f32s(payload, &mut self.result[self.layout.chunk_in_tensor(owner, h.chunk_index)])
-            }
-            _ => read_f32s(payload, &mut r.buf_mut()[range]),
+        let layout = &self.layout;
+        if phase == Phase::Gather {
+            read_f32s(payload, &mut self.result[layout.chunk_in_tensor(owner, c)]);
+        } else if self.acc.is_next(c, peer) {
+            let shard = Shard { layout, me: owner, own: &self.input[layout.shard(owner)] };
+            let out = &mut self.result[layout.shard(owner)];
+            self.acc.add_now(c, payload, shard, self.transfers.receivers(Phase::Scatter), out);
+        } else {
+            read_f32s(payload, &mut r.buf_mut()[range]);
         }
+        let r = self.transfers.receiver_mut(phase, peer).ok_or(Refused::Mismatch)?;
         if h.flags.contains(Flags::REPAIR) {
             sh.stats.count_repair_received(h.src, h.class, wire::OVERHEAD + usize::from(h.payload_len));
         }
@@ -601,6 +619,7 @@ impl Op {
             + self.classes.iter().map(|c| c.capacity() + size_of::<Vec<Class>>()).sum::<usize>()
             + self.gclasses.capacity()
             + self.peer_gen.capacity() * size_of::<Option<u32>>()
+            + self.acc.bytes()
             + self.gmask.as_ref().map_or(0, Bitmap::heap_bytes);
         (state, tensor + (self.input.capacity() + self.result.capacity()) * 4, open)
     }

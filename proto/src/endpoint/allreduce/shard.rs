@@ -1,11 +1,9 @@
 //! Where a tensor's shards and chunks lie ([`Layout`]), and the arithmetic
-//! on them: ranking chunks by magnitude, and the reduction of a shard.
+//! on them: ranking chunks by magnitude.
 
 use std::ops::Range;
 
-use crate::endpoint::api::{Fill, OpOptions, ReduceOp};
 use crate::priority::rank_order;
-use crate::transfer::Receiver;
 
 /// Where a tensor's shards and chunks lie. Every shard's first element is
 /// computed once, when the op starts: a chunk's place is then one multiply
@@ -82,68 +80,10 @@ fn sq_norm(x: &[f32]) -> f32 {
     if s.is_nan() { f32::INFINITY } else { s }
 }
 
-/// Little-endian `f32`s of a DATA payload into `dst`.
-pub(crate) fn read_f32s(src: &[u8], dst: &mut [f32]) {
-    for (d, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
-        *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    }
-}
-
 /// `src` as little-endian bytes into a DATA payload.
 pub(crate) fn write_f32s(src: &[f32], dst: &mut [u8]) {
     for (s, b) in src.iter().zip(dst.chunks_exact_mut(4)) {
         b.copy_from_slice(&s.to_le_bytes());
-    }
-}
-
-/// Reduce shard `me` into `out`: the contributions summed in rank order
-/// `0, 1, …, N−1` (`own` for this rank, what `recvs` holds for the others,
-/// a missing chunk filled per [`Fill`]; every chunk is written: rank 0's term
-/// is a copy or a fill), then rescaled and averaged as `opts` says.
-pub(crate) fn reduce_shard(
-    layout: &Layout,
-    me: u32,
-    opts: &OpOptions,
-    own: &[f32],
-    recvs: &[Option<Receiver>],
-    out: &mut [f32],
-) {
-    let world = layout.world;
-    for c in 0..layout.chunks(me) {
-        let cr = layout.chunk(me, c);
-        let mut delivered = 0u32;
-        for j in 0..world {
-            let theirs = recvs[j as usize].as_ref().filter(|r| r.got().get(c));
-            let src: Option<&[f32]> = if j == me {
-                Some(&own[cr.clone()])
-            } else if let Some(r) = theirs {
-                Some(&r.buf()[cr.clone()])
-            } else {
-                match opts.fill {
-                    Fill::Local => Some(&own[cr.clone()]),
-                    Fill::Zero => None,
-                }
-            };
-            if j == me || theirs.is_some() {
-                delivered += 1;
-            }
-            let dst = &mut out[cr.clone()];
-            match (j, src) {
-                (0, Some(s)) => dst.copy_from_slice(s),
-                (0, None) => dst.fill(0.0),
-                (_, Some(s)) => dst.iter_mut().zip(s).for_each(|(d, x)| *d += *x),
-                (_, None) => dst.iter_mut().for_each(|d| *d += 0.0),
-            }
-        }
-        let dst = &mut out[cr];
-        if opts.rescale && delivered < world {
-            let f = world as f32 / delivered as f32;
-            dst.iter_mut().for_each(|d| *d *= f);
-        }
-        if opts.reduce == ReduceOp::Average {
-            let w = world as f32;
-            dst.iter_mut().for_each(|d| *d /= w);
-        }
     }
 }
 

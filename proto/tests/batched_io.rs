@@ -1,12 +1,12 @@
 //! The batched entry points of the endpoint (`handle_datagrams`,
-//! `poll_transmit_many`, whose tags are computed several at a time) behave
-//! exactly like their one-datagram counterparts.
+//! `poll_transmit_batch`, whose DATA payloads are lent from the ops' memory)
+//! behave exactly like their one-datagram counterparts.
 
 mod common;
 
 use common::*;
 use dlcp_proto::class::Class;
-use dlcp_proto::endpoint::{Endpoint, OpId};
+use dlcp_proto::endpoint::{Endpoint, OpId, Transmit, TxBatch};
 use dlcp_proto::rng::Rng;
 use dlcp_proto::time::Instant;
 use dlcp_proto::wire::{self, Header, MacKey, PacketType, Phase};
@@ -88,9 +88,11 @@ fn batched_receive_matches_one_at_a_time() {
     }
 }
 
-/// `poll_transmit_many` returns the very datagrams (bytes, tags included,
+/// `poll_transmit_batch` returns the very datagrams (bytes, tags included,
 /// destinations, classes) that repeated `poll_transmit` calls return, batch
-/// after batch, also with a pacing rate that cuts batches short.
+/// after batch, also with a pacing rate that cuts batches short. And a DATA
+/// payload is lent from the op's tensor, not copied: the payloads of
+/// consecutive chunks of one shard lie back to back in memory.
 #[test]
 fn batched_transmit_matches_one_at_a_time() {
     for rate in [0u64, 50_000_000] {
@@ -103,25 +105,45 @@ fn batched_transmit_matches_one_at_a_time() {
             e
         };
         let (mut one, mut many) = (make(), make());
-        let slot = 2048;
-        let (mut buf, mut out) = (Vec::new(), Vec::new());
-        let mut single = vec![0u8; slot];
-        let mut total = 0;
+        let mut batch = TxBatch::new();
+        let mut single = vec![0u8; 2048];
+        let (mut total, mut adjacent) = (0, 0);
+        // Per destination: the last DATA chunk and where its payload ended.
+        let mut last = [None::<(Phase, u32, usize)>; 4];
         for step in 0..2000u64 {
             let now = Instant::from_nanos(step * 20_000);
-            many.poll_transmit_many(now, slot, 64, &mut buf, &mut out);
-            for (t, off) in &out {
+            let view = many.poll_transmit_batch(now, 64, &mut batch);
+            for d in view.iter() {
                 let s = one.poll_transmit(now, &mut single).expect("one-at-a-time has it too");
-                assert_eq!(s, *t);
-                assert_eq!(&single[..s.len], &buf[*off..*off + t.len]);
+                assert_eq!(s, Transmit { dst: d.dst, len: d.len(), class: d.class });
+                let mut whole = vec![0u8; d.len()];
+                assert_eq!(d.write_to(&mut whole), d.len());
+                assert_eq!(&single[..s.len], &whole[..]);
                 // And it authenticates.
-                assert!(wire::decode(&key(), &buf[*off..*off + t.len]).is_ok());
+                let (h, _) = wire::decode(&key(), &whole).expect("authenticates");
+                assert_eq!((d.header.len(), d.tag.len()), (wire::HEADER_LEN, wire::TAG_LEN));
+                if h.ty == PacketType::Data {
+                    let at = d.payload.as_ptr() as usize;
+                    let prev = &mut last[d.dst as usize];
+                    if let Some((phase, chunk, end)) = *prev
+                        && phase == h.phase
+                        && chunk + 1 == h.chunk_index
+                    {
+                        assert_eq!(at, end, "consecutive chunks of a shard lie back to back");
+                        adjacent += 1;
+                    }
+                    *prev = Some((h.phase, h.chunk_index, at + d.payload.len()));
+                }
             }
-            total += out.len();
-            if out.len() < 64 {
+            total += view.len();
+            if view.len() < 64 {
                 assert!(one.poll_transmit(now, &mut single).is_none(), "batch ended early");
             }
         }
         assert!(total > 1000, "rate {rate}: only {total} datagrams");
+        eprintln!(
+            "rate {rate}: {total} datagrams, {adjacent} right after the previous chunk to the same rank"
+        );
+        assert!(adjacent > total / 3, "rate {rate}: only {adjacent} of {total} after the previous chunk");
     }
 }

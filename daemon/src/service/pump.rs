@@ -9,7 +9,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
-use dlcp_proto::endpoint::Endpoint;
+use dlcp_proto::endpoint::{Endpoint, TxBatch};
 use dlcp_proto::priority::Class;
 use dlcp_proto::time::Instant;
 
@@ -17,8 +17,7 @@ use super::counters::ServiceCounters;
 use crate::datapath::fault::{Fate, FaultInjector};
 use crate::datapath::{Datapath, SendOutcome};
 
-/// Datagrams taken from the endpoint per `poll_transmit_many` (their tags are
-/// computed together).
+/// Datagrams taken from the endpoint per `poll_transmit_batch`.
 const TX_BATCH: usize = 64;
 
 /// Moves datagrams between the datapath and the endpoint.
@@ -29,10 +28,9 @@ pub(super) struct Pump {
     peer_rank: HashMap<SocketAddr, u32>,
     /// Datagrams the datapath refused (would-block), sent first next time.
     pending_tx: VecDeque<(SocketAddr, Class, Vec<u8>)>,
-    /// Room per datagram in `tx_buf`.
-    tx_slot: usize,
-    /// The datagrams of one `poll_transmit_many` call: (transmit, offset in `tx_buf`).
-    tx_batch: Vec<(dlcp_proto::endpoint::Transmit, usize)>,
+    /// The datagrams of one `poll_transmit_batch` call.
+    tx_batch: TxBatch,
+    /// One datagram, contiguous, for the datapath.
     tx_buf: Vec<u8>,
     adapt: Option<RateAdapter>,
 }
@@ -47,9 +45,8 @@ impl Pump {
             peers,
             peer_rank,
             pending_tx: VecDeque::new(),
-            tx_slot,
-            tx_batch: Vec::new(),
-            tx_buf: Vec::new(),
+            tx_batch: TxBatch::new(),
+            tx_buf: vec![0; tx_slot],
             adapt: None,
         }
     }
@@ -134,27 +131,27 @@ impl Pump {
                 Err(e) => log::error!("datapath send: {e}"),
             }
         }
-        // Datagrams come from the endpoint TX_BATCH at a time, tagged together.
-        let slot = self.tx_slot;
+        // Datagrams come from the endpoint TX_BATCH at a time.
+        let Pump { datapath, peers, pending_tx, tx_batch, tx_buf, .. } = self;
         'batches: loop {
-            endpoint.poll_transmit_many(now, slot, TX_BATCH, &mut self.tx_buf, &mut self.tx_batch);
-            let n = self.tx_batch.len();
-            for i in 0..n {
-                let (t, off) = self.tx_batch[i];
-                let Some(&dst) = self.peers.get(t.dst as usize) else { continue };
-                let data = &self.tx_buf[off..off + t.len];
+            let view = endpoint.poll_transmit_batch(now, TX_BATCH, tx_batch);
+            let n = view.len();
+            for (i, d) in view.iter().enumerate() {
+                let Some(&dst) = peers.get(d.dst as usize) else { continue };
+                let len = d.write_to(tx_buf);
+                let data = &tx_buf[..len];
                 if is_probe(data) {
                     // moves to proto (issue 13 step 2): a PROBE says "I have sent
                     // through chunk X": it travels in the control class, which the
                     // datapath flushes first, so push out the data queued before it
                     // or it overtakes that data on the host and the receiver asks
                     // for repairs of chunks in flight.
-                    if let Err(e) = self.datapath.flush() {
+                    if let Err(e) = datapath.flush() {
                         log::warn!("datapath flush: {e}");
                     }
                     counters.probe_flushes += 1;
                 }
-                let outcome = self.datapath.send(dst, t.class, data);
+                let outcome = datapath.send(dst, d.class, data);
                 if !matches!(outcome, Ok(SendOutcome::Sent)) {
                     if let Err(e) = &outcome {
                         log::error!("datapath send: {e}");
@@ -162,9 +159,9 @@ impl Pump {
                     // Keep this datagram (unless it failed) and the rest of the
                     // batch, in order, for the next turn.
                     let from = if outcome.is_err() { i + 1 } else { i };
-                    for &(t, off) in &self.tx_batch[from..] {
-                        if let Some(&dst) = self.peers.get(t.dst as usize) {
-                            self.pending_tx.push_back((dst, t.class, self.tx_buf[off..off + t.len].to_vec()));
+                    for d in view.iter().skip(from) {
+                        if let Some(&dst) = peers.get(d.dst as usize) {
+                            pending_tx.push_back((dst, d.class, d.parts().concat()));
                         }
                     }
                     break 'batches;
@@ -174,7 +171,7 @@ impl Pump {
                 break;
             }
         }
-        if let Err(e) = self.datapath.flush() {
+        if let Err(e) = datapath.flush() {
             log::warn!("datapath flush: {e}");
         }
     }

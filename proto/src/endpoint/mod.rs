@@ -12,15 +12,19 @@
 //!   [`Endpoint::start_allreduce`], [`Endpoint::set_tunables`],
 //!   [`Endpoint::set_pacing_rate`], [`Endpoint::recycle`];
 //! - **`poll_*`** give the outputs: datagrams to send
-//!   ([`Endpoint::poll_transmit`], batched: [`Endpoint::poll_transmit_many`]),
+//!   ([`Endpoint::poll_transmit_batch`], one at a time: [`Endpoint::poll_transmit`]),
 //!   when to call again ([`Endpoint::poll_timeout`]) and what happened
 //!   ([`Endpoint::poll_event`]).
 //!
 //! After every `handle_*` call or command, drain the outputs: call
-//! `poll_transmit` until it returns `None` (or the NIC is full), take the
+//! `poll_transmit_batch` until it returns fewer datagrams than asked for (or
+//! the NIC is full), sending each batch before the next call, take the
 //! events, and arm a timer for `poll_timeout`; when it expires, call
 //! `handle_timeout`, and drain again. A paced endpoint's `poll_timeout` also
-//! says when `poll_transmit` has something again.
+//! says when `poll_transmit_batch` has something again. The datagrams come
+//! in the order they must reach the network (a PROBE after the DATA it
+//! follows); a DATA payload is lent from the op's memory, not copied
+//! ([`TxView`]).
 //!
 //! ## Allreduce ("transpose" / colocated parameter server)
 //!
@@ -58,7 +62,8 @@
 //! ## Inside
 //!
 //! The endpoint routes; its parts hold the state: the ops (`allreduce`: an
-//! op's transfers, layout and decisions), the transmit queues (`tx`), the
+//! op's transfers, layout and decisions; `optable`: the slab they live in),
+//! the transmit queues (`tx`) and the datagrams of one batch (`batch`), the
 //! timer index (`timers`), peers (`membership`), finished ops and the early
 //! buffer (`history`), and what op handlers share with the endpoint —
 //! configuration, queues, counters, estimators (`shared`).
@@ -75,6 +80,7 @@ use crate::wire::{self, DType, Header, PacketType, Phase, WireError};
 
 pub(crate) mod allreduce;
 pub(crate) mod api;
+pub(crate) mod batch;
 pub(crate) mod history;
 pub(crate) mod membership;
 pub(crate) mod optable;
@@ -87,6 +93,7 @@ pub use crate::transfer::{MAX_BUDGET_PPM, PROBE_COPIES, TransferReport, allowed_
 pub use api::{
     EndpointConfig, Event, Fill, Footprint, OpError, OpId, OpOptions, OpReport, ReduceOp, StartError, Timers,
 };
+pub use batch::{Datagram, TxBatch, TxView};
 pub use tx::Transmit;
 
 use allreduce::{Layout, Op, Side};
@@ -114,6 +121,8 @@ pub struct Endpoint {
     /// Buffers of finished ops, reused by the next ones (no page faults).
     pool: BufferPool,
     timers: TimerIndex,
+    /// The batch [`Endpoint::poll_transmit`] fills (kept for its buffers).
+    scratch: TxBatch,
 }
 
 impl Endpoint {
@@ -139,6 +148,7 @@ impl Endpoint {
             now,
             pool: BufferPool::new(),
             timers: TimerIndex::default(),
+            scratch: TxBatch::new(),
             sh: Shared::new(cfg),
         }
     }
@@ -589,60 +599,62 @@ impl Endpoint {
         candidates.into_iter().flatten().min().filter(|&t| t != Instant::MAX)
     }
 
-    /// Up to `max` datagrams, exactly those that `max` calls of
-    /// [`poll_transmit`](Self::poll_transmit) would return, written into `buf`
-    /// at offsets `0, slot, 2·slot, …` (each `slot` bytes of room; `buf` grows
-    /// as needed) and listed in `out` (cleared first) as (transmit, offset).
-    /// Their tags are computed together ([`wire::MacKey::tag_many`]), several
-    /// times cheaper per MTU-sized datagram than one at a time.
-    pub fn poll_transmit_many(
-        &mut self,
+    /// The next datagrams to send, at most `max`, highest class first, in
+    /// the order they must reach the network: a PROBE comes after the DATA it
+    /// follows, so a datapath that keeps this order (as dlcpd's do) never lets
+    /// a PROBE overtake its data on the host. Fewer (or none) when the queues
+    /// run dry or the pacer says wait (see [`poll_timeout`](Self::poll_timeout)).
+    ///
+    /// The datagrams are written into `batch` (headers, tags and control
+    /// payloads; its buffers are reused from call to call) and lent by the
+    /// returned view, whose DATA payloads are slices of the ops' own memory:
+    /// nothing is copied until the datapath sends them (see [`TxView`]).
+    /// Exactly the datagrams, bytes and tags that `max` calls of
+    /// [`poll_transmit`](Self::poll_transmit) would give.
+    pub fn poll_transmit_batch<'a>(
+        &'a mut self,
         now: Instant,
-        slot: usize,
         max: usize,
-        buf: &mut Vec<u8>,
-        out: &mut Vec<(Transmit, usize)>,
-    ) {
-        out.clear();
-        if buf.len() < slot * max {
-            buf.resize(slot * max, 0);
-        }
-        self.sh.defer_tags = true;
-        while out.len() < max {
-            let off = out.len() * slot;
-            match self.poll_transmit(now, &mut buf[off..off + slot]) {
-                Some(t) => out.push((t, off)),
-                None => break,
-            }
-        }
-        self.sh.defer_tags = false;
-        let msgs: Vec<&[u8]> = out.iter().map(|(t, off)| &buf[*off..*off + t.len - wire::TAG_LEN]).collect();
-        let mut tags = vec![[0u8; wire::TAG_LEN]; msgs.len()];
-        self.sh.cfg.key.tag_many(&msgs, &mut tags);
-        for ((t, off), tag) in out.iter().zip(&tags) {
-            buf[off + t.len - wire::TAG_LEN..off + t.len].copy_from_slice(tag);
-        }
+        batch: &'a mut TxBatch,
+    ) -> TxView<'a> {
+        batch.clear();
+        while batch.len() < max && self.next_transmit(now, batch) {}
+        batch.seal(&self.sh.cfg.key, &self.ops);
+        self.prune_timers();
+        TxView::new(batch, &self.ops)
     }
 
     /// Write the next datagram to send into `buf` (which must hold at least
-    /// `chunk_bytes + wire::OVERHEAD` bytes), highest class first. Returns `None`
-    /// when nothing is queued or the pacer says wait (see `poll_timeout`).
+    /// `chunk_bytes + wire::OVERHEAD` bytes; a datagram that does not fit is
+    /// dropped), highest class first. Returns `None` when nothing is queued
+    /// or the pacer says wait (see `poll_timeout`). The one-datagram form of
+    /// [`poll_transmit_batch`](Self::poll_transmit_batch) (the simulator's).
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
-        let tx = self.next_transmit(now, buf);
-        self.prune_timers();
+        let mut batch = std::mem::take(&mut self.scratch);
+        let tx = {
+            let view = self.poll_transmit_batch(now, 1, &mut batch);
+            let d = view.iter().next();
+            d.filter(|d| d.len() <= buf.len()).map(|d| Transmit {
+                dst: d.dst,
+                len: d.write_to(buf),
+                class: d.class,
+            })
+        };
+        self.scratch = batch;
         tx
     }
 
-    fn next_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+    /// Add the next datagram to `batch`; false when there is none now.
+    fn next_transmit(&mut self, now: Instant, batch: &mut TxBatch) -> bool {
         self.now = now;
         loop {
-            let (qi, item) = self.sh.tx.front()?;
+            let Some((qi, item)) = self.sh.tx.front() else { return false };
             let TxKind::Data { chunk, .. } = item.kind else {
                 self.sh.tx.pop(qi);
-                match self.encode_control(now, item, buf) {
-                    Some(tx) => return Some(tx),
-                    None => continue,
+                if self.encode_control(now, item, batch) {
+                    return true;
                 }
+                continue;
             };
             // Is the chunk still wanted?
             let wanted =
@@ -654,13 +666,13 @@ impl Endpoint {
             };
             let len = op.chunk_len(item.phase, item.peer, chunk, self.sh.me()) * 4 + wire::OVERHEAD;
             if !self.pacer.try_consume(now, len) {
-                return None;
+                return false;
             }
             self.sh.tx.pop(qi);
-            let tx = self.encode_data(item, buf);
+            let sent = self.encode_data(item, batch);
             self.dequeued(now, item);
-            if let Some(tx) = tx {
-                return Some(tx);
+            if sent {
+                return true;
             }
         }
     }
@@ -674,16 +686,46 @@ impl Endpoint {
         }
     }
 
-    fn encode_data(&mut self, item: TxItem, buf: &mut [u8]) -> Option<Transmit> {
-        let TxKind::Data { repair, class, .. } = item.kind else { return None };
-        let len = self.ops.by_key_mut(item.op)?.write_data(item, buf, &self.sh)?;
+    /// Add DATA `item` to `batch`: its header, and where its payload lies.
+    fn encode_data(&mut self, item: TxItem, batch: &mut TxBatch) -> bool {
+        let TxKind::Data { repair, class, .. } = item.kind else { return false };
+        let Some((h, buffer, range)) =
+            self.ops.by_key_mut(item.op).and_then(|op| op.data_header(item, &self.sh))
+        else {
+            return false;
+        };
+        let mut header = [0u8; wire::HEADER_LEN];
+        if h.emit(&mut header).is_err() {
+            return false;
+        }
+        let len = h.packet_len();
+        batch.push_data(item.peer, class, &header, item.op, buffer, range);
         if repair {
             self.sh.stats.count_repair_sent(item.peer, class, len);
         }
-        Some(self.sh.transmit(item.peer, class, len))
+        self.sh.count_transmit(item.peer, class, len);
+        true
     }
 
-    fn encode_control(&mut self, now: Instant, item: TxItem, buf: &mut [u8]) -> Option<Transmit> {
+    /// Add control packet `item` to `batch` (header and payload; the tag is
+    /// computed with the batch's). False if it is no longer due.
+    fn encode_control(&mut self, now: Instant, item: TxItem, batch: &mut TxBatch) -> bool {
+        let room = batch.inline_room(wire::OVERHEAD + self.sh.seg_bytes());
+        match self.write_control(now, item, room) {
+            Some(n) => {
+                batch.push_inline(item.peer, Class::CONTROL, n);
+                self.sh.count_transmit(item.peer, Class::CONTROL, n);
+                true
+            }
+            None => {
+                batch.drop_room();
+                false
+            }
+        }
+    }
+
+    /// Write control packet `item` (untagged) into `buf`; its length.
+    fn write_control(&mut self, now: Instant, item: TxItem, buf: &mut [u8]) -> Option<usize> {
         let seg_bytes = self.sh.seg_bytes();
         let mut h = self.sh.header(PacketType::Hello, Class::CONTROL, item.phase, item.op.id(), item.peer);
         let (op, peer) = (self.ops.by_key_mut(item.op), item.peer);
@@ -710,8 +752,7 @@ impl Endpoint {
             },
             TxKind::Data { .. } => return None,
         }
-        let n = self.sh.seal(&h, buf, |_| {})?;
-        Some(self.sh.transmit(peer, Class::CONTROL, n))
+        self.sh.seal(&h, buf)
     }
 }
 

@@ -4,7 +4,7 @@
 
 use crate::class::Class;
 use crate::endpoint::api::{EndpointConfig, OpId};
-use crate::endpoint::tx::{Transmit, TxQueues};
+use crate::endpoint::tx::TxQueues;
 use crate::estimator::{DeadlineEstimator, RttEstimator};
 use crate::stats::Stats;
 use crate::time::Duration;
@@ -23,9 +23,6 @@ pub(crate) struct Shared {
     /// How far PROBEs were recently seen to overtake the chunk they name
     /// (see [`Shared::close_grace`]).
     pub overtake: Duration,
-    /// Inside `Endpoint::poll_transmit_many`: encode without tags (they are
-    /// computed for the whole batch before it returns).
-    pub defer_tags: bool,
 }
 
 impl Shared {
@@ -39,7 +36,6 @@ impl Shared {
             rtt: RttEstimator::new(t.probe_initial, t.probe_min, t.probe_max),
             deadlines: [deadline(), deadline()],
             overtake: Duration::ZERO,
-            defer_tags: false,
             cfg,
         }
     }
@@ -97,15 +93,15 @@ impl Shared {
         h
     }
 
-    /// Encode `h` with the payload `fill` writes (tagged unless a batch
-    /// defers the tags); returns the datagram length.
-    pub(crate) fn seal(&self, h: &Header, buf: &mut [u8], fill: impl FnOnce(&mut [u8])) -> Option<usize> {
-        wire::encode_maybe_tagged((!self.defer_tags).then_some(&self.cfg.key), h, buf, fill).ok()
+    /// Encode `h` over the payload already written after the header in `buf`,
+    /// without the tag (a batch computes every datagram's tag at once, see
+    /// `TxBatch::seal`); returns the datagram length.
+    pub(crate) fn seal(&self, h: &Header, buf: &mut [u8]) -> Option<usize> {
+        wire::encode_maybe_tagged(None, h, buf, |_| {}).ok()
     }
 
     /// Count a datagram of `len` bytes to `peer` in `class` as sent.
-    pub(crate) fn transmit(&mut self, peer: u32, class: Class, len: usize) -> Transmit {
+    pub(crate) fn count_transmit(&mut self, peer: u32, class: Class, len: usize) {
         self.stats.count_tx(peer, class, len);
-        Transmit { dst: peer, len, class }
     }
 }

@@ -14,6 +14,8 @@ pub(crate) mod accumulate;
 pub(crate) mod shard;
 pub(crate) mod table;
 
+use std::ops::Range;
+
 use crate::bitmap::Bitmap;
 use crate::class::Class;
 use crate::endpoint::api::{OpId, OpKey, OpOptions, OpReport};
@@ -30,7 +32,6 @@ use crate::wire::{self, Flags, Header, PacketType, Phase};
 
 use accumulate::{Accumulator, Shard, read_f32s};
 pub(crate) use shard::Layout;
-use shard::write_f32s;
 pub(crate) use table::{Side, Transfers};
 
 /// One allreduce op (see the module docs).
@@ -57,6 +58,15 @@ pub(crate) struct Op {
     peer_gen: Vec<Option<u32>>,
     /// The classifier when the op started (a reload changes only new ops).
     classifier: ClassifierConfig,
+}
+
+/// Which of an op's buffers a DATA payload is sent from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Buffer {
+    /// The input (reduce-scatter: this rank's contribution to another shard).
+    Input,
+    /// The result (all-gather: this rank's reduced shard).
+    Result,
 }
 
 /// What a packet handler did with it.
@@ -541,13 +551,18 @@ impl Op {
         self.layout.chunk(owner, chunk).len()
     }
 
-    /// Encode DATA `item` into `buf`; returns its length.
-    pub(crate) fn write_data(&mut self, item: TxItem, buf: &mut [u8], sh: &Shared) -> Option<usize> {
+    /// The header of DATA `item`, and where its payload lies (elements
+    /// `range` of `buffer`); the chunk counts as sent.
+    pub(crate) fn data_header(
+        &mut self,
+        item: TxItem,
+        sh: &Shared,
+    ) -> Option<(Header, Buffer, Range<usize>)> {
         let TxKind::Data { chunk, repair, class } = item.kind else { return None };
         let (phase, peer) = (item.phase, item.peer);
-        let st = self.transfers.sender(phase, peer)?;
-        let (owner, data) =
-            if phase == Phase::Scatter { (peer, &self.input) } else { (sh.me(), &self.result) };
+        let st = self.transfers.sender_mut(phase, peer)?;
+        let (owner, buffer) =
+            if phase == Phase::Scatter { (peer, Buffer::Input) } else { (sh.me(), Buffer::Result) };
         let cr = self.layout.chunk_in_tensor(owner, chunk);
         let mut h = sh.header(PacketType::Data, class, phase, item.op.id(), peer);
         h.chunk_index = chunk;
@@ -559,11 +574,16 @@ impl Op {
         if !self.classifier.droppable.contains(class) {
             h.flags = h.flags.with(Flags::REQUIRED);
         }
-        let len = sh.seal(&h, buf, |p| write_f32s(&data[cr], p))?;
-        if let Some(st) = self.transfers.sender_mut(phase, peer) {
-            st.sent(chunk);
+        st.sent(chunk);
+        Some((h, buffer, cr))
+    }
+
+    /// The op's input or result, where DATA payloads are sent from.
+    pub(crate) fn buffer(&self, b: Buffer) -> &[f32] {
+        match b {
+            Buffer::Input => &self.input,
+            Buffer::Result => &self.result,
         }
-        Some(len)
     }
 
     /// A queued chunk for `peer` in `phase` left the queue. Returns a probe

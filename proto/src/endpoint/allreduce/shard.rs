@@ -80,13 +80,6 @@ fn sq_norm(x: &[f32]) -> f32 {
     if s.is_nan() { f32::INFINITY } else { s }
 }
 
-/// `src` as little-endian bytes into a DATA payload.
-pub(crate) fn write_f32s(src: &[f32], dst: &mut [u8]) {
-    for (s, b) in src.iter().zip(dst.chunks_exact_mut(4)) {
-        b.copy_from_slice(&s.to_le_bytes());
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,6 @@
 //! What every datapath is to the event loop: the [`Datapath`] trait, its
-//! counters ([`DatapathStats`]) and send outcome ([`SendOutcome`]), and the
+//! counters ([`DatapathStats`]), what it sends ([`Outgoing`]) and the send
+//! outcome of its copying path ([`SendOutcome`]), and the
 //! boxed datapath that forwards to its content.
 
 use std::io;
@@ -42,8 +43,49 @@ pub enum SendOutcome {
     WouldBlock,
 }
 
+/// One datagram to send: to `dst`, marked with `class`'s DSCP, its bytes the
+/// concatenation of `parts` (dlcpd lends a datagram as header, payload and
+/// tag, where each lies: see `dlcp_proto::endpoint::TxView`).
+#[derive(Debug, Clone, Copy)]
+pub struct Outgoing<'a> {
+    /// Destination.
+    pub dst: SocketAddr,
+    /// Priority class.
+    pub class: Class,
+    /// The datagram's bytes, in three slices sent back to back.
+    pub parts: [&'a [u8]; 3],
+}
+
+impl<'a> Outgoing<'a> {
+    /// A datagram that is one slice.
+    pub fn whole(dst: SocketAddr, class: Class, datagram: &'a [u8]) -> Outgoing<'a> {
+        Outgoing { dst, class, parts: [datagram, &[], &[]] }
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.parts.iter().map(|p| p.len()).sum()
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Its bytes, copied into one buffer (for a datapath that must keep it).
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.parts.concat()
+    }
+}
+
 /// Moves datagrams between the event loop and the network. Non-blocking:
 /// no method waits.
+///
+/// Two ways to send: [`send_batch`](Datapath::send_batch), the event loop's,
+/// hands datagrams to the kernel or NIC at once from where they lie, in the
+/// order given; [`send`](Datapath::send) copies one datagram into the
+/// datapath's per-class queues, which [`flush`](Datapath::flush) empties
+/// highest class first.
 pub trait Datapath {
     /// A human-readable name with the reason it was chosen, e.g.
     /// `"socket (udp 10.0.0.1:7700, 8 class sockets, GSO off)"`.
@@ -60,6 +102,25 @@ pub trait Datapath {
 
     /// Push batched datagrams to the kernel/NIC (e.g. one `sendmmsg`).
     fn flush(&mut self) -> io::Result<()>;
+
+    /// Hand `batch` to the kernel or NIC now, without copying it first
+    /// (scatter-gather), **in the order given**: datagrams of one class keep
+    /// their order, and a datagram never reaches the kernel before one of
+    /// another class given ahead of it — except that within a run of
+    /// consecutive datagrams of one class, datagrams to different
+    /// destinations may be regrouped by destination (each destination's in
+    /// order), so that GSO carries runs. Datagrams still queued from earlier
+    /// ([`send`](Datapath::send), or refused before) go first.
+    ///
+    /// Never refuses: a datagram the kernel or NIC will not take now
+    /// (would-block, an empty mbuf pool) is copied into the datapath's queue
+    /// of its class, and every later datagram of that class follows it there,
+    /// until [`flush`](Datapath::flush) empties the queue;
+    /// [`wants_writable`](Datapath::wants_writable) says so, and the caller
+    /// should hold further datagrams back until it clears. Errors other than
+    /// would-block are counted and the datagram dropped, as in `send`; `Err`
+    /// only for failures that make the datapath unusable.
+    fn send_batch(&mut self, batch: &[Outgoing<'_>]) -> io::Result<()>;
 
     /// Receive every datagram available now (up to an internal batch limit per
     /// call), calling `f(source, bytes)` for each. Returns how many were delivered.
@@ -134,6 +195,10 @@ impl<D: Datapath + ?Sized> Datapath for Box<D> {
 
     fn flush(&mut self) -> io::Result<()> {
         (**self).flush()
+    }
+
+    fn send_batch(&mut self, batch: &[Outgoing<'_>]) -> io::Result<()> {
+        (**self).send_batch(batch)
     }
 
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {

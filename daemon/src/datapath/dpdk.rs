@@ -17,8 +17,8 @@
 //! loop how soon to poll again — 0 while packets keep coming, backing off to 1 ms
 //! when idle, so an idle daemon does not spin.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use dlcp_ffi::dpdk::{Eal, Mbuf, Mempool, Port, PortConfig};
 use dlcp_proto::priority::Class;
 
-use super::api::{Datapath, DatapathStats, SendOutcome};
+use super::api::{Datapath, DatapathStats, Outgoing, SendOutcome};
 use super::frame::{self, Arp, ArpOp, Checksum, Ignore, Mac, Parsed, UdpFrame};
 
 /// Datagrams kept per unresolved neighbour while ARP asks for it.
@@ -180,6 +180,9 @@ pub struct DpdkDatapath {
     queue_order: Vec<u16>,
     neighbours: HashMap<Ipv4Addr, Mac>,
     pending: HashMap<Ipv4Addr, Pending>,
+    /// Lent datagrams copied because the mbuf pool was empty (or earlier
+    /// ones waited), staged first when mbufs are free again.
+    unsent: VecDeque<(Class, SocketAddrV4, Vec<u8>)>,
     rx_buf: Vec<Mbuf>,
     rx_more: bool,
     blocked: bool,
@@ -277,6 +280,7 @@ impl DpdkDatapath {
             queue_order,
             neighbours: cfg.neighbours.iter().copied().collect(),
             pending: HashMap::new(),
+            unsent: VecDeque::new(),
             rx_buf: Vec::with_capacity(usize::from(cfg.rx_burst)),
             rx_more: false,
             blocked: false,
@@ -312,9 +316,10 @@ impl DpdkDatapath {
         self.neighbours.insert(ip, mac);
     }
 
-    /// Build one UDP frame for `dst_mac` in a fresh mbuf and stage it on `class`'s queue.
-    /// Returns false if the pool is empty.
-    fn stage_udp(&mut self, dst_mac: Mac, dst: SocketAddrV4, class: Class, datagram: &[u8]) -> bool {
+    /// Build one UDP frame for `dst_mac` in a fresh mbuf and stage it on
+    /// `class`'s queue: the datagram is the concatenation of `parts`, each
+    /// copied once, into the mbuf. Returns false if the pool is empty.
+    fn stage_udp(&mut self, dst_mac: Mac, dst: SocketAddrV4, class: Class, parts: &[&[u8]]) -> bool {
         let Some(mut m) = self.pool.alloc() else {
             self.extra.tx_pool_empty += 1;
             return false;
@@ -329,13 +334,14 @@ impl DpdkDatapath {
             ident: self.ident,
             ttl: 64,
         };
-        let len = UdpFrame::len_for(datagram.len()).max(frame::MIN_FRAME);
+        let datagram_len: usize = parts.iter().map(|p| p.len()).sum();
+        let len = UdpFrame::len_for(datagram_len).max(frame::MIN_FRAME);
         let Some(buf) = u16::try_from(len).ok().and_then(|l| m.append(l)) else {
             // Larger than an mbuf: the protocol never sends that within the MTU.
             self.stats.tx_errors += 1;
             return true;
         };
-        if f.write(buf, datagram, self.cksum).is_none() {
+        if f.write_parts(buf, parts, self.cksum).is_none() {
             self.stats.tx_errors += 1;
             return true;
         }
@@ -345,7 +351,7 @@ impl DpdkDatapath {
         let q = usize::from(self.cfg.class_tx_queue[class.index()]);
         self.staged[q].push(m);
         self.stats.tx_packets[class.index()] += 1;
-        self.stats.tx_bytes[class.index()] += datagram.len() as u64;
+        self.stats.tx_bytes[class.index()] += datagram_len as u64;
         true
     }
 
@@ -378,31 +384,98 @@ impl DpdkDatapath {
     /// that cannot take everything stops the lower ones (strict priority).
     fn push(&mut self) {
         for i in 0..self.queue_order.len() {
-            let q = self.queue_order[i];
-            let staged = &mut self.staged[usize::from(q)];
-            let st = &mut self.extra.tx_queues[usize::from(q)];
-            while !staged.is_empty() {
-                let mut sizes = [0u16; 512];
-                let n = staged.len().min(sizes.len());
-                for (s, m) in sizes.iter_mut().zip(staged.iter()) {
-                    *s = m.data().len() as u16;
-                }
-                let sent = self.port.tx_burst(q, staged);
-                self.stats.tx_syscalls += 1;
-                st.packets += sent as u64;
-                st.bytes += sizes[..sent].iter().map(|&b| u64::from(b)).sum::<u64>();
-                if sent < n {
-                    st.full += 1;
-                    self.stats.tx_would_block += 1;
-                    break;
-                }
-            }
-            if !staged.is_empty() {
+            if !self.push_queue(self.queue_order[i]) {
                 break; // lower-priority queues wait for the next round
             }
         }
         let limit = usize::from(self.cfg.tx_ring_size);
-        self.blocked = self.staged.iter().any(|s| s.len() >= limit);
+        self.blocked = self.staged.iter().any(|s| s.len() >= limit) || !self.unsent.is_empty();
+    }
+
+    /// Hand TX queue `q`'s staged frames to the NIC; false if some are left
+    /// (the NIC queue is full).
+    fn push_queue(&mut self, q: u16) -> bool {
+        let staged = &mut self.staged[usize::from(q)];
+        let st = &mut self.extra.tx_queues[usize::from(q)];
+        while !staged.is_empty() {
+            let mut sizes = [0u16; 512];
+            let n = staged.len().min(sizes.len());
+            for (s, m) in sizes.iter_mut().zip(staged.iter()) {
+                *s = m.data().len() as u16;
+            }
+            let sent = self.port.tx_burst(q, staged);
+            self.stats.tx_syscalls += 1;
+            st.packets += sent as u64;
+            st.bytes += sizes[..sent].iter().map(|&b| u64::from(b)).sum::<u64>();
+            if sent < n {
+                st.full += 1;
+                self.stats.tx_would_block += 1;
+                break;
+            }
+        }
+        staged.is_empty()
+    }
+
+    /// Stage one lent datagram (one copy, into its mbuf), or keep a copy of it
+    /// for later: while its neighbour is unresolved (ARP), or when the pool
+    /// is empty or earlier datagrams wait for it.
+    fn stage_lent(&mut self, d: &Outgoing<'_>) {
+        let SocketAddr::V4(dst) = d.dst else {
+            self.stats.tx_errors += 1;
+            return;
+        };
+        let q = usize::from(self.cfg.class_tx_queue[d.class.index()]);
+        if self.staged[q].len() >= usize::from(self.cfg.tx_burst) {
+            self.push_queue(q as u16);
+        }
+        match self.neighbours.get(dst.ip()).copied() {
+            Some(mac) if self.unsent.is_empty() => {
+                if !self.stage_udp(mac, dst, d.class, &d.parts) {
+                    self.unsent.push_back((d.class, dst, d.to_vec()));
+                }
+            }
+            Some(_) => self.unsent.push_back((d.class, dst, d.to_vec())),
+            None => self.wait_for_neighbour(Instant::now(), d.class, dst, d.to_vec()),
+        }
+    }
+
+    /// Stage the datagrams kept because the pool was empty, in order, while
+    /// the pool has mbufs.
+    fn stage_unsent(&mut self) {
+        while let Some((class, dst, d)) = self.unsent.pop_front() {
+            let Some(mac) = self.neighbours.get(dst.ip()).copied() else {
+                self.wait_for_neighbour(Instant::now(), class, dst, d);
+                continue;
+            };
+            if !self.stage_udp(mac, dst, class, &[&d]) {
+                self.unsent.push_front((class, dst, d));
+                return;
+            }
+        }
+    }
+
+    /// Keep datagram `d` for `dst` until ARP resolves its neighbour (asking if
+    /// nobody asked yet); bounded.
+    fn wait_for_neighbour(&mut self, now: Instant, class: Class, dst: SocketAddrV4, d: Vec<u8>) {
+        let ip = *dst.ip();
+        let ask = match self.pending.entry(ip) {
+            Entry::Vacant(v) => {
+                v.insert(Pending { first: now, last_request: now, datagrams: vec![(class, dst, d)] });
+                true
+            }
+            Entry::Occupied(mut o) => {
+                let p = o.get_mut();
+                if p.datagrams.len() < ARP_PENDING_MAX {
+                    p.datagrams.push((class, dst, d));
+                } else {
+                    self.extra.tx_unresolved_dropped += 1;
+                }
+                false
+            }
+        };
+        if ask {
+            self.request_arp(ip);
+        }
     }
 
     fn handle_arp(&mut self, a: Arp) {
@@ -426,7 +499,7 @@ impl DpdkDatapath {
         }
         if let Some(p) = self.pending.remove(&a.sender_ip) {
             for (class, dst, d) in p.datagrams {
-                if !self.stage_udp(a.sender_mac, dst, class, &d) {
+                if !self.stage_udp(a.sender_mac, dst, class, &[&d]) {
                     self.extra.tx_unresolved_dropped += 1;
                 }
             }
@@ -491,43 +564,39 @@ impl Datapath for DpdkDatapath {
                 return Ok(SendOutcome::WouldBlock);
             }
         }
-        let ip = *dst.ip();
-        if let Some(&mac) = self.neighbours.get(&ip) {
-            if !self.stage_udp(mac, dst, class, datagram) {
+        if let Some(&mac) = self.neighbours.get(dst.ip()) {
+            if !self.stage_udp(mac, dst, class, &[datagram]) {
                 self.push();
                 self.blocked = true;
                 return Ok(SendOutcome::WouldBlock);
             }
             return Ok(SendOutcome::Sent);
         }
-        let now = Instant::now();
-        let ask = match self.pending.entry(ip) {
-            Entry::Vacant(v) => {
-                v.insert(Pending {
-                    first: now,
-                    last_request: now,
-                    datagrams: vec![(class, dst, datagram.to_vec())],
-                });
-                true
-            }
-            Entry::Occupied(mut o) => {
-                let p = o.get_mut();
-                if p.datagrams.len() < ARP_PENDING_MAX {
-                    p.datagrams.push((class, dst, datagram.to_vec()));
-                } else {
-                    self.extra.tx_unresolved_dropped += 1;
-                }
-                false
-            }
-        };
-        if ask {
-            self.request_arp(ip);
-        }
+        self.wait_for_neighbour(Instant::now(), class, dst, datagram.to_vec());
         Ok(SendOutcome::Sent)
+    }
+
+    /// Each datagram copied once, into its frame's mbuf, and staged; when the
+    /// next datagram goes to another TX queue, the frames staged before it
+    /// are handed to the NIC first, so the NIC gets them in the order given.
+    fn send_batch(&mut self, batch: &[Outgoing<'_>]) -> io::Result<()> {
+        self.stage_unsent();
+        let mut last = None;
+        for d in batch {
+            let q = self.cfg.class_tx_queue[d.class.index()];
+            if let Some(l) = last.filter(|&l| l != q) {
+                self.push_queue(l);
+            }
+            last = Some(q);
+            self.stage_lent(d);
+        }
+        self.push();
+        Ok(())
     }
 
     fn flush(&mut self) -> io::Result<()> {
         self.age_pending(Instant::now());
+        self.stage_unsent();
         self.push();
         Ok(())
     }
@@ -596,7 +665,7 @@ impl Datapath for DpdkDatapath {
         if self.rx_more {
             return Some(Duration::ZERO); // a full burst: more is waiting
         }
-        if self.staged.iter().any(|s| !s.is_empty()) || !self.pending.is_empty() {
+        if self.staged.iter().any(|s| !s.is_empty()) || !self.pending.is_empty() || !self.unsent.is_empty() {
             return Some(IDLE_POLL_MIN); // the NIC queue was full, or ARP is pending
         }
         let shift = self.idle_polls.min(10);

@@ -26,7 +26,7 @@ use std::net::SocketAddr;
 use dlcp_proto::priority::Class;
 use dlcp_proto::rng::Rng;
 
-use super::api::{Datapath, DatapathStats, SendOutcome};
+use super::api::{Datapath, DatapathStats, Outgoing, SendOutcome};
 
 /// Stream tag of the receive-loss generator (`"rx"`), so its sequence differs
 /// from other generators seeded alike.
@@ -142,6 +142,10 @@ impl<D: Datapath> Datapath for FaultInjector<D> {
         self.inner.flush()
     }
 
+    fn send_batch(&mut self, batch: &[Outgoing<'_>]) -> io::Result<()> {
+        self.inner.send_batch(batch)
+    }
+
     /// Delivers what no fault dropped (see [`FaultInjector::recv_reporting`]).
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
         self.recv_reporting(&mut |from, bytes, fate| {
@@ -206,6 +210,9 @@ mod tests {
             Ok(SendOutcome::Sent)
         }
         fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+        fn send_batch(&mut self, _: &[Outgoing<'_>]) -> io::Result<()> {
             Ok(())
         }
         fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {

@@ -102,8 +102,16 @@ impl UdpFrame {
     /// `max(len_for(payload.len()), MIN_FRAME)` bytes); returns the frame length.
     /// `None` if `buf` is too short or the payload does not fit an IPv4 packet.
     pub fn write(&self, buf: &mut [u8], payload: &[u8], cksum: Checksum) -> Option<usize> {
-        let ip_len = IPV4_LEN + UDP_LEN + payload.len();
-        let udp_len = u16::try_from(UDP_LEN + payload.len()).ok()?;
+        self.write_parts(buf, &[payload], cksum)
+    }
+
+    /// [`UdpFrame::write`] for a payload that is the concatenation of `parts`
+    /// (a datagram lent as header, payload and tag): each part is copied once,
+    /// into its place in the frame.
+    pub fn write_parts(&self, buf: &mut [u8], parts: &[&[u8]], cksum: Checksum) -> Option<usize> {
+        let payload_len: usize = parts.iter().map(|p| p.len()).sum();
+        let ip_len = IPV4_LEN + UDP_LEN + payload_len;
+        let udp_len = u16::try_from(UDP_LEN + payload_len).ok()?;
         let ip_len16 = u16::try_from(ip_len).ok()?;
         let len = (ETH_LEN + ip_len).max(MIN_FRAME);
         let buf = buf.get_mut(..len)?;
@@ -131,7 +139,11 @@ impl UdpFrame {
         buf[u + 2..u + 4].copy_from_slice(&self.dst.port().to_be_bytes());
         buf[u + 4..u + 6].copy_from_slice(&udp_len.to_be_bytes());
         buf[u + 6..u + 8].fill(0);
-        buf[u + 8..u + 8 + payload.len()].copy_from_slice(payload);
+        let mut at = u + 8;
+        for p in parts {
+            buf[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
         let pseudo = pseudo_sum(*self.src.ip(), *self.dst.ip(), udp_len);
         let c = match cksum {
             Checksum::Offload => pseudo as u16, // the NIC adds the rest and complements

@@ -11,7 +11,7 @@
 //! Files: `api.rs` (the trait every datapath implements), `open.rs` (which one
 //! the configuration gets), and one file or folder per datapath.
 
-pub use self::api::{Datapath, DatapathStats, SendOutcome};
+pub use self::api::{Datapath, DatapathStats, Outgoing, SendOutcome};
 pub use self::open::{DpdkUnavailable, OpenError, open};
 
 mod api;

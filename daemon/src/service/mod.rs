@@ -4,8 +4,10 @@
 //! ```text
 //!  trainer ─doorbell─▶ Trainers: next_submission ─copy out─▶ LocalReducer (K trainers)
 //!                               all K in, summed in local-rank order ─▶ Endpoint::start_allreduce
-//!  Datapath::recv ─▶ Pump::receive (source check) ─▶ Endpoint::handle_datagrams_from
-//!  Endpoint::poll_transmit_many ─▶ Pump::transmit ─▶ Datapath::send (class → DSCP) ─▶ flush
+//!  Datapath::recv (each datagram in its receive slot) ─▶ Pump::receive (peer of the source address)
+//!                                 ─▶ Endpoint::handle_datagram_from (source check, tag, placement)
+//!  Endpoint::poll_transmit_batch (payloads lent from op memory) ─▶ Pump::transmit
+//!                                 ─▶ Datapath::send_batch (class → DSCP, iovecs, in the order given)
 //!  Endpoint::poll_event: OpComplete ─▶ copy result into every trainer's buffer ─▶ completion
 //!                        OpFailed   ─▶ completion with Timeout / PeerDown
 //! ```
@@ -37,7 +39,6 @@ use std::time::{Duration as StdDuration, Instant as StdInstant};
 use dlcp_config::Config;
 use dlcp_proto::endpoint::{Endpoint, Event, OpError, OpId};
 use dlcp_proto::time::Instant;
-use dlcp_proto::wire;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -132,7 +133,7 @@ impl Service {
             datapath.describe(),
             cfg.control.socket_path.display()
         );
-        let mut pump = Pump::new(datapath, peers, cfg.chunk_bytes() as usize + wire::OVERHEAD + 64);
+        let mut pump = Pump::new(datapath, peers);
         pump.install_rate_adaptation(&cfg.pacing, &endpoint);
         Ok(Service {
             cfg,

@@ -4,21 +4,22 @@
 //! (keeping what it refused for the next turn). Also the loss-driven pacing
 //! ([`RateAdapter`]), which sets the endpoint's transmit rate.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
 use dlcp_proto::endpoint::{Endpoint, TxBatch};
-use dlcp_proto::priority::Class;
 use dlcp_proto::time::Instant;
 
 use super::counters::ServiceCounters;
 use crate::datapath::fault::{Fate, FaultInjector};
-use crate::datapath::{Datapath, SendOutcome};
+use crate::datapath::{Datapath, Outgoing};
 
-/// Datagrams taken from the endpoint per `poll_transmit_batch`.
-const TX_BATCH: usize = 64;
+/// Datagrams taken from the endpoint per `poll_transmit_batch`: enough that a
+/// run of one class holds GSO-sized runs to each peer once the datapath
+/// groups it by destination.
+const TX_BATCH: usize = 256;
 
 /// Moves datagrams between the datapath and the endpoint.
 pub(super) struct Pump {
@@ -26,29 +27,16 @@ pub(super) struct Pump {
     /// Peer addresses by rank.
     peers: Vec<SocketAddr>,
     peer_rank: HashMap<SocketAddr, u32>,
-    /// Datagrams the datapath refused (would-block), sent first next time.
-    pending_tx: VecDeque<(SocketAddr, Class, Vec<u8>)>,
     /// The datagrams of one `poll_transmit_batch` call.
     tx_batch: TxBatch,
-    /// One datagram, contiguous, for the datapath.
-    tx_buf: Vec<u8>,
     adapt: Option<RateAdapter>,
 }
 
 impl Pump {
-    /// A pump over `datapath` for the peers at `peers` (by rank), with room for
-    /// datagrams of `tx_slot` bytes.
-    pub(super) fn new(datapath: FaultInjector, peers: Vec<SocketAddr>, tx_slot: usize) -> Pump {
+    /// A pump over `datapath` for the peers at `peers` (by rank).
+    pub(super) fn new(datapath: FaultInjector, peers: Vec<SocketAddr>) -> Pump {
         let peer_rank = peers.iter().enumerate().map(|(r, a)| (*a, r as u32)).collect();
-        Pump {
-            datapath,
-            peers,
-            peer_rank,
-            pending_tx: VecDeque::new(),
-            tx_batch: TxBatch::new(),
-            tx_buf: vec![0; tx_slot],
-            adapt: None,
-        }
+        Pump { datapath, peers, peer_rank, tx_batch: TxBatch::new(), adapt: None }
     }
 
     /// The datapath.
@@ -66,9 +54,9 @@ impl Pump {
         &self.peers
     }
 
-    /// True while datagrams the datapath refused wait to be sent.
+    /// True while datagrams the kernel refused wait in the datapath.
     pub(super) fn blocked(&self) -> bool {
-        !self.pending_tx.is_empty()
+        self.datapath.wants_writable()
     }
 
     /// Hand what the datapath received to the endpoint, each datagram
@@ -116,63 +104,36 @@ impl Pump {
         }
     }
 
-    /// Hand what the endpoint has to send to the datapath, refused datagrams
-    /// of earlier turns first, and flush.
+    /// Hand what the endpoint has to send to the datapath, batch by batch,
+    /// each datagram from where it lies (no copy). What the datapath kept
+    /// from earlier turns (refused by the kernel) goes first; while it keeps
+    /// some, the endpoint keeps the rest in its queues (nothing is copied).
     pub(super) fn transmit(&mut self, endpoint: &mut Endpoint, counters: &mut ServiceCounters, now: Instant) {
-        // Datagrams the datapath refused earlier (would-block) go first, in order.
-        while let Some((dst, class, d)) = self.pending_tx.pop_front() {
-            match self.datapath.send(dst, class, &d) {
-                Ok(SendOutcome::Sent) => {}
-                Ok(SendOutcome::WouldBlock) => {
-                    self.pending_tx.push_front((dst, class, d));
-                    let _ = self.datapath.flush();
-                    return;
-                }
-                Err(e) => log::error!("datapath send: {e}"),
-            }
+        let Pump { datapath, peers, tx_batch, .. } = self;
+        if let Err(e) = datapath.flush() {
+            log::warn!("datapath flush: {e}");
         }
-        // Datagrams come from the endpoint TX_BATCH at a time.
-        let Pump { datapath, peers, pending_tx, tx_batch, tx_buf, .. } = self;
-        'batches: loop {
+        while !datapath.wants_writable() {
             let view = endpoint.poll_transmit_batch(now, TX_BATCH, tx_batch);
             let n = view.len();
-            for (i, d) in view.iter().enumerate() {
+            let mut out: Vec<Outgoing<'_>> = Vec::with_capacity(n);
+            for d in view.iter() {
                 let Some(&dst) = peers.get(d.dst as usize) else { continue };
-                let len = d.write_to(tx_buf);
-                let data = &tx_buf[..len];
-                if is_probe(data) {
+                if is_probe(d.header) && !out.is_empty() {
                     // moves to proto (issue 13 step 2): a PROBE says "I have sent
-                    // through chunk X": it travels in the control class, which the
-                    // datapath flushes first, so push out the data queued before it
-                    // or it overtakes that data on the host and the receiver asks
-                    // for repairs of chunks in flight.
-                    if let Err(e) = datapath.flush() {
-                        log::warn!("datapath flush: {e}");
-                    }
+                    // through chunk X": hand the data before it to the datapath
+                    // first, or it overtakes that data on the host and the
+                    // receiver asks for repairs of chunks in flight.
+                    send(datapath, &out);
+                    out.clear();
                     counters.probe_flushes += 1;
                 }
-                let outcome = datapath.send(dst, d.class, data);
-                if !matches!(outcome, Ok(SendOutcome::Sent)) {
-                    if let Err(e) = &outcome {
-                        log::error!("datapath send: {e}");
-                    }
-                    // Keep this datagram (unless it failed) and the rest of the
-                    // batch, in order, for the next turn.
-                    let from = if outcome.is_err() { i + 1 } else { i };
-                    for d in view.iter().skip(from) {
-                        if let Some(&dst) = peers.get(d.dst as usize) {
-                            pending_tx.push_back((dst, d.class, d.parts().concat()));
-                        }
-                    }
-                    break 'batches;
-                }
+                out.push(Outgoing { dst, class: d.class, parts: d.parts() });
             }
+            send(datapath, &out);
             if n < TX_BATCH {
                 break;
             }
-        }
-        if let Err(e) = datapath.flush() {
-            log::warn!("datapath flush: {e}");
         }
     }
 
@@ -253,12 +214,18 @@ impl RateAdapter {
     }
 }
 
-/// True if `datagram` is a dlcp PROBE (read from the header's type byte; the
+/// Hand `batch` to the datapath, logging a failure.
+fn send(datapath: &mut FaultInjector, batch: &[Outgoing<'_>]) {
+    if let Err(e) = datapath.send_batch(batch) {
+        log::error!("datapath send: {e}");
+    }
+}
+
+/// True if `header` is a dlcp PROBE's (read from the header's type byte; the
 /// datagram came from our own endpoint, so no authentication is needed).
 ///
 /// moves to proto (issue 13 step 2): the endpoint will order its PROBEs
 /// behind their data itself.
-fn is_probe(datagram: &[u8]) -> bool {
-    dlcp_proto::wire::Packet::new_checked(datagram)
-        .is_ok_and(|p| p.raw_type() == dlcp_proto::wire::PacketType::Probe as u8)
+fn is_probe(header: &[u8]) -> bool {
+    header.get(3) == Some(&(dlcp_proto::wire::PacketType::Probe as u8))
 }

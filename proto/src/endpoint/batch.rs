@@ -166,7 +166,7 @@ pub struct Datagram<'a> {
     pub tag: &'a [u8],
 }
 
-impl Datagram<'_> {
+impl<'a> Datagram<'a> {
     /// Length on the wire.
     pub fn len(&self) -> usize {
         self.header.len() + self.payload.len() + self.tag.len()
@@ -178,7 +178,7 @@ impl Datagram<'_> {
     }
 
     /// The three slices, in order.
-    pub fn parts(&self) -> [&[u8]; 3] {
+    pub fn parts(&self) -> [&'a [u8]; 3] {
         [self.header, self.payload, self.tag]
     }
 

@@ -44,17 +44,30 @@
 //! Unconnected UDP sockets ignore ICMP errors (no `IP_RECVERR`), so an
 //! unreachable peer does not poison the sockets with `ECONNREFUSED`.
 //!
-//! **Sending.** [`send`](Datapath::send) copies the datagram into its class's
-//! queue; [`flush`](Datapath::flush) pushes every queue to its socket with
-//! `sendmmsg` (`batch` messages per call), class 7 first. With GSO on, the
-//! queue is first grouped by destination (each destination's datagrams stay in
-//! order), then a run of
-//! equal-size datagrams of one class to one destination (optionally ended by one
-//! shorter datagram) becomes one `UDP_SEGMENT` message of at most
-//! `gso_max_segments` segments (and at most one 64 KiB UDP payload), so a low
-//! class never has a long super-packet ahead of a high class. If the kernel
-//! refuses a GSO message (`EINVAL`, `EIO`, `ENOPROTOOPT`, `EOPNOTSUPP`,
-//! `EMSGSIZE`), GSO is switched off for the rest of the datapath's life, the
+//! **Sending, the event loop's way.** [`send_batch`](Datapath::send_batch)
+//! takes datagrams lent as slices (header, payload, tag, wherever each lies)
+//! and hands them to the kernel at once, without a user-space copy: one
+//! `sendmmsg` iovec per slice, so the payload is read once, by the kernel's
+//! copy. The batch goes in runs of one class, each run to its class's socket
+//! before the next run, so datagrams reach the kernel in the order given
+//! across class sockets (a PROBE after the data it follows). Within a run the
+//! descriptors (not the bytes) are grouped by destination, each destination's
+//! datagrams in order, and consecutive equal-size datagrams to one
+//! destination (optionally ended by one shorter datagram) become one
+//! `UDP_SEGMENT` message of at most `gso_max_segments` segments (and at most
+//! one 64 KiB UDP payload), so a low class never has a long super-packet ahead
+//! of a high class. Only what the kernel refuses with would-block is copied,
+//! into its class's queue ([`SocketStats::tx_copied`]; lent datagrams sent:
+//! [`SocketStats::tx_lent`]), and every later datagram of that class follows
+//! it there until a flush empties the queue.
+//!
+//! **Sending, the copying way.** [`send`](Datapath::send) copies the
+//! datagram into its class's queue; [`flush`](Datapath::flush) (and the start
+//! of every `send_batch`) pushes every queue to its socket with `sendmmsg`
+//! (`batch` messages per call), class 7 first, each queue grouped by
+//! destination first when GSO is on. If the kernel refuses a GSO message
+//! (`EINVAL`, `EIO`, `ENOPROTOOPT`, `EOPNOTSUPP`, `EMSGSIZE`), on either
+//! path, GSO is switched off for the rest of the datapath's life, the
 //! refusal is logged once and counted ([`SocketStats::gso_fallbacks`]), and
 //! the same datagrams are sent again without it: nothing is lost.
 //!
@@ -104,12 +117,13 @@
 //! stack, or to a v4-mapped address), sets `IP_TOS` as well as `IPV6_TCLASS`
 //! for those, and reports v4-mapped sources as IPv4 addresses.
 //!
-//! **Files.** This file holds the datapath: configuration, sockets, flush and
-//! receive loops, counters. `queue.rs` holds the pure bookkeeping — a class's
-//! queue, its regrouping by destination, the plan of one `sendmmsg` call, the
-//! split of a GRO buffer — and `sys.rs` the raw system calls (`sendmmsg`,
-//! `recvmmsg`, control messages, `setsockopt`) with all of the datapath's
-//! `unsafe`.
+//! **Files.** This file holds the datapath: sockets, the two ways of sending,
+//! the receive loop, counters. `config.rs` holds its settings, errors and own
+//! counters; `handover.rs` the `sendmmsg` loop of one class (planning, calls,
+//! the kernel's answers); `queue.rs` the pure bookkeeping — a class's queue,
+//! regrouping by destination, the plan of one `sendmmsg` call, the split of a
+//! GRO buffer — and `sys.rs` the raw system calls (`sendmmsg`, `recvmmsg`,
+//! control messages, `setsockopt`) with all of the datapath's `unsafe`.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};
@@ -119,203 +133,32 @@ use dlcp_proto::priority::Class;
 use log::{debug, warn};
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
-use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use socket2::{Domain, Protocol, Socket, Type};
 
-use self::queue::{ClassQueue, Group, Regroup, plan, segments};
+use self::handover::{Link, Tally, hand_over};
+use self::queue::{ClassQueue, Group, Pending, Regroup, regroup, segments};
 use self::sys::RxMeta;
-use super::api::{Datapath, DatapathStats, SendOutcome};
+use super::api::{Datapath, DatapathStats, Outgoing, SendOutcome};
 
+mod config;
+mod handover;
 mod queue;
 mod sys;
 
-/// Largest `gso_max_segments` accepted (the kernel's `UDP_MAX_SEGMENTS` on
-/// older kernels; newer ones allow 128).
-pub const MAX_GSO_SEGMENTS: usize = 64;
-/// Largest `batch` accepted.
-pub const MAX_BATCH: usize = 1024;
-/// Largest UDP payload over IPv4 (65535 − 20 − 8).
-pub const MAX_UDP_PAYLOAD_V4: usize = 65_507;
-/// Largest UDP payload over IPv6 without jumbograms (65535 − 8).
-pub const MAX_UDP_PAYLOAD_V6: usize = 65_527;
+pub use self::config::{
+    DatapathError, MAX_BATCH, MAX_GSO_SEGMENTS, MAX_UDP_PAYLOAD_V4, MAX_UDP_PAYLOAD_V6, SocketConfig,
+    SocketStats,
+};
+
 /// Receive rounds (`recvmmsg` calls of `batch`) per [`Datapath::recv`] call.
 const RX_ROUNDS: usize = 8;
 /// Number of classes.
 const CLASSES: usize = Class::COUNT;
 
-/// Settings of a [`SocketDatapath`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SocketConfig {
-    /// Local address and port (IPv4 or IPv6); port 0 picks a free port.
-    pub bind: SocketAddr,
-    /// DSCP (0 ..= 63) per class; the TOS/traffic-class byte is `dscp << 2`.
-    pub dscp: [u8; CLASSES],
-    /// `SO_PRIORITY` per class (values above 6 need `CAP_NET_ADMIN`; failing
-    /// to set one is logged and counted, not fatal).
-    pub so_priority: [u32; CLASSES],
-    /// `SO_SNDBUF` of each class socket in bytes; 0 keeps the kernel default.
-    pub send_buffer_bytes: usize,
-    /// `SO_RCVBUF` of the receive socket in bytes; 0 keeps the kernel default.
-    pub recv_buffer_bytes: usize,
-    /// Messages per `sendmmsg`/`recvmmsg` call, 1 ..= [`MAX_BATCH`].
-    pub batch: usize,
-    /// Use UDP GSO (`UDP_SEGMENT`) when the kernel has it.
-    pub gso: bool,
-    /// Segments per GSO message, 1 ..= [`MAX_GSO_SEGMENTS`].
-    pub gso_max_segments: usize,
-    /// Largest datagram sent or received (UDP payload bytes), 1 ..=
-    /// [`MAX_UDP_PAYLOAD_V4`] (IPv4) or [`MAX_UDP_PAYLOAD_V6`] (IPv6).
-    pub max_datagram: usize,
-    /// Receive with UDP GRO (`UDP_GRO`) when the kernel has it: fewer receive
-    /// calls, at the cost of 64 KiB receive buffers (`batch` of them).
-    pub gro: bool,
-}
-
-impl SocketConfig {
-    /// The defaults of `dlcp.toml` (`[priority]` DSCP and `SO_PRIORITY` maps,
-    /// `[datapath.socket]`, MTU 1500) for `bind`.
-    pub fn new(bind: SocketAddr) -> SocketConfig {
-        let d = dlcp_config::SocketDatapath::default();
-        let overhead = if bind.is_ipv6() {
-            dlcp_config::schema::IPV6_UDP_OVERHEAD
-        } else {
-            dlcp_config::schema::IPV4_UDP_OVERHEAD
-        };
-        SocketConfig {
-            bind,
-            dscp: dlcp_config::schema::DEFAULT_DSCP,
-            so_priority: dlcp_config::schema::DEFAULT_SO_PRIORITY.map(u32::from),
-            send_buffer_bytes: d.send_buffer_bytes as usize,
-            recv_buffer_bytes: d.recv_buffer_bytes as usize,
-            batch: d.batch as usize,
-            gso: d.gso,
-            gso_max_segments: d.gso_max_segments as usize,
-            max_datagram: (dlcp_config::schema::DEFAULT_MTU - overhead) as usize,
-            gro: true,
-        }
-    }
-
-    /// The settings a loaded daemon configuration asks for: bind address,
-    /// `[priority]` maps, `[datapath.socket]`, and the largest datagram that
-    /// fits `network.mtu`.
-    pub fn from_config(cfg: &dlcp_config::Config) -> SocketConfig {
-        let bind = cfg.bind_addr();
-        let s = &cfg.datapath.socket;
-        let overhead = if bind.is_ipv6() {
-            dlcp_config::schema::IPV6_UDP_OVERHEAD
-        } else {
-            dlcp_config::schema::IPV4_UDP_OVERHEAD
-        };
-        SocketConfig {
-            bind,
-            dscp: cfg.priority.dscp,
-            so_priority: cfg.priority.so_priority.map(u32::from),
-            send_buffer_bytes: s.send_buffer_bytes as usize,
-            recv_buffer_bytes: s.recv_buffer_bytes as usize,
-            batch: s.batch as usize,
-            gso: s.gso,
-            gso_max_segments: s.gso_max_segments as usize,
-            max_datagram: cfg.network.mtu.saturating_sub(overhead) as usize,
-            gro: true,
-        }
-    }
-
-    /// The largest UDP payload of the bind address's family.
-    fn max_payload(&self) -> usize {
-        if self.bind.is_ipv6() { MAX_UDP_PAYLOAD_V6 } else { MAX_UDP_PAYLOAD_V4 }
-    }
-
-    /// Checks every value is in range.
-    pub fn validate(&self) -> Result<(), DatapathError> {
-        let bad = |field: &'static str, reason: String| Err(DatapathError::InvalidConfig { field, reason });
-        if let Some(c) = self.dscp.iter().position(|&d| d > 63) {
-            return bad("dscp", format!("class {c}: DSCP {} is above 63", self.dscp[c]));
-        }
-        if !(1..=MAX_BATCH).contains(&self.batch) {
-            return bad("batch", format!("{} is not in 1 ..= {MAX_BATCH}", self.batch));
-        }
-        if !(1..=MAX_GSO_SEGMENTS).contains(&self.gso_max_segments) {
-            return bad(
-                "gso_max_segments",
-                format!("{} is not in 1 ..= {MAX_GSO_SEGMENTS}", self.gso_max_segments),
-            );
-        }
-        if !(1..=self.max_payload()).contains(&self.max_datagram) {
-            return bad(
-                "max_datagram",
-                format!("{} is not in 1 ..= {}", self.max_datagram, self.max_payload()),
-            );
-        }
-        Ok(())
-    }
-}
-
 /// Opens the socket datapath a loaded daemon configuration asks for
 /// ([`SocketConfig::from_config`]).
 pub fn open(cfg: &dlcp_config::Config) -> Result<SocketDatapath, DatapathError> {
     SocketDatapath::new(SocketConfig::from_config(cfg))
-}
-
-/// Why a [`SocketDatapath`] could not be created.
-#[derive(Debug, thiserror::Error)]
-pub enum DatapathError {
-    /// A [`SocketConfig`] value is out of range: fix the configuration.
-    #[error("invalid socket datapath setting `{field}`: {reason}")]
-    InvalidConfig {
-        /// The field.
-        field: &'static str,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// The bind address cannot be bound: another process holds the port, or
-    /// the address is not configured on this host.
-    #[error("cannot bind UDP {addr}: {source} (port in use, or address not on this host?)")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// The kernel's error.
-        #[source]
-        source: io::Error,
-    },
-    /// A socket could not be created or configured (e.g. out of file
-    /// descriptors, or the kernel lacks IPv6).
-    #[error("socket datapath on {addr}: cannot {what}: {source}")]
-    Socket {
-        /// The bind address.
-        addr: SocketAddr,
-        /// The step that failed.
-        what: String,
-        /// The kernel's error.
-        #[source]
-        source: io::Error,
-    },
-}
-
-/// Counters and state specific to the socket datapath (beyond
-/// [`DatapathStats`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct SocketStats {
-    /// Classes whose `SO_PRIORITY` could not be set (e.g. `EPERM` above 6
-    /// without `CAP_NET_ADMIN`).
-    pub so_priority_failures: u64,
-    /// The kernel accepted `UDP_SEGMENT` at start-up and the config asked for GSO.
-    pub gso_available: bool,
-    /// GSO is in use now (false after a fallback).
-    pub gso_active: bool,
-    /// Times the kernel refused a GSO message and GSO was switched off.
-    pub gso_fallbacks: u64,
-    /// GSO messages (super-packets) handed to the kernel.
-    pub gso_sends: u64,
-    /// Datagrams carried in GSO messages.
-    pub gso_segments: u64,
-    /// UDP GRO is on for the sockets read.
-    pub gro_active: bool,
-    /// Coalesced receives (a `UDP_GRO` control message with several datagrams).
-    pub gro_packets: u64,
-    /// Incoming datagrams are steered to the receive socket by a reuseport BPF
-    /// program (else every socket is read).
-    pub rx_steered: bool,
-    /// Datagrams queued per class, not yet handed to the kernel.
-    pub tx_queued: [usize; CLASSES],
 }
 
 /// The socket datapath: see the [module documentation](self).
@@ -337,6 +180,8 @@ pub struct SocketDatapath {
     rx_drained: bool,
     groups: Vec<Group>,
     regroup: Regroup,
+    /// The descriptors of a `send_batch` run (kept for their capacity).
+    lent: Vec<Pending>,
     oversize_logged: bool,
     /// Fault injection: this many hand-overs of a class's queue to its socket
     /// fail with would-block first, without a system call (see
@@ -456,6 +301,7 @@ impl SocketDatapath {
             rx_drained: true,
             groups: Vec::new(),
             regroup: Regroup::default(),
+            lent: Vec::new(),
             oversize_logged: false,
             refusals: [0; CLASSES],
         })
@@ -536,71 +382,88 @@ impl SocketDatapath {
         if self.extra.gso_active && self.cfg.gso_max_segments > 1 {
             self.queues[c].group_by_destination(&mut self.regroup);
         }
-        let mut head = 0;
-        let mut groups = std::mem::take(&mut self.groups);
-        let blocked = loop {
-            let q = &mut self.queues[c];
-            if head == q.items.len() {
-                break false;
-            }
-            let gso = self.extra.gso_active.then_some((self.cfg.gso_max_segments, self.gso_max_payload));
-            plan(&q.items, head, self.cfg.batch, gso, &mut groups);
-            let result = if self.refusals[c] > 0 {
-                self.refusals[c] -= 1;
-                Err(io::Error::from(io::ErrorKind::WouldBlock))
-            } else {
-                self.stats.tx_syscalls += 1;
-                let dsts: Vec<SockAddr> =
-                    groups.iter().map(|g| SockAddr::from(q.items[g.first].dst)).collect();
-                let msgs: Vec<sys::TxMsg<'_>> = groups
-                    .iter()
-                    .zip(&dsts)
-                    .map(|(g, dst)| {
-                        let off = q.items[g.first].off;
-                        sys::TxMsg { dst, data: &q.buf[off..off + g.bytes], segment: g.segment as u16 }
-                    })
-                    .collect();
-                sys::send_batch(self.tx[c].as_fd(), &msgs)
-            };
-            match result {
-                Ok(0) => break true, // cannot happen with messages to send; do not spin
-                Ok(k) => {
-                    for g in &groups[..k.min(groups.len())] {
-                        self.stats.tx_packets[c] += g.count as u64;
-                        self.stats.tx_bytes[c] += g.bytes as u64;
-                        if g.count > 1 {
-                            self.extra.gso_sends += 1;
-                            self.extra.gso_segments += g.count as u64;
-                        }
-                    }
-                    let last = groups[k.min(groups.len()) - 1];
-                    head = last.first + last.count;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break true,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if groups[0].count > 1 && sys::is_gso_refusal(&e) => {
-                    self.extra.gso_active = false;
-                    self.extra.gso_fallbacks += 1;
-                    warn!(
-                        "socket datapath {}: the kernel refused a UDP GSO send ({e}); GSO off, sending plain datagrams",
-                        self.local
-                    );
-                }
-                Err(e) => {
-                    let g = groups[0];
-                    self.stats.tx_errors += g.count as u64;
-                    debug!(
-                        "socket datapath {}: class {c} send of {} datagram(s) to {} failed: {e}",
-                        self.local, g.count, q.items[g.first].dst
-                    );
-                    head = g.first + g.count;
-                }
-            }
-        };
-        self.groups = groups;
+        let link = link(&self.tx, &self.cfg, self.gso_max_payload, self.local, c);
+        let q = &self.queues[c];
+        let tally = Tally { stats: &mut self.stats, extra: &mut self.extra, refusals: &mut self.refusals[c] };
+        let bytes = |it: &Pending| -> [&[u8]; 3] { [&q.buf[it.off..it.off + it.len], &[], &[]] };
+        let handed = hand_over(&link, tally, &q.items, &bytes, &mut self.groups);
         let q = &mut self.queues[c];
-        q.consume(head);
-        q.blocked = blocked && !q.items.is_empty();
+        q.consume(handed.done);
+        q.blocked = handed.blocked && !q.items.is_empty();
+    }
+
+    /// `dst` in the sockets' family, for a datagram of `len` bytes; `None`
+    /// (counted as an error) if it is too long or cannot be reached.
+    fn admit(&mut self, dst: SocketAddr, len: usize) -> Option<SocketAddr> {
+        if len > self.cfg.max_datagram {
+            self.stats.tx_errors += 1;
+            if !self.oversize_logged {
+                self.oversize_logged = true;
+                warn!(
+                    "socket datapath {}: dropped a {len}-byte datagram above max_datagram {} (further ones counted only)",
+                    self.local, self.cfg.max_datagram
+                );
+            }
+            return None;
+        }
+        let normalised = self.normalise(dst);
+        if normalised.is_none() {
+            self.stats.tx_errors += 1;
+            debug!("socket datapath {}: cannot reach {dst} from this address family", self.local);
+        }
+        normalised
+    }
+
+    /// Hand `run`, consecutive datagrams of class `c`, to its socket from
+    /// where they lie (regrouped by destination for GSO); what the socket
+    /// refuses, and everything behind a class queue that is not empty, is
+    /// copied into the class's queue.
+    fn send_run(&mut self, c: usize, run: &[Outgoing<'_>]) {
+        let mut items = std::mem::take(&mut self.lent);
+        items.clear();
+        for (k, d) in run.iter().enumerate() {
+            if let Some(dst) = self.admit(d.dst, d.len()) {
+                items.push(Pending { dst, off: k, len: d.len() });
+            }
+        }
+        let mut done = 0;
+        if self.queues[c].items.is_empty() {
+            if self.extra.gso_active && self.cfg.gso_max_segments > 1 {
+                regroup(&mut items, &mut self.regroup);
+            }
+            let link = link(&self.tx, &self.cfg, self.gso_max_payload, self.local, c);
+            let tally =
+                Tally { stats: &mut self.stats, extra: &mut self.extra, refusals: &mut self.refusals[c] };
+            let sent_before = tally.stats.tx_packets[c];
+            let handed = hand_over(&link, tally, &items, &|it: &Pending| run[it.off].parts, &mut self.groups);
+            self.extra.tx_lent += self.stats.tx_packets[c] - sent_before;
+            done = handed.done;
+            self.queues[c].blocked = handed.blocked;
+        }
+        let q = &mut self.queues[c];
+        for it in &items[done..] {
+            q.push(it.dst, &run[it.off].parts);
+        }
+        self.extra.tx_copied += (items.len() - done) as u64;
+        q.blocked &= !q.items.is_empty();
+        self.lent = items;
+    }
+}
+
+/// Class `c`'s socket (of `tx`) and the settings a hand-over to it needs.
+fn link<'a>(
+    tx: &'a [Socket],
+    cfg: &SocketConfig,
+    gso_max_payload: usize,
+    local: SocketAddr,
+    c: usize,
+) -> Link<'a> {
+    Link {
+        fd: tx[c].as_fd(),
+        class: c,
+        batch: cfg.batch,
+        gso_limits: (cfg.gso_max_segments, gso_max_payload),
+        local,
     }
 }
 
@@ -634,24 +497,7 @@ impl Datapath for SocketDatapath {
 
     fn send(&mut self, dst: SocketAddr, class: Class, datagram: &[u8]) -> io::Result<SendOutcome> {
         let c = class.index();
-        if datagram.len() > self.cfg.max_datagram {
-            self.stats.tx_errors += 1;
-            if !self.oversize_logged {
-                self.oversize_logged = true;
-                warn!(
-                    "socket datapath {}: dropped a {}-byte datagram above max_datagram {} (further ones counted only)",
-                    self.local,
-                    datagram.len(),
-                    self.cfg.max_datagram
-                );
-            }
-            return Ok(SendOutcome::Sent);
-        }
-        let Some(dst) = self.normalise(dst) else {
-            self.stats.tx_errors += 1;
-            debug!("socket datapath {}: cannot reach {dst} from this address family", self.local);
-            return Ok(SendOutcome::Sent);
-        };
+        let Some(dst) = self.admit(dst, datagram.len()) else { return Ok(SendOutcome::Sent) };
         if self.queues[c].items.len() >= self.queue_cap() {
             self.flush_all();
             if self.queues[c].items.len() >= self.queue_cap() {
@@ -659,12 +505,28 @@ impl Datapath for SocketDatapath {
                 return Ok(SendOutcome::WouldBlock);
             }
         }
-        self.queues[c].push(dst, datagram);
+        self.queues[c].push(dst, &[datagram]);
+        self.extra.tx_copied += 1;
         Ok(SendOutcome::Sent)
     }
 
     fn flush(&mut self) -> io::Result<()> {
         self.flush_all();
+        Ok(())
+    }
+
+    /// Datagrams still queued go first (highest class first); then `batch`,
+    /// in runs of one class, each run handed to its class's socket before the
+    /// next (see [`SocketDatapath::send_run`]).
+    fn send_batch(&mut self, batch: &[Outgoing<'_>]) -> io::Result<()> {
+        self.flush_all();
+        let mut i = 0;
+        while i < batch.len() {
+            let class = batch[i].class;
+            let n = batch[i..].iter().take_while(|d| d.class == class).count();
+            self.send_run(class.index(), &batch[i..i + n]);
+            i += n;
+        }
         Ok(())
     }
 

@@ -1,19 +1,22 @@
 //! The socket datapath's user-space side of sending and receiving: a class's
-//! queue of datagrams ([`ClassQueue`]), its regrouping by destination, the
-//! plan that turns a queue into the messages of one `sendmmsg` call (GSO
-//! super-packets included), and the split of a GRO-coalesced receive buffer.
+//! queue of copied datagrams ([`ClassQueue`]), the regrouping of datagrams by
+//! destination, the plan that turns them into the messages of one `sendmmsg`
+//! call (GSO super-packets included), and the split of a GRO-coalesced
+//! receive buffer.
 //! Pure bookkeeping: no system call, no socket.
 
 use std::net::SocketAddr;
 
-/// One queued datagram.
+/// One datagram to hand over: queued (its bytes in a class queue's buffer)
+/// or lent (in a caller's batch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Pending {
     /// Destination, already in the socket's family (v4-mapped on IPv6).
     pub(super) dst: SocketAddr,
-    /// Offset of the payload in the queue's buffer.
+    /// Where its bytes are: the offset in the queue's buffer, or the index in
+    /// the caller's batch.
     pub(super) off: usize,
-    /// Payload length.
+    /// Datagram length.
     pub(super) len: usize,
 }
 
@@ -29,52 +32,29 @@ pub(super) struct ClassQueue {
 }
 
 impl ClassQueue {
-    /// Appends one datagram to `dst`.
-    pub(super) fn push(&mut self, dst: SocketAddr, data: &[u8]) {
+    /// Appends one datagram to `dst`: the concatenation of `parts`.
+    pub(super) fn push(&mut self, dst: SocketAddr, parts: &[&[u8]]) {
         let off = self.buf.len();
-        self.buf.extend_from_slice(data);
-        self.items.push(Pending { dst, off, len: data.len() });
+        for p in parts {
+            self.buf.extend_from_slice(p);
+        }
+        self.items.push(Pending { dst, off, len: self.buf.len() - off });
     }
 
     /// Reorders the queue so that each destination's datagrams are adjacent
-    /// (destinations in order of first appearance, each one's datagrams in
-    /// acceptance order), so that GSO can carry them in one message. The
-    /// protocol core interleaves destinations chunk by chunk (chunk 0 to every
-    /// peer, then chunk 1, ...): without this, runs to one destination were ~1
-    /// datagram long and GSO barely applied (2.3 segments per message, most
-    /// datagrams sent alone, on a 4-host allreduce).
+    /// (see [`regroup`]), laying the bytes out again in the new order.
     pub(super) fn group_by_destination(&mut self, scratch: &mut Regroup) {
-        // Runs of equal destination, and the distinct destinations.
-        let dsts = &mut scratch.dsts;
-        dsts.clear();
-        let mut runs = 0;
-        let mut prev = None;
-        for it in &self.items {
-            if prev != Some(it.dst) {
-                runs += 1;
-                prev = Some(it.dst);
-                if !dsts.contains(&it.dst) {
-                    if dsts.len() == MAX_REGROUP_DESTINATIONS {
-                        return; // too many to bother; sent as queued
-                    }
-                    dsts.push(it.dst);
-                }
-            }
+        if !regroup(&mut self.items, scratch) {
+            return;
         }
-        if runs == dsts.len() {
-            return; // already grouped
-        }
-        let (buf, items) = (&mut scratch.buf, &mut scratch.items);
+        let buf = &mut scratch.buf;
         buf.clear();
-        items.clear();
-        for &d in dsts.iter() {
-            for it in self.items.iter().filter(|it| it.dst == d) {
-                items.push(Pending { dst: d, off: buf.len(), len: it.len });
-                buf.extend_from_slice(&self.buf[it.off..it.off + it.len]);
-            }
+        for it in &mut self.items {
+            let off = buf.len();
+            buf.extend_from_slice(&self.buf[it.off..it.off + it.len]);
+            it.off = off;
         }
         std::mem::swap(&mut self.buf, buf);
-        std::mem::swap(&mut self.items, items);
     }
 
     /// Forgets the first `n` items (sent or dropped), moving the rest to the front.
@@ -100,7 +80,46 @@ impl ClassQueue {
 /// [`ClassQueue::group_by_destination`]); a queue with more is sent as queued.
 const MAX_REGROUP_DESTINATIONS: usize = 64;
 
-/// Scratch space of [`ClassQueue::group_by_destination`], kept between flushes.
+/// Reorders `items` so that each destination's datagrams are adjacent
+/// (destinations in order of first appearance, each one's datagrams in their
+/// order), so that GSO can carry them in one message; only the descriptors
+/// move. The protocol core interleaves destinations chunk by chunk (chunk 0
+/// to every peer, then chunk 1, ...): without this, runs to one destination
+/// were ~1 datagram long and GSO barely applied (2.3 segments per message,
+/// most datagrams sent alone, on a 4-host allreduce). Returns false, leaving
+/// `items` as they are, when they are grouped already or go to more than
+/// [`MAX_REGROUP_DESTINATIONS`] destinations.
+pub(super) fn regroup(items: &mut Vec<Pending>, scratch: &mut Regroup) -> bool {
+    // Runs of equal destination, and the distinct destinations.
+    let dsts = &mut scratch.dsts;
+    dsts.clear();
+    let mut runs = 0;
+    let mut prev = None;
+    for it in items.iter() {
+        if prev != Some(it.dst) {
+            runs += 1;
+            prev = Some(it.dst);
+            if !dsts.contains(&it.dst) {
+                if dsts.len() == MAX_REGROUP_DESTINATIONS {
+                    return false; // too many to bother; sent as given
+                }
+                dsts.push(it.dst);
+            }
+        }
+    }
+    if runs == dsts.len() {
+        return false; // already grouped
+    }
+    let out = &mut scratch.items;
+    out.clear();
+    for &d in dsts.iter() {
+        out.extend(items.iter().filter(|it| it.dst == d));
+    }
+    std::mem::swap(items, out);
+    true
+}
+
+/// Scratch space of [`regroup`], kept between flushes.
 #[derive(Debug, Default)]
 pub(super) struct Regroup {
     dsts: Vec<SocketAddr>,
@@ -243,7 +262,7 @@ mod tests {
         let c: SocketAddr = "10.0.0.3:1".parse().unwrap();
         let order = [(a, 1u8), (b, 2), (a, 3), (c, 4), (b, 5), (a, 6)];
         for (d, tag) in order {
-            q.push(d, &[tag; 3]);
+            q.push(d, &[&[tag; 3]]);
         }
         let mut scratch = Regroup::default();
         q.group_by_destination(&mut scratch);
@@ -260,6 +279,20 @@ mod tests {
     }
 
     #[test]
+    fn regroup_moves_only_descriptors() {
+        // A lent batch: `off` is the datagram's index in the caller's batch.
+        let mut v = items(&[(1, 10), (2, 10), (1, 10), (3, 10), (2, 10)]);
+        for (i, it) in v.iter_mut().enumerate() {
+            it.off = i;
+        }
+        let mut scratch = Regroup::default();
+        assert!(regroup(&mut v, &mut scratch));
+        let got: Vec<(u16, usize)> = v.iter().map(|it| (it.dst.port(), it.off)).collect();
+        assert_eq!(got, [(1, 0), (1, 2), (2, 1), (2, 4), (3, 3)]);
+        assert!(!regroup(&mut v, &mut scratch), "already grouped");
+    }
+
+    #[test]
     fn plan_stops_at_batch() {
         let v = items(&[(1, 10), (2, 10), (3, 10), (4, 10)]);
         let mut g = Vec::new();
@@ -271,11 +304,13 @@ mod tests {
     fn queue_consume_keeps_order_and_offsets() {
         let mut q = ClassQueue::default();
         let a = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9));
-        q.push(a, b"one");
-        q.push(a, b"two!");
-        q.push(a, b"three");
+        q.push(a, &[b"one"]);
+        q.push(a, &[b"tw", b"o!"]);
+        q.push(a, &[b"three"]);
         q.consume(1);
         assert_eq!(q.items.len(), 2);
+        let it = q.items[0];
+        assert_eq!(&q.buf[it.off..it.off + it.len], b"two!");
         let it = q.items[1];
         assert_eq!(&q.buf[it.off..it.off + it.len], b"three");
         q.consume(5);

@@ -45,9 +45,10 @@ const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 0x35;
 pub(super) struct TxMsg<'a> {
     /// Destination.
     pub dst: &'a SockAddr,
-    /// Payload (several datagrams back to back when `segment > 0`).
-    pub data: &'a [u8],
-    /// GSO segment size; 0 sends `data` as one datagram.
+    /// Payload: these slices back to back, gathered by the kernel (several
+    /// datagrams when `segment > 0`).
+    pub parts: &'a [&'a [u8]],
+    /// GSO segment size; 0 sends the payload as one datagram.
     pub segment: u16,
 }
 
@@ -102,10 +103,17 @@ pub(super) fn probe_gso(domain: Domain) -> bool {
 /// One `sendmmsg` of `msgs`; returns how many messages the kernel took.
 #[allow(unsafe_code)]
 pub(super) fn send_batch(fd: BorrowedFd<'_>, msgs: &[TxMsg<'_>]) -> io::Result<usize> {
-    let mut iovs: Vec<libc::iovec> = msgs
-        .iter()
-        .map(|m| libc::iovec { iov_base: m.data.as_ptr().cast_mut().cast(), iov_len: m.data.len() })
-        .collect();
+    // Every message's parts, one iovec each (empty parts left out), message
+    // after message; `first[i]` is where message `i`'s start.
+    let mut iovs: Vec<libc::iovec> = Vec::with_capacity(msgs.len() * 3);
+    let mut first = Vec::with_capacity(msgs.len() + 1);
+    for m in msgs {
+        first.push(iovs.len());
+        for p in m.parts.iter().filter(|p| !p.is_empty()) {
+            iovs.push(libc::iovec { iov_base: p.as_ptr().cast_mut().cast(), iov_len: p.len() });
+        }
+    }
+    first.push(iovs.len());
     let mut controls = vec![GsoControl([0; 32]); msgs.len()];
     let iov_base = iovs.as_mut_ptr();
     let control_base = controls.as_mut_ptr();
@@ -115,8 +123,8 @@ pub(super) fn send_batch(fd: BorrowedFd<'_>, msgs: &[TxMsg<'_>]) -> io::Result<u
         let mut h: libc::mmsghdr = unsafe { mem::zeroed() };
         h.msg_hdr.msg_name = m.dst.as_ptr().cast_mut().cast();
         h.msg_hdr.msg_namelen = m.dst.len();
-        h.msg_hdr.msg_iov = iov_base.wrapping_add(i);
-        h.msg_hdr.msg_iovlen = 1;
+        h.msg_hdr.msg_iov = iov_base.wrapping_add(first[i]);
+        h.msg_hdr.msg_iovlen = (first[i + 1] - first[i]) as _;
         if m.segment > 0 {
             let control = control_base.wrapping_add(i);
             h.msg_hdr.msg_control = control.cast();
@@ -137,11 +145,13 @@ pub(super) fn send_batch(fd: BorrowedFd<'_>, msgs: &[TxMsg<'_>]) -> io::Result<u
         }
         hdrs.push(h);
     }
-    // SAFETY: `hdrs` holds `msgs.len()` initialised headers whose name, iovec
-    // and control pointers point into `msgs` (borrowed for this call),
-    // `iovs` and `controls` (alive until the end of this function and not
-    // moved after the pointers were taken); the kernel only reads them and
-    // writes each `msg_len` inside `hdrs`.
+    // SAFETY: `hdrs` holds `msgs.len()` initialised headers whose name and
+    // control pointers point into `msgs` and `controls`, and whose iovec
+    // pointer and count cover message `i`'s own run `first[i]..first[i + 1]`
+    // of `iovs` (each iovec a live slice borrowed through `msgs` for this
+    // call); `iovs`, `controls` and `first` live until the end of this
+    // function and are not moved after the pointers were taken. The kernel
+    // only reads them and writes each `msg_len` inside `hdrs`.
     let rc = unsafe { libc::sendmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr(), hdrs.len() as libc::c_uint, 0) };
     if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(rc as usize) }
 }

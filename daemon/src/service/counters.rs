@@ -37,9 +37,6 @@ pub struct ServiceCounters {
     /// Datagrams dropped on purpose by the datapath's fault injector (receive
     /// loss of `dlcpd demo --loss` and the `--debug-rx-loss` test knob).
     pub rx_debug_dropped: u64,
-    /// Datapath flushes forced so that a PROBE does not overtake the data
-    /// queued before it.
-    pub probe_flushes: u64,
     /// Configuration reloads that loaded (see `crate::hot_reload`).
     pub reloads_ok: u64,
     /// Configuration reloads rejected (the file did not load; old config kept).

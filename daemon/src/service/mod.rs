@@ -186,7 +186,7 @@ impl Service {
             self.endpoint.handle_timeout(now);
             self.pump.adapt_rate(&mut self.endpoint, now);
             self.deliver_events();
-            self.pump.transmit(&mut self.endpoint, &mut self.counters, now);
+            self.pump.transmit(&mut self.endpoint, now);
             self.operations.notifier.ping_watchdog();
             if self.operations.metrics_due() {
                 let sample = operations::sample(&self.view());

@@ -105,33 +105,30 @@ impl Pump {
     }
 
     /// Hand what the endpoint has to send to the datapath, batch by batch,
-    /// each datagram from where it lies (no copy). What the datapath kept
-    /// from earlier turns (refused by the kernel) goes first; while it keeps
-    /// some, the endpoint keeps the rest in its queues (nothing is copied).
-    pub(super) fn transmit(&mut self, endpoint: &mut Endpoint, counters: &mut ServiceCounters, now: Instant) {
+    /// each datagram from where it lies (no copy), in the endpoint's order:
+    /// the endpoint emits a PROBE after the data it follows, and the datapath
+    /// hands datagrams to the kernel in the order given (see
+    /// [`Datapath::send_batch`]), so no PROBE overtakes its data on the host.
+    /// What the datapath kept from earlier turns (refused by the kernel) goes
+    /// first; while it keeps some, the endpoint keeps the rest in its queues
+    /// (nothing is copied).
+    pub(super) fn transmit(&mut self, endpoint: &mut Endpoint, now: Instant) {
         let Pump { datapath, peers, tx_batch, .. } = self;
         if let Err(e) = datapath.flush() {
             log::warn!("datapath flush: {e}");
         }
         while !datapath.wants_writable() {
             let view = endpoint.poll_transmit_batch(now, TX_BATCH, tx_batch);
-            let n = view.len();
-            let mut out: Vec<Outgoing<'_>> = Vec::with_capacity(n);
-            for d in view.iter() {
-                let Some(&dst) = peers.get(d.dst as usize) else { continue };
-                if is_probe(d.header) && !out.is_empty() {
-                    // moves to proto (issue 13 step 2): a PROBE says "I have sent
-                    // through chunk X": hand the data before it to the datapath
-                    // first, or it overtakes that data on the host and the
-                    // receiver asks for repairs of chunks in flight.
-                    send(datapath, &out);
-                    out.clear();
-                    counters.probe_flushes += 1;
-                }
-                out.push(Outgoing { dst, class: d.class, parts: d.parts() });
+            let batch: Vec<Outgoing<'_>> = view
+                .iter()
+                .filter_map(|d| {
+                    Some(Outgoing { dst: *peers.get(d.dst as usize)?, class: d.class, parts: d.parts() })
+                })
+                .collect();
+            if let Err(e) = datapath.send_batch(&batch) {
+                log::error!("datapath send: {e}");
             }
-            send(datapath, &out);
-            if n < TX_BATCH {
+            if view.len() < TX_BATCH {
                 break;
             }
         }
@@ -212,20 +209,4 @@ impl RateAdapter {
             endpoint.set_pacing_rate(now, new);
         }
     }
-}
-
-/// Hand `batch` to the datapath, logging a failure.
-fn send(datapath: &mut FaultInjector, batch: &[Outgoing<'_>]) {
-    if let Err(e) = datapath.send_batch(batch) {
-        log::error!("datapath send: {e}");
-    }
-}
-
-/// True if `header` is a dlcp PROBE's (read from the header's type byte; the
-/// datagram came from our own endpoint, so no authentication is needed).
-///
-/// moves to proto (issue 13 step 2): the endpoint will order its PROBEs
-/// behind their data itself.
-fn is_probe(header: &[u8]) -> bool {
-    header.get(3) == Some(&(dlcp_proto::wire::PacketType::Probe as u8))
 }

@@ -19,7 +19,7 @@
 use crate::time::{Duration, Instant};
 
 /// Most buffers kept.
-pub const MAX_BUFFERS: usize = 16;
+pub const MAX_BUFFERS: usize = 64;
 /// Most bytes kept (sum of capacities).
 pub const MAX_BYTES: usize = 1 << 30;
 /// A buffer unused this long is released.

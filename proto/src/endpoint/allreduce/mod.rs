@@ -102,7 +102,9 @@ impl Op {
             started: now,
             last_progress: now,
             layout: layout.clone(),
-            result: pool.take_zeroed(input.len()),
+            // Every chunk of the result is written (own shard: the reduction;
+            // the others: gathered, or zero-filled by the agreed mask).
+            result: pool.take(input.len()),
             input,
             classes: vec![Vec::new(); world as usize],
             gclasses: Vec::new(),
@@ -120,7 +122,7 @@ impl Op {
         for s in others() {
             op.classes[s as usize] = vec![Class::default(); layout.chunks(s) as usize];
         }
-        let ranks = layout.magnitude_ranks(&op.input, others());
+        let ranks = layout.magnitude_ranks(&op.input, others(), op.classifier.magnitude_levels);
         for &(s, c, rank) in &ranks {
             op.classes[s as usize][c as usize] = op.classify(Phase::Scatter, rank, ranks.len() as u32);
         }
@@ -199,14 +201,12 @@ impl Op {
         self.acc.finish(shard, self.transfers.receivers(Phase::Scatter), &self.opts, out);
         // Gather classes: rank own chunks by magnitude within the shard.
         let n = layout.chunks(me);
-        let ranks = layout.magnitude_ranks(&self.result, [me].into_iter());
+        let ranks = layout.magnitude_ranks(&self.result, [me].into_iter(), self.classifier.magnitude_levels);
         self.gclasses = ranks.iter().map(|&(_, _, r)| self.classify(Phase::Gather, r, n)).collect();
-        // The input stays: reduce-scatter sends to other owners may still need repairs.
-        for j in 0..world {
-            if let Some(r) = self.transfers.receiver_mut(Phase::Scatter, j) {
-                drop(r.take_buf());
-            }
-        }
+        // The input stays: reduce-scatter sends to other owners may still need
+        // repairs. The staging buffers stay too, and go back to the pool with
+        // the op's other buffers (a buffer freed here would be a fresh
+        // allocation, page faults included, for the next op).
         if n == 0 || world == 1 {
             self.gmask = Some(Bitmap::new(n));
             return;

@@ -3,8 +3,6 @@
 
 use std::ops::Range;
 
-use crate::priority::rank_order;
-
 /// Where a tensor's shards and chunks lie. Every shard's first element is
 /// computed once, when the op starts: a chunk's place is then one multiply
 /// and one add (no wide division per datagram).
@@ -54,23 +52,51 @@ impl Layout {
         (0..self.world).any(|s| u64::from(self.chunks(s)) >= u64::from(u32::MAX))
     }
 
-    /// The position of every chunk of shard `s` of `data` (the whole tensor)
-    /// by decreasing L2 norm, for the shards in `shards`, in order: the
-    /// magnitude ranks of those chunks among all of them, and their count.
+    /// The magnitude rank of every chunk of the shards in `shards` of `data`
+    /// (the whole tensor) among all of them, by decreasing L2 norm (ties by
+    /// position), as far as `levels` magnitude levels tell ranks apart: chunk
+    /// ranks fall into `levels` blocks, `rank · levels / count` (what
+    /// [`crate::priority::classify`] looks at), and each chunk gets the first
+    /// rank of its block. So the class is what the exact rank gives, found by
+    /// `levels − 1` linear-time selections instead of a sort (with `levels` at
+    /// least the count, every block holds one chunk: the exact ranks).
+    /// Returns `(shard, chunk, rank)` in order, and the count is its length.
     pub(crate) fn magnitude_ranks(
         &self,
         data: &[f32],
         shards: impl Iterator<Item = u32>,
+        levels: u8,
     ) -> Vec<(u32, u32, u32)> {
+        let mut chunks = Vec::new();
         let mut norms = Vec::new();
         for s in shards {
             let shard = &data[self.shard(s)];
             for c in 0..self.chunks(s) {
-                norms.push((s, c, sq_norm(&shard[self.chunk(s, c)])));
+                chunks.push((s, c));
+                norms.push(sq_norm(&shard[self.chunk(s, c)]));
             }
         }
-        let ranks = rank_order(norms.len(), |a, b| norms[b].2.total_cmp(&norms[a].2));
-        norms.iter().zip(ranks).map(|(&(s, c, _), rank)| (s, c, rank)).collect()
+        let n = norms.len();
+        // Larger norm first, then lower position: the order of the ranks.
+        let before = |a: &u32, b: &u32| norms[*b as usize].total_cmp(&norms[*a as usize]).then(a.cmp(b));
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        let levels = usize::from(levels.max(1)).min(n.max(1));
+        let starts: Vec<usize> = (0..=levels).map(|k| (k * n).div_ceil(levels)).collect();
+        // Each block's first rank, by selection from the right end of the
+        // previous one.
+        for k in 1..levels {
+            let (lo, at) = (starts[k - 1], starts[k]);
+            if at > lo && at < n {
+                order[lo..].select_nth_unstable_by(at - lo, before);
+            }
+        }
+        let mut ranks = vec![0u32; n];
+        for k in 0..levels {
+            for &i in &order[starts[k]..starts[k + 1]] {
+                ranks[i as usize] = starts[k] as u32;
+            }
+        }
+        chunks.into_iter().zip(ranks).map(|((s, c), rank)| (s, c, rank)).collect()
     }
 }
 
@@ -105,7 +131,49 @@ mod tests {
         // 8 elements over 2 ranks in chunks of 2: shard 1 is chunks [4,5] [6,7].
         let l = Layout::new(8, 2, 2);
         let data = [9.0, 9.0, 0.0, 0.0, 1.0, 1.0, 3.0, f32::NAN];
-        assert_eq!(l.magnitude_ranks(&data, [1].into_iter()), [(1, 0, 1), (1, 1, 0)]);
-        assert_eq!(l.magnitude_ranks(&data, 0..2), [(0, 0, 1), (0, 1, 3), (1, 0, 2), (1, 1, 0)]);
+        assert_eq!(l.magnitude_ranks(&data, [1].into_iter(), 255), [(1, 0, 1), (1, 1, 0)]);
+        assert_eq!(l.magnitude_ranks(&data, 0..2, 255), [(0, 0, 1), (0, 1, 3), (1, 0, 2), (1, 1, 0)]);
+        // Two levels: the larger half ranks 0, the smaller half 2.
+        assert_eq!(l.magnitude_ranks(&data, 0..2, 2), [(0, 0, 0), (0, 1, 2), (1, 0, 2), (1, 1, 0)]);
+    }
+
+    /// The class a block's first rank gives is the class of the exact rank,
+    /// for every level count, on norms with many ties.
+    #[test]
+    fn magnitude_blocks_classify_like_exact_ranks() {
+        use crate::priority::{ChunkTraits, ClassifierConfig, classify};
+        use crate::rng::Rng;
+        use crate::wire::Phase;
+        let mut rng = Rng::stream(3, 2, 1);
+        for case in 0..300u32 {
+            let ce = 1 + rng.below(4) as usize;
+            let len = 1 + rng.below(400) as usize;
+            let world = 1 + rng.below(4) as u32;
+            let l = Layout::new(len, world, ce);
+            let data: Vec<f32> = (0..len).map(|_| rng.below(5) as f32).collect();
+            let exact = l.magnitude_ranks(&data, 0..world, 255);
+            let n = exact.len() as u32;
+            if n > 255 {
+                continue;
+            }
+            for levels in 1..=9u8 {
+                let cfg = ClassifierConfig { magnitude_levels: levels, ..ClassifierConfig::default() };
+                let class = |rank| {
+                    let t = ChunkTraits {
+                        phase: Phase::Scatter,
+                        layer: 0,
+                        layers: 1,
+                        magnitude_rank: rank,
+                        chunks: n,
+                    };
+                    classify(&cfg, &t)
+                };
+                let blocks = l.magnitude_ranks(&data, 0..world, levels);
+                for (e, b) in exact.iter().zip(&blocks) {
+                    assert_eq!((e.0, e.1), (b.0, b.1));
+                    assert_eq!(class(e.2), class(b.2), "case {case}, {levels} levels, chunk {e:?} vs {b:?}");
+                }
+            }
+        }
     }
 }

@@ -173,6 +173,41 @@ impl Mapping {
         Ok(())
     }
 
+    /// Adds the `out.len()` f32s at byte `offset` of the mapping to `out`
+    /// (`out[i] += mapped[i]`, in order), reading the mapping once: through a
+    /// small private block at a time, so a sum of several arenas is one pass
+    /// over each (the local reduce of K trainers).
+    pub fn add_out_f32(&self, offset: u64, out: &mut [f32]) -> Result<(), OutOfBounds> {
+        const BLOCK: usize = 1024;
+        let bytes = (out.len() as u64).checked_mul(4).ok_or(OutOfBounds {
+            offset,
+            len: u64::MAX,
+            size: self.len as u64,
+        })?;
+        let off = self.check(offset, bytes, 4)?;
+        let mut block = [0f32; BLOCK];
+        for (i, dst) in out.chunks_mut(BLOCK).enumerate() {
+            let n = dst.len();
+            // SAFETY: the source `off + i·BLOCK·4 ..` of `n · 4` bytes lies inside
+            // `off..off + bytes`, inside the mapping (checked above); the
+            // destination is the first `n` f32s of a private stack array, so they
+            // cannot overlap. As in `copy_out_f32`: a concurrent peer write gives
+            // torn but valid f32 bit patterns, and no reference to the source
+            // is formed.
+            unsafe {
+                core::ptr::copy_nonoverlapping(
+                    self.ptr.as_ptr().add(off + i * BLOCK * 4),
+                    block.as_mut_ptr().cast::<u8>(),
+                    n * 4,
+                );
+            }
+            for (d, x) in dst.iter_mut().zip(&block[..n]) {
+                *d += *x;
+            }
+        }
+        Ok(())
+    }
+
     /// Raw pointer to `len_elems` f32 at byte `offset`, checked to lie inside the
     /// mapping and to be 4-aligned. Nothing here dereferences it and no reference
     /// is formed; it stays valid as long as the mapping (the caller's contract for
@@ -264,6 +299,19 @@ mod tests {
         let mut r = [0u64; 3];
         map.load_words(64, &mut r).unwrap();
         assert_eq!(r, [1, 2, 3]);
+    }
+
+    #[test]
+    fn add_out_adds_in_order_across_blocks_and_is_bounds_checked() {
+        let (_fd, map) = create_and_map("dlcp-test", 16384).unwrap();
+        let src: Vec<f32> = (0..2500).map(|i| i as f32 * 0.5 - 7.0).collect();
+        map.copy_in_f32(64, &src).unwrap();
+        let mut out: Vec<f32> = (0..2500).map(|i| 1e8 - i as f32).collect();
+        let want: Vec<f32> = out.iter().zip(&src).map(|(o, x)| o + x).collect();
+        map.add_out_f32(64, &mut out).unwrap();
+        assert_eq!(out, want);
+        assert!(map.add_out_f32(16384 - 12, &mut [0f32; 4]).is_err());
+        assert!(map.add_out_f32(2, &mut [0f32; 1]).is_err(), "misaligned");
     }
 
     #[test]

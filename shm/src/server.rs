@@ -676,6 +676,19 @@ impl Attachment {
         })
     }
 
+    /// Adds the `out.len()` f32 at arena byte `offset` to `out`, in order
+    /// (`out[i] += arena[i]`): the local reduce of several trainers reads each
+    /// arena once, straight into the sum (no allocation, no private copy).
+    pub fn add_from_arena_into(&self, offset: u64, out: &mut [f32]) -> Result<(), ArenaError> {
+        let len_elems = out.len() as u64;
+        let abs = self.span_check(offset, len_elems)?;
+        self.map.add_out_f32(abs, out).map_err(|_| ArenaError {
+            offset,
+            len_elems,
+            arena_size: self.geometry.arena_size,
+        })
+    }
+
     /// Copies `data` into the arena at byte `offset`.
     pub fn copy_to_arena(&self, offset: u64, data: &[f32]) -> Result<(), ArenaError> {
         let len_elems = data.len() as u64;

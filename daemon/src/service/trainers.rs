@@ -1,7 +1,8 @@
 //! The trainers on shared memory: attaching and detaching them, taking their
-//! submissions (copied out of the arena at once) to the local reduce
-//! ([`LocalReducer`]), starting an op on the network when all K local trainers
-//! have submitted it, and posting completions.
+//! submissions to the local reduce ([`LocalReducer`]), starting an op on the
+//! network when all K local trainers have submitted it — their tensors summed
+//! out of their arenas into a daemon-owned buffer in one pass — and posting
+//! completions (the result copied into each trainer's arena, one pass each).
 //!
 //! A trainer whose control socket closes is gone: its attachment is dropped
 //! (segment reclaimed) and local ops waiting for it fail for the other
@@ -19,9 +20,9 @@ use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 
 use super::counters::ServiceCounters;
-use super::local::{Added, Contribution, LocalReducer, Reduced, Shape};
+use super::local::{Added, Contribution, LocalReducer, Reduced, Shape, Source, sum_in_rank_order};
 use super::setup;
-use crate::shm::{Attachment, Liveness, ShmServer, Status, Submission};
+use crate::shm::{ArenaError, Attachment, Liveness, ShmServer, Status, Submission};
 
 /// The first mio token of the attachments: attachment slot `i` has the
 /// control socket at `ATTACH_BASE + 2i` and the doorbell at `ATTACH_BASE + 2i + 1`.
@@ -62,6 +63,24 @@ impl Completion<'_> {
     /// An op that ended without a result after `duration`.
     pub(super) fn failed(status: Status, duration: StdDuration) -> Completion<'static> {
         Completion { status, delivered_ppm: 0, repairs: 0, duration, result: None }
+    }
+}
+
+/// A contribution where it lies: a trainer's arena, from byte `offset`.
+struct Arena<'a> {
+    att: &'a Attachment,
+    offset: u64,
+}
+
+impl Source for Arena<'_> {
+    type Error = ArenaError;
+
+    fn copy_into(&self, at: usize, out: &mut [f32]) -> Result<(), ArenaError> {
+        self.att.copy_from_arena_into(self.offset + at as u64 * 4, out)
+    }
+
+    fn add_into(&self, at: usize, out: &mut [f32]) -> Result<(), ArenaError> {
+        self.att.add_from_arena_into(self.offset + at as u64 * 4, out)
     }
 }
 
@@ -298,31 +317,16 @@ impl Trainers {
         }
         let id = OpId { seq: sub.op_seq, tensor: sub.tensor_id };
         let world = self.local_world.unwrap_or(1) as usize;
-        // Copy the contribution out of shared memory now (the trainer owns the buffer).
-        let data = {
-            let Some(att) = self.slots[slot].as_ref() else { return };
-            // Into a reused buffer (a fresh one page-faults on every op).
-            let mut d = ctx.endpoint.take_buffer(usize::try_from(sub.span.len_elems).unwrap_or(0));
-            match att.copy_from_arena_into(sub.span.offset, &mut d) {
-                Ok(()) => d,
-                Err(e) => {
-                    ctx.endpoint.recycle(d);
-                    log::warn!("attachment {att_id}: {e}");
-                    ctx.counters.submissions_rejected += 1;
-                    self.answer(slot, &sub, Status::InvalidDescriptor);
-                    return;
-                }
-            }
-        };
         // An op on the network already has all its contributions.
         if self.in_flight.contains_key(&id) {
             self.refuse_duplicate(slot, att_id, id, &sub, ctx);
             return;
         }
+        // The tensor stays in the trainer's arena until all K are in; then the
+        // local sum reads every arena once (see `start_op`).
         let shape = Shape { len: sub.span.len_elems, layer: sub.layer, layers: sub.layers };
-        let c = Contribution { local_rank, shape, ticket: Ticket { attachment: att_id, sub }, data };
-        let endpoint = &mut *ctx.endpoint;
-        match self.reducer.add(id, world, c, StdInstant::now(), &mut |b| endpoint.recycle(b)) {
+        let c = Contribution { local_rank, shape, ticket: Ticket { attachment: att_id, sub } };
+        match self.reducer.add(id, world, c, StdInstant::now()) {
             Added::Waiting => {}
             Added::Reduced(r) => self.start_op(id, r, ctx, now),
             Added::Duplicate(_) => self.refuse_duplicate(slot, att_id, id, &sub, ctx),
@@ -357,10 +361,36 @@ impl Trainers {
         self.answer(slot, sub, Status::InvalidDescriptor);
     }
 
-    /// All K contributions of `id` are in: start it on the network.
+    /// All K contributions of `id` are in: sum them out of the trainers'
+    /// arenas into a daemon-owned buffer (one pass, see [`sum_in_rank_order`])
+    /// and start the op on the network with it.
     fn start_op(&mut self, id: OpId, r: Reduced<Ticket>, ctx: &mut Ctx<'_>, now: Instant) {
         // The lowest local rank's submission speaks for the op (they agree).
         let Some(sub) = r.tickets.first().map(|t| t.sub) else { return };
+        let mut sum = ctx.endpoint.take_buffer(usize::try_from(sub.span.len_elems).unwrap_or(0));
+        let sources: Option<Vec<Arena<'_>>> = r
+            .tickets
+            .iter()
+            .map(|t| {
+                let att = self.slots[self.slot_of(t.attachment)?].as_ref()?;
+                Some(Arena { att, offset: t.sub.span.offset })
+            })
+            .collect();
+        let summed = match sources {
+            Some(s) => sum_in_rank_order(&s, &mut sum).map_err(|e| e.to_string()),
+            None => Err("a contributing trainer is gone".to_string()),
+        };
+        if let Err(e) = summed {
+            log::warn!("op {}/{}: cannot read the local contributions: {e}", id.seq, id.tensor);
+            ctx.endpoint.recycle(sum);
+            ctx.counters.ops_failed += 1;
+            self.post(
+                &r.tickets,
+                Completion::failed(Status::InvalidDescriptor, StdDuration::ZERO),
+                ctx.counters,
+            );
+            return;
+        }
         // loss.budget is the operator's cap on what trainers may ask for.
         let budget = sub.budget_ppm.min(ctx.cfg.loss.budget_ppm());
         let opts = OpOptions {
@@ -379,7 +409,7 @@ impl Trainers {
             rescale: ctx.cfg.loss.rescale || sub.flags & crate::shm::layout::FLAG_RESCALE != 0,
             reduce: ReduceOp::Sum,
         };
-        match ctx.endpoint.start_allreduce(now, id, r.sum, opts) {
+        match ctx.endpoint.start_allreduce(now, id, sum, opts) {
             Ok(()) => {
                 ctx.counters.ops_started += 1;
                 self.in_flight

@@ -132,8 +132,7 @@ impl Service {
             datapath.describe(),
             cfg.control.socket_path.display()
         );
-        let mut pump = Pump::new(datapath, peers, cfg.chunk_bytes() as usize + wire::OVERHEAD + 64);
-        pump.install_rate_adaptation(&cfg.pacing, &endpoint);
+        let pump = Pump::new(datapath, peers, cfg.chunk_bytes() as usize + wire::OVERHEAD + 64);
         Ok(Service {
             cfg,
             endpoint,
@@ -183,7 +182,6 @@ impl Service {
             // consumed earlier; receive is cheap when nothing is there.
             self.pump.receive(&mut self.endpoint, &mut self.counters, now);
             self.endpoint.handle_timeout(now);
-            self.pump.adapt_rate(&mut self.endpoint, now);
             self.deliver_events();
             self.pump.transmit(&mut self.endpoint, &mut self.counters, now);
             self.operations.notifier.ping_watchdog();
@@ -379,7 +377,7 @@ impl Service {
             peers: self.pump.peers(),
             counters: &self.counters,
             trainers: &self.trainers,
-            rate_cuts: self.pump.rate_cuts(),
+            rate_cuts: self.endpoint.rate_cuts(),
             draining: self.draining.is_some(),
         }
     }

@@ -26,7 +26,7 @@ pub(super) struct Reloadable<'a> {
     pub(super) cfg: &'a mut Config,
     /// The endpoint (its tunables).
     pub(super) endpoint: &'a mut Endpoint,
-    /// The pump (the datapath's marking, the rate adapter).
+    /// The pump (the datapath's marking).
     pub(super) pump: &'a mut Pump,
     /// The service's counters (reloads).
     pub(super) counters: &'a mut ServiceCounters,
@@ -203,7 +203,7 @@ impl Operations {
         }
         *to.cfg = merged;
         if pacing_changed {
-            to.pump.install_rate_adaptation(&to.cfg.pacing, to.endpoint);
+            to.endpoint.set_rate_adaptation(now, setup::rate_adaptation(&to.cfg.pacing));
         }
         let show = |v: Vec<dlcp_config::Change>| v.iter().map(ToString::to_string).collect::<Vec<_>>();
         let mut applied = show(plan.applied);

@@ -176,7 +176,7 @@ fn garbage_descriptors_and_random_datagrams_are_counted_and_service_continues() 
         let s = c.stats(h).unwrap();
         let r = &s["protocol"]["rejected"];
         rejected += r["malformed"].as_u64().unwrap() + r["bad_tag"].as_u64().unwrap();
-        rejected += s["service"]["rx_unknown_source"].as_u64().unwrap();
+        rejected += r["unknown_source"].as_u64().unwrap();
     }
     assert!(rejected >= 1900, "random datagrams not all counted: {rejected}");
     let s0 = c.stats(0).unwrap();

@@ -230,14 +230,9 @@ fn print_stats(v: &Value) {
     );
     print_traffic_tables(v);
     let rej = p["rejected"].as_object().cloned().unwrap_or_default();
-    // The service's own drops (source-address check, debug loss) by the same
-    // reason names as dlcp_rx_dropped_total.
-    let own = [
-        ("wrong_source", "rx_wrong_source"),
-        ("unknown_source", "rx_unknown_source"),
-        ("debug_loss", "rx_debug_dropped"),
-    ]
-    .map(|(k, f)| (k.to_string(), s[f].clone()));
+    // The service's own drops (debug loss) by the same reason names as
+    // dlcp_rx_dropped_total (the source-address check's are the endpoint's).
+    let own = [("debug_loss", "rx_debug_dropped")].map(|(k, f)| (k.to_string(), s[f].clone()));
     let nonzero: Vec<String> =
         rej.into_iter().chain(own).filter(|(_, n)| u(n) > 0).map(|(k, n)| format!("{k} {}", u(&n))).collect();
     println!(
@@ -248,6 +243,12 @@ fn print_stats(v: &Value) {
     println!(
         "datapath: {} rx datagrams, {} tx would-block, {} tx errors, {} rx errors, {} truncated",
         d["rx_packets"], d["tx_would_block"], d["tx_errors"], d["rx_errors"], d["rx_truncated"]
+    );
+    println!(
+        "receive-side drops before dlcpd read them: {} by the kernel (socket receive buffer full), \
+         {} by the NIC (ring full)",
+        u(&d["rx_rcvbuf_drops"]),
+        u(&d["rx_ring_overruns"])
     );
     println!(
         "trainers: {} attached, {} gone, {} refused; {} submissions, {} rejected, {} completions dropped",

@@ -1,13 +1,13 @@
 //! Datagrams between the datapath and the protocol endpoint: [`Pump::receive`]
 //! hands what arrived to the endpoint with the peer its address belongs to, and
 //! [`Pump::transmit`] hands what the endpoint produced to the datapath
-//! (keeping what it refused for the next turn). Also the loss-driven pacing
-//! ([`RateAdapter`]), which sets the endpoint's transmit rate.
+//! (keeping what it refused for the next turn). The loss-driven pacing that
+//! sets the endpoint's transmit rate is the endpoint's own
+//! (`dlcp_proto::rate`, on its virtual clock).
 
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::time::{Duration as StdDuration, Instant as StdInstant};
 
 use dlcp_proto::endpoint::{Endpoint, TxBatch};
 use dlcp_proto::time::Instant;
@@ -29,14 +29,13 @@ pub(super) struct Pump {
     peer_rank: HashMap<SocketAddr, u32>,
     /// The datagrams of one `poll_transmit_batch` call.
     tx_batch: TxBatch,
-    adapt: Option<RateAdapter>,
 }
 
 impl Pump {
     /// A pump over `datapath` for the peers at `peers` (by rank).
     pub(super) fn new(datapath: FaultInjector, peers: Vec<SocketAddr>) -> Pump {
         let peer_rank = peers.iter().enumerate().map(|(r, a)| (*a, r as u32)).collect();
-        Pump { datapath, peers, peer_rank, tx_batch: TxBatch::new(), adapt: None }
+        Pump { datapath, peers, peer_rank, tx_batch: TxBatch::new() }
     }
 
     /// The datapath.
@@ -87,11 +86,6 @@ impl Pump {
                     Fate::Delivered => endpoint.handle_datagram_from(now, bytes, peer),
                 }
             });
-            // The endpoint counts what its source check rejected; the service's
-            // counters of the same name show the endpoint's.
-            let rejected = &endpoint.stats().rejected;
-            (counters.rx_wrong_source, counters.rx_unknown_source) =
-                (rejected.wrong_source, rejected.unknown_source);
             match r {
                 Ok(0) if !datapath.rx_pending() => break,
                 Ok(_) => continue,
@@ -131,82 +125,6 @@ impl Pump {
             if view.len() < TX_BATCH {
                 break;
             }
-        }
-    }
-
-    /// Let the rate adapter, if any, look at the last window.
-    pub(super) fn adapt_rate(&mut self, endpoint: &mut Endpoint, now: Instant) {
-        if let Some(a) = self.adapt.as_mut() {
-            a.step(endpoint, now);
-        }
-    }
-
-    /// (Re)install the rate adapter as `[pacing]` says, starting from the
-    /// endpoint's counters now (a reload installs a new one mid-run).
-    pub(super) fn install_rate_adaptation(&mut self, pacing: &dlcp_config::Pacing, endpoint: &Endpoint) {
-        self.adapt = None;
-        let max = pacing.rate_bytes_per_sec().unwrap_or(0);
-        if pacing.adapt && max > 0 {
-            self.adapt = Some(RateAdapter {
-                max,
-                min: (max / 100).max(125_000),
-                window: StdDuration::from_millis(5),
-                last: StdInstant::now(),
-                last_tx: endpoint.stats().tx_packets[..7].iter().sum(),
-                last_repairs: endpoint.stats().repairs_sent,
-                cuts: 0,
-            });
-        }
-    }
-
-    /// Rate cuts so far, if rate adaptation is on.
-    pub(super) fn rate_cuts(&self) -> Option<u64> {
-        self.adapt.as_ref().map(|a| a.cuts)
-    }
-}
-
-/// Loss-driven pacing (AIMD): every window, the share of this daemon's data
-/// datagrams that receivers asked to have repaired is the loss signal. Above
-/// 0.5% the rate is cut to 70%; otherwise it grows by 2% of the maximum, up to
-/// `pacing.rate_mbps`. A flood therefore cannot persist, and a clean path runs
-/// at the configured rate.
-///
-/// moves to proto (issue 13 step 2): rate adaptation belongs to the protocol,
-/// on its virtual time, where the simulator can test it.
-#[derive(Debug, Clone)]
-struct RateAdapter {
-    max: u64,
-    min: u64,
-    window: StdDuration,
-    last: StdInstant,
-    last_tx: u64,
-    last_repairs: u64,
-    cuts: u64,
-}
-
-impl RateAdapter {
-    fn step(&mut self, endpoint: &mut Endpoint, now: Instant) {
-        if self.last.elapsed() < self.window {
-            return;
-        }
-        self.last = StdInstant::now();
-        let s = endpoint.stats();
-        let tx: u64 = s.tx_packets[..7].iter().sum();
-        let (dtx, drep) = (tx - self.last_tx, s.repairs_sent - self.last_repairs);
-        self.last_tx = tx;
-        self.last_repairs = s.repairs_sent;
-        if dtx == 0 {
-            return;
-        }
-        let rate = endpoint.pacing_rate().max(self.min);
-        let new = if drep * 200 > dtx {
-            self.cuts += 1;
-            (rate * 7 / 10).max(self.min)
-        } else {
-            (rate + self.max / 50).min(self.max)
-        };
-        if new != rate {
-            endpoint.set_pacing_rate(now, new);
         }
     }
 }

@@ -142,6 +142,7 @@ use super::api::{Datapath, DatapathStats, Outgoing, SendOutcome};
 
 mod config;
 mod handover;
+mod procfs;
 mod queue;
 mod sys;
 
@@ -183,6 +184,8 @@ pub struct SocketDatapath {
     /// The descriptors of a `send_batch` run (kept for their capacity).
     lent: Vec<Pending>,
     oversize_logged: bool,
+    /// Inodes of the receive and class sockets (their kernel drop counts, see [`procfs`]).
+    inodes: Vec<u64>,
     /// Fault injection: this many hand-overs of a class's queue to its socket
     /// fail with would-block first, without a system call (see
     /// [`Datapath::refuse_handovers`]).
@@ -286,7 +289,9 @@ impl SocketDatapath {
         let rx_slot = if extra.gro_active { 1 << 16 } else { cfg.max_datagram };
         let rx_buf = vec![0; cfg.batch * rx_slot];
         let rx_meta = vec![RxMeta::default(); cfg.batch];
+        let inodes = std::iter::once(&rx).chain(&tx).filter_map(|s| procfs::inode(s.as_fd())).collect();
         Ok(SocketDatapath {
+            inodes,
             cfg,
             local,
             rx,
@@ -611,8 +616,10 @@ impl Datapath for SocketDatapath {
         Ok(1 + CLASSES)
     }
 
+    /// The counters, with the kernel's receive-buffer drops on these
+    /// sockets read from /proc (a few µs; the loop asks a few times a second).
     fn stats(&self) -> DatapathStats {
-        self.stats.clone()
+        DatapathStats { rx_rcvbuf_drops: procfs::drops(&self.inodes), ..self.stats.clone() }
     }
 
     /// The socket datapath's own counters ([`SocketStats`]: GSO and GRO use).

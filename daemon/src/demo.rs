@@ -40,6 +40,8 @@ pub struct DemoOptions {
     pub iters: u32,
     /// Tensors per iteration (front layer first).
     pub layers: u32,
+    /// The daemons' `network.mtu` (loopback carries up to 65536).
+    pub mtu: u32,
 }
 
 impl Default for DemoOptions {
@@ -52,6 +54,7 @@ impl Default for DemoOptions {
             budget_pct: 1.0,
             iters: 10,
             layers: 4,
+            mtu: 1500,
         }
     }
 }
@@ -73,6 +76,9 @@ impl DemoOptions {
         }
         if !(0.0..=10.0).contains(&self.budget_pct) {
             return Err(format!("--budget {} out of range (allowed: 0 ..= 10 percent)", self.budget_pct));
+        }
+        if !(1280..=9000).contains(&self.mtu) {
+            return Err(format!("--mtu {} out of range (allowed: 1280 ..= 9000)", self.mtu));
         }
         if !(1..=64).contains(&self.layers) || self.iters == 0 {
             return Err("--layers must be 1 ..= 64 and --iters at least 1".into());
@@ -148,7 +154,7 @@ impl Drop for Dir {
     }
 }
 
-fn config_text(rank: u32, ports: &[u16], socket: &std::path::Path, arena: u64, budget_pct: f64) -> String {
+fn config_text(rank: u32, ports: &[u16], socket: &std::path::Path, arena: u64, o: &DemoOptions) -> String {
     let mut t = format!(
         "[node]\nrank = {rank}\njob_id = 1\njob_secret = \"dlcpd demo job secret, loopback only\"\n\n"
     );
@@ -156,11 +162,12 @@ fn config_text(rank: u32, ports: &[u16], socket: &std::path::Path, arena: u64, b
         t += &format!("[[peers]]\nrank = {r}\naddress = \"127.0.0.1\"\nport = {p}\n\n");
     }
     t += &format!(
-        "[network]\nheartbeat_interval_ms = 200\n\n[pacing]\nrate_mbps = 0\n\n[loss]\nhard_timeout_ms = 10000\nbudget = {budget}\n\n\
+        "[network]\nheartbeat_interval_ms = 200\nmtu = {mtu}\n\n[pacing]\nrate_mbps = 0\n\n[loss]\nhard_timeout_ms = 10000\nbudget = {budget}\n\n\
          [control]\nsocket_path = \"{}\"\nsocket_mode = \"0600\"\n\n\
          [shm]\narena_bytes = {arena}\nmax_tensor_bytes = {arena}\nearly_buffer_bytes = {arena}\n\n[log]\nlevel = \"warn\"\n\n[metrics]\nenabled = false\n",
         socket.display(),
-        budget = budget_pct / 100.0
+        budget = o.budget_pct / 100.0,
+        mtu = o.mtu
     );
     t
 }
@@ -244,7 +251,7 @@ fn start_daemons(
     let mut sockets = Vec::new();
     for r in 0..o.hosts {
         let socket = dir.join(format!("d{r}.sock"));
-        let text = config_text(r, ports, &socket, arena, o.budget_pct);
+        let text = config_text(r, ports, &socket, arena, o);
         let cfg = dlcp_config::Config::from_str_named(&text, &format!("demo-rank{r}.toml"))
             .map_err(|e| io::Error::other(e.to_string()))?;
         let stop = stop.clone();

@@ -69,6 +69,9 @@ struct LoopbackArgs {
     /// Tensors (layer buckets) per iteration, front layer first.
     #[arg(long, default_value_t = 4)]
     layers: u32,
+    /// The daemons' network MTU (1500, or 9000 for jumbo frames; loopback carries either).
+    #[arg(long, default_value_t = 1500)]
+    mtu: u32,
 }
 
 #[derive(Args)]
@@ -179,6 +182,7 @@ fn main() -> ExitCode {
                 budget_pct: a.budget,
                 iters: a.iters,
                 layers: a.layers,
+                mtu: a.mtu,
             };
             if let Err(e) = opts.validate() {
                 eprintln!("dlcpd demo: {e}");

@@ -20,7 +20,7 @@ pub const MAX_UDP_PAYLOAD_V4: usize = 65_507;
 /// Largest UDP payload over IPv6 without jumbograms (65535 − 8).
 pub const MAX_UDP_PAYLOAD_V6: usize = 65_527;
 
-/// Settings of a [`SocketDatapath`].
+/// Settings of a [`SocketDatapath`](super::SocketDatapath).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SocketConfig {
     /// Local address and port (IPv4 or IPv6); port 0 picks a free port.
@@ -127,7 +127,7 @@ impl SocketConfig {
     }
 }
 
-/// Why a [`SocketDatapath`] could not be created.
+/// Why a [`SocketDatapath`](super::SocketDatapath) could not be created.
 #[derive(Debug, thiserror::Error)]
 pub enum DatapathError {
     /// A [`SocketConfig`] value is out of range: fix the configuration.
@@ -163,7 +163,7 @@ pub enum DatapathError {
 }
 
 /// Counters and state specific to the socket datapath (beyond
-/// [`DatapathStats`]).
+/// [`DatapathStats`](crate::datapath::DatapathStats)).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SocketStats {
     /// Classes whose `SO_PRIORITY` could not be set (e.g. `EPERM` above 6

@@ -522,7 +522,7 @@ impl Datapath for SocketDatapath {
 
     /// Datagrams still queued go first (highest class first); then `batch`,
     /// in runs of one class, each run handed to its class's socket before the
-    /// next (see [`SocketDatapath::send_run`]).
+    /// next (see the [module documentation](self)).
     fn send_batch(&mut self, batch: &[Outgoing<'_>]) -> io::Result<()> {
         self.flush_all();
         let mut i = 0;

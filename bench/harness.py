@@ -244,7 +244,8 @@ class Runner:
         for h in range(hosts):
             sock = os.path.join(d, f"d{h}.sock")
             cfg = os.path.join(d, f"d{h}.toml")
-            with open(cfg, "w") as f:
+            # Owner-only: dlcpd refuses an inline secret in a file others may read.
+            with open(os.open(cfg, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
                 f.write(self.dlcp_config(h, hosts, sock, extra(h) if callable(extra) else extra))
             logf = open(os.path.join(d, f"d{h}.log"), "w")
             p = self.popen(system, ["ip", "netns", "exec", self.bed.ns(h), os.path.join(self.bindir, "dlcpd"),
@@ -654,7 +655,7 @@ class Bench:
         cfg = os.path.join(d, "d0.toml")
         saved, self.bed.mtu = self.bed.mtu, 1500
         try:
-            with open(cfg, "w") as f:
+            with open(os.open(cfg, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
                 f.write(self.runner.dlcp_config(0, 4, os.path.join(d, "d0.sock")))
         finally:
             self.bed.mtu = saved

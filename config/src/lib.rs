@@ -137,21 +137,40 @@ struct RawConfig {
 impl Config {
     /// Read, parse and validate the file at `path`. Relative `job_secret_file`
     /// paths are taken relative to the file's directory.
+    ///
+    /// An inline `node.job_secret` is accepted only if the file is readable by
+    /// its owner alone (no group or other permission bits), as ssh treats a
+    /// private key; a `job_secret_file` must be so too (checked wherever the
+    /// text came from).
     pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        use std::io::Read;
+        use std::os::unix::fs::MetadataExt;
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        Config::parse(&text, &path.display().to_string(), path.parent())
+        let read = |source| ConfigError::Read { path: path.to_owned(), source };
+        let mut f = std::fs::File::open(path).map_err(read)?;
+        // The mode of the file read, taken from the open file.
+        let mode = f.metadata().map_err(read)?.mode() & 0o7777;
+        let mut text = String::new();
+        f.read_to_string(&mut text).map_err(read)?;
+        let name = path.display().to_string();
+        Config::parse(&text, &name, path.parent(), Some(&validate::Source { name: &name, mode }))
     }
 
     /// Parse and validate `text`; `name` is the file name used in errors.
     /// Relative `job_secret_file` paths are taken relative to `name`'s
-    /// directory (the working directory if `name` has none).
+    /// directory (the working directory if `name` has none). Text has no file
+    /// permissions: an inline secret is not checked for them here (see
+    /// [`Config::load`]).
     pub fn from_str_named(text: &str, name: &str) -> Result<Config, ConfigError> {
-        Config::parse(text, name, Path::new(name).parent())
+        Config::parse(text, name, Path::new(name).parent(), None)
     }
 
-    fn parse(text: &str, name: &str, base: Option<&Path>) -> Result<Config, ConfigError> {
+    fn parse(
+        text: &str,
+        name: &str,
+        base: Option<&Path>,
+        file: Option<&validate::Source<'_>>,
+    ) -> Result<Config, ConfigError> {
         let base = base.filter(|b| !b.as_os_str().is_empty());
         let doc = match Doc::parse(text) {
             Ok(doc) => doc,
@@ -173,7 +192,7 @@ impl Config {
             secret: Secret::default(),
             source: String::new(),
         };
-        validate::validate(&mut cfg, base).map_err(|bad| locate_bad(name, text, &doc, bad))?;
+        validate::validate(&mut cfg, base, file).map_err(|bad| locate_bad(name, text, &doc, bad))?;
         cfg.source = name.to_owned();
         Ok(cfg)
     }

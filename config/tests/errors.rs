@@ -162,7 +162,7 @@ fn unknown_keys_everywhere() {
         &with("[control]\npath = \"/x\"\n"),
         "control.path",
         "path",
-        "allowed: socket_path, socket_mode, socket_group",
+        "allowed: socket_path, socket_mode, socket_group, max_admin_connections",
     );
     check(&with("[metrics]\nport = 1\n"), "metrics.port", "port = 1", "allowed: enabled, address");
     check(&with("[log]\nlevl = \"info\"\n"), "log.levl", "levl", "allowed: level");
@@ -274,12 +274,26 @@ fn node_rules() {
     );
 }
 
+/// Write `bytes` to `path` with permission bits `mode` (whatever the umask).
+fn write_mode(path: &std::path::Path, bytes: &[u8], mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, bytes).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A fresh directory for one test (tests run as threads of one process).
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("dlcp-config-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 #[test]
 fn secret_file_rules() {
-    let dir = std::env::temp_dir().join(format!("dlcp-config-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("short"), b"tiny\n").unwrap();
-    std::fs::write(dir.join("good"), [7u8; 32]).unwrap();
+    let dir = scratch("secret-file");
+    write_mode(&dir.join("short"), b"tiny\n", 0o600);
+    write_mode(&dir.join("good"), &[7u8; 32], 0o600);
     let text = BASE.replace("job_secret = \"0123456789abcdef\"", "job_secret_file = \"short\"");
     let name = dir.join("dlcp.toml");
     std::fs::write(&name, &text).unwrap();
@@ -293,6 +307,69 @@ fn secret_file_rules() {
     assert_eq!(c.job_secret(), &[7u8; 32]);
     let shown = c.to_toml_string();
     assert!(shown.contains("job_secret_file = \"good\""), "{shown}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_secret_file_others_may_read_is_refused_naming_the_file_and_the_fix() {
+    let dir = scratch("secret-mode");
+    let secret = dir.join("job.secret");
+    let text = BASE.replace("job_secret = \"0123456789abcdef\"", "job_secret_file = \"job.secret\"");
+    let name = dir.join("dlcp.toml");
+    write_mode(&name, text.as_bytes(), 0o644);
+    for mode in [0o640, 0o604, 0o644, 0o660, 0o610] {
+        write_mode(&secret, &[7u8; 32], mode);
+        let e = Config::load(&name).unwrap_err();
+        assert_eq!((e.field(), e.line()), (Some("node.job_secret_file"), Some(4)), "{e}");
+        let shown = e.to_string();
+        assert!(shown.starts_with(&format!("{}:4:19: node.job_secret_file: ", name.display())), "{e}");
+        assert!(
+            shown.contains(&format!(
+                "{} is accessible by group or others (mode {mode:04o})",
+                secret.display()
+            )),
+            "{e}"
+        );
+        assert!(shown.contains(&format!("run `chmod 600 {}`", secret.display())), "{e}");
+        // from_str_named reads the same secret file: the rule holds there too.
+        let e = Config::from_str_named(&text, &name.display().to_string()).unwrap_err();
+        assert_eq!(e.field(), Some("node.job_secret_file"), "{e}");
+    }
+    for mode in [0o600, 0o400] {
+        write_mode(&secret, &[7u8; 32], mode);
+        let c = Config::load(&name).unwrap_or_else(|e| panic!("mode {mode:o}: {e}"));
+        assert_eq!(c.job_secret(), &[7u8; 32]);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_inline_secret_only_in_a_config_file_its_owner_alone_can_read() {
+    let dir = scratch("inline-mode");
+    let name = dir.join("dlcp.toml");
+    for mode in [0o644, 0o640, 0o604, 0o660] {
+        write_mode(&name, BASE.as_bytes(), mode);
+        let e = Config::load(&name).unwrap_err();
+        assert_eq!((e.field(), e.line()), (Some("node.job_secret"), Some(4)), "{e}");
+        let shown = e.to_string();
+        assert!(shown.starts_with(&format!("{}:4:14: node.job_secret: ", name.display())), "{e}");
+        assert!(
+            shown.contains(&format!(
+                "an inline secret in {}, which group or others may access (mode {mode:04o})",
+                name.display()
+            )),
+            "{e}"
+        );
+        assert!(shown.contains(&format!("run `chmod 600 {}`", name.display())), "{e}");
+        assert!(shown.contains("or the secret in node.job_secret_file"), "{e}");
+    }
+    for mode in [0o600, 0o400] {
+        write_mode(&name, BASE.as_bytes(), mode);
+        let c = Config::load(&name).unwrap_or_else(|e| panic!("mode {mode:o}: {e}"));
+        assert_eq!(c.job_secret(), b"0123456789abcdef");
+    }
+    // Text that is no file has no permissions to check.
+    assert!(Config::from_str_named(BASE, "/etc/dlcp/dlcp.toml").is_ok());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -665,6 +742,15 @@ fn shm_rules() {
         "early_buffer_bytes",
         "(allowed: 0 ..= 268435456)",
     );
+    check(&s("max_attachments = 0"), "shm.max_attachments", "max_attachments", "(allowed: 1 ..= 4096)");
+    check(
+        &s("max_attachments = 8\nmax_attachments_per_user = 9"),
+        "shm.max_attachments_per_user",
+        "max_attachments_per_user",
+        "9 is out of range (allowed: 0 ..= 8) (0 = no per-user cap; at most shm.max_attachments)",
+    );
+    let cfg = load(&s("max_attachments = 8\nmax_attachments_per_user = 2")).unwrap();
+    assert_eq!((cfg.shm.max_attachments, cfg.shm.max_attachments_per_user), (8, 2));
 }
 
 #[test]
@@ -699,6 +785,28 @@ fn control_and_metrics_rules() {
     );
     let cfg = load(&c("socket_mode = \"640\"\nsocket_group = \"dlcp\"")).unwrap();
     assert_eq!(cfg.control.mode(), 0o640);
+    check(
+        &c("max_admin_connections = 0"),
+        "control.max_admin_connections",
+        "max_admin_connections",
+        "0 is out of range (allowed: 1 ..= 1024)",
+    );
+    check(
+        &c("max_pending_attaches = 1025"),
+        "control.max_pending_attaches",
+        "max_pending_attaches",
+        "1025 is out of range (allowed: 1 ..= 1024)",
+    );
+    check(
+        &c("request_timeout_ms = 50"),
+        "control.request_timeout_ms",
+        "request_timeout_ms",
+        "50 is out of range (allowed: 100 ..= 60000)",
+    );
+    let cfg =
+        load(&c("max_admin_connections = 3\nmax_pending_attaches = 4\nrequest_timeout_ms = 500")).unwrap();
+    let ctl = &cfg.control;
+    assert_eq!((ctl.max_admin_connections, ctl.max_pending_attaches, ctl.request_timeout_ms), (3, 4, 500));
     let m = |v: &str| with(&format!("[metrics]\n{v}\n"));
     check(&m("address = \"127.0.0.1\""), "metrics.address", "address = \"127", "(allowed: \"ip:port\"");
     check(&m("enabled = \"yes\""), "metrics.enabled", "enabled", "(allowed: true or false)");

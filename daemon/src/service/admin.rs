@@ -1,20 +1,18 @@
 //! The admin protocol that `dlcpctl` speaks: connect to the control socket's
 //! path with `.admin` appended ([`admin_path`]), send one line (`stats`,
 //! `status`, `reload` or `report OP TENSOR`), read one JSON document until EOF.
-//! [`Admin`] owns the listening socket and what only the admin protocol shows
-//! (the recent ops and their reports). The replies are serde-derived types
+//! [`Admin`] keeps what only the admin protocol shows (the recent ops and
+//! their reports); `admin_socket` serves the connections and decides who may
+//! ask what. The replies are serde-derived types
 //! ([`StatusReply`], [`ReportReply`], [`ErrorReply`]; `reload` replies with
 //! the [`ReloadOutcome`]) built from a [`View`] of the service, except
 //! `stats`, which is still rendered field by field.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration as StdDuration;
 
 use dlcp_proto::endpoint::{OpId, OpReport, TransferReport};
 use dlcp_proto::stats::Label;
-use mio::{Interest, Registry, Token};
 use serde::{Deserialize, Serialize};
 
 use super::view::View;
@@ -270,75 +268,17 @@ impl Request {
     }
 }
 
-/// One accepted admin connection with its request, waiting for the reply.
-pub(super) struct Connection {
-    stream: std::os::unix::net::UnixStream,
-    request: Request,
-}
-
-impl Connection {
-    /// What was asked.
-    pub(super) fn request(&self) -> &Request {
-        &self.request
-    }
-
-    /// Send the reply and close.
-    pub(super) fn reply(mut self, reply: &serde_json::Value) {
-        let _ = self.stream.write_all(reply.to_string().as_bytes());
-    }
-}
-
-/// The admin socket, and what only the admin protocol shows.
+/// What only the admin protocol shows: the recent ops and their reports.
+/// (The socket and its connections are `admin_socket`'s.)
 pub(super) struct Admin {
-    listener: mio::net::UnixListener,
-    path: PathBuf,
     recent: VecDeque<OpRecord>,
     reports: BTreeMap<OpId, Box<OpReport>>,
 }
 
 impl Admin {
-    /// Listen on `path` (a stale socket file there is replaced) with file mode `mode`.
-    pub(super) fn bind(path: PathBuf, mode: u32) -> io::Result<Admin> {
-        let _ = std::fs::remove_file(&path);
-        let listener = mio::net::UnixListener::bind(&path)?;
-        let admin = Admin { listener, path, recent: VecDeque::new(), reports: BTreeMap::new() };
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&admin.path, std::fs::Permissions::from_mode(mode))?;
-        }
-        Ok(admin)
-    }
-
-    /// The socket's path.
-    pub(super) fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Watch the socket for connections under `token`.
-    pub(super) fn register(&mut self, registry: &Registry, token: Token) -> io::Result<()> {
-        registry.register(&mut self.listener, token, Interest::READABLE)
-    }
-
-    /// The next waiting connection and its request, if any. A short blocking
-    /// exchange: one request line (200 ms to arrive), one JSON reply.
-    pub(super) fn accept(&mut self) -> Option<Connection> {
-        let (stream, _) = match self.listener.accept() {
-            Ok(x) => x,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
-            Err(e) => {
-                log::warn!("admin socket: {e}");
-                return None;
-            }
-        };
-        let fd: std::os::fd::OwnedFd = stream.into();
-        let mut s = std::os::unix::net::UnixStream::from(fd);
-        let _ = s.set_nonblocking(false);
-        let _ = s.set_read_timeout(Some(StdDuration::from_millis(200)));
-        let _ = s.set_write_timeout(Some(StdDuration::from_millis(500)));
-        let mut buf = [0u8; 64];
-        let n = s.read(&mut buf).unwrap_or(0);
-        let request = Request::parse(&String::from_utf8_lossy(&buf[..n]));
-        Some(Connection { stream: s, request })
+    /// Nothing recorded yet.
+    pub(super) fn new() -> Admin {
+        Admin { recent: VecDeque::new(), reports: BTreeMap::new() }
     }
 
     /// Keep `r` for `stats` (the last 1024).
@@ -420,12 +360,6 @@ fn put_counter(doc: &mut serde_json::Value, section: &str, key: &str, label: Lab
             }
             a[i] = Value::from(value);
         }
-    }
-}
-
-impl Drop for Admin {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 

@@ -111,12 +111,21 @@ pub(super) fn since(start: StdInstant) -> Instant {
 }
 
 /// The trainers' control socket, bound as `[control]` and `[shm]` say, for
-/// members of `group` (see [`peer_policy`]).
+/// members of `group` (see [`peer_policy`]): this job's trainers only, at most
+/// `shm.max_attachments` (and per user) at once, tensors of at most
+/// `shm.max_tensor_bytes`.
 pub(super) fn shm_server(cfg: &Config, group: Option<u32>) -> Result<ShmServer, ServiceError> {
     let mut sc = ServerConfig::new(cfg.control.socket_path.clone(), cfg.control.mode());
     sc.policy = peer_policy(group);
     sc.geometry = crate::shm::Geometry::new(cfg.shm.ring_entries, cfg.shm.ring_entries, cfg.shm.arena_bytes)
         .map_err(ServiceError::Geometry)?;
+    // Checked when a trainer registers, before its segment is made.
+    sc.job_id = Some(u64::from(cfg.node.job_id));
+    sc.max_attachments = cfg.shm.max_attachments as usize;
+    sc.max_attachments_per_user = cfg.shm.max_attachments_per_user as usize;
+    sc.handshake_timeout = cfg.control.request_timeout();
+    // Enforced on every submission (the trainer's completion says which rule).
+    sc.limits.max_tensor_bytes = cfg.shm.max_tensor_bytes;
     ShmServer::bind(sc)
         .map_err(|e| ServiceError::Control { path: cfg.control.socket_path.display().to_string(), source: e })
 }

@@ -1,5 +1,6 @@
-//! The trainers on shared memory (attached through `attach`): adding and detaching them, taking their
-//! submissions (copied out of the arena at once) to the local reduce
+//! The trainers on shared memory, once attached (see `attach`): adding and
+//! detaching them, taking their submissions (copied out of the arena at once,
+//! no more at a time than the attachment allows) to the local reduce
 //! ([`LocalReducer`]), starting an op on the network when all K local trainers
 //! have submitted it, and posting completions.
 //!

@@ -88,6 +88,7 @@ pub const SETTINGS: &[(&str, Reload)] = &[
     ("control.socket_group", Restart),
     ("metrics.enabled", Restart),
     ("metrics.address", Restart),
+    ("security.packet_auth", Restart),
     ("log.level", Runtime),
 ];
 

@@ -83,6 +83,8 @@ pub struct Sample {
     pub repairs_received: u64,
     /// PROBEs sent.
     pub probes_sent: u64,
+    /// Packet keys derived to check received tags.
+    pub key_derivations: u64,
     /// Redundant PROBE copies received and ignored.
     pub probes_duplicate: u64,
     /// Receive deadlines that fired.
@@ -143,6 +145,8 @@ pub struct Metrics {
     peer_repairs: Family<Labels, Counter>,
     peer_repair_bytes: Family<Labels, Counter>,
     probes_sent: Counter,
+    key_derivations: Counter,
+    packet_auth: Family<Labels, Gauge>,
     probes_duplicate: Counter,
     deadlines_fired: Counter,
     deadline_closes: Counter,
@@ -175,8 +179,9 @@ fn l(k: &'static str, v: impl ToString) -> Labels {
 }
 
 impl Metrics {
-    /// All metrics, registered, for a daemon of `rank` in a job of `world`.
-    pub fn new(rank: u32, world: u32, datapath: &str) -> Metrics {
+    /// All metrics, registered, for a daemon of `rank` in a job of `world`
+    /// that authenticates datagrams with `packet_auth` (`security.packet_auth`).
+    pub fn new(rank: u32, world: u32, datapath: &str, packet_auth: &str) -> Metrics {
         let mut r = Registry::with_prefix("dlcp");
         let m = Metrics {
             registry: Arc::new(Registry::default()),
@@ -202,6 +207,8 @@ impl Metrics {
             peer_repairs: Family::default(),
             peer_repair_bytes: Family::default(),
             probes_sent: Counter::default(),
+            key_derivations: Counter::default(),
+            packet_auth: Family::default(),
             probes_duplicate: Counter::default(),
             deadlines_fired: Counter::default(),
             deadline_closes: Counter::default(),
@@ -333,6 +340,17 @@ impl Metrics {
             m.deadline_nacks.clone(),
         );
         r.register("hard_timeouts", "Ops failed by the hard timeout", m.hard_timeouts.clone());
+        r.register(
+            "key_derivations",
+            "Packet keys derived to check received tags (a few per peer incarnation; more means forged senders)",
+            m.key_derivations.clone(),
+        );
+        r.register(
+            "packet_auth",
+            "1 for the packet authentication mode in force (security.packet_auth: aes-128-gmac or none)",
+            m.packet_auth.clone(),
+        );
+        m.packet_auth.get_or_create(&l("mode", packet_auth)).set(1);
         r.register("ops", "Allreduce ops, by outcome", m.ops.clone());
         r.register("ops_in_flight", "Allreduce ops in flight", m.ops_in_flight.clone());
         r.register("trainers", "Trainers attached", m.trainers.clone());
@@ -432,6 +450,7 @@ impl Metrics {
         set(&self.repairs.get_or_create(&l("direction", "sent")), s.repairs_sent);
         set(&self.repairs.get_or_create(&l("direction", "received")), s.repairs_received);
         set(&self.probes_sent, s.probes_sent);
+        set(&self.key_derivations, s.key_derivations);
         set(&self.probes_duplicate, s.probes_duplicate);
         set(&self.deadlines_fired, s.deadlines_fired);
         set(&self.deadline_closes, s.deadline_closes);
@@ -596,7 +615,7 @@ mod tests {
 
     #[test]
     fn counters_set_from_samples_and_slowest_peer() {
-        let m = Metrics::new(0, 3, "socket");
+        let m = Metrics::new(0, 3, "socket", "none");
         let s = Sample {
             tx_packets: [1, 2, 3, 4, 5, 6, 7, 8],
             repairs_sent_per_class: [0, 3, 0, 0, 0, 0, 0, 0],
@@ -626,11 +645,13 @@ mod tests {
         assert!(t.contains("dlcp_class_rx_dropped_bytes_total{class=\"unknown\"} 90\n"), "{t}");
         assert!(t.contains("dlcp_peer_rx_dropped_bytes_total{peer=\"2\"} 0\n"), "{t}");
         assert!(t.contains("dlcp_class_rx_dropped_packets_total{class=\"7\"} 0\n"), "{t}");
+        assert!(t.contains("dlcp_packet_auth{mode=\"none\"} 1\n"), "{t}");
+        assert!(!t.contains("mode=\"aes-128-gmac\""), "{t}");
     }
 
     #[test]
     fn serves_http() {
-        let m = Metrics::new(0, 1, "socket");
+        let m = Metrics::new(0, 1, "socket", "aes-128-gmac");
         let srv = MetricsServer::start("127.0.0.1:0".parse().unwrap(), m).unwrap();
         let get = |req: &str| {
             let mut s = TcpStream::connect(srv.local_addr()).unwrap();

@@ -9,7 +9,11 @@
 //!    datapath holds it, over a working set of [`WORKING_SET`] bytes of
 //!    datagrams (at least twice the last-level cache of the machines dlcp is
 //!    measured on, so the bytes come from memory as a tensor's would);
-//! 2. dlcp's own [`MacKey`] and the full `wire::encode` / `wire::decode`;
+//! 2. dlcp's own [`MacKey`] (AES-128-GCM as a MAC through aws-lc-rs, the
+//!    first candidate below with dlcp's real 80-byte header and packet
+//!    numbers), and a whole datagram: `wire::seal` (header, payload copy, tag)
+//!    and [`KeyCache::decode`] (structure, tag with the cached sender key,
+//!    fields);
 //! 3. the kernel UDP datapath: a non-blocking `UdpSocket` pair on 127.0.0.1,
 //!    one thread sending datagrams of the same size (send only: the receiver
 //!    overflows and the kernel drops), and `memcpy` of the same working set.
@@ -32,7 +36,9 @@
 
 use aws_lc_rs::{aead, cmac, constant_time, hmac};
 use dlcp_proto::class::Class;
-use dlcp_proto::wire::{self, HEADER_LEN, Header, MacKey, OVERHEAD, PacketType, Phase, TAG_LEN};
+use dlcp_proto::wire::{
+    self, HEADER_LEN, Header, JobKey, KeyCache, MacKey, OVERHEAD, PacketType, Phase, TAG_LEN,
+};
 use std::hint::black_box;
 use std::io::ErrorKind;
 use std::net::UdpSocket;
@@ -151,7 +157,7 @@ impl Candidate for HmacSha256 {
     }
 }
 
-/// dlcp's own packet MAC ([`MacKey`]) on a real header.
+/// dlcp's own packet MAC ([`MacKey`]) on a real header (its packet number is the nonce).
 struct Dlcp(MacKey);
 impl Candidate for Dlcp {
     fn tag(&self, _: u64, header: &[u8], payload: &[u8]) -> [u8; TAG_LEN] {
@@ -190,10 +196,12 @@ impl Datagrams {
         for (i, d) in bytes.chunks_exact_mut(size).enumerate() {
             let mut h = data_header(pl);
             h.chunk_index = (i % 1000) as u32;
-            wire::encode(key, &h, &payload, d).expect("encode");
-            d[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&(i as u32).to_le_bytes());
-            let t = key.tag(&d[..size - TAG_LEN]);
-            d[size - TAG_LEN..].copy_from_slice(&t);
+            h.packet = i as u64;
+            wire::seal(key, &h, d, |p| {
+                p.copy_from_slice(&payload);
+                p[..4].copy_from_slice(&(i as u32).to_le_bytes());
+            })
+            .expect("encode");
         }
         Datagrams { size, count, bytes }
     }
@@ -266,9 +274,13 @@ fn main() {
     let k16 = [7u8; 16];
     let k32 = [7u8; 32];
     let aws = |alg| aead::LessSafeKey::new(aead::UnboundKey::new(alg, &k16).expect("key"));
-    let dlcp_key = MacKey::derive(b"bench secret");
+    let job = JobKey::new(b"bench secret");
+    let dlcp_key = job.sender_key(data_header(0).sender());
     let candidates: Vec<(&str, Box<dyn Candidate>)> = vec![
-        ("dlcp MacKey (tag_parts)", Box::new(Dlcp(dlcp_key.clone()))),
+        (
+            "dlcp MacKey::tag_parts (AES-128-GCM as MAC, aws-lc-rs)",
+            Box::new(Dlcp(job.sender_key(dlcp_key.id()))),
+        ),
         ("keyed BLAKE3 (blake3)", Box::new(Blake3(k32))),
         ("AES-128-GCM as MAC (aws-lc-rs)", Box::new(AwsAead(aws(&aead::AES_128_GCM), false))),
         ("AES-128-GCM-SIV fixed nonce (aws-lc-rs)", Box::new(AwsAead(aws(&aead::AES_128_GCM_SIV), true))),
@@ -297,7 +309,6 @@ fn main() {
     let mut copy = Vec::new();
     let mut rows: Vec<(String, Vec<(f64, f64)>)> =
         candidates.iter().map(|(n, _)| (n.to_string(), vec![])).collect();
-    let mut batched = Vec::new();
     let mut codec = Vec::new();
     for &size in &SIZES {
         let d = Datagrams::new(&dlcp_key, size);
@@ -312,32 +323,21 @@ fn main() {
         for ((_, c), row) in candidates.iter().zip(&mut rows) {
             row.1.push(measure(dur, c.as_ref(), &d));
         }
-        // The BLAKE3 batch of the current datapath, 64 datagrams per call.
-        let mut tags = vec![[0u8; TAG_LEN]; 64];
-        let mut i = 0;
-        batched.push(
-            64.0 * rate(dur / 4, || {
-                let msgs: [&[u8]; 64] = std::array::from_fn(|k| {
-                    let j = (i + k) % d.count;
-                    &d.bytes[j * size..(j + 1) * size - TAG_LEN]
-                });
-                dlcp_key.tag_many(black_box(&msgs), &mut tags);
-                black_box(&tags);
-                i = (i + 64) % d.count;
-            }),
-        );
         let pl = size - OVERHEAD;
         let payload = &d.bytes[HEADER_LEN..HEADER_LEN + pl];
-        let h = data_header(pl);
+        let mut h = data_header(pl);
         let mut out = vec![0u8; size];
-        let mut i = 0;
         let enc = rate(dur, || {
-            black_box(wire::encode(&dlcp_key, black_box(&h), black_box(payload), &mut out).expect("encode"));
-        });
-        let dec = rate(dur, || {
+            h.packet += 1;
+            let p = black_box(payload);
             black_box(
-                wire::decode(&dlcp_key, black_box(&d.bytes[i * size..(i + 1) * size])).expect("decode"),
+                wire::seal(&dlcp_key, black_box(&h), &mut out, |b| b.copy_from_slice(p)).expect("encode"),
             );
+        });
+        let mut cache = KeyCache::new(job.clone(), 2);
+        let mut i = 0;
+        let dec = rate(dur, || {
+            black_box(cache.decode(black_box(&d.bytes[i * size..(i + 1) * size])).expect("decode"));
             i = (i + 1) % d.count;
         });
         codec.push((enc, dec));
@@ -352,11 +352,9 @@ fn main() {
             SIZES.iter().zip(r).flat_map(|(&s, &(t, v))| [cell(s, t), cell(s, v)]).collect();
         println!("| {name} | {} |", cells.join(" | "));
     }
-    let b: Vec<String> = SIZES.iter().zip(&batched).flat_map(|(&s, &t)| [cell(s, t), "-".into()]).collect();
-    println!("| keyed BLAKE3 batched, 64 per call (MacKey::tag_many) | {} |", b.join(" | "));
     let c: Vec<String> =
         SIZES.iter().zip(&codec).flat_map(|(&s, &(e, d))| [cell(s, e), cell(s, d)]).collect();
-    println!("| dlcp wire::encode / wire::decode (copy + header + MAC) | {} |", c.join(" | "));
+    println!("| dlcp wire::seal / KeyCache::decode (copy + header + MAC) | {} |", c.join(" | "));
     let m: Vec<String> = SIZES.iter().zip(&copy).flat_map(|(&s, &t)| [cell(s, t), "-".into()]).collect();
     println!("| memcpy of the datagram (reference) | {} |", m.join(" | "));
     let u: Vec<String> = SIZES

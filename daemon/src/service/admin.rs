@@ -67,6 +67,8 @@ pub struct StatusReply {
     pub generation: u32,
     /// The datapath's description.
     pub datapath: String,
+    /// `security.packet_auth`: `"aes-128-gmac"`, or `"none"` (datagrams not authenticated).
+    pub packet_auth: String,
     /// Trainers attached now.
     pub trainers: usize,
     /// Ops in flight on the network.
@@ -93,6 +95,10 @@ pub struct PeerStatus {
     /// True for this daemon's own rank.
     #[serde(rename = "self")]
     pub is_self: bool,
+    /// Why its datagrams are refused (another wire version, packet_auth or
+    /// chunk size, naming both values), until its settings agree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// The operations part of [`StatusReply`].
@@ -412,8 +418,11 @@ impl Admin {
                 "deadline_nacks": s.deadline_nacks,
                 "hard_timeouts": s.hard_timeouts, "ops_completed": s.ops_completed, "ops_failed": s.ops_failed,
                 "closed_within_budget": s.closed_within_budget, "ops_in_flight": v.endpoint.ops_in_flight(),
+                "key_derivations": s.key_derivations,
                 "rejected": {
-                    "malformed": r.malformed, "bad_tag": r.bad_tag, "wrong_job": r.wrong_job,
+                    "malformed": r.malformed, "bad_tag": r.bad_tag, "version_mismatch": r.version_mismatch,
+                    "auth_mismatch": r.auth_mismatch, "settings_mismatch": r.settings_mismatch,
+                    "wrong_job": r.wrong_job,
                     "wrong_rank": r.wrong_rank, "stale_generation": r.stale_generation, "stale_op": r.stale_op,
                     "mismatch": r.mismatch, "duplicate": r.duplicate, "late": r.late,
                     "early_buffered": r.early_buffered, "early_dropped": r.early_dropped,
@@ -452,6 +461,7 @@ pub(super) fn status(v: &View<'_>, ops: OperationsStatus) -> StatusReply {
             generation: v.endpoint.peer_generation(r),
             up: r == v.cfg.rank() || v.endpoint.peer_up(r),
             is_self: r == v.cfg.rank(),
+            refused: v.endpoint.peer_mismatch(r).map(|m| m.to_string()),
         })
         .collect();
     StatusReply {
@@ -461,6 +471,7 @@ pub(super) fn status(v: &View<'_>, ops: OperationsStatus) -> StatusReply {
         job: v.cfg.node.job_id,
         generation: v.endpoint.config().generation,
         datapath: v.datapath.describe(),
+        packet_auth: v.cfg.security.packet_auth.as_str().to_owned(),
         trainers: v.trainers.count(),
         ops_in_flight: v.endpoint.ops_in_flight(),
         draining: v.draining,
@@ -612,12 +623,27 @@ mod tests {
             job: 4,
             generation: 8,
             datapath: "dp".into(),
+            packet_auth: "aes-128-gmac".into(),
             trainers: 2,
             ops_in_flight: 0,
             draining: false,
             peers: vec![
-                PeerStatus { rank: 0, address: "a".into(), generation: None, up: false, is_self: false },
-                PeerStatus { rank: 1, address: "b".into(), generation: Some(8), up: true, is_self: true },
+                PeerStatus {
+                    rank: 0,
+                    address: "a".into(),
+                    generation: None,
+                    up: false,
+                    is_self: false,
+                    refused: Some("speaks dlcp wire version 1; this daemon speaks version 2".into()),
+                },
+                PeerStatus {
+                    rank: 1,
+                    address: "b".into(),
+                    generation: Some(8),
+                    up: true,
+                    is_self: true,
+                    refused: None,
+                },
             ],
             ops: OperationsStatus {
                 config_file: Some("c".into()),
@@ -644,8 +670,10 @@ mod tests {
                 + r#""config_file":"c","datapath_kind":"auto","last_reload":{"outcome":{"applied":[],"error":"e","#
                 + r#""file":"f","needs_restart":[],"not_applied":[],"ok":false},"seconds_ago":3},"log_level":"info","#
                 + r#""metrics":{"address":null,"enabled":true,"error":"x"},"reloads_failed":2,"reloads_ok":1,"#
-                + r#""systemd":{"notify":false,"watchdog_ms":7},"uptime_s":5},"ops_in_flight":0,"peers":["#
-                + r#"{"address":"a","generation":null,"rank":0,"self":false,"up":false},{"address":"b","#
+                + r#""systemd":{"notify":false,"watchdog_ms":7},"uptime_s":5},"ops_in_flight":0,"#
+                + r#""packet_auth":"aes-128-gmac","peers":[{"address":"a","generation":null,"rank":0,"#
+                + r#""refused":"speaks dlcp wire version 1; this daemon speaks version 2","self":false,"up":false},"#
+                + r#"{"address":"b","#
                 + r#""generation":8,"rank":1,"self":true,"up":true}],"rank":1,"trainers":2,"version":"v","world":2}"#
         );
         assert_eq!(serde_json::from_value::<StatusReply>(json).unwrap(), st);

@@ -34,7 +34,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
-use dlcp_config::Config;
+use dlcp_config::{Config, PacketAuthMode};
 use dlcp_proto::endpoint::{Endpoint, Event, OpError, OpId};
 use dlcp_proto::time::Instant;
 use dlcp_proto::wire;
@@ -107,7 +107,10 @@ impl Service {
         let mut datapath = datapath.into();
         let generation = setup::generation(&cfg);
         let start = StdInstant::now();
-        let endpoint = Endpoint::new(endpoint_config(&cfg, generation), Instant::ZERO);
+        let endpoint = Endpoint::new(
+            endpoint_config(&cfg, generation, setup::session().map_err(ServiceError::Session)?),
+            Instant::ZERO,
+        );
         let group = setup::socket_gid(&cfg.control)?;
         let shm = setup::shm_server(&cfg, group)?;
         let poll = Poll::new()?;
@@ -132,6 +135,13 @@ impl Service {
             datapath.describe(),
             cfg.control.socket_path.display()
         );
+        if cfg.security.packet_auth == PacketAuthMode::None {
+            log::warn!(
+                "security.packet_auth = \"none\": datagrams are not authenticated; anyone who can reach \
+                 {} can inject data into this job's results (use only on an isolated fabric)",
+                cfg.bind_addr()
+            );
+        }
         let mut pump = Pump::new(datapath, peers, cfg.chunk_bytes() as usize + wire::OVERHEAD + 64);
         pump.install_rate_adaptation(&cfg.pacing, &endpoint);
         Ok(Service {
@@ -366,6 +376,9 @@ impl Service {
                 Event::PeerRestarted { rank, old, new } => {
                     log::warn!("peer {rank} restarted (generation {old} -> {new}); its in-flight ops failed")
                 }
+                Event::PeerIncompatible { rank, mismatch } => {
+                    log::error!("{}: refused, {mismatch}", peer_name(&self.cfg, rank))
+                }
             }
         }
     }
@@ -449,5 +462,14 @@ impl Service {
     /// The running configuration (after any reloads).
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+}
+
+/// How a log line names the peer `rank` (as the datapath knew the sender):
+/// its rank and configured address, or an unconfigured address.
+fn peer_name(cfg: &Config, rank: Option<u32>) -> String {
+    match rank.and_then(|r| cfg.peers.get(r as usize)) {
+        Some(p) => format!("rank {} ({})", p.rank, p.socket_addr()),
+        None => "a datagram from an address that is no configured peer".to_owned(),
     }
 }

@@ -65,7 +65,7 @@ impl Operations {
             log_level_from_config: false,
         };
         if cfg.metrics.enabled {
-            let m = Metrics::new(cfg.rank(), cfg.world_size(), datapath);
+            let m = Metrics::new(cfg.rank(), cfg.world_size(), datapath, cfg.security.packet_auth.as_str());
             match MetricsServer::start(cfg.metrics.address, m.clone()) {
                 Ok(srv) => {
                     log::info!("metrics: http://{}/metrics", srv.local_addr());
@@ -189,7 +189,8 @@ impl Operations {
             }
         }
         let now = setup::since(to.start);
-        let e = endpoint_config(&merged, to.endpoint.config().generation);
+        let running_id = to.endpoint.config();
+        let e = endpoint_config(&merged, running_id.generation, running_id.session);
         let pacing_changed = merged.pacing != running.pacing;
         // An unchanged [pacing] keeps the rate the adapter has reached.
         let rate = if pacing_changed { e.pacing_rate } else { to.endpoint.pacing_rate() };
@@ -273,6 +274,9 @@ pub(super) fn sample(v: &View<'_>) -> Sample {
         dropped: vec![
             ("malformed", r.malformed),
             ("bad_tag", r.bad_tag),
+            ("version_mismatch", r.version_mismatch),
+            ("auth_mismatch", r.auth_mismatch),
+            ("settings_mismatch", r.settings_mismatch),
             ("wrong_job", r.wrong_job),
             ("wrong_rank", r.wrong_rank),
             ("stale_generation", r.stale_generation),
@@ -296,6 +300,7 @@ pub(super) fn sample(v: &View<'_>) -> Sample {
         repairs_sent: s.repairs_sent,
         repairs_received: s.repairs_received,
         probes_sent: s.probes_sent,
+        key_derivations: s.key_derivations,
         probes_duplicate: s.probes_duplicate,
         deadlines_fired: s.deadlines_fired,
         deadline_closes: s.deadline_closes,

@@ -377,7 +377,7 @@ impl Service {
                     log::warn!("peer {rank} restarted (generation {old} -> {new}); its in-flight ops failed")
                 }
                 Event::PeerIncompatible { rank, mismatch } => {
-                    log::error!("{}: refused, {mismatch}", peer_name(&self.cfg, rank))
+                    log::error!("{} {mismatch}; its datagrams are refused", peer_name(&self.cfg, rank))
                 }
             }
         }
@@ -470,6 +470,6 @@ impl Service {
 fn peer_name(cfg: &Config, rank: Option<u32>) -> String {
     match rank.and_then(|r| cfg.peers.get(r as usize)) {
         Some(p) => format!("rank {} ({})", p.rank, p.socket_addr()),
-        None => "a datagram from an address that is no configured peer".to_owned(),
+        None => "an address that is no configured peer".to_owned(),
     }
 }

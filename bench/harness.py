@@ -911,9 +911,9 @@ def parse_simulate(stdout, n, size_mb):
                 ctl += int(w[1])
     row["pkts_per_rank_op"] = pk / n
     row["control_share"] = ctl / pk if pk else 0
-    # Data packets one rank sends per op, ideally: 2(N-1)/N of the tensor in chunks of 1392 B
+    # Data packets one rank sends per op, ideally: 2(N-1)/N of the tensor in chunks of 1376 B
     # (replaced below by the simulator's exact figure: every chunk of every shard once).
-    row["ideal"] = 2 * (n - 1) / n * size_mb * 1e6 / 1392
+    row["ideal"] = 2 * (n - 1) / n * size_mb * 1e6 / 1376
     for line in stdout.splitlines():
         line = line.strip()
         # "packets per rank per op     1529.9 data (ideal 1512.0: every chunk once), 615.2 control (28.7% of all)"

@@ -202,7 +202,7 @@ fn header_figures(dur: Duration, udp_pps: f64, big: usize) -> Vec<Figure> {
     vec![
         fig(
             "header_codec",
-            "64-byte header emit + parse, per core",
+            "80-byte header emit + parse, per core",
             both,
             (wire::HEADER_LEN + size) as u64,
             "one header and one datagram (cache-resident: per-packet CPU only)",

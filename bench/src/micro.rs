@@ -231,8 +231,6 @@ fn header_figures(dur: Duration, udp_pps: f64, big: usize) -> Vec<Figure> {
     ]
 }
 
-/// Tags per second of the datagrams of `size` bytes in `pkts` (their bytes
-/// before the tag), 64 at a time with `tag_many` and one at a time with `tag`,
 /// Checks and tags per second of the datagrams of `size` bytes in `pkts`, one
 /// at a time, header and payload as separate slices (as the datapath holds
 /// them), walking through the whole buffer.

@@ -34,6 +34,19 @@ fn deploy_example() -> String {
 }
 
 #[test]
+fn version_names_the_datapaths_of_this_build() {
+    let out = dlcpd().arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with(&format!("dlcpd {}\n", dlcp::VERSION)), "{text}");
+    assert!(text.contains("datapaths: socket (always)"), "{text}");
+    // Built with DPDK or not, the line says which, as `dlcpctl status` does.
+    assert!(text.contains(&dlcp::datapath_support()), "{text}");
+    let short = dlcpd().arg("-V").output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&short.stdout), format!("dlcpd {}\n", dlcp::VERSION));
+}
+
+#[test]
 fn check_config_accepts_the_deploy_example_and_prints_the_effective_config() {
     let s = Scratch::new("ok");
     std::fs::write(s.path("dlcp.toml"), deploy_example()).unwrap();

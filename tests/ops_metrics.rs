@@ -491,3 +491,57 @@ fn dropped_datagrams_are_counted_per_class_and_per_peer() {
         assert!(got.iter().map(|v| v.to_bits()).eq(want.iter().copied()), "result differs from the sum");
     }
 }
+
+/// The kernel's receive-buffer drops on the daemon's sockets (a counter
+/// declared once in the datapath's table) reach `dlcpctl stats --json`, the
+/// human `dlcpctl stats` and the metrics: the daemon is stopped with SIGSTOP
+/// while a flood fills its small receive buffer, then continued.
+#[test]
+fn kernel_receive_buffer_drops_are_counted_and_exported() {
+    let c = Cluster::start(&Options {
+        hosts: 1,
+        extra: "[datapath.socket]\nrecv_buffer_bytes = 65536\n".into(),
+        ..Options::default()
+    });
+    let addr = metrics_addr(&c, 0);
+    let pid = c.daemons[0].child.as_ref().unwrap().id().to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill").args([sig, &pid]).status().unwrap().success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let flood = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let datagram = [0u8; 1200];
+    for _ in 0..4000 {
+        let _ = flood.send_to(&datagram, ("127.0.0.1", c.ports[0]));
+    }
+    signal("-CONT");
+    // The loop catches up and the next metrics update (every 250 ms) has it.
+    let t0 = Instant::now();
+    let st = loop {
+        let st = c.stats(0).unwrap();
+        if st["datapath_counters"]["rx_rcvbuf_drops"].as_u64().unwrap_or(0) > 0 || t0.elapsed().as_secs() > 10
+        {
+            break st;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let drops = st["datapath_counters"]["rx_rcvbuf_drops"].as_u64().expect("rx_rcvbuf_drops in stats --json");
+    assert!(drops > 1000, "4000 datagrams into a 64 KiB buffer of a stopped daemon, {drops} dropped: {st}");
+    assert_eq!(st["datapath_counters"]["rx_ring_overruns"], 0, "{st}");
+    std::thread::sleep(Duration::from_millis(600));
+    let (samples, _) = parse_exposition(&scrape(&addr).1);
+    assert_eq!(get(&samples, "dlcp_rx_dropped_total", &[("reason", "socket_buffer")]), drops as f64);
+    assert_eq!(get(&samples, "dlcp_rx_dropped_total", &[("reason", "nic_ring")]), 0.0);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
+        .arg("--socket")
+        .arg(&c.daemons[0].socket)
+        .arg("stats")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("receive-side drops before dlcpd read them: {drops} by the kernel")),
+        "{text}"
+    );
+}

@@ -151,7 +151,15 @@ fn run_service(path: &std::path::Path, rx_loss_pct: f64) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    // `--version` also says which datapaths this build has (DPDK is found at
+    // build time, or not); `-V` stays one short line.
+    let long_version = format!("{}\n{}", dlcp::VERSION, dlcp::datapath_support());
+    let matches = Cli::command().long_version(long_version).get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let command = match (cli.command, cli.config) {
         (Some(c), _) => c,
         (None, Some(path)) => return run_service(&path, cli.debug_rx_loss),

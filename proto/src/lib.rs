@@ -11,6 +11,7 @@
 //! - [`priority`]: the chunk classifier.
 //! - [`bitmap`]: chunk bitmaps and their segmented wire form.
 //! - [`pacer`]: token-bucket pacing on virtual time.
+//! - [`rate`]: loss-driven adaptation of the pacing rate (AIMD).
 //! - [`estimator`]: Jacobson/Karels estimators for probe timers and deadlines.
 //! - [`time`]: virtual [`time::Instant`].
 //! - [`pool`]: reusable `f32` buffers for ops.
@@ -28,6 +29,7 @@ pub mod oracle;
 pub mod pacer;
 pub mod pool;
 pub mod priority;
+pub mod rate;
 pub mod rng;
 pub mod sim;
 pub mod stats;

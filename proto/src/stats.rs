@@ -79,22 +79,29 @@ pub struct Desc {
 }
 
 impl Desc {
-    /// A counter with one value, exported as `metric`.
-    const fn new(json: &'static str, metric: &'static str, help: &'static str) -> Desc {
+    /// A counter with one value, reported under `json` and exported as `metric`.
+    pub const fn new(json: &'static str, metric: &'static str, help: &'static str) -> Desc {
         Desc { json, metric: Some(metric), help, kind: Kind::Counter, by: By::Nothing, fixed: &[] }
     }
 
     /// A counter reported in JSON only.
-    const fn json_only(json: &'static str, help: &'static str) -> Desc {
+    pub const fn json_only(json: &'static str, help: &'static str) -> Desc {
         Desc { metric: None, ..Desc::new(json, "", help) }
     }
 
-    const fn by(self, by: By) -> Desc {
+    /// The same, with values told apart by `by`.
+    pub const fn by(self, by: By) -> Desc {
         Desc { by, ..self }
     }
 
-    const fn fixed(self, fixed: &'static [(&'static str, &'static str)]) -> Desc {
+    /// The same, with labels every value carries.
+    pub const fn fixed(self, fixed: &'static [(&'static str, &'static str)]) -> Desc {
         Desc { fixed, ..self }
+    }
+
+    /// The same, as a gauge (a value that goes up and down).
+    pub const fn gauge(self) -> Desc {
+        Desc { kind: Kind::Gauge, ..self }
     }
 }
 
@@ -127,9 +134,11 @@ impl PacketCount {
 }
 
 /// One value or two (a [`PacketCount`]: packets, then bytes), each with a description.
-trait Cell {
+#[doc(hidden)]
+pub trait Cell {
+    /// Value `k`.
     fn cell(&self, k: usize) -> u64;
-    #[cfg(test)]
+    /// Value `k`, to change.
     fn cell_mut(&mut self, k: usize) -> &mut u64;
 }
 
@@ -137,7 +146,6 @@ impl Cell for u64 {
     fn cell(&self, _: usize) -> u64 {
         *self
     }
-    #[cfg(test)]
     fn cell_mut(&mut self, _: usize) -> &mut u64 {
         self
     }
@@ -147,21 +155,26 @@ impl Cell for PacketCount {
     fn cell(&self, k: usize) -> u64 {
         if k == 0 { self.packets } else { self.bytes }
     }
-    #[cfg(test)]
     fn cell_mut(&mut self, k: usize) -> &mut u64 {
         if k == 0 { &mut self.packets } else { &mut self.bytes }
     }
 }
 
-type Visit<'a> = &'a mut dyn FnMut(&'static Desc, Label, u64);
-#[cfg(test)]
-type VisitMut<'a> = &'a mut dyn FnMut(&'static Desc, Label, &mut u64);
+/// What [`Counters::each`] calls per value.
+#[doc(hidden)]
+pub type Visit<'a> = &'a mut dyn FnMut(&'static Desc, Label, u64);
+/// What [`Counters::each_mut`] calls per value.
+#[doc(hidden)]
+pub type VisitMut<'a> = &'a mut dyn FnMut(&'static Desc, Label, &mut u64);
 
 /// A field of a counter table: a value, a table of values (by class or by
-/// peer), or a nested counter struct (which ignores `descs`).
-trait Counters {
+/// peer), or a nested counter struct (which ignores `descs`). Implemented by
+/// [`counters!`](crate::counters) for the structs it declares.
+#[doc(hidden)]
+pub trait Counters {
+    /// Every value under `descs`.
     fn each(&self, descs: &'static [Desc], f: Visit<'_>);
-    #[cfg(test)]
+    /// Every value under `descs`, to change (tests set distinct values).
     fn each_mut(&mut self, descs: &'static [Desc], f: VisitMut<'_>);
 }
 
@@ -174,7 +187,6 @@ fn each_cell<C: Cell>(cells: &[C], indexed: bool, descs: &'static [Desc], f: Vis
     }
 }
 
-#[cfg(test)]
 fn each_cell_mut<C: Cell>(cells: &mut [C], indexed: bool, descs: &'static [Desc], f: VisitMut<'_>) {
     for (k, d) in descs.iter().enumerate() {
         for (i, c) in cells.iter_mut().enumerate() {
@@ -189,7 +201,6 @@ macro_rules! cells {
             fn each(&self, descs: &'static [Desc], f: Visit<'_>) {
                 each_cell($slice(self), $indexed, descs, f)
             }
-            #[cfg(test)]
             fn each_mut(&mut self, descs: &'static [Desc], f: VisitMut<'_>) {
                 each_cell_mut($slice_mut(self), $indexed, descs, f)
             }
@@ -210,14 +221,20 @@ fn as_slice<C, T: AsRef<[C]> + ?Sized>(t: &T) -> &[C] {
     t.as_ref()
 }
 
-#[cfg(test)]
 fn as_mut_slice<C, T: AsMut<[C]> + ?Sized>(t: &mut T) -> &mut [C] {
     t.as_mut()
 }
 
 /// Declares a counter struct: each field with its doc, type and the
 /// description(s) it is reported under (two for a [`PacketCount`]: packets,
-/// then bytes; none for a nested counter struct).
+/// then bytes; none for a nested counter struct). Fields are `u64`,
+/// [`PacketCount`], `[u64; 8]` / `[PacketCount; 8]` (by class), `Vec<u64>` /
+/// `Vec<PacketCount>` (by peer) or another struct declared this way. The
+/// struct gets `visit` (every value with its [`Desc`], in declaration order)
+/// and `visit_mut`. The daemon declares its own counters with it too, so a
+/// counter anywhere is one line that metrics, `dlcpctl stats --json` and the
+/// reports all read.
+#[macro_export]
 macro_rules! counters {
     (
         $(#[$meta:meta])*
@@ -239,23 +256,28 @@ macro_rules! counters {
         impl $name {
             /// Calls `v` once per value of every counter, in declaration
             /// order (a table's values by label), with its description.
-            pub fn visit(&self, v: &mut impl StatsVisitor) {
-                Counters::each(self, &[], &mut |d, l, x| v.counter(d, l, x));
+            pub fn visit(&self, v: &mut impl $crate::stats::StatsVisitor) {
+                $crate::stats::Counters::each(self, &[], &mut |d, l, x| v.counter(d, l, x));
+            }
+
+            /// Calls `f` once per value of every counter, which it may change
+            /// (tests give every counter a distinct value this way).
+            pub fn visit_mut(&mut self, f: &mut dyn FnMut(&'static $crate::stats::Desc, $crate::stats::Label, &mut u64)) {
+                $crate::stats::Counters::each_mut(self, &[], f)
             }
         }
 
-        impl Counters for $name {
-            fn each(&self, _: &'static [Desc], f: Visit<'_>) {
+        impl $crate::stats::Counters for $name {
+            fn each(&self, _: &'static [$crate::stats::Desc], f: $crate::stats::Visit<'_>) {
                 $({
-                    const D: &[Desc] = &[$($desc),*];
-                    Counters::each(&self.$field, D, f);
+                    const D: &[$crate::stats::Desc] = &[$($desc),*];
+                    $crate::stats::Counters::each(&self.$field, D, f);
                 })*
             }
-            #[cfg(test)]
-            fn each_mut(&mut self, _: &'static [Desc], f: VisitMut<'_>) {
+            fn each_mut(&mut self, _: &'static [$crate::stats::Desc], f: $crate::stats::VisitMut<'_>) {
                 $({
-                    const D: &[Desc] = &[$($desc),*];
-                    Counters::each_mut(&mut self.$field, D, f);
+                    const D: &[$crate::stats::Desc] = &[$($desc),*];
+                    $crate::stats::Counters::each_mut(&mut self.$field, D, f);
                 })*
             }
         }
@@ -282,7 +304,7 @@ const fn dropped(json: &'static str, reason: &'static str) -> Desc {
     Desc::new(json, "rx_dropped", DROPPED).by(By::Reason(reason))
 }
 
-counters! {
+crate::counters! {
     /// Counters of rejected or ignored datagrams, by reason.
     #[derive(Debug, Clone, Default, PartialEq, Eq)]
     pub struct RejectCounters {
@@ -359,7 +381,7 @@ impl RejectCounters {
     }
 }
 
-counters! {
+crate::counters! {
     /// Received datagrams discarded on arrival, per class and per peer: every
     /// datagram `Endpoint::handle_datagram_from` (or `Endpoint::handle_datagram`)
     /// rejects for any reason in [`RejectCounters::discarded_on_arrival`], and every
@@ -393,7 +415,7 @@ counters! {
     }
 }
 
-counters! {
+crate::counters! {
     /// Per-class, per-peer and protocol counters.
     #[derive(Debug, Clone, Default, PartialEq, Eq)]
     pub struct Stats {
@@ -601,12 +623,6 @@ impl Stats {
             Some(p) => p.add(datagram.len()),
             None => d.unknown_peer.add(datagram.len()),
         }
-    }
-
-    /// Calls `f` once per value of every counter, which it may change (tests).
-    #[cfg(test)]
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&'static Desc, Label, &mut u64)) {
-        Counters::each_mut(self, &[], f)
     }
 }
 

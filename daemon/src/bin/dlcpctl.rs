@@ -265,6 +265,12 @@ fn print_stats(v: &Value) {
         d["rx_packets"], d["tx_would_block"], d["tx_errors"], d["rx_errors"], d["rx_truncated"]
     );
     println!(
+        "receive-side drops before dlcpd read them: {} by the kernel (socket receive buffer full), \
+         {} by the NIC (ring full)",
+        u(&d["rx_rcvbuf_drops"]),
+        u(&d["rx_ring_overruns"])
+    );
+    println!(
         "trainers: {} attached, {} gone, {} refused; {} submissions, {} rejected, {} completions dropped",
         s["trainers_attached"],
         s["trainers_gone"],

@@ -6,30 +6,59 @@ use std::io;
 use std::net::SocketAddr;
 
 use dlcp_proto::priority::Class;
+use dlcp_proto::stats::{By, Desc};
 
-/// Per-class and total counters of a datapath.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DatapathStats {
-    /// Datagrams handed to the kernel/NIC per class.
-    pub tx_packets: [u64; 8],
-    /// Bytes handed to the kernel/NIC per class.
-    pub tx_bytes: [u64; 8],
-    /// Datagrams received.
-    pub rx_packets: u64,
-    /// Bytes received.
-    pub rx_bytes: u64,
-    /// Sends refused because the socket/queue was full (retried later).
-    pub tx_would_block: u64,
-    /// Send errors other than would-block (e.g. unreachable), per errno, summed.
-    pub tx_errors: u64,
-    /// Receive errors other than would-block.
-    pub rx_errors: u64,
-    /// Datagrams received that were truncated (larger than the receive buffer).
-    pub rx_truncated: u64,
-    /// Send system calls (sendmsg/sendmmsg).
-    pub tx_syscalls: u64,
-    /// Receive system calls (recvmsg/recvmmsg).
-    pub rx_syscalls: u64,
+const DATAPATH_ERRORS: &str = "Datapath errors and would-blocks, by kind";
+const DROPPED: &str = "Received datagrams dropped, by reason";
+
+dlcp_proto::counters! {
+    /// Per-class and total counters of a datapath (`datapath_counters` in
+    /// `dlcpctl stats --json`; the ones a metric exports say so in their
+    /// description).
+    #[derive(Debug, Clone, Default, PartialEq, Eq)]
+    pub struct DatapathStats {
+        /// Datagrams handed to the kernel/NIC per class.
+        pub tx_packets: [u64; 8] => [Desc::new(
+            "tx_packets_per_class",
+            "datapath_tx_packets",
+            "Datagrams the datapath handed to the kernel or NIC, per priority class",
+        )
+        .by(By::Class)],
+        /// Bytes handed to the kernel/NIC per class.
+        pub tx_bytes: [u64; 8] => [Desc::new(
+            "tx_bytes_per_class",
+            "datapath_tx_bytes",
+            "Bytes the datapath handed to the kernel or NIC, per priority class",
+        )
+        .by(By::Class)],
+        /// Datagrams received.
+        pub rx_packets: u64 => [Desc::new("rx_packets", "datapath_rx_packets", "Datagrams the datapath received")],
+        /// Bytes received.
+        pub rx_bytes: u64 => [Desc::new("rx_bytes", "datapath_rx_bytes", "Bytes the datapath received")],
+        /// Sends refused because the socket/queue was full (retried later).
+        pub tx_would_block: u64 => [Desc::new("tx_would_block", "datapath_errors", DATAPATH_ERRORS)
+            .fixed(&[("kind", "tx_would_block")])],
+        /// Send errors other than would-block (e.g. unreachable), per errno, summed.
+        pub tx_errors: u64 => [Desc::new("tx_errors", "datapath_errors", DATAPATH_ERRORS).fixed(&[("kind", "tx")])],
+        /// Receive errors other than would-block.
+        pub rx_errors: u64 => [Desc::new("rx_errors", "datapath_errors", DATAPATH_ERRORS).fixed(&[("kind", "rx")])],
+        /// Datagrams received that were truncated (larger than the receive buffer).
+        pub rx_truncated: u64 => [Desc::new("rx_truncated", "rx_dropped", DROPPED).by(By::Reason("truncated"))],
+        /// Datagrams the kernel dropped because the daemon's socket receive
+        /// buffers were full (`RcvbufErrors`, counted per socket: the drops
+        /// column of /proc/net/udp for the datapath's sockets).
+        pub rx_rcvbuf_drops: u64 => [Desc::new("rx_rcvbuf_drops", "rx_dropped", DROPPED)
+            .by(By::Reason("socket_buffer"))],
+        /// Frames the NIC dropped because its receive ring or the mbuf pool
+        /// was exhausted (DPDK `imissed + rx_nombuf`).
+        pub rx_ring_overruns: u64 => [Desc::new("rx_ring_overruns", "rx_dropped", DROPPED).by(By::Reason("nic_ring"))],
+        /// Send system calls (sendmsg/sendmmsg).
+        pub tx_syscalls: u64 => [Desc::new("tx_syscalls", "datapath_syscalls", "Datapath system calls, by direction")
+            .fixed(&[("direction", "tx")])],
+        /// Receive system calls (recvmsg/recvmmsg).
+        pub rx_syscalls: u64 => [Desc::new("rx_syscalls", "datapath_syscalls", "Datapath system calls, by direction")
+            .fixed(&[("direction", "rx")])],
+    }
 }
 
 /// Outcome of [`Datapath::send`].

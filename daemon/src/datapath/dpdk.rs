@@ -603,8 +603,11 @@ impl Datapath for DpdkDatapath {
         Some((IDLE_POLL_MIN * (1u32 << shift)).min(IDLE_POLL_MAX))
     }
 
+    /// The counters, with the NIC's receive drops (ring full or no mbuf)
+    /// read from the port.
     fn stats(&self) -> DatapathStats {
-        self.stats.clone()
+        let p = self.port.stats();
+        DatapathStats { rx_ring_overruns: p.imissed + p.rx_nombuf, ..self.stats.clone() }
     }
 
     /// dlcp writes each frame's IPv4 header itself, so a new class → DSCP map

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration as StdDuration;
 
 use dlcp_proto::endpoint::{OpId, OpReport, TransferReport};
+use dlcp_proto::stats::Label;
 use mio::{Interest, Registry, Token};
 use serde::{Deserialize, Serialize};
 
@@ -377,71 +378,54 @@ impl Admin {
         }
     }
 
-    /// Everything the daemon counts, as JSON (for `dlcpctl stats --json`).
+    /// Everything the daemon counts, as JSON (for `dlcpctl stats --json`):
+    /// every counter where its description puts it ([`View::visit_counters`]),
+    /// plus who is answering, the datapath's own detail and the recent ops.
     pub(super) fn stats_json(&self, v: &View<'_>) -> serde_json::Value {
-        let s = v.endpoint.stats();
-        let r = &s.rejected;
-        let dr = &s.rx_dropped;
-        let count = |c: dlcp_proto::endpoint::PacketCount| serde_json::json!({ "packets": c.packets, "bytes": c.bytes });
-        let d = v.datapath.stats();
-        serde_json::json!({
+        let mut out = serde_json::json!({
             "version": crate::VERSION,
             "rank": v.cfg.rank(),
             "world": v.cfg.world_size(),
             "datapath": v.datapath.describe(),
-            "trainers": v.trainers.count(),
-            "pacing_rate_bytes_per_sec": v.endpoint.pacing_rate(),
             "pacing_rate_cuts": v.rate_cuts,
-            "service": v.counters,
-            "protocol": {
-                "tx_packets_per_class": s.tx_packets, "tx_bytes_per_class": s.tx_bytes,
-                "rx_packets_per_class": s.rx_packets, "rx_bytes_per_class": s.rx_bytes,
-                "tx_packets_per_peer": s.tx_packets_peer, "rx_packets_per_peer": s.rx_packets_peer,
-                "tx_bytes_per_peer": s.tx_bytes_peer, "rx_bytes_per_peer": s.rx_bytes_peer,
-                "rx_dropped_packets_per_class": dr.class.map(|c| c.packets),
-                "rx_dropped_bytes_per_class": dr.class.map(|c| c.bytes),
-                "rx_dropped_unknown_class": count(dr.unknown_class),
-                "rx_dropped_packets_per_peer": dr.peer.iter().map(|c| c.packets).collect::<Vec<_>>(),
-                "rx_dropped_bytes_per_peer": dr.peer.iter().map(|c| c.bytes).collect::<Vec<_>>(),
-                "rx_dropped_unknown_peer": count(dr.unknown_peer),
-                "repairs_sent": s.repairs_sent, "repairs_received": s.repairs_received,
-                "repairs_sent_per_class": s.repairs_sent_per_class,
-                "repairs_received_per_class": s.repairs_received_per_class,
-                "repair_bytes_sent_per_class": s.repair_bytes_sent_per_class,
-                "repair_bytes_received_per_class": s.repair_bytes_received_per_class,
-                "repairs_sent_per_peer": s.repairs_sent_peer.iter().map(|c| c.packets).collect::<Vec<_>>(),
-                "repairs_received_per_peer": s.repairs_received_peer.iter().map(|c| c.packets).collect::<Vec<_>>(),
-                "repair_bytes_sent_per_peer": s.repairs_sent_peer.iter().map(|c| c.bytes).collect::<Vec<_>>(),
-                "repair_bytes_received_per_peer": s.repairs_received_peer.iter().map(|c| c.bytes).collect::<Vec<_>>(),
-                "probes_sent": s.probes_sent, "probes_duplicate": s.probes_duplicate,
-                "deadlines_fired": s.deadlines_fired, "deadline_closes": s.deadline_closes,
-                "deadline_nacks": s.deadline_nacks,
-                "hard_timeouts": s.hard_timeouts, "ops_completed": s.ops_completed, "ops_failed": s.ops_failed,
-                "closed_within_budget": s.closed_within_budget, "ops_in_flight": v.endpoint.ops_in_flight(),
-                "key_derivations": s.key_derivations,
-                "rejected": {
-                    "malformed": r.malformed, "bad_tag": r.bad_tag, "version_mismatch": r.version_mismatch,
-                    "auth_mismatch": r.auth_mismatch, "settings_mismatch": r.settings_mismatch,
-                    "wrong_job": r.wrong_job,
-                    "wrong_rank": r.wrong_rank, "stale_generation": r.stale_generation, "stale_op": r.stale_op,
-                    "mismatch": r.mismatch, "duplicate": r.duplicate, "late": r.late,
-                    "early_buffered": r.early_buffered, "early_dropped": r.early_dropped,
-                    "early_expired": r.early_expired,
-                },
-            },
-            "datapath_counters": {
-                "tx_packets_per_class": d.tx_packets, "tx_bytes_per_class": d.tx_bytes,
-                "rx_packets": d.rx_packets, "rx_bytes": d.rx_bytes, "tx_would_block": d.tx_would_block,
-                "tx_errors": d.tx_errors, "rx_errors": d.rx_errors, "rx_truncated": d.rx_truncated,
-                "tx_syscalls": d.tx_syscalls, "rx_syscalls": d.rx_syscalls,
-                "detail": v.datapath.detail_json(),
-            },
-            "shm": {
-                "attached": v.trainers.shm_attached(),
-                "rejected_descriptors": v.trainers.rejected_descriptors(),
-            },
             "recent_ops": self.recent.iter().rev().take(64).collect::<Vec<_>>(),
-        })
+        });
+        v.visit_counters(&mut |section, d, l, value| put_counter(&mut out, section, d.json, l, value));
+        out["datapath_counters"]["detail"] = v.datapath.detail_json().unwrap_or_default();
+        out
+    }
+}
+
+/// Place one counter value in the stats document: at `section` (empty: the
+/// top), then the description's key, whose dots nest objects; a value by
+/// class or by peer is element `i` of an array under its key (the unknown
+/// bucket has a key of its own).
+fn put_counter(doc: &mut serde_json::Value, section: &str, key: &str, label: Label, value: u64) {
+    use serde_json::Value;
+    let mut at = doc;
+    for part in section.split('.').chain(key.split('.')).filter(|p| !p.is_empty()) {
+        if !at.is_object() {
+            *at = Value::Object(serde_json::Map::new());
+        }
+        at = at.as_object_mut().expect("an object").entry(part).or_insert(Value::Null);
+    }
+    let index = match label {
+        Label::Class(Some(c)) => Some(usize::from(c)),
+        Label::Peer(Some(p)) => Some(p as usize),
+        _ => None,
+    };
+    match index {
+        None => *at = Value::from(value),
+        Some(i) => {
+            if !at.is_array() {
+                *at = Value::Array(Vec::new());
+            }
+            let a = at.as_array_mut().expect("an array");
+            if a.len() <= i {
+                a.resize(i + 1, Value::from(0u64));
+            }
+            a[i] = Value::from(value);
+        }
     }
 }
 

@@ -1,44 +1,146 @@
 //! The service's own counters (the protocol's and the datapath's are kept by
-//! the endpoint and the datapath). Every part of the service adds to them; the
-//! admin protocol and the metrics read them.
+//! the endpoint and the datapath), and [`Snapshot`]: the values read off the
+//! running service when it reports. Every part of the service adds to the
+//! counters; the admin protocol and the metrics read them, each counter
+//! through its one description here (see `dlcp_proto::counters!`).
 
-use serde::Serialize;
+use dlcp_proto::stats::{By, Desc};
 
-/// Counters of the service itself (the protocol's and datapath's are separate).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct ServiceCounters {
-    /// Trainers attached since start.
-    pub trainers_attached: u64,
-    /// Trainers whose control socket closed.
-    pub trainers_gone: u64,
-    /// Trainers refused (other job, handshake failure, policy).
-    pub trainers_refused: u64,
-    /// Valid submissions received.
-    pub submissions: u64,
-    /// Submissions rejected by descriptor validation.
-    pub submissions_rejected: u64,
-    /// Local ops whose trainers disagreed (length, layer, tensor).
-    pub local_mismatch: u64,
-    /// Ops started on the network.
-    pub ops_started: u64,
-    /// Ops completed.
-    pub ops_completed: u64,
-    /// Ops failed (timeout, peer restart, local trainer gone).
-    pub ops_failed: u64,
-    /// Completions that could not be posted (trainer's completion ring full).
-    pub completions_dropped: u64,
-    /// Datagrams whose source address does not match the rank they claim.
-    pub rx_wrong_source: u64,
-    /// Datagrams from addresses that are no peer.
-    pub rx_unknown_source: u64,
-    /// Datagrams dropped on purpose by the datapath's fault injector (receive
-    /// loss of `dlcpd demo --loss` and the `--debug-rx-loss` test knob).
-    pub rx_debug_dropped: u64,
-    /// Datapath flushes forced so that a PROBE does not overtake the data
-    /// queued before it.
-    pub probe_flushes: u64,
-    /// Configuration reloads that loaded (see `crate::hot_reload`).
-    pub reloads_ok: u64,
-    /// Configuration reloads rejected (the file did not load; old config kept).
-    pub reloads_failed: u64,
+const DROPPED: &str = "Received datagrams dropped, by reason";
+const OPS: &str = "Allreduce ops, by outcome";
+const RELOADS: &str = "Configuration reloads, by result";
+const RING_USED: &str = "Shared-memory ring entries in use, summed over trainers";
+
+dlcp_proto::counters! {
+    /// Counters of the service itself (`service` in `dlcpctl stats --json`).
+    #[derive(Debug, Clone, Default, PartialEq, Eq)]
+    pub struct ServiceCounters {
+        /// Trainers attached since start.
+        pub trainers_attached: u64 => [Desc::new(
+            "trainers_attached",
+            "trainers_attached",
+            "Trainers attached since start",
+        )],
+        /// Trainers whose control socket closed.
+        pub trainers_gone: u64 => [Desc::new(
+            "trainers_gone",
+            "trainers_gone",
+            "Trainers whose control socket closed (their shared memory reclaimed)",
+        )],
+        /// Trainers refused (other job, handshake failure, policy).
+        pub trainers_refused: u64 => [Desc::new(
+            "trainers_refused",
+            "trainers_refused",
+            "Trainers refused (other job, other local world, handshake failure, policy)",
+        )],
+        /// Valid submissions received.
+        pub submissions: u64 => [Desc::new("submissions", "submissions", "Valid submissions received")],
+        /// Submissions rejected by descriptor validation.
+        pub submissions_rejected: u64 => [Desc::new(
+            "submissions_rejected",
+            "submissions_rejected",
+            "Submissions rejected (descriptor validation, arena copy)",
+        )],
+        /// Local ops whose trainers disagreed (length, layer, tensor).
+        pub local_mismatch: u64 => [Desc::new(
+            "local_mismatch",
+            "local_mismatches",
+            "Local ops whose trainers disagreed (length, layer), or a duplicate submission",
+        )],
+        /// Ops started on the network.
+        pub ops_started: u64 => [Desc::new("ops_started", "ops", OPS).fixed(&[("outcome", "started")])],
+        /// Ops completed.
+        pub ops_completed: u64 => [Desc::new("ops_completed", "ops", OPS).fixed(&[("outcome", "completed")])],
+        /// Ops failed (timeout, peer restart, local trainer gone).
+        pub ops_failed: u64 => [Desc::new("ops_failed", "ops", OPS).fixed(&[("outcome", "failed")])],
+        /// Completions that could not be posted (trainer's completion ring full).
+        pub completions_dropped: u64 => [Desc::new(
+            "completions_dropped",
+            "completions_dropped",
+            "Completions that could not be posted (the trainer's completion ring was full)",
+        )],
+        /// Datagrams whose source address does not match the rank they claim.
+        pub rx_wrong_source: u64 => [Desc::new("rx_wrong_source", "rx_dropped", DROPPED)
+            .by(By::Reason("wrong_source"))],
+        /// Datagrams from addresses that are no peer.
+        pub rx_unknown_source: u64 => [Desc::new("rx_unknown_source", "rx_dropped", DROPPED)
+            .by(By::Reason("unknown_source"))],
+        /// Datagrams dropped on purpose by the datapath's fault injector (receive
+        /// loss of `dlcpd demo --loss` and the `--debug-rx-loss` test knob).
+        pub rx_debug_dropped: u64 => [Desc::new("rx_debug_dropped", "rx_dropped", DROPPED)
+            .by(By::Reason("debug_loss"))],
+        /// Datapath flushes forced so that a PROBE does not overtake the data
+        /// queued before it.
+        pub probe_flushes: u64 => [Desc::new(
+            "probe_flushes",
+            "probe_flushes",
+            "Datapath flushes forced so that a PROBE does not overtake the data queued before it",
+        )],
+        /// Configuration reloads that loaded (see `crate::hot_reload`).
+        pub reloads_ok: u64 => [Desc::new("reloads_ok", "config_reloads", RELOADS).fixed(&[("result", "ok")])],
+        /// Configuration reloads rejected (the file did not load; old config kept).
+        pub reloads_failed: u64 => [Desc::new("reloads_failed", "config_reloads", RELOADS)
+            .fixed(&[("result", "failed")])],
+    }
+}
+
+dlcp_proto::counters! {
+    /// Values read off the running service each time it reports (gauges, and
+    /// counters kept by its parts), with where each is reported: JSON keys are
+    /// relative to the top of `dlcpctl stats --json`.
+    #[derive(Debug, Clone, Default, PartialEq, Eq)]
+    pub struct Snapshot {
+        /// Trainers attached now.
+        pub trainers: u64 => [Desc::new("trainers", "trainers", "Trainers attached").gauge()],
+        /// Ops in flight on the network.
+        pub ops_in_flight: u64 => [Desc::new(
+            "protocol.ops_in_flight",
+            "ops_in_flight",
+            "Allreduce ops in flight",
+        )
+        .gauge()],
+        /// Current pacing rate, bytes per second (0 = unpaced).
+        pub pacing_rate: u64 => [Desc::new(
+            "pacing_rate_bytes_per_sec",
+            "pacing_rate_bytes_per_second",
+            "Current pacing rate (0 = unpaced)",
+        )
+        .gauge()],
+        /// Per peer rank: 1 if heard from within the peer timeout (this rank: 1).
+        pub peer_up: Vec<u64> => [Desc::new(
+            "peer_up",
+            "peer_up",
+            "1 if the peer was heard from within the peer timeout",
+        )
+        .gauge()
+        .by(By::Peer)],
+        /// Submission ring entries waiting, summed over trainers.
+        pub sq_used: u64 => [Desc::new("shm.sq_used", "shm_ring_used_entries", RING_USED)
+            .gauge()
+            .fixed(&[("ring", "submission")])],
+        /// Completion ring entries not yet taken by trainers, summed.
+        pub cq_used: u64 => [Desc::new("shm.cq_used", "shm_ring_used_entries", RING_USED)
+            .gauge()
+            .fixed(&[("ring", "completion")])],
+        /// Ring capacity (entries of one ring) summed over trainers.
+        pub ring_capacity: u64 => [Desc::new(
+            "shm.ring_capacity",
+            "shm_ring_capacity_entries",
+            "Entries of one ring, summed over trainers",
+        )
+        .gauge()],
+        /// Shared-memory segments created for trainers since start.
+        pub shm_attached: u64 => [Desc::new(
+            "shm.attached",
+            "shm_segments_created",
+            "Shared-memory segments created for trainers since start",
+        )],
+        /// Descriptors the shared-memory channel rejected, over attached trainers.
+        pub rejected_descriptors: u64 => [Desc::new(
+            "shm.rejected_descriptors",
+            "shm_rejected_descriptors",
+            "Submission descriptors the channel rejected, summed over attached trainers",
+        )
+        .gauge()],
+    }
 }

@@ -36,6 +36,7 @@ use std::time::{Duration as StdDuration, Instant as StdInstant};
 
 use dlcp_config::{Config, PacketAuthMode};
 use dlcp_proto::endpoint::{Endpoint, Event, OpError, OpId};
+use dlcp_proto::stats::{Desc, Label};
 use dlcp_proto::time::Instant;
 use dlcp_proto::wire;
 use mio::unix::SourceFd;
@@ -51,6 +52,7 @@ use self::view::View;
 use crate::datapath::fault::FaultInjector;
 use crate::datapath::{Datapath, DatapathStats};
 use crate::hot_reload::ReloadOutcome;
+use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::shm::Status;
 
@@ -126,7 +128,7 @@ impl Service {
         let timer = setup::timerfd()?;
         poll.registry().register(&mut SourceFd(&timer.as_raw_fd()), TIMER, Interest::READABLE)?;
         let peers: Vec<SocketAddr> = cfg.peers.iter().map(|p| p.socket_addr()).collect();
-        let operations = Operations::new(&cfg, &datapath.describe());
+        let operations = Operations::new();
         log::info!(
             "dlcpd rank {}/{} job {} generation {generation}: {} — control socket {}",
             cfg.rank(),
@@ -142,9 +144,8 @@ impl Service {
                 cfg.bind_addr()
             );
         }
-        let mut pump = Pump::new(datapath, peers, cfg.chunk_bytes() as usize + wire::OVERHEAD + 64);
-        pump.install_rate_adaptation(&cfg.pacing, &endpoint);
-        Ok(Service {
+        let pump = Pump::new(datapath, peers, cfg.chunk_bytes() as usize + wire::OVERHEAD + 64);
+        let mut service = Service {
             cfg,
             endpoint,
             pump,
@@ -158,7 +159,16 @@ impl Service {
             datapath_tokens: DATAPATH_BASE..DATAPATH_BASE + tokens,
             start,
             draining: None,
-        })
+        };
+        if service.cfg.metrics.enabled {
+            let v = service.view();
+            let each =
+                |f: &mut dyn FnMut(&'static Desc, Label, u64)| v.visit_counters(&mut |_, d, l, x| f(d, l, x));
+            let auth = v.cfg.security.packet_auth.as_str();
+            let m = Metrics::new(v.cfg.rank(), v.cfg.world_size(), &v.datapath.describe(), auth, &each);
+            service.operations.start_metrics(&service.cfg, m);
+        }
+        Ok(service)
     }
 
     /// Remember the configuration file (for reload) and notify systemd through
@@ -193,13 +203,17 @@ impl Service {
             // consumed earlier; receive is cheap when nothing is there.
             self.pump.receive(&mut self.endpoint, &mut self.counters, now);
             self.endpoint.handle_timeout(now);
-            self.pump.adapt_rate(&mut self.endpoint, now);
             self.deliver_events();
             self.pump.transmit(&mut self.endpoint, &mut self.counters, now);
             self.operations.notifier.ping_watchdog();
-            if self.operations.metrics_due() {
-                let sample = operations::sample(&self.view());
-                self.operations.update_metrics(&sample);
+            if self.operations.metrics_due()
+                && let Some(m) = self.operations.metrics()
+            {
+                let v = self.view();
+                m.update(&|f: &mut dyn FnMut(&'static Desc, Label, u64)| {
+                    v.visit_counters(&mut |_, d, l, x| f(d, l, x))
+                });
+                self.operations.metrics_updated();
             }
             if stop(self) {
                 return Ok(());
@@ -392,7 +406,7 @@ impl Service {
             peers: self.pump.peers(),
             counters: &self.counters,
             trainers: &self.trainers,
-            rate_cuts: self.pump.rate_cuts(),
+            rate_cuts: self.endpoint.rate_cuts(),
             draining: self.draining.is_some(),
         }
     }

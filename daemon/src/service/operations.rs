@@ -14,10 +14,9 @@ use super::admin::{LastReload, MetricsStatus, OperationsStatus, SystemdStatus};
 use super::counters::ServiceCounters;
 use super::pump::Pump;
 use super::setup::{self, endpoint_config};
-use super::view::View;
 use crate::datapath::Datapath;
 use crate::hot_reload::{self, ReloadOutcome};
-use crate::metrics::{Metrics, MetricsServer, Sample, UPDATE_EVERY};
+use crate::metrics::{Metrics, MetricsServer, UPDATE_EVERY};
 use crate::notify::Notifier;
 
 /// What a reload changes: the parts of the service it reaches.
@@ -26,7 +25,7 @@ pub(super) struct Reloadable<'a> {
     pub(super) cfg: &'a mut Config,
     /// The endpoint (its tunables).
     pub(super) endpoint: &'a mut Endpoint,
-    /// The pump (the datapath's marking, the rate adapter).
+    /// The pump (the datapath's marking).
     pub(super) pump: &'a mut Pump,
     /// The service's counters (reloads).
     pub(super) counters: &'a mut ServiceCounters,
@@ -51,9 +50,9 @@ pub(super) struct Operations {
 }
 
 impl Operations {
-    /// Start the metrics endpoint if `[metrics]` asks for it.
-    pub(super) fn new(cfg: &Config, datapath: &str) -> Operations {
-        let mut st = Operations {
+    /// Operations without metrics yet (see [`Operations::start_metrics`]).
+    pub(super) fn new() -> Operations {
+        Operations {
             config_path: None,
             notifier: Notifier::new(None, None, None),
             metrics: None,
@@ -63,27 +62,28 @@ impl Operations {
             last_reload: None,
             started: StdInstant::now(),
             log_level_from_config: false,
-        };
-        if cfg.metrics.enabled {
-            let m = Metrics::new(cfg.rank(), cfg.world_size(), datapath, cfg.security.packet_auth.as_str());
-            match MetricsServer::start(cfg.metrics.address, m.clone()) {
-                Ok(srv) => {
-                    log::info!("metrics: http://{}/metrics", srv.local_addr());
-                    st.server = Some(srv);
-                    st.metrics = Some(m);
-                }
-                Err(e) => {
-                    let msg = format!(
-                        "cannot listen on metrics.address {}: {e}; running without metrics \
-                         (give each daemon on a host its own address, port 0 for any, or enabled = false)",
-                        cfg.metrics.address
-                    );
-                    log::error!("{msg}");
-                    st.metrics_error = Some(msg);
-                }
+        }
+    }
+
+    /// Serve `m` on `[metrics] address`; a bind failure is logged and shown
+    /// by `status`, and the daemon runs on without metrics.
+    pub(super) fn start_metrics(&mut self, cfg: &Config, m: Metrics) {
+        match MetricsServer::start(cfg.metrics.address, m.clone()) {
+            Ok(srv) => {
+                log::info!("metrics: http://{}/metrics", srv.local_addr());
+                self.server = Some(srv);
+                self.metrics = Some(m);
+            }
+            Err(e) => {
+                let msg = format!(
+                    "cannot listen on metrics.address {}: {e}; running without metrics \
+                     (give each daemon on a host its own address, port 0 for any, or enabled = false)",
+                    cfg.metrics.address
+                );
+                log::error!("{msg}");
+                self.metrics_error = Some(msg);
             }
         }
-        st
     }
 
     /// Send READY=1 (with a status line).
@@ -103,12 +103,14 @@ impl Operations {
         self.metrics.is_some() && self.metrics_at.is_none_or(|t| t.elapsed() >= UPDATE_EVERY)
     }
 
-    /// Publish `s` to the metrics endpoint.
-    pub(super) fn update_metrics(&mut self, s: &Sample) {
-        if let Some(m) = &self.metrics {
-            m.update(s);
-            self.metrics_at = Some(StdInstant::now());
-        }
+    /// The metrics, if they are served (cheap to clone).
+    pub(super) fn metrics(&self) -> Option<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Note that the metrics were just updated.
+    pub(super) fn metrics_updated(&mut self) {
+        self.metrics_at = Some(StdInstant::now());
     }
 
     /// Count a completed op in the metrics.
@@ -204,7 +206,7 @@ impl Operations {
         }
         *to.cfg = merged;
         if pacing_changed {
-            to.pump.install_rate_adaptation(&to.cfg.pacing, to.endpoint);
+            to.endpoint.set_rate_adaptation(now, setup::rate_adaptation(&to.cfg.pacing));
         }
         let show = |v: Vec<dlcp_config::Change>| v.iter().map(ToString::to_string).collect::<Vec<_>>();
         let mut applied = show(plan.applied);
@@ -250,72 +252,5 @@ impl Operations {
             log_level: cfg.log.level.as_str().to_owned(),
             budget: cfg.loss.budget,
         }
-    }
-}
-
-/// A metrics sample of the service as `v` shows it.
-pub(super) fn sample(v: &View<'_>) -> Sample {
-    let s = v.endpoint.stats();
-    let r = &s.rejected;
-    let d = v.datapath.stats();
-    let c = v.counters;
-    let (sq, cq, cap) = v.trainers.ring_occupancy();
-    Sample {
-        tx_packets: s.tx_packets,
-        tx_bytes: s.tx_bytes,
-        rx_packets: s.rx_packets,
-        rx_bytes: s.rx_bytes,
-        tx_packets_peer: s.tx_packets_peer.clone(),
-        rx_packets_peer: s.rx_packets_peer.clone(),
-        tx_bytes_peer: s.tx_bytes_peer.clone(),
-        rx_bytes_peer: s.rx_bytes_peer.clone(),
-        rx_dropped: s.rx_dropped.clone(),
-        peer_up: (0..v.cfg.world_size()).map(|p| p == v.cfg.rank() || v.endpoint.peer_up(p)).collect(),
-        dropped: vec![
-            ("malformed", r.malformed),
-            ("bad_tag", r.bad_tag),
-            ("version_mismatch", r.version_mismatch),
-            ("auth_mismatch", r.auth_mismatch),
-            ("settings_mismatch", r.settings_mismatch),
-            ("wrong_job", r.wrong_job),
-            ("wrong_rank", r.wrong_rank),
-            ("stale_generation", r.stale_generation),
-            ("stale_op", r.stale_op),
-            ("mismatch", r.mismatch),
-            ("duplicate", r.duplicate),
-            ("late", r.late),
-            ("early_dropped", r.early_dropped),
-            ("early_expired", r.early_expired),
-            ("wrong_source", c.rx_wrong_source),
-            ("unknown_source", c.rx_unknown_source),
-            ("debug_loss", c.rx_debug_dropped),
-            ("truncated", d.rx_truncated),
-        ],
-        repairs_sent_per_class: s.repairs_sent_per_class,
-        repairs_received_per_class: s.repairs_received_per_class,
-        repair_bytes_sent_per_class: s.repair_bytes_sent_per_class,
-        repair_bytes_received_per_class: s.repair_bytes_received_per_class,
-        repairs_sent_peer: s.repairs_sent_peer.clone(),
-        repairs_received_peer: s.repairs_received_peer.clone(),
-        repairs_sent: s.repairs_sent,
-        repairs_received: s.repairs_received,
-        probes_sent: s.probes_sent,
-        key_derivations: s.key_derivations,
-        probes_duplicate: s.probes_duplicate,
-        deadlines_fired: s.deadlines_fired,
-        deadline_closes: s.deadline_closes,
-        deadline_nacks: s.deadline_nacks,
-        hard_timeouts: s.hard_timeouts,
-        ops_started: c.ops_started,
-        ops_completed: c.ops_completed,
-        ops_failed: c.ops_failed,
-        ops_in_flight: v.endpoint.ops_in_flight() as u64,
-        trainers: v.trainers.count() as u64,
-        sq_used: sq,
-        cq_used: cq,
-        ring_capacity: cap,
-        pacing_rate: v.endpoint.pacing_rate(),
-        datapath_errors: [("tx", d.tx_errors), ("rx", d.rx_errors), ("tx_would_block", d.tx_would_block)],
-        reloads: (c.reloads_ok, c.reloads_failed),
     }
 }

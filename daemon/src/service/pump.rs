@@ -1,13 +1,13 @@
 //! Datagrams between the datapath and the protocol endpoint: [`Pump::receive`]
 //! hands what arrived to the endpoint (after the source check), and
 //! [`Pump::transmit`] hands what the endpoint produced to the datapath
-//! (keeping what it refused for the next turn). Also the loss-driven pacing
-//! ([`RateAdapter`]), which sets the endpoint's transmit rate.
+//! (keeping what it refused for the next turn). The loss-driven pacing that
+//! sets the endpoint's transmit rate is the endpoint's own
+//! (`dlcp_proto::rate`, on its virtual clock).
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
-use std::time::{Duration as StdDuration, Instant as StdInstant};
 
 use dlcp_proto::endpoint::Endpoint;
 use dlcp_proto::priority::Class;
@@ -40,7 +40,6 @@ pub(super) struct Pump {
     /// Received datagrams of one datapath receive call, back to back, and
     /// their spans with the configured peer each came from (see `receive`).
     rx_batch: (Vec<u8>, Vec<RxSpan>),
-    adapt: Option<RateAdapter>,
 }
 
 impl Pump {
@@ -57,7 +56,6 @@ impl Pump {
             tx_batch: Vec::new(),
             tx_buf: Vec::new(),
             rx_batch: (Vec::new(), Vec::new()),
-            adapt: None,
         }
     }
 
@@ -191,82 +189,6 @@ impl Pump {
         }
         if let Err(e) = self.datapath.flush() {
             log::warn!("datapath flush: {e}");
-        }
-    }
-
-    /// Let the rate adapter, if any, look at the last window.
-    pub(super) fn adapt_rate(&mut self, endpoint: &mut Endpoint, now: Instant) {
-        if let Some(a) = self.adapt.as_mut() {
-            a.step(endpoint, now);
-        }
-    }
-
-    /// (Re)install the rate adapter as `[pacing]` says, starting from the
-    /// endpoint's counters now (a reload installs a new one mid-run).
-    pub(super) fn install_rate_adaptation(&mut self, pacing: &dlcp_config::Pacing, endpoint: &Endpoint) {
-        self.adapt = None;
-        let max = pacing.rate_bytes_per_sec().unwrap_or(0);
-        if pacing.adapt && max > 0 {
-            self.adapt = Some(RateAdapter {
-                max,
-                min: (max / 100).max(125_000),
-                window: StdDuration::from_millis(5),
-                last: StdInstant::now(),
-                last_tx: endpoint.stats().tx_packets[..7].iter().sum(),
-                last_repairs: endpoint.stats().repairs_sent,
-                cuts: 0,
-            });
-        }
-    }
-
-    /// Rate cuts so far, if rate adaptation is on.
-    pub(super) fn rate_cuts(&self) -> Option<u64> {
-        self.adapt.as_ref().map(|a| a.cuts)
-    }
-}
-
-/// Loss-driven pacing (AIMD): every window, the share of this daemon's data
-/// datagrams that receivers asked to have repaired is the loss signal. Above
-/// 0.5% the rate is cut to 70%; otherwise it grows by 2% of the maximum, up to
-/// `pacing.rate_mbps`. A flood therefore cannot persist, and a clean path runs
-/// at the configured rate.
-///
-/// moves to proto (issue 13 step 2): rate adaptation belongs to the protocol,
-/// on its virtual time, where the simulator can test it.
-#[derive(Debug, Clone)]
-struct RateAdapter {
-    max: u64,
-    min: u64,
-    window: StdDuration,
-    last: StdInstant,
-    last_tx: u64,
-    last_repairs: u64,
-    cuts: u64,
-}
-
-impl RateAdapter {
-    fn step(&mut self, endpoint: &mut Endpoint, now: Instant) {
-        if self.last.elapsed() < self.window {
-            return;
-        }
-        self.last = StdInstant::now();
-        let s = endpoint.stats();
-        let tx: u64 = s.tx_packets[..7].iter().sum();
-        let (dtx, drep) = (tx - self.last_tx, s.repairs_sent - self.last_repairs);
-        self.last_tx = tx;
-        self.last_repairs = s.repairs_sent;
-        if dtx == 0 {
-            return;
-        }
-        let rate = endpoint.pacing_rate().max(self.min);
-        let new = if drep * 200 > dtx {
-            self.cuts += 1;
-            (rate * 7 / 10).max(self.min)
-        } else {
-            (rate + self.max / 50).min(self.max)
-        };
-        if new != rate {
-            endpoint.set_pacing_rate(now, new);
         }
     }
 }

@@ -10,6 +10,7 @@ use std::time::Instant as StdInstant;
 
 use dlcp_config::Config;
 use dlcp_proto::endpoint::{EndpointConfig, Timers};
+use dlcp_proto::rate::RateConfig;
 use dlcp_proto::time::Instant;
 
 use crate::shm::{ServerConfig, ShmServer};
@@ -97,6 +98,7 @@ pub fn endpoint_config(cfg: &Config, generation: u32, session: u64) -> EndpointC
     // At least 100 µs of traffic per bucket, so the loop is not woken for every
     // datagram at high rates.
     e.pacing_burst = u64::from(cfg.pacing.burst_bytes).max(e.pacing_rate / 10_000);
+    e.rate_adapt = rate_adaptation(&cfg.pacing);
     e.early_buffer_bytes = usize::try_from(cfg.shm.early_buffer_bytes).unwrap_or(usize::MAX);
     e
 }
@@ -181,6 +183,14 @@ pub(super) fn chgrp(path: &std::path::Path, group: Option<u32>) -> io::Result<()
             .map_err(|e| io::Error::other(format!("chgrp {} to gid {g}: {e}", path.display()))),
         None => Ok(()),
     }
+}
+
+/// Loss-driven rate adaptation as `[pacing]` says: on with `adapt = true` and
+/// a rate to start from and cap at (`rate_mbps > 0`), with the protocol's
+/// default rule ([`RateConfig::for_max`]).
+pub fn rate_adaptation(pacing: &dlcp_config::Pacing) -> Option<RateConfig> {
+    let max = pacing.rate_bytes_per_sec().unwrap_or(0);
+    (pacing.adapt && max > 0).then(|| RateConfig::for_max(max))
 }
 
 #[cfg(test)]

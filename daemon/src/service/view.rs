@@ -7,7 +7,9 @@ use std::net::SocketAddr;
 use dlcp_config::Config;
 use dlcp_proto::endpoint::Endpoint;
 
-use super::counters::ServiceCounters;
+use dlcp_proto::stats::{Desc, Label};
+
+use super::counters::{ServiceCounters, Snapshot};
 use super::trainers::Trainers;
 use crate::datapath::Datapath;
 
@@ -29,4 +31,34 @@ pub(super) struct View<'a> {
     pub(super) rate_cuts: Option<u64>,
     /// The service is draining.
     pub(super) draining: bool,
+}
+
+impl View<'_> {
+    /// The values of [`Snapshot`] now.
+    pub(super) fn snapshot(&self) -> Snapshot {
+        let (sq_used, cq_used, ring_capacity) = self.trainers.ring_occupancy();
+        let (me, world) = (self.cfg.rank(), self.cfg.world_size());
+        Snapshot {
+            trainers: self.trainers.count() as u64,
+            ops_in_flight: self.endpoint.ops_in_flight() as u64,
+            pacing_rate: self.endpoint.pacing_rate(),
+            peer_up: (0..world).map(|p| u64::from(p == me || self.endpoint.peer_up(p))).collect(),
+            sq_used,
+            cq_used,
+            ring_capacity,
+            shm_attached: self.trainers.shm_attached(),
+            rejected_descriptors: self.trainers.rejected_descriptors(),
+        }
+    }
+
+    /// Every counter of the daemon with its description, once: the
+    /// protocol's (section `protocol`), the service's (`service`), the
+    /// datapath's (`datapath_counters`) and the [`Snapshot`] (keys from the
+    /// top). Metrics and `dlcpctl stats --json` are both built from this.
+    pub(super) fn visit_counters(&self, f: &mut dyn FnMut(&'static str, &'static Desc, Label, u64)) {
+        self.endpoint.stats().visit(&mut |d, l, v| f("protocol", d, l, v));
+        self.counters.visit(&mut |d, l, v| f("service", d, l, v));
+        self.datapath.stats().visit(&mut |d, l, v| f("datapath_counters", d, l, v));
+        self.snapshot().visit(&mut |d, l, v| f("", d, l, v));
+    }
 }

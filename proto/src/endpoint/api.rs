@@ -3,6 +3,7 @@
 
 use crate::bitmap::Bitmap;
 use crate::priority::ClassifierConfig;
+use crate::rate::RateConfig;
 use crate::time::{Duration, Instant};
 use crate::transfer::TransferReport;
 use crate::wire::{JobKey, PacketAuth, Phase};
@@ -142,6 +143,9 @@ pub struct EndpointConfig {
     pub pacing_rate: u64,
     /// Pacing burst in bytes.
     pub pacing_burst: u64,
+    /// Loss-driven adaptation of the pacing rate ([`crate::rate`]), starting
+    /// at `pacing_rate` (None: the rate stays as set).
+    pub rate_adapt: Option<RateConfig>,
     /// Cap on bytes buffered for ops not started locally yet.
     pub early_buffer_bytes: usize,
 }
@@ -161,6 +165,7 @@ impl EndpointConfig {
             timers: Timers::default(),
             pacing_rate: 0,
             pacing_burst: 64 * 1024,
+            rate_adapt: None,
             early_buffer_bytes: 64 << 20,
         }
     }

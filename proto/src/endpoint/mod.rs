@@ -10,7 +10,8 @@
 //!   or the passing of time ([`Endpoint::handle_timeout`]);
 //! - **mutators** are the application's commands:
 //!   [`Endpoint::start_allreduce`], [`Endpoint::set_tunables`],
-//!   [`Endpoint::set_pacing_rate`], [`Endpoint::recycle`];
+//!   [`Endpoint::set_pacing_rate`], [`Endpoint::set_rate_adaptation`],
+//!   [`Endpoint::recycle`];
 //! - **`poll_*`** give the outputs: datagrams to send
 //!   ([`Endpoint::poll_transmit`], batched: [`Endpoint::poll_transmit_many`]),
 //!   when to call again ([`Endpoint::poll_timeout`]) and what happened
@@ -69,6 +70,7 @@ use crate::class::Class;
 use crate::pacer::Pacer;
 use crate::pool::BufferPool;
 use crate::priority::ClassifierConfig;
+use crate::rate::{RateAdapter, RateConfig, SendTotals};
 use crate::time::Instant;
 use crate::transfer::{fill_done, fill_mask};
 use crate::wire::{self, DType, Header, KeyCache, PacketType, Phase, Settings, WireError};
@@ -114,6 +116,8 @@ pub struct Endpoint {
     timers: TimerIndex,
     /// The senders' packet keys, for checking received tags.
     keys: KeyCache,
+    /// Loss-driven adaptation of the pacing rate, if configured.
+    rate: Option<RateAdapter>,
 }
 
 impl Endpoint {
@@ -129,7 +133,9 @@ impl Endpoint {
             "chunk_bytes {} must be a positive multiple of 4 below 65536",
             cfg.chunk_bytes
         );
+        let rate = cfg.rate_adapt.map(|r| RateAdapter::new(r, now, SendTotals::default()));
         Endpoint {
+            rate,
             chunk_elems: cfg.chunk_bytes / 4,
             ops: BTreeMap::new(),
             history: History::default(),
@@ -210,10 +216,37 @@ impl Endpoint {
     }
 
     /// Change only the pacing rate (bytes per second, 0 = unpaced), from `now`.
-    /// Used by the daemon's loss-driven rate adaptation.
     pub fn set_pacing_rate(&mut self, now: Instant, rate: u64) {
         self.sh.cfg.pacing_rate = rate;
         self.pacer.set_rate(now, rate);
+    }
+
+    /// (Re)install loss-driven rate adaptation ([`crate::rate`]) from `now`,
+    /// or turn it off (`None`; the pacing rate then stays where it is). A new
+    /// adapter starts from the current pacing rate and counts from now.
+    pub fn set_rate_adaptation(&mut self, now: Instant, cfg: Option<RateConfig>) {
+        self.sh.cfg.rate_adapt = cfg;
+        let totals = self.send_totals();
+        self.rate = cfg.map(|c| RateAdapter::new(c, now, totals));
+    }
+
+    /// Rate cuts of the loss-driven adaptation so far (`None`: adaptation off).
+    pub fn rate_cuts(&self) -> Option<u64> {
+        self.rate.as_ref().map(RateAdapter::cuts)
+    }
+
+    /// DATA datagrams and repairs sent so far, what the rate adapter reads.
+    fn send_totals(&self) -> SendTotals {
+        let s = &self.sh.stats;
+        SendTotals { data: s.tx_packets[..Class::CONTROL.index()].iter().sum(), repairs: s.repairs_sent }
+    }
+
+    /// Close the rate adapter's window if it is over and apply its verdict.
+    fn adapt_rate(&mut self, now: Instant) {
+        let (rate, totals) = (self.sh.cfg.pacing_rate, self.send_totals());
+        if let Some(new) = self.rate.as_mut().and_then(|a| a.on_timeout(now, rate, totals)) {
+            self.set_pacing_rate(now, new);
+        }
     }
 
     /// Current pacing rate in bytes per second (0 = unpaced).
@@ -574,6 +607,7 @@ impl Endpoint {
             self.check_complete(id);
         }
         self.prune_timers();
+        self.adapt_rate(now);
     }
 
     /// Serve the due timers of op `id` (`keys`: its transfers with a live
@@ -616,6 +650,7 @@ impl Endpoint {
             self.timers.first_live(|e| timer_live(ops, e)),
             (!self.sh.tx.is_empty() && self.pacer.rate() > 0)
                 .then(|| self.pacer.ready_at(self.now, self.sh.cfg.chunk_bytes + wire::OVERHEAD)),
+            self.rate.as_ref().and_then(|a| a.next_timeout(self.send_totals())),
         ];
         candidates.into_iter().flatten().min().filter(|&t| t != Instant::MAX)
     }

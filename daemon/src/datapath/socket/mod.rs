@@ -125,6 +125,7 @@ use self::queue::{ClassQueue, Group, Regroup, plan, segments};
 use self::sys::RxMeta;
 use super::api::{Datapath, DatapathStats, SendOutcome};
 
+mod procfs;
 mod queue;
 mod sys;
 
@@ -338,6 +339,8 @@ pub struct SocketDatapath {
     groups: Vec<Group>,
     regroup: Regroup,
     oversize_logged: bool,
+    /// Inodes of the receive and class sockets (their kernel drop counts, see [`procfs`]).
+    inodes: Vec<u64>,
     /// Fault injection: this many hand-overs of a class's queue to its socket
     /// fail with would-block first, without a system call (see
     /// [`Datapath::refuse_handovers`]).
@@ -441,7 +444,9 @@ impl SocketDatapath {
         let rx_slot = if extra.gro_active { 1 << 16 } else { cfg.max_datagram };
         let rx_buf = vec![0; cfg.batch * rx_slot];
         let rx_meta = vec![RxMeta::default(); cfg.batch];
+        let inodes = std::iter::once(&rx).chain(&tx).filter_map(|s| procfs::inode(s.as_fd())).collect();
         Ok(SocketDatapath {
+            inodes,
             cfg,
             local,
             rx,
@@ -749,8 +754,10 @@ impl Datapath for SocketDatapath {
         Ok(1 + CLASSES)
     }
 
+    /// The counters, with the kernel's receive-buffer drops on these
+    /// sockets read from /proc (a few µs; the loop asks a few times a second).
     fn stats(&self) -> DatapathStats {
-        self.stats.clone()
+        DatapathStats { rx_rcvbuf_drops: procfs::drops(&self.inodes), ..self.stats.clone() }
     }
 
     /// The socket datapath's own counters ([`SocketStats`]: GSO and GRO use).

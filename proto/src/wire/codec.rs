@@ -111,7 +111,7 @@ fn raw_header(datagram: &[u8]) -> Option<&[u8]> {
     (datagram.len() >= HEADER_LEN && be16(datagram, field::MAGIC) == MAGIC).then_some(datagram)
 }
 
-/// The class a datagram's fixed header claims (see [`raw_header`]: magic and a
+/// The class a datagram's fixed header claims (see `raw_header`: magic and a
 /// whole fixed header present, class byte in range), unauthenticated.
 pub fn peek_class(datagram: &[u8]) -> Option<Class> {
     raw_header(datagram).and_then(|b| Class::new(b[field::CLASS]))

@@ -93,6 +93,7 @@ pub const SETTINGS: &[(&str, Reload)] = &[
     ("control.request_timeout_ms", Restart),
     ("metrics.enabled", Restart),
     ("metrics.address", Restart),
+    ("security.packet_auth", Restart),
     ("log.level", Runtime),
 ];
 

@@ -3,7 +3,8 @@
 //! One file configures one daemon: who it is (`[node]`), who the other daemons
 //! of the job are (`[[peers]]`), and how it moves packets (`[network]`,
 //! `[datapath]`, `[priority]`, `[loss]`, `[pacing]`), talks to trainers
-//! (`[shm]`, `[control]`) and reports (`[metrics]`, `[log]`). The sections and
+//! (`[shm]`, `[control]`), authenticates them (`[security]`) and reports
+//! (`[metrics]`, `[log]`). The sections and
 //! their defaults are documented in [`schema`] and, for operators, in
 //! `deploy/dlcp.toml`. A file with only `[node]` and `[[peers]]` is complete.
 //!
@@ -20,7 +21,7 @@
 //! port = 7700
 //! "#;
 //! let cfg = dlcp_config::Config::from_str_named(text, "dlcp.toml").unwrap();
-//! assert_eq!(cfg.chunk_bytes(), 1392);
+//! assert_eq!(cfg.chunk_bytes(), 1376);
 //! assert_eq!(cfg.loss.budget_ppm(), 10_000);
 //! ```
 //!
@@ -55,14 +56,14 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use dlcp_proto::priority::ClassifierConfig;
-use dlcp_proto::wire::MacKey;
+use dlcp_proto::wire::JobKey;
 use serde::{Deserialize, Serialize};
 
 pub use changes::{Change, Reload, SETTINGS, needs_restart, reload_class};
 pub use error::{ConfigError, ErrorKind, Location};
 pub use schema::{
     Control, Datapath, DatapathKind, DpdkDatapath, Fill, Generation, Log, LogLevel, Loss, Metrics, Network,
-    Node, Pacing, Peer, Priority, Secret, Shm, SocketDatapath,
+    Node, Pacing, PacketAuthMode, Peer, Priority, Secret, Security, Shm, SocketDatapath,
 };
 
 use error::{Bad, invalid_at, one_line, rewrite_serde_message};
@@ -97,6 +98,8 @@ pub struct Config {
     pub control: Control,
     /// `[metrics]`.
     pub metrics: Metrics,
+    /// `[security]`.
+    pub security: Security,
     /// `[log]`.
     pub log: Log,
     /// The resolved job secret (inline or read from `job_secret_file`).
@@ -130,6 +133,8 @@ struct RawConfig {
     control: Control,
     #[serde(default)]
     metrics: Metrics,
+    #[serde(default)]
+    security: Security,
     #[serde(default)]
     log: Log,
 }
@@ -188,6 +193,7 @@ impl Config {
             shm: raw.shm,
             control: raw.control,
             metrics: raw.metrics,
+            security: raw.security,
             log: raw.log,
             secret: Secret::default(),
             source: String::new(),
@@ -269,9 +275,13 @@ impl Config {
         self.secret.as_bytes()
     }
 
-    /// The packet authentication key derived from the job secret.
-    pub fn mac_key(&self) -> MacKey {
-        MacKey::derive(self.job_secret())
+    /// The job's packet key schedule: from the job secret, or none under
+    /// `security.packet_auth = "none"`.
+    pub fn job_key(&self) -> JobKey {
+        match self.security.packet_auth {
+            PacketAuthMode::AesGmac => JobKey::new(self.job_secret()),
+            PacketAuthMode::None => JobKey::unauthenticated(),
+        }
     }
 
     /// The classifier parameters of `[priority]`.

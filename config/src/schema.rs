@@ -234,7 +234,7 @@ pub struct Network {
     /// ≥ 1280). Default 1500. Restart-only.
     pub mtu: u32,
     /// Payload bytes per DATA packet. Default: derived from the MTU, see
-    /// [`default_chunk_bytes`] (1392 for IPv4 at MTU 1500); after loading it is
+    /// [`default_chunk_bytes`] (1376 for IPv4 at MTU 1500); after loading it is
     /// always set. Must be a multiple of 4 and fit the MTU. Restart-only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chunk_bytes: Option<u32>,
@@ -750,6 +750,45 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics { enabled: true, address: SocketAddr::from(([127, 0, 0, 1], 9464)) }
+    }
+}
+
+/// `[security]`: how datagrams between the daemons are authenticated. Restart-only.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Security {
+    /// The per-packet MAC: `"aes-128-gmac"` (the default: a 16-byte tag per
+    /// datagram, keyed from the job secret) or `"none"` (no tag: only for an
+    /// isolated fabric where nothing else can send to the daemons' ports; it
+    /// must be set explicitly, is warned about at start and shown in `dlcpctl
+    /// status` and the metrics). Every daemon of the job must use the same.
+    pub packet_auth: PacketAuthMode,
+}
+
+/// `security.packet_auth`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+pub enum PacketAuthMode {
+    /// AES-128-GCM used as a MAC over every datagram (see `dlcp_proto::wire`).
+    #[default]
+    #[serde(rename = "aes-128-gmac")]
+    AesGmac,
+    /// No authentication.
+    #[serde(rename = "none")]
+    None,
+}
+
+impl PacketAuthMode {
+    /// The mode on the wire.
+    pub fn wire(self) -> dlcp_proto::wire::PacketAuth {
+        match self {
+            PacketAuthMode::AesGmac => dlcp_proto::wire::PacketAuth::AesGmac,
+            PacketAuthMode::None => dlcp_proto::wire::PacketAuth::None,
+        }
+    }
+
+    /// The mode's name as in the config file.
+    pub fn as_str(self) -> &'static str {
+        self.wire().name()
     }
 }
 

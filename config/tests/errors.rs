@@ -1,6 +1,7 @@
 //! Every validation rule: the bad value is rejected with the right file, line and field.
 
-use dlcp_config::{Config, ConfigError, ErrorKind};
+use dlcp_config::{Config, ConfigError, ErrorKind, PacketAuthMode};
+use dlcp_proto::wire::PacketAuth;
 
 /// Two ranks; lines 1–14. Sections appended by tests start at line 15.
 const BASE: &str = r#"[node]
@@ -466,16 +467,16 @@ fn network_rules() {
         &with("[network]\nchunk_bytes = 1400\n"),
         "network.chunk_bytes",
         "chunk_bytes",
-        "1400 does not fit MTU 1500 − 28 (IP/UDP) − 80 (dlcp header and tag) (allowed: a multiple of 4 in 64 ..= 1392)",
+        "1400 does not fit MTU 1500 − 28 (IP/UDP) − 96 (dlcp header and tag) (allowed: a multiple of 4 in 64 ..= 1376)",
     );
     check(&with("[network]\nchunk_bytes = 1001\n"), "network.chunk_bytes", "chunk_bytes", "a multiple of 4");
-    check(&with("[network]\nchunk_bytes = 32\n"), "network.chunk_bytes", "chunk_bytes", "64 ..= 1392");
+    check(&with("[network]\nchunk_bytes = 32\n"), "network.chunk_bytes", "chunk_bytes", "64 ..= 1376");
     // chunk_bytes is checked against the MTU given in the file.
     check(
         &with("[network]\nmtu = 1000\nchunk_bytes = 1000\n"),
         "network.chunk_bytes",
         "chunk_bytes",
-        "64 ..= 892",
+        "64 ..= 876",
     );
     check(
         &with("[network]\nheartbeat_interval_ms = 0\n"),
@@ -501,7 +502,7 @@ fn network_rules() {
 fn ipv6_mtu_and_chunk() {
     let t = BASE.replace("10.77.0.1", "fd00::1").replace("10.77.0.2", "fd00::2");
     let c = load(&t).unwrap();
-    assert_eq!(c.chunk_bytes(), 1500 - 48 - 80);
+    assert_eq!(c.chunk_bytes(), 1500 - 48 - 96);
     check(&format!("{t}[network]\nmtu = 1000\n"), "network.mtu", "mtu", "(allowed: 1280 ..= 65535)");
 }
 
@@ -810,4 +811,31 @@ fn control_and_metrics_rules() {
     let m = |v: &str| with(&format!("[metrics]\n{v}\n"));
     check(&m("address = \"127.0.0.1\""), "metrics.address", "address = \"127", "(allowed: \"ip:port\"");
     check(&m("enabled = \"yes\""), "metrics.enabled", "enabled", "(allowed: true or false)");
+}
+
+#[test]
+fn security_rules() {
+    // The default authenticates; "none" only when written in the file.
+    assert_eq!(load(BASE).unwrap().security.packet_auth, PacketAuthMode::AesGmac);
+    assert_eq!(load(BASE).unwrap().job_key().auth(), PacketAuth::AesGmac);
+    let s = |v: &str| with(&format!("[security]\n{v}\n"));
+    let c = load(&s("packet_auth = \"none\"")).unwrap();
+    assert_eq!(c.security.packet_auth, PacketAuthMode::None);
+    assert_eq!(c.job_key().auth(), PacketAuth::None);
+    assert_eq!(
+        load(&s("packet_auth = \"aes-128-gmac\"")).unwrap().security.packet_auth,
+        PacketAuthMode::AesGmac
+    );
+    let t = s("packet_auth = \"hmac\"");
+    assert_eq!(
+        err(&t).to_string(),
+        "/etc/dlcp/dlcp.toml:16:15: security.packet_auth: invalid value \"hmac\" (allowed: aes-128-gmac, none)"
+    );
+    for bad in ["\"None\"", "\"\"", "\"gmac\""] {
+        check(&s(&format!("packet_auth = {bad}")), "security.packet_auth", "packet_auth", "aes-128-gmac");
+    }
+    for bad in ["false", "0"] {
+        check(&s(&format!("packet_auth = {bad}")), "security.packet_auth", "packet_auth", "string");
+    }
+    check(&s("auth = \"none\""), "security.auth", "auth", "allowed: packet_auth");
 }

@@ -91,10 +91,11 @@ fn labels(d: &Desc, label: Label) -> Labels {
 }
 
 impl Metrics {
-    /// Every metric, registered, for a daemon of `rank` in a job of `world`:
-    /// one family per metric name among the counters `each` walks, and the
-    /// op metrics of [`Metrics::op_completed`].
-    pub fn new(rank: u32, world: u32, datapath: &str, each: EachCounter<'_>) -> Metrics {
+    /// Every metric, registered, for a daemon of `rank` in a job of `world`
+    /// that authenticates datagrams with `packet_auth` (`security.packet_auth`):
+    /// one family per metric name among the counters `each` walks, the op
+    /// metrics of [`Metrics::op_completed`], and `dlcp_packet_auth{mode}`.
+    pub fn new(rank: u32, world: u32, datapath: &str, packet_auth: &str, each: EachCounter<'_>) -> Metrics {
         let mut r = Registry::with_prefix("dlcp");
         r.register(
             "build",
@@ -106,6 +107,13 @@ impl Metrics {
                 ("datapath", datapath.to_string()),
             ]),
         );
+        let auth: Family<Labels, Gauge> = Family::default();
+        r.register(
+            "packet_auth",
+            "1 for the packet authentication mode in force (security.packet_auth: aes-128-gmac or none)",
+            auth.clone(),
+        );
+        auth.get_or_create(&l("mode", packet_auth)).set(1);
         let mut counters = HashMap::new();
         let mut gauges = HashMap::new();
         each(&mut |d, label, _| {
@@ -404,7 +412,7 @@ mod tests {
     fn every_value_is_exported_under_its_description_and_slowest_peer() {
         let mut s = Stats::new(3);
         let d = crate::datapath::DatapathStats { rx_rcvbuf_drops: 4, tx_errors: 2, ..Default::default() };
-        let m = Metrics::new(0, 3, "socket", &walk(&s, &d));
+        let m = Metrics::new(0, 3, "socket", "none", &walk(&s, &d));
         s.tx_packets = [1, 2, 3, 4, 5, 6, 7, 8];
         s.repairs_sent_per_class[1] = 3;
         s.rx_dropped.unknown_class = PacketCount { packets: 2, bytes: 90 };
@@ -429,6 +437,8 @@ mod tests {
         assert!(t.contains("dlcp_rx_dropped_total{reason=\"bad_tag\"} 6\n"), "{t}");
         assert!(t.contains("dlcp_rx_dropped_total{reason=\"socket_buffer\"} 4\n"), "{t}");
         assert!(t.contains("dlcp_datapath_errors_total{kind=\"tx\"} 2\n"), "{t}");
+        assert!(t.contains("dlcp_packet_auth{mode=\"none\"} 1\n"), "{t}");
+        assert!(!t.contains("mode=\"aes-128-gmac\""), "{t}");
         // Every exported value of the tables is in the exposition, with its help.
         walk(&s, &d)(&mut |desc, label, v| {
             let Some(name) = desc.metric else { return };
@@ -447,7 +457,8 @@ mod tests {
 
     #[test]
     fn serves_http() {
-        let m = Metrics::new(0, 1, "socket", &|_: &mut dyn FnMut(&'static Desc, Label, u64)| {});
+        let each = |_: &mut dyn FnMut(&'static Desc, Label, u64)| {};
+        let m = Metrics::new(0, 1, "socket", "aes-128-gmac", &each);
         let srv = MetricsServer::start("127.0.0.1:0".parse().unwrap(), m).unwrap();
         let get = |req: &str| {
             let mut s = TcpStream::connect(srv.local_addr()).unwrap();

@@ -66,6 +66,8 @@ pub struct StatusReply {
     pub generation: u32,
     /// The datapath's description.
     pub datapath: String,
+    /// `security.packet_auth`: `"aes-128-gmac"`, or `"none"` (datagrams not authenticated).
+    pub packet_auth: String,
     /// Trainers attached now.
     pub trainers: usize,
     /// Ops in flight on the network.
@@ -92,6 +94,10 @@ pub struct PeerStatus {
     /// True for this daemon's own rank.
     #[serde(rename = "self")]
     pub is_self: bool,
+    /// Why its datagrams are refused (another wire version, packet_auth or
+    /// chunk size, naming both values), until its settings agree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// The operations part of [`StatusReply`].
@@ -373,6 +379,7 @@ pub(super) fn status(v: &View<'_>, ops: OperationsStatus) -> StatusReply {
             generation: v.endpoint.peer_generation(r),
             up: r == v.cfg.rank() || v.endpoint.peer_up(r),
             is_self: r == v.cfg.rank(),
+            refused: v.endpoint.peer_mismatch(r).map(|m| m.to_string()),
         })
         .collect();
     StatusReply {
@@ -382,6 +389,7 @@ pub(super) fn status(v: &View<'_>, ops: OperationsStatus) -> StatusReply {
         job: v.cfg.node.job_id,
         generation: v.endpoint.config().generation,
         datapath: v.datapath.describe(),
+        packet_auth: v.cfg.security.packet_auth.as_str().to_owned(),
         trainers: v.trainers.count(),
         ops_in_flight: v.endpoint.ops_in_flight(),
         draining: v.draining,
@@ -533,12 +541,27 @@ mod tests {
             job: 4,
             generation: 8,
             datapath: "dp".into(),
+            packet_auth: "aes-128-gmac".into(),
             trainers: 2,
             ops_in_flight: 0,
             draining: false,
             peers: vec![
-                PeerStatus { rank: 0, address: "a".into(), generation: None, up: false, is_self: false },
-                PeerStatus { rank: 1, address: "b".into(), generation: Some(8), up: true, is_self: true },
+                PeerStatus {
+                    rank: 0,
+                    address: "a".into(),
+                    generation: None,
+                    up: false,
+                    is_self: false,
+                    refused: Some("speaks dlcp wire version 1; this daemon speaks version 2".into()),
+                },
+                PeerStatus {
+                    rank: 1,
+                    address: "b".into(),
+                    generation: Some(8),
+                    up: true,
+                    is_self: true,
+                    refused: None,
+                },
             ],
             ops: OperationsStatus {
                 config_file: Some("c".into()),
@@ -565,8 +588,10 @@ mod tests {
                 + r#""config_file":"c","datapath_kind":"auto","last_reload":{"outcome":{"applied":[],"error":"e","#
                 + r#""file":"f","needs_restart":[],"not_applied":[],"ok":false},"seconds_ago":3},"log_level":"info","#
                 + r#""metrics":{"address":null,"enabled":true,"error":"x"},"reloads_failed":2,"reloads_ok":1,"#
-                + r#""systemd":{"notify":false,"watchdog_ms":7},"uptime_s":5},"ops_in_flight":0,"peers":["#
-                + r#"{"address":"a","generation":null,"rank":0,"self":false,"up":false},{"address":"b","#
+                + r#""systemd":{"notify":false,"watchdog_ms":7},"uptime_s":5},"ops_in_flight":0,"#
+                + r#""packet_auth":"aes-128-gmac","peers":[{"address":"a","generation":null,"rank":0,"#
+                + r#""refused":"speaks dlcp wire version 1; this daemon speaks version 2","self":false,"up":false},"#
+                + r#"{"address":"b","#
                 + r#""generation":8,"rank":1,"self":true,"up":true}],"rank":1,"trainers":2,"version":"v","world":2}"#
         );
         assert_eq!(serde_json::from_value::<StatusReply>(json).unwrap(), st);

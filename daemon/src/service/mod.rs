@@ -40,7 +40,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
-use dlcp_config::Config;
+use dlcp_config::{Config, PacketAuthMode};
 use dlcp_proto::endpoint::{Endpoint, Event, OpError, OpId};
 use dlcp_proto::stats::{Desc, Label};
 use dlcp_proto::time::Instant;
@@ -125,7 +125,10 @@ impl Service {
         let mut datapath = datapath.into();
         let generation = setup::generation(&cfg);
         let start = StdInstant::now();
-        let endpoint = Endpoint::new(endpoint_config(&cfg, generation), Instant::ZERO);
+        let endpoint = Endpoint::new(
+            endpoint_config(&cfg, generation, setup::session().map_err(ServiceError::Session)?),
+            Instant::ZERO,
+        );
         let group = setup::socket_gid(&cfg.control)?;
         let attach = Attach::new(setup::shm_server(&cfg, group)?, cfg.control.max_pending_attaches as usize);
         let poll = Poll::new()?;
@@ -157,6 +160,13 @@ impl Service {
             datapath.describe(),
             cfg.control.socket_path.display()
         );
+        if cfg.security.packet_auth == PacketAuthMode::None {
+            log::warn!(
+                "security.packet_auth = \"none\": datagrams are not authenticated; anyone who can reach \
+                 {} can inject data into this job's results (use only on an isolated fabric)",
+                cfg.bind_addr()
+            );
+        }
         let pump = Pump::new(datapath, peers, cfg.chunk_bytes() as usize + wire::OVERHEAD + 64);
         let mut service = Service {
             cfg,
@@ -180,7 +190,8 @@ impl Service {
             let v = service.view();
             let each =
                 |f: &mut dyn FnMut(&'static Desc, Label, u64)| v.visit_counters(&mut |_, d, l, x| f(d, l, x));
-            let m = Metrics::new(v.cfg.rank(), v.cfg.world_size(), &v.datapath.describe(), &each);
+            let auth = v.cfg.security.packet_auth.as_str();
+            let m = Metrics::new(v.cfg.rank(), v.cfg.world_size(), &v.datapath.describe(), auth, &each);
             service.operations.start_metrics(&service.cfg, m);
         }
         Ok(service)
@@ -435,6 +446,9 @@ impl Service {
                 Event::PeerRestarted { rank, old, new } => {
                     log::warn!("peer {rank} restarted (generation {old} -> {new}); its in-flight ops failed")
                 }
+                Event::PeerIncompatible { rank, mismatch } => {
+                    log::error!("{} {mismatch}; its datagrams are refused", peer_name(&self.cfg, rank))
+                }
             }
         }
     }
@@ -520,5 +534,14 @@ impl Service {
     /// The running configuration (after any reloads).
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+}
+
+/// How a log line names the peer `rank` (as the datapath knew the sender):
+/// its rank and configured address, or an unconfigured address.
+fn peer_name(cfg: &Config, rank: Option<u32>) -> String {
+    match rank.and_then(|r| cfg.peers.get(r as usize)) {
+        Some(p) => format!("rank {} ({})", p.rank, p.socket_addr()),
+        None => "an address that is no configured peer".to_owned(),
     }
 }

@@ -18,8 +18,7 @@ use super::counters::ServiceCounters;
 use crate::datapath::fault::{Fate, FaultInjector};
 use crate::datapath::{Datapath, SendOutcome};
 
-/// Datagrams taken from the endpoint per `poll_transmit_many` (their tags are
-/// computed together).
+/// Datagrams taken from the endpoint per `poll_transmit_many`.
 const TX_BATCH: usize = 64;
 
 /// A received datagram's bytes in the receive batch and its source peer (`None`: not a configured peer).
@@ -84,7 +83,7 @@ impl Pump {
     pub(super) fn receive(&mut self, endpoint: &mut Endpoint, counters: &mut ServiceCounters, now: Instant) {
         let Pump { datapath, peers, peer_rank, rx_batch, .. } = self;
         // Datagrams are copied into `rx_batch` and handed to the endpoint a
-        // receive call at a time, so their tags are checked together.
+        // receive call at a time.
         let (buf, spans) = rx_batch;
         // Bounded, so a flood cannot starve timers, trainers and transmit.
         for _ in 0..64 {

@@ -35,6 +35,9 @@ pub enum ServiceError {
     /// `[shm]` describes rings or an arena the channel cannot have.
     #[error("configuration: shm geometry: {0}")]
     Geometry(#[source] crate::shm::layout::GeometryError),
+    /// The operating system gave no random bytes for the packet-key session.
+    #[error("getrandom (packet-key session): {0}")]
+    Session(#[source] io::Error),
 }
 
 /// Why `control.socket_group` gives no gid.
@@ -70,9 +73,24 @@ pub(super) fn generation(cfg: &Config) -> u32 {
     }
 }
 
-/// The protocol endpoint's configuration from the daemon's.
-pub fn endpoint_config(cfg: &Config, generation: u32) -> EndpointConfig {
-    let mut e = EndpointConfig::new(cfg.rank(), cfg.world_size(), cfg.node.job_id, generation, cfg.mac_key());
+/// A fresh packet-key session: 64 random bits from the operating system
+/// (`getrandom(2)`), drawn at every start, so a restarted daemon never reuses
+/// a packet key even when its generation is fixed in the configuration (see
+/// `dlcp_proto::wire::mac`).
+pub fn session() -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    let mut filled = 0;
+    while filled < b.len() {
+        filled += rustix::rand::getrandom(&mut b[filled..], rustix::rand::GetRandomFlags::empty())?;
+    }
+    Ok(u64::from_ne_bytes(b))
+}
+
+/// The protocol endpoint's configuration from the daemon's, for this
+/// incarnation's `generation` and `session`.
+pub fn endpoint_config(cfg: &Config, generation: u32, session: u64) -> EndpointConfig {
+    let (rank, world, job) = (cfg.rank(), cfg.world_size(), cfg.node.job_id);
+    let mut e = EndpointConfig::new(rank, world, job, generation, session, cfg.job_key());
     e.chunk_bytes = cfg.chunk_bytes() as usize;
     e.classifier = cfg.classifier();
     e.timers = timers(cfg);

@@ -73,7 +73,7 @@ use crate::priority::ClassifierConfig;
 use crate::rate::{RateAdapter, RateConfig, SendTotals};
 use crate::time::Instant;
 use crate::transfer::{fill_done, fill_mask};
-use crate::wire::{self, DType, Header, PacketType, Phase, WireError};
+use crate::wire::{self, DType, Header, KeyCache, PacketType, Phase, Settings, WireError};
 
 pub(crate) mod allreduce;
 pub(crate) mod api;
@@ -86,7 +86,8 @@ pub(crate) mod tx;
 pub use crate::stats::{PacketCount, RxDrops, Stats};
 pub use crate::transfer::{MAX_BUDGET_PPM, PROBE_COPIES, TransferReport, allowed_missing, select_repairs};
 pub use api::{
-    EndpointConfig, Event, Fill, Footprint, OpError, OpId, OpOptions, OpReport, ReduceOp, StartError, Timers,
+    EndpointConfig, Event, Fill, Footprint, MISMATCH_REPORT_INTERVAL, Mismatch, OpError, OpId, OpOptions,
+    OpReport, ReduceOp, StartError, Timers,
 };
 pub use tx::Transmit;
 
@@ -113,6 +114,8 @@ pub struct Endpoint {
     /// Buffers of finished ops, reused by the next ones (no page faults).
     pool: BufferPool,
     timers: TimerIndex,
+    /// The senders' packet keys, for checking received tags.
+    keys: KeyCache,
     /// Loss-driven adaptation of the pacing rate, if configured.
     rate: Option<RateAdapter>,
 }
@@ -142,6 +145,7 @@ impl Endpoint {
             now,
             pool: BufferPool::new(),
             timers: TimerIndex::default(),
+            keys: KeyCache::new(cfg.key.clone(), cfg.world),
             sh: Shared::new(cfg),
         }
     }
@@ -172,6 +176,13 @@ impl Endpoint {
         self.peers.is_up(rank)
     }
 
+    /// Why `rank`'s datagrams were last refused as incompatible (another wire
+    /// version, packet authentication mode or chunk size), unless its HELLO
+    /// settings agreed since.
+    pub fn peer_mismatch(&self, rank: u32) -> Option<Mismatch> {
+        self.peers.mismatch(rank)
+    }
+
     /// The last generation seen from `rank`, if any.
     pub fn peer_generation(&self, rank: u32) -> Option<u32> {
         self.peers.generation(rank)
@@ -192,7 +203,8 @@ impl Endpoint {
             + self.sh.tx.bytes()
             + self.peers.bytes()
             + (stats.tx_packets_peer.capacity() + stats.rx_packets_peer.capacity()) * 8
-            + self.timers.bytes();
+            + self.timers.bytes()
+            + self.keys.bytes();
         f.early_bytes = self.history.early_bytes();
         f.queued = self.queued();
         f
@@ -307,7 +319,7 @@ impl Endpoint {
         // Replay datagrams that arrived before this rank started the op.
         for d in self.history.take_early(&id) {
             self.history.replayed(d.len());
-            self.handle_datagram_impl(now, &d, true);
+            self.handle_datagram_impl(now, &d, true, None);
         }
         self.check_complete(id);
         self.prune_timers();
@@ -327,12 +339,17 @@ impl Endpoint {
     /// counted by reason ([`Stats::rejected`]) and, if it discards the datagram,
     /// by class and by `from` ([`Stats::rx_dropped`]).
     pub fn handle_datagram_from(&mut self, now: Instant, datagram: &[u8], from: Option<u32>) {
+        self.handle_one(now, datagram, from);
+        self.prune_timers();
+    }
+
+    /// One received datagram, counted in [`Stats::rx_dropped`] if discarded.
+    fn handle_one(&mut self, now: Instant, datagram: &[u8], from: Option<u32>) {
         let before = self.sh.stats.rejected.discarded_on_arrival();
-        self.handle_datagram_impl(now, datagram, false);
+        self.handle_datagram_impl(now, datagram, false, from);
         if self.sh.stats.rejected.discarded_on_arrival() != before {
             self.count_dropped(datagram, from);
         }
-        self.prune_timers();
     }
 
     /// Count a received datagram the caller discarded before handing it over
@@ -343,76 +360,58 @@ impl Endpoint {
     }
 
     /// Process received datagrams, in order: the same outcome as
-    /// [`handle_datagram`](Self::handle_datagram) on each, but their tags are
-    /// checked together ([`wire::MacKey::tag_many`], several times cheaper per
-    /// MTU-sized datagram than one at a time).
+    /// [`handle_datagram`](Self::handle_datagram) on each.
     pub fn handle_datagrams(&mut self, now: Instant, datagrams: &[&[u8]]) {
         let batch: Vec<(&[u8], Option<u32>)> = datagrams.iter().map(|d| (*d, wire::peek_src(d))).collect();
         self.handle_datagrams_from(now, &batch);
     }
 
     /// [`handle_datagram_from`](Self::handle_datagram_from) on each
-    /// `(datagram, from)`, in order, with the tags checked together as in
-    /// [`handle_datagrams`](Self::handle_datagrams).
+    /// `(datagram, from)`, in order (each tag checked on its own: the keys are
+    /// per sender).
     pub fn handle_datagrams_from(&mut self, now: Instant, datagrams: &[(&[u8], Option<u32>)]) {
-        self.now = now;
-        // Structure first (as `wire::decode`): only well-formed packets are tagged.
-        let mut auth: Vec<&[u8]> = Vec::with_capacity(datagrams.len());
-        for (d, _) in datagrams {
-            if wire::Packet::new_checked(*d).is_ok() {
-                auth.push(&d[..d.len() - wire::TAG_LEN]);
-            }
-        }
-        let mut tags = vec![[0u8; wire::TAG_LEN]; auth.len()];
-        self.sh.cfg.key.tag_many(&auth, &mut tags);
-        let mut tags = tags.iter();
         for &(d, from) in datagrams {
-            let before = self.sh.stats.rejected.discarded_on_arrival();
-            let want = if wire::Packet::new_checked(d).is_ok() { tags.next() } else { None };
-            self.handle_tagged(now, d, want);
-            if self.sh.stats.rejected.discarded_on_arrival() != before {
-                self.count_dropped(d, from);
-            }
+            self.handle_one(now, d, from);
         }
         self.prune_timers();
     }
 
-    /// One datagram of a batch: `want` is the tag it must carry, `None` if it
-    /// is not a well-formed packet.
-    fn handle_tagged(&mut self, now: Instant, d: &[u8], want: Option<&[u8; wire::TAG_LEN]>) {
-        let rejected = &mut self.sh.stats.rejected;
-        let Some(want) = want else {
-            rejected.malformed += 1;
-            return;
-        };
-        if !wire::tags_equal(want, &d[d.len() - wire::TAG_LEN..]) {
-            rejected.bad_tag += 1;
-            return;
-        }
-        let Ok(p) = wire::Packet::new_checked(d) else { return };
-        let Ok(h) = Header::parse(&p) else {
-            rejected.malformed += 1;
-            return;
-        };
-        let payload = &d[wire::HEADER_LEN..wire::HEADER_LEN + usize::from(h.payload_len)];
-        self.handle_authenticated(now, h, payload, d, false);
-    }
-
-    /// `replay`: a datagram buffered before its op started, already counted.
-    fn handle_datagram_impl(&mut self, now: Instant, datagram: &[u8], replay: bool) {
+    /// `replay`: a datagram buffered before its op started, already counted;
+    /// `from`: the peer it came from as far as the caller knows.
+    fn handle_datagram_impl(&mut self, now: Instant, datagram: &[u8], replay: bool, from: Option<u32>) {
         self.now = now;
-        let (h, payload) = match wire::decode(&self.sh.cfg.key, datagram) {
-            Ok(x) => x,
+        let decoded = self.keys.decode(datagram);
+        self.sh.stats.key_derivations = self.keys.derivations();
+        let rejected = &mut self.sh.stats.rejected;
+        let mismatch = match decoded {
+            Ok((h, payload)) => return self.handle_authenticated(now, h, payload, datagram, replay),
             Err(WireError::BadTag) => {
-                self.sh.stats.rejected.bad_tag += 1;
+                rejected.bad_tag += 1;
                 return;
+            }
+            Err(WireError::UnsupportedVersion(theirs)) => {
+                rejected.version_mismatch += 1;
+                Mismatch::WireVersion { theirs, ours: wire::VERSION }
+            }
+            Err(WireError::AuthMismatch { ours, theirs }) => {
+                rejected.auth_mismatch += 1;
+                Mismatch::PacketAuth { theirs, ours }
             }
             Err(_) => {
-                self.sh.stats.rejected.malformed += 1;
+                rejected.malformed += 1;
                 return;
             }
         };
-        self.handle_authenticated(now, h, payload, datagram, replay);
+        self.refuse(now, from, mismatch);
+    }
+
+    /// Datagrams from `rank` were refused for `mismatch`: remember it, and
+    /// report it unless it was reported recently.
+    fn refuse(&mut self, now: Instant, rank: Option<u32>, mismatch: Mismatch) {
+        let rank = rank.filter(|&r| r < self.sh.cfg.world && r != self.sh.me());
+        if self.peers.refuse(now, rank, mismatch) {
+            self.events.push_back(Event::PeerIncompatible { rank, mismatch });
+        }
     }
 
     /// A datagram whose tag checked out, parsed into `h` and `payload`.
@@ -435,6 +434,10 @@ impl Endpoint {
         }
         if h.dtype != DType::F32 && h.ty == PacketType::Data {
             rejected.mismatch += 1;
+            return;
+        }
+        if !self.settings_agree(now, &h, payload) {
+            self.sh.stats.rejected.settings_mismatch += 1;
             return;
         }
         if !self.note_generation(now, h.src, h.generation) {
@@ -470,6 +473,26 @@ impl Endpoint {
         } else {
             // A control packet for an op not started here: the sender retries.
             self.sh.stats.rejected.stale_op += 1;
+        }
+    }
+
+    /// Whether `h.src` may talk to this rank: a HELLO's settings (`payload`)
+    /// must agree with ours (else the peer is refused until they do); any
+    /// other datagram passes unless the peer's settings were refused.
+    fn settings_agree(&mut self, now: Instant, h: &Header, payload: &[u8]) -> bool {
+        if h.ty != PacketType::Hello {
+            return !self.peers.settings_refused(h.src);
+        }
+        let ours = self.sh.cfg.chunk_bytes as u32;
+        match Settings::parse(payload) {
+            Ok(s) if s.chunk_bytes != ours => {
+                self.refuse(now, Some(h.src), Mismatch::ChunkBytes { theirs: s.chunk_bytes, ours });
+                false
+            }
+            _ => {
+                self.peers.settings_agree(h.src);
+                true
+            }
         }
     }
 
@@ -635,9 +658,8 @@ impl Endpoint {
     /// Up to `max` datagrams, exactly those that `max` calls of
     /// [`poll_transmit`](Self::poll_transmit) would return, written into `buf`
     /// at offsets `0, slot, 2·slot, …` (each `slot` bytes of room; `buf` grows
-    /// as needed) and listed in `out` (cleared first) as (transmit, offset).
-    /// Their tags are computed together ([`wire::MacKey::tag_many`]), several
-    /// times cheaper per MTU-sized datagram than one at a time.
+    /// as needed) and listed in `out` (cleared first) as (transmit, offset),
+    /// each tagged as it is written.
     pub fn poll_transmit_many(
         &mut self,
         now: Instant,
@@ -650,20 +672,12 @@ impl Endpoint {
         if buf.len() < slot * max {
             buf.resize(slot * max, 0);
         }
-        self.sh.defer_tags = true;
         while out.len() < max {
             let off = out.len() * slot;
             match self.poll_transmit(now, &mut buf[off..off + slot]) {
                 Some(t) => out.push((t, off)),
                 None => break,
             }
-        }
-        self.sh.defer_tags = false;
-        let msgs: Vec<&[u8]> = out.iter().map(|(t, off)| &buf[*off..*off + t.len - wire::TAG_LEN]).collect();
-        let mut tags = vec![[0u8; wire::TAG_LEN]; msgs.len()];
-        self.sh.cfg.key.tag_many(&msgs, &mut tags);
-        for ((t, off), tag) in out.iter().zip(&tags) {
-            buf[off + t.len - wire::TAG_LEN..off + t.len].copy_from_slice(tag);
         }
     }
 
@@ -735,6 +749,7 @@ impl Endpoint {
                 h.op = 0;
                 h.tensor = 0;
                 h.seq = self.peers.hello_seq();
+                h.payload_len = wire::SETTINGS_LEN as u16;
             }
             TxKind::Probe => {
                 let st = op?.transfers_mut().sender_mut(item.phase, peer)?;
@@ -753,7 +768,12 @@ impl Endpoint {
             },
             TxKind::Data { .. } => return None,
         }
-        let n = self.sh.seal(&h, buf, |_| {})?;
+        let n = self.sh.seal(&h, buf, |p| {
+            if h.ty == PacketType::Hello {
+                Settings { version: wire::VERSION, auth: h.auth, chunk_bytes: self.sh.cfg.chunk_bytes as u32 }
+                    .emit(p)
+            }
+        })?;
         Some(self.sh.transmit(peer, Class::CONTROL, n))
     }
 }

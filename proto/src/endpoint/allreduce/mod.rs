@@ -25,7 +25,7 @@ use crate::transfer::{
     Answer, Arrived, Drained, Fired, Mode, Receiver, Refused, Sender, allowed_missing, fill_mask,
     select_repairs,
 };
-use crate::wire::{self, Flags, Header, PacketType, Phase};
+use crate::wire::{Flags, Header, PacketType, Phase};
 
 pub(crate) use shard::Layout;
 use shard::{read_f32s, reduce_shard, write_f32s};
@@ -240,7 +240,7 @@ impl Op {
             _ => read_f32s(payload, &mut r.buf_mut()[range]),
         }
         if h.flags.contains(Flags::REPAIR) {
-            sh.stats.count_repair_received(h.src, h.class, wire::OVERHEAD + usize::from(h.payload_len));
+            sh.stats.count_repair_received(h.src, h.class, h.packet_len());
         }
         let got = r.on_data(h, now, &sh.deadlines[usize::from(phase == Phase::Gather)], sh.rtt.timeout());
         if let Some(d) = got.overtake {

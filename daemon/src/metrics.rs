@@ -476,7 +476,8 @@ mod tests {
 
     #[test]
     fn silent_clients_hold_no_scrape_up_are_capped_and_cut_off_at_the_deadline() {
-        let m = Metrics::new(0, 1, "socket", &|_: &mut dyn FnMut(&'static Desc, Label, u64)| {});
+        let m =
+            Metrics::new(0, 1, "socket", "aes-128-gmac", &|_: &mut dyn FnMut(&'static Desc, Label, u64)| {});
         let srv = MetricsServer::start("127.0.0.1:0".parse().unwrap(), m).unwrap();
         let get = || {
             let mut s = TcpStream::connect(srv.local_addr()).unwrap();

@@ -256,6 +256,9 @@ pub const MAX_CLIENTS: usize = 8;
 /// this; a client still sending or reading after it is cut off.
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
 
+/// How long turning a client away may take (see [`MetricsServer`]).
+const BUSY_WAIT: Duration = Duration::from_millis(50);
+
 /// The HTTP endpoint: an accepting thread and one thread per scrape, at most
 /// [`MAX_CLIENTS`] at once, each bounded by [`REQUEST_DEADLINE`]. A client that
 /// connects and sends nothing (or trickles) holds one of them until the
@@ -314,10 +317,15 @@ impl Drop for MetricsServer {
 fn admit(s: TcpStream, metrics: &Metrics, active: &Arc<AtomicUsize>) {
     if active.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
         active.fetch_sub(1, Ordering::AcqRel);
-        let _ = s.set_nonblocking(true);
+        // Answer, then take the request off the socket (waiting 50 ms at most)
+        // so that closing it sends the answer and a FIN, not a reset.
+        let _ = s.set_write_timeout(Some(BUSY_WAIT));
+        let _ = s.set_read_timeout(Some(BUSY_WAIT));
         let _ = (&s).write(
             b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\nConnection: close\r\n\r\n",
         );
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let _ = (&s).read(&mut [0u8; 1024]);
         log::debug!("metrics: {MAX_CLIENTS} scrapes in progress; one more turned away");
         return;
     }
@@ -495,11 +503,14 @@ mod tests {
         let t0 = Instant::now();
         assert!(get().starts_with("HTTP/1.1 200 OK\r\n"));
         assert!(t0.elapsed() < Duration::from_secs(2), "a scrape waited {:?}", t0.elapsed());
-        // All places taken: one more is told so at once.
+        // All places taken (once the scrape's thread has given its place
+        // back, a moment after its client saw the end): one more is told so at once.
+        std::thread::sleep(Duration::from_millis(200));
         let _last = TcpStream::connect(srv.local_addr()).unwrap();
         std::thread::sleep(Duration::from_millis(200));
         let t0 = Instant::now();
-        assert!(get().starts_with("HTTP/1.1 503"));
+        let busy = get();
+        assert!(busy.starts_with("HTTP/1.1 503"), "{busy:?}");
         assert!(t0.elapsed() < Duration::from_secs(2));
         // The silent ones are cut off at the whole-request deadline.
         let mut first = &silent[0];

@@ -47,6 +47,9 @@ FLOOR_PORT = 7703
 # on two cores overran the veths' receive path) is now a separately labelled row.
 PACED_MBPS = 3000
 DLCP_PACED = f"[pacing]\nrate_mbps = {PACED_MBPS}\n"
+# The same dlcpd without the per-packet MAC: the MAC's share of dlcp's CPU per GiB
+# is CPU/GiB with it minus CPU/GiB without it, in the same run (issue 14).
+DLCP_NOAUTH = "[security]\npacket_auth = \"none\"\n"
 # dlcpd's default [shm] max_tensor_bytes / arena_bytes: a bigger workload must raise them.
 SHM_DEFAULT_MAX_TENSOR = 64 * MiB
 SHM_DEFAULT_ARENA = 256 * MiB
@@ -244,7 +247,8 @@ class Runner:
         for h in range(hosts):
             sock = os.path.join(d, f"d{h}.sock")
             cfg = os.path.join(d, f"d{h}.toml")
-            with open(cfg, "w") as f:
+            # Owner-only: dlcpd refuses an inline secret in a file others may read.
+            with open(os.open(cfg, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
                 f.write(self.dlcp_config(h, hosts, sock, extra(h) if callable(extra) else extra))
             logf = open(os.path.join(d, f"d{h}.log"), "w")
             p = self.popen(system, ["ip", "netns", "exec", self.bed.ns(h), os.path.join(self.bindir, "dlcpd"),
@@ -389,6 +393,9 @@ class Runner:
                 more = extra
                 if "paced" in system:
                     more = (lambda h: DLCP_PACED + extra(h)) if callable(extra) else DLCP_PACED + extra
+                if "noauth" in system:
+                    inner = more
+                    more = (lambda h: DLCP_NOAUTH + inner(h)) if callable(inner) else DLCP_NOAUTH + inner
                 r = self.run_dlcp(system, hosts, budget, reps, warmup, sizes, buckets, extra=more)
             elif system == "floor":
                 r = self.run_floor(hosts, reps, warmup, sizes)
@@ -450,6 +457,14 @@ def cpu_figures(run, baseline_cores=None):
     return out
 
 
+def mac_share(rows):
+    """The MAC's share of dlcp's CPU per GiB: (with - without) / with, from the cgroup
+    CPU of the dlcp1 and dlcp1-noauth rows of one condition (None if either is missing)."""
+    a = rows.get("dlcp1", {}).get("cpu", {}).get("cgroup")
+    b = rows.get("dlcp1-noauth", {}).get("cpu", {}).get("cgroup")
+    return (a - b) / a if a and b else None
+
+
 def cpu_per_gib(run):
     """The system's CPU per GiB: from its cgroup when there is one, else per process."""
     f = cpu_figures(run)
@@ -458,7 +473,7 @@ def cpu_per_gib(run):
 
 LABEL = {"dlcp1": "dlcp b1%", "dlcp0": "dlcp b0", "dlcp1-paced": "dlcp b1% paced 3 Gbit/s (tuned)",
          "gloo": "Gloo cubic", "gloo-bbr": "Gloo bbr", "mpi": "Open MPI cubic", "mpi-bbr": "Open MPI bbr",
-         "floor": "floor (bare UDP)"}
+         "floor": "floor (bare UDP)", "dlcp1-noauth": "dlcp b1% packet_auth none"}
 
 
 def ms(x):
@@ -627,7 +642,7 @@ class Bench:
         Clean and 1% loss at MTU 1500 and 9000; the floor in the clean ones."""
         if self.quick:
             size, n = 16 * MiB, 3
-            clean = [(s, n) for s in ("dlcp1", "dlcp0", "gloo", "mpi", "floor")]
+            clean = [(s, n) for s in ("dlcp1", "dlcp0", "gloo", "mpi", "floor", "dlcp1-noauth")]
             lossy = [(s, n) for s in ("dlcp1", "dlcp0", "gloo", "mpi")]
             return [{"cond": c, "mtu": m, "tb": tb, "size": size, "systems": sy}
                     for c, tb, sy in (("clean", {}, clean), ("loss 1%", {"loss": 1}, lossy)) for m in (1500, 9000)]
@@ -639,8 +654,9 @@ class Bench:
         lossy = trio[:1] + [("dlcp0", 5)] + trio[1:]
         big = 64 * MiB
         return [{"cond": "clean", "mtu": 1500, "tb": {}, "size": big,
-                 "systems": main + [("floor", 10), ("dlcp1-paced", 5)] + bbr},
-                {"cond": "clean", "mtu": 9000, "tb": {}, "size": big, "systems": main + [("floor", 10)]},
+                 "systems": main + [("floor", 10), ("dlcp1-noauth", 10), ("dlcp1-paced", 5)] + bbr},
+                {"cond": "clean", "mtu": 9000, "tb": {}, "size": big,
+                 "systems": main + [("floor", 10), ("dlcp1-noauth", 10)]},
                 {"cond": "loss 0.1%", "mtu": 1500, "tb": {"loss": 0.1}, "size": big, "systems": trio},
                 {"cond": "loss 1%", "mtu": 1500, "tb": {"loss": 1}, "size": big, "systems": lossy + bbr},
                 {"cond": "loss 1%", "mtu": 9000, "tb": {"loss": 1}, "size": big, "systems": lossy},
@@ -654,7 +670,7 @@ class Bench:
         cfg = os.path.join(d, "d0.toml")
         saved, self.bed.mtu = self.bed.mtu, 1500
         try:
-            with open(cfg, "w") as f:
+            with open(os.open(cfg, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
                 f.write(self.runner.dlcp_config(0, 4, os.path.join(d, "d0.sock")))
         finally:
             self.bed.mtu = saved
@@ -751,6 +767,11 @@ class Bench:
                 if cname == "clean" and a and b:
                     self.line(f"allreduce_{size // MiB}MiB_{tag}{who}_cpu_per_gib_vs_{peer}", a, b, "CPU-s/GiB",
                               f"{LABEL[peer]}, cgroup", lower_better=True)
+        share = mac_share(rows)
+        if share is not None:
+            self.line(f"allreduce_{size // MiB}MiB_{tag}_mac_share_of_cpu_per_gib", share * 100, 10.0, "%",
+                      "the issue's ceiling; CPU/GiB (cgroup) of dlcp b1% minus the same with packet_auth none",
+                      lower_better=True)
 
     # ---- sizes and the bucketed model
     def sizes(self):
@@ -911,9 +932,9 @@ def parse_simulate(stdout, n, size_mb):
                 ctl += int(w[1])
     row["pkts_per_rank_op"] = pk / n
     row["control_share"] = ctl / pk if pk else 0
-    # Data packets one rank sends per op, ideally: 2(N-1)/N of the tensor in chunks of 1392 B
+    # Data packets one rank sends per op, ideally: 2(N-1)/N of the tensor in chunks of 1376 B
     # (replaced below by the simulator's exact figure: every chunk of every shard once).
-    row["ideal"] = 2 * (n - 1) / n * size_mb * 1e6 / 1392
+    row["ideal"] = 2 * (n - 1) / n * size_mb * 1e6 / 1376
     for line in stdout.splitlines():
         line = line.strip()
         # "packets per rank per op     1529.9 data (ideal 1512.0: every chunk once), 615.2 control (28.7% of all)"
@@ -1046,6 +1067,9 @@ def check_config_and_plan():
     odd = tomllib.loads(Runner.shm_for(buckets=[16_000_001] * 5))["shm"]  # 305 MB, not whole pages
     assert odd["arena_bytes"] % MiB == 0 and odd["arena_bytes"] >= 5 * 16_000_001 * 4, odd
     assert tomllib.loads(DLCP_PACED) == {"pacing": {"rate_mbps": PACED_MBPS}}
+    assert tomllib.loads(DLCP_NOAUTH) == {"security": {"packet_auth": "none"}}
+    rows = {"dlcp1": {"cpu": {"cgroup": 20.0}}, "dlcp1-noauth": {"cpu": {"cgroup": 18.0}}}
+    assert abs(mac_share(rows) - 0.1) < 1e-12 and mac_share({"dlcp1": rows["dlcp1"]}) is None
     assert [cg_name(s) for s in ("dlcp1", "dlcp0", "dlcp1-paced", "gloo-bbr", "mpi", "floor")] == \
         ["dlcp", "dlcp", "dlcp", "gloo", "mpi", "floor"]
     for quick, size in ((True, 16 * MiB), (False, 64 * MiB)):
@@ -1059,6 +1083,8 @@ def check_config_and_plan():
                 assert c["size"] == size and {"dlcp1", "dlcp0", "gloo", "mpi"} <= set(sys_), (cond, mtu, sys_)
                 assert ("floor" in sys_) == (cond == "clean"), (cond, mtu, sys_)
                 assert all(n >= (3 if quick else 5) for _, n in c["systems"]), c
+        for mtu in (1500, 9000):
+            assert "dlcp1-noauth" in [s for s, _ in plan[("clean", mtu)]["systems"]], "the MAC's share"
         if not quick:
             assert "dlcp1-paced" in [s for s, _ in plan[("clean", 1500)]["systems"]]
             assert all(n == 10 for s, n in plan[("clean", 9000)]["systems"]), "p50 over 10 reps"

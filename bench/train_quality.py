@@ -101,6 +101,7 @@ class Testbed:
             cfg += "[shm]\narena_bytes = 67108864\nmax_tensor_bytes = 67108864\n\n[log]\nlevel = \"warn\"\n"
             p = self.dir / f"d{h}.toml"
             p.write_text(cfg)
+            p.chmod(0o600)  # dlcpd refuses an inline secret in a file others may read
             log = open(self.dir / f"d{h}.log", "a")
             self.daemons.append(
                 subprocess.Popen(

@@ -35,7 +35,15 @@ dlcpd --version
 dlcpctl --version
 dpkg-query -W -f='${Conffiles}\n' dlcp | grep -q '/etc/dlcp/dlcp.toml' || { echo "dlcp.toml is not a conffile" >&2; exit 1; }
 getent passwd dlcp >/dev/null || { echo "no dlcp user" >&2; exit 1; }
-test "$(stat -c %G /etc/dlcp/job.secret)" = dlcp
+getent group dlcp-train >/dev/null || { echo "no dlcp-train group" >&2; exit 1; }
+# The secret is the daemon's alone (dlcpd refuses one its group or others may read).
+test "$(stat -c '%U:%G %a' /etc/dlcp/job.secret)" = "dlcp:dlcp 600"
+# A secret left group-readable by an earlier package is made private on upgrade.
+chown root:dlcp /etc/dlcp/job.secret && chmod 0640 /etc/dlcp/job.secret
+out=$(/var/lib/dpkg/info/dlcp.postinst configure 0.0.9 2>&1)
+grep -q "now dlcp:dlcp 0600" <<<"$out" || { echo "deb: postinst did not fix the secret: $out" >&2; exit 1; }
+test "$(stat -c '%U:%G %a' /etc/dlcp/job.secret)" = "dlcp:dlcp 600"
+echo "deb: /etc/dlcp/job.secret dlcp:dlcp 0600 (fixed from an earlier package's root:dlcp 0640)"
 echo "deb: dlcpd check-config /etc/dlcp/dlcp.toml"
 cfg_out=$(dlcpd check-config /etc/dlcp/dlcp.toml)
 head -3 <<<"$cfg_out"
@@ -63,26 +71,37 @@ port = $port
 [control]
 socket_path = "$tmp/dlcpd.sock"
 socket_mode = "0660"
-socket_group = "dlcp"
 [metrics]
 address = "127.0.0.1:0"
 TOML
 chown -R dlcp:dlcp "$tmp"
 chmod 755 "$tmp"
-setpriv --reuid=dlcp --regid=dlcp --init-groups /usr/bin/dlcpd --config "$tmp/dlcp.toml" 2>"$tmp/log" &
+chmod 600 "$tmp/job.secret"
+# As the unit runs it: user dlcp, group dlcp-train (the sockets' group).
+setpriv --reuid=dlcp --regid=dlcp-train --init-groups /usr/bin/dlcpd --config "$tmp/dlcp.toml" 2>"$tmp/log" &
 pid=$!
 for _ in $(seq 100); do dlcpctl --socket "$tmp/dlcpd.sock" status >/dev/null 2>&1 && break; sleep 0.1; done
 dlcpctl --socket "$tmp/dlcpd.sock" status
-# The trainer: another user (nobody) with dlcp as a supplementary group only,
-# as a training user added to group dlcp would be.
-dlcp_gid=$(getent group dlcp | cut -d: -f3)
-trainer=(setpriv --reuid=nobody --regid=nogroup --groups="$dlcp_gid")
+# The trainer: another user (nobody) with dlcp-train as a supplementary group
+# only, as a training user added to group dlcp-train would be.
+train_gid=$(getent group dlcp-train | cut -d: -f3)
+trainer=(setpriv --reuid=nobody --regid=nogroup --groups="$train_gid")
 if out=$(cd / && setpriv --reuid=nobody --regid=nogroup --clear-groups env -u PYTHONPATH /usr/bin/python3 -c \
     "import dlcp,sys; dlcp.attach(sys.argv[1], 7, 0, 1)" "$tmp/dlcpd.sock" 2>&1); then
-  echo "deb: a user outside group dlcp could attach" >&2; exit 1
+  echo "deb: a user outside group dlcp-train could attach" >&2; exit 1
 fi
 grep -qi "permission" <<<"$out" || { echo "deb: unexpected failure: $out" >&2; exit 1; }
-echo "deb: a user outside group dlcp is refused (permission denied)"
+echo "deb: a user outside group dlcp-train is refused (permission denied)"
+# A trainer reads the daemon's status but cannot reload it, nor read the secret.
+"${trainer[@]}" dlcpctl --socket "$tmp/dlcpd.sock" stats --json >/dev/null
+if out=$("${trainer[@]}" dlcpctl --socket "$tmp/dlcpd.sock" reload 2>&1); then
+  echo "deb: a member of dlcp-train could reload: $out" >&2; exit 1
+fi
+grep -q "permission denied: reload" <<<"$out" || { echo "deb: unexpected reload failure: $out" >&2; exit 1; }
+if "${trainer[@]}" cat /etc/dlcp/job.secret >/dev/null 2>&1; then
+  echo "deb: a member of dlcp-train can read the job secret" >&2; exit 1
+fi
+echo "deb: a member of dlcp-train reads stats, cannot reload, cannot read the secret"
 (cd / && "${trainer[@]}" env -u PYTHONPATH /usr/bin/python3 - "$tmp/dlcpd.sock" <<'PY'
 import sys
 import numpy as np

@@ -118,7 +118,7 @@ bench_smoke() {
   local out name
   out=$(./target/release/dlcp-bench micro --ms 20)
   echo "$out" | grep -v '^JSON'
-  for name in header_codec packet_codec_mac mac_batched mac_single aggregation shm_round_trip shm_tensor; do
+  for name in header_codec packet_codec_mac mac_verify mac_single aggregation shm_round_trip shm_tensor; do
     echo "$out" | grep -q "^$name: dlcp .*, peer .*, ratio " \
       || { echo "dlcp-bench micro: no summary line for $name" >&2; return 1; }
   done

@@ -21,6 +21,13 @@ impl Scratch {
     fn path(&self, f: &str) -> PathBuf {
         self.0.join(f)
     }
+    /// A job secret readable by its owner alone (a looser one is refused).
+    fn secret(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        let p = self.path("job.secret");
+        std::fs::write(&p, b"0123456789abcdef0123456789abcdef").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
 }
 
 impl Drop for Scratch {
@@ -50,7 +57,7 @@ fn version_names_the_datapaths_of_this_build() {
 fn check_config_accepts_the_deploy_example_and_prints_the_effective_config() {
     let s = Scratch::new("ok");
     std::fs::write(s.path("dlcp.toml"), deploy_example()).unwrap();
-    std::fs::write(s.path("job.secret"), b"0123456789abcdef0123456789abcdef").unwrap();
+    s.secret();
     let out = dlcpd().arg("check-config").arg(s.path("dlcp.toml")).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
@@ -63,7 +70,7 @@ fn check_config_accepts_the_deploy_example_and_prints_the_effective_config() {
 #[test]
 fn check_config_names_file_line_and_field_for_broken_configs() {
     let s = Scratch::new("broken");
-    std::fs::write(s.path("job.secret"), b"0123456789abcdef0123456789abcdef").unwrap();
+    s.secret();
     let base = deploy_example();
     let cases: [(&str, String, &str, &str); 5] = [
         ("budget", base.replace("budget = 0.01", "budget = 0.25"), "loss.budget", "0.10"),

@@ -37,7 +37,7 @@ fn dpdk_kind_fails_fast_naming_the_reason() {
         &dir.path().join("d.sock"),
         &Options { extra, ..Default::default() },
     );
-    std::fs::write(&cfg, text).unwrap();
+    daemon_common::write_config(&cfg, &text);
     let mut child = Command::new(env!("CARGO_BIN_EXE_dlcpd"))
         .arg("--config")
         .arg(&cfg)

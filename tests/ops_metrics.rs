@@ -200,7 +200,7 @@ fn counters_move_after_an_allreduce_and_parse_as_prometheus_text() {
     assert_eq!(types["dlcp_op_duration_seconds"], "histogram");
     let class_sum =
         |s: &Samples, n: &str| (0..8).map(|k| get(s, n, &[("class", &k.to_string())])).sum::<f64>();
-    let chunks = (N * 4 / 2).div_ceil(1392) as f64; // half the tensor goes to the peer
+    let chunks = (N * 4 / 2).div_ceil(1376) as f64; // half the tensor goes to the peer
     assert!(class_sum(&after, "dlcp_class_tx_packets_total") >= 2.0 * chunks, "scatter + gather data sent");
     assert!(class_sum(&after, "dlcp_class_tx_bytes_total") > class_sum(&before, "dlcp_class_tx_bytes_total"));
     assert!(class_sum(&after, "dlcp_class_rx_packets_total") >= 2.0 * chunks);
@@ -338,7 +338,7 @@ fn sum_where(s: &Samples, name: &str, label: &str, value: &str) -> f64 {
 #[test]
 fn dropped_datagrams_are_counted_per_class_and_per_peer() {
     use dlcp_proto::priority::Class;
-    use dlcp_proto::wire::{self, Header, MacKey, PacketType, Phase};
+    use dlcp_proto::wire::{self, Header, JobKey, PacketType, Phase};
     use std::net::UdpSocket;
     const N: usize = 20_000;
     // Rank 1 starts late: until then the test owns its configured address.
@@ -350,7 +350,7 @@ fn dropped_datagrams_are_counted_per_class_and_per_peer() {
     let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
     let dst = ("127.0.0.1", c.ports[0]);
 
-    let forged_key = MacKey::derive(b"not this job's secret");
+    let forged_key = JobKey::new(b"not this job's secret");
     let packet = |class: u8| {
         let mut h = Header::new(PacketType::Data, Class::new(class).unwrap(), Phase::Scatter);
         h.job = JOB;
@@ -375,10 +375,10 @@ fn dropped_datagrams_are_counted_per_class_and_per_peer() {
     // (socket, datagram, copies, class label, peer label)
     let plan: Vec<(&UdpSocket, Vec<u8>, usize, &str, &str)> = vec![
         (&peer, packet(3), 3, "3", "1"),                // bad MAC: reason bad_tag
-        (&peer, bad_version(5), 2, "5", "1"),           // malformed, class still readable
+        (&peer, bad_version(5), 2, "5", "1"),           // version_mismatch, class still readable
         (&peer, truncated.clone(), 4, "unknown", "1"),  // malformed, no whole header
         (&stranger, packet(2), 5, "2", "unknown"),      // claims rank 1 from elsewhere: unknown_source
-        (&stranger, bad_version(6), 1, "6", "unknown"), // malformed
+        (&stranger, bad_version(6), 1, "6", "unknown"), // version_mismatch
         (&stranger, garbage.clone(), 2, "unknown", "unknown"),
     ];
     let mut want_class: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
@@ -429,7 +429,9 @@ fn dropped_datagrams_are_counted_per_class_and_per_peer() {
     assert_eq!(peer_labels, ["0", "1", "unknown"].into());
     // The same datagrams by reason.
     let reason = |r: &str| delta(&after, "dlcp_rx_dropped_total", "reason", r);
-    assert_eq!((reason("bad_tag"), reason("malformed"), reason("unknown_source")), (3.0, 9.0, 5.0));
+    let reasons =
+        [reason("bad_tag"), reason("malformed"), reason("version_mismatch"), reason("unknown_source")];
+    assert_eq!(reasons, [3.0, 6.0, 3.0, 5.0]);
 
     // dlcpctl stats: --json and the human tables agree with the metrics.
     let st = c.stats(0).unwrap();
@@ -458,7 +460,10 @@ fn dropped_datagrams_are_counted_per_class_and_per_peer() {
     assert_eq!(table_row("class", "unknown")[4], 6, "{text}");
     assert_eq!(table_row("class", "2")[4], 5, "{text}");
     assert!(text.contains("duplicate copies ignored; deadlines:"), "{text}");
-    assert!(text.contains("rejected datagrams: bad_tag 3, malformed 9, unknown_source 5\n"), "{text}");
+    assert!(
+        text.contains("rejected datagrams: bad_tag 3, malformed 6, version_mismatch 3, unknown_source 5\n"),
+        "{text}"
+    );
 
     // The peer takes its address back; the daemon still reduces correctly.
     drop((peer, stranger));

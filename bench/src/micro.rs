@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use dlcp::shm::server::{ServerConfig, ShmServer};
 use dlcp::shm::{Geometry, Status, SubmitOptions, TrainerChannel};
 use dlcp_proto::priority::Class;
-use dlcp_proto::wire::{self, Header, MacKey, OVERHEAD, Packet, PacketType, Phase};
+use dlcp_proto::wire::{self, Header, JobKey, KeyCache, MacKey, OVERHEAD, Packet, PacketType, Phase};
 
 /// One result line: what dlcp reached, what the limit reached, in `unit`.
 struct Figure {
@@ -132,21 +132,30 @@ fn udp_send_pps(dur: Duration) -> Result<f64, String> {
 
 /// `count` datagrams of `size` bytes, back to back, each encoded from the
 /// next `size - OVERHEAD` bytes of a tensor of that many bytes (as the datapath
-/// cuts a tensor into chunks). Returns (tensor bytes, datagrams).
+/// cuts a tensor into chunks), under packet numbers 0, 1, …. Returns (tensor
+/// bytes, datagrams).
 fn datagram_stream(key: &MacKey, h: &Header, size: usize, count: usize) -> (Vec<u8>, Vec<u8>) {
     let pl = size - OVERHEAD;
     let tensor: Vec<u8> = (0..pl * count).map(|i| (i * 31 + 7) as u8).collect();
     let mut pkts = vec![0u8; size * count];
-    for (src, out) in tensor.chunks_exact(pl).zip(pkts.chunks_exact_mut(size)) {
-        wire::encode(key, h, src, out).expect("encode");
+    for (i, (src, out)) in tensor.chunks_exact(pl).zip(pkts.chunks_exact_mut(size)).enumerate() {
+        let h = Header { packet: i as u64, ..*h };
+        wire::seal(key, &h, out, |p| p.copy_from_slice(src)).expect("encode");
     }
     (tensor, pkts)
 }
 
+/// The job key of the benchmark and the sending rank's own packet key for `h`.
+fn keys(h: &Header) -> (JobKey, MacKey) {
+    let job = JobKey::new(b"bench secret");
+    let own = job.sender_key(h.sender());
+    (job, own)
+}
+
 fn header_figures(dur: Duration, udp_pps: f64, big: usize) -> Vec<Figure> {
-    let key = MacKey::derive(b"bench secret");
     let size = 1472;
     let h = data_header(size - OVERHEAD);
+    let (job, key) = keys(&h);
     let count = big / size;
     let (tensor, mut pkts) = datagram_stream(&key, &h, size, count);
     let stream_ws = (tensor.len() + pkts.len()) as u64;
@@ -162,23 +171,24 @@ fn header_figures(dur: Duration, udp_pps: f64, big: usize) -> Vec<Figure> {
         black_box(Header::parse(&p).expect("parse"));
     });
     let both = 1.0 / (1.0 / emit + 1.0 / parse);
-    // Full datagram, as the datapath does it: header + payload copy + keyed-BLAKE3
-    // tag, walking through the tensor and the datagrams.
+    // Full datagram, as the datapath does it: header + payload copy + AES-128-GMAC
+    // tag, walking through the tensor and the datagrams; the receiver's keys cached.
     let pl = size - OVERHEAD;
+    let mut cache = KeyCache::new(job, 2);
     let mut i = 0;
     let decode = rate(dur, 256, || {
-        black_box(wire::decode(&key, black_box(&pkts[i * size..(i + 1) * size])).expect("decode"));
+        black_box(cache.decode(black_box(&pkts[i * size..(i + 1) * size])).expect("decode"));
         i = (i + 1) % count;
     });
     let encode = rate(dur, 256, || {
         let o = &mut pkts[i * size..(i + 1) * size];
-        black_box(
-            wire::encode(&key, black_box(&h), black_box(&tensor[i * pl..(i + 1) * pl]), o).expect("encode"),
-        );
+        let h = Header { packet: i as u64, ..h };
+        let p = black_box(&tensor[i * pl..(i + 1) * pl]);
+        black_box(wire::seal(&key, black_box(&h), o, |b| b.copy_from_slice(p)).expect("encode"));
         i = (i + 1) % count;
     });
     let full = 1.0 / (1.0 / encode + 1.0 / decode);
-    let (many, one) = mac_rates(dur, &key, &pkts, size);
+    let (verify, one) = mac_rates(dur, &key, &pkts, size);
     let fig = |name, what, dlcp, ws_bytes, working_set: &str| Figure {
         name,
         what,
@@ -192,28 +202,28 @@ fn header_figures(dur: Duration, udp_pps: f64, big: usize) -> Vec<Figure> {
     vec![
         fig(
             "header_codec",
-            "64-byte header emit + parse, per core",
+            "80-byte header emit + parse, per core",
             both,
             (wire::HEADER_LEN + size) as u64,
             "one header and one datagram (cache-resident: per-packet CPU only)",
         ),
         fig(
             "packet_codec_mac",
-            "1472-byte datagram encode + decode with keyed-BLAKE3 tag, per core",
+            "1472-byte datagram encode + decode with AES-128-GMAC tag, per core",
             full,
             stream_ws,
             &stream,
         ),
         fig(
-            "mac_batched",
-            "keyed-BLAKE3 tag of 1472-byte datagrams, 64 at a time as dlcpd does (tag_many), per core",
-            many,
+            "mac_verify",
+            "AES-128-GMAC check of one 1472-byte datagram at a time (header + payload slices), per core",
+            verify,
             pkts.len() as u64,
             &format!("{count} datagrams = {}", mib(pkts.len() as u64)),
         ),
         fig(
             "mac_single",
-            "keyed-BLAKE3 tag of one 1472-byte datagram at a time, per core",
+            "AES-128-GMAC tag of one 1472-byte datagram at a time (header + payload slices), per core",
             one,
             pkts.len() as u64,
             &format!("{count} datagrams = {}", mib(pkts.len() as u64)),
@@ -221,39 +231,39 @@ fn header_figures(dur: Duration, udp_pps: f64, big: usize) -> Vec<Figure> {
     ]
 }
 
-/// Tags per second of the datagrams of `size` bytes in `pkts` (their bytes
-/// before the tag), 64 at a time with `tag_many` and one at a time with `tag`,
-/// walking through the whole buffer.
+/// Checks and tags per second of the datagrams of `size` bytes in `pkts`, one
+/// at a time, header and payload as separate slices (as the datapath holds
+/// them), walking through the whole buffer.
 fn mac_rates(dur: Duration, key: &MacKey, pkts: &[u8], size: usize) -> (f64, f64) {
-    const BATCH: usize = 64;
     let count = pkts.len() / size;
-    let msg = |k: usize| &pkts[k * size..(k + 1) * size - wire::TAG_LEN];
-    let mut tags = vec![[0u8; wire::TAG_LEN]; BATCH];
+    let parts = |k: usize| {
+        let d = &pkts[k * size..(k + 1) * size];
+        (&d[..wire::HEADER_LEN], &d[wire::HEADER_LEN..size - wire::TAG_LEN], &d[size - wire::TAG_LEN..])
+    };
     let mut i = 0;
-    let many = BATCH as f64
-        * rate(dur, 4, || {
-            let refs: [&[u8]; BATCH] = std::array::from_fn(|k| msg((i + k) % count));
-            key.tag_many(black_box(&refs), &mut tags);
-            black_box(&tags);
-            i = (i + BATCH) % count;
-        });
-    let one = rate(dur, 256, || {
-        black_box(key.tag(black_box(msg(i))));
+    let verify = rate(dur, 256, || {
+        let (h, p, t) = parts(i);
+        assert!(key.check_parts(black_box(h), black_box(p), t));
         i = (i + 1) % count;
     });
-    (many, one)
+    let one = rate(dur, 256, || {
+        let (h, p, _) = parts(i);
+        black_box(key.tag_parts(black_box(h), black_box(p)));
+        i = (i + 1) % count;
+    });
+    (verify, one)
 }
 
-/// The tag at MTU 9000 (8972-byte datagrams), in GB/s of tagged bytes, vs
+/// The MAC at MTU 9000 (8972-byte datagrams), in GB/s of tagged bytes, vs
 /// `memcpy` of the same buffer: how much dearer the MAC is than one pass over
 /// the bytes.
 fn jumbo_mac_figures(dur: Duration, big: usize, copy_gbs: f64) -> Vec<Figure> {
-    let key = MacKey::derive(b"bench secret");
     let size = 8972;
     let h = data_header(size - OVERHEAD);
+    let (_, key) = keys(&h);
     let count = big / size;
     let (_, pkts) = datagram_stream(&key, &h, size, count);
-    let (many, one) = mac_rates(dur, &key, &pkts, size);
+    let (verify, one) = mac_rates(dur, &key, &pkts, size);
     let gbs = |pps: f64| pps * (size - wire::TAG_LEN) as f64 / 1e9;
     let ws = format!("{count} datagrams = {}", mib(pkts.len() as u64));
     let fig = |name, what, dlcp| Figure {
@@ -268,11 +278,15 @@ fn jumbo_mac_figures(dur: Duration, big: usize, copy_gbs: f64) -> Vec<Figure> {
     };
     vec![
         fig(
-            "mac_batched_jumbo",
-            "keyed-BLAKE3 tag of 8972-byte datagrams (MTU 9000), 64 at a time (tag_many), per core",
-            gbs(many),
+            "mac_verify_jumbo",
+            "AES-128-GMAC check of one 8972-byte datagram (MTU 9000) at a time, per core",
+            gbs(verify),
         ),
-        fig("mac_single_jumbo", "keyed-BLAKE3 tag of one 8972-byte datagram at a time, per core", gbs(one)),
+        fig(
+            "mac_single_jumbo",
+            "AES-128-GMAC tag of one 8972-byte datagram (MTU 9000) at a time, per core",
+            gbs(one),
+        ),
     ]
 }
 

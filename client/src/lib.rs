@@ -324,6 +324,7 @@ pub fn descriptor_error_name(detail: u32) -> &'static str {
         10 => "layer count out of range",
         11 => "layer not below the layer count",
         12 => "loss budget above the daemon's cap",
+        13 => "tensor larger than the daemon's limit shm.max_tensor_bytes",
         _ => "unknown descriptor error",
     }
 }

@@ -83,11 +83,17 @@ pub const SETTINGS: &[(&str, Reload)] = &[
     ("shm.ring_entries", Restart),
     ("shm.max_tensor_bytes", Restart),
     ("shm.early_buffer_bytes", Restart),
+    ("shm.max_attachments", Restart),
+    ("shm.max_attachments_per_user", Restart),
     ("control.socket_path", Restart),
     ("control.socket_mode", Restart),
     ("control.socket_group", Restart),
+    ("control.max_admin_connections", Restart),
+    ("control.max_pending_attaches", Restart),
+    ("control.request_timeout_ms", Restart),
     ("metrics.enabled", Restart),
     ("metrics.address", Restart),
+    ("security.packet_auth", Restart),
     ("log.level", Runtime),
 ];
 

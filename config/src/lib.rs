@@ -3,7 +3,8 @@
 //! One file configures one daemon: who it is (`[node]`), who the other daemons
 //! of the job are (`[[peers]]`), and how it moves packets (`[network]`,
 //! `[datapath]`, `[priority]`, `[loss]`, `[pacing]`), talks to trainers
-//! (`[shm]`, `[control]`) and reports (`[metrics]`, `[log]`). The sections and
+//! (`[shm]`, `[control]`), authenticates them (`[security]`) and reports
+//! (`[metrics]`, `[log]`). The sections and
 //! their defaults are documented in [`schema`] and, for operators, in
 //! `deploy/dlcp.toml`. A file with only `[node]` and `[[peers]]` is complete.
 //!
@@ -20,7 +21,7 @@
 //! port = 7700
 //! "#;
 //! let cfg = dlcp_config::Config::from_str_named(text, "dlcp.toml").unwrap();
-//! assert_eq!(cfg.chunk_bytes(), 1392);
+//! assert_eq!(cfg.chunk_bytes(), 1376);
 //! assert_eq!(cfg.loss.budget_ppm(), 10_000);
 //! ```
 //!
@@ -55,14 +56,14 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use dlcp_proto::priority::ClassifierConfig;
-use dlcp_proto::wire::MacKey;
+use dlcp_proto::wire::JobKey;
 use serde::{Deserialize, Serialize};
 
 pub use changes::{Change, Reload, SETTINGS, needs_restart, reload_class};
 pub use error::{ConfigError, ErrorKind, Location};
 pub use schema::{
     Control, Datapath, DatapathKind, DpdkDatapath, Fill, Generation, Log, LogLevel, Loss, Metrics, Network,
-    Node, Pacing, Peer, Priority, Secret, Shm, SocketDatapath,
+    Node, Pacing, PacketAuthMode, Peer, Priority, Secret, Security, Shm, SocketDatapath,
 };
 
 use error::{Bad, invalid_at, one_line, rewrite_serde_message};
@@ -97,6 +98,8 @@ pub struct Config {
     pub control: Control,
     /// `[metrics]`.
     pub metrics: Metrics,
+    /// `[security]`.
+    pub security: Security,
     /// `[log]`.
     pub log: Log,
     /// The resolved job secret (inline or read from `job_secret_file`).
@@ -131,27 +134,48 @@ struct RawConfig {
     #[serde(default)]
     metrics: Metrics,
     #[serde(default)]
+    security: Security,
+    #[serde(default)]
     log: Log,
 }
 
 impl Config {
     /// Read, parse and validate the file at `path`. Relative `job_secret_file`
     /// paths are taken relative to the file's directory.
+    ///
+    /// An inline `node.job_secret` is accepted only if the file is readable by
+    /// its owner alone (no group or other permission bits), as ssh treats a
+    /// private key; a `job_secret_file` must be so too (checked wherever the
+    /// text came from).
     pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        use std::io::Read;
+        use std::os::unix::fs::MetadataExt;
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        Config::parse(&text, &path.display().to_string(), path.parent())
+        let read = |source| ConfigError::Read { path: path.to_owned(), source };
+        let mut f = std::fs::File::open(path).map_err(read)?;
+        // The mode of the file read, taken from the open file.
+        let mode = f.metadata().map_err(read)?.mode() & 0o7777;
+        let mut text = String::new();
+        f.read_to_string(&mut text).map_err(read)?;
+        let name = path.display().to_string();
+        Config::parse(&text, &name, path.parent(), Some(&validate::Source { name: &name, mode }))
     }
 
     /// Parse and validate `text`; `name` is the file name used in errors.
     /// Relative `job_secret_file` paths are taken relative to `name`'s
-    /// directory (the working directory if `name` has none).
+    /// directory (the working directory if `name` has none). Text has no file
+    /// permissions: an inline secret is not checked for them here (see
+    /// [`Config::load`]).
     pub fn from_str_named(text: &str, name: &str) -> Result<Config, ConfigError> {
-        Config::parse(text, name, Path::new(name).parent())
+        Config::parse(text, name, Path::new(name).parent(), None)
     }
 
-    fn parse(text: &str, name: &str, base: Option<&Path>) -> Result<Config, ConfigError> {
+    fn parse(
+        text: &str,
+        name: &str,
+        base: Option<&Path>,
+        file: Option<&validate::Source<'_>>,
+    ) -> Result<Config, ConfigError> {
         let base = base.filter(|b| !b.as_os_str().is_empty());
         let doc = match Doc::parse(text) {
             Ok(doc) => doc,
@@ -169,11 +193,12 @@ impl Config {
             shm: raw.shm,
             control: raw.control,
             metrics: raw.metrics,
+            security: raw.security,
             log: raw.log,
             secret: Secret::default(),
             source: String::new(),
         };
-        validate::validate(&mut cfg, base).map_err(|bad| locate_bad(name, text, &doc, bad))?;
+        validate::validate(&mut cfg, base, file).map_err(|bad| locate_bad(name, text, &doc, bad))?;
         cfg.source = name.to_owned();
         Ok(cfg)
     }
@@ -250,9 +275,13 @@ impl Config {
         self.secret.as_bytes()
     }
 
-    /// The packet authentication key derived from the job secret.
-    pub fn mac_key(&self) -> MacKey {
-        MacKey::derive(self.job_secret())
+    /// The job's packet key schedule: from the job secret, or none under
+    /// `security.packet_auth = "none"`.
+    pub fn job_key(&self) -> JobKey {
+        match self.security.packet_auth {
+            PacketAuthMode::AesGmac => JobKey::new(self.job_secret()),
+            PacketAuthMode::None => JobKey::unauthenticated(),
+        }
     }
 
     /// The classifier parameters of `[priority]`.

@@ -75,12 +75,15 @@ pub struct Node {
     /// Job identifier carried in every packet; packets of other jobs are dropped. Required.
     pub job_id: u32,
     /// The per-job MAC secret inline (its UTF-8 bytes, at least 16). Exactly one of
-    /// `job_secret` and `job_secret_file` must be set.
+    /// `job_secret` and `job_secret_file` must be set. A configuration file holding
+    /// it must be readable by its owner alone (mode 0600 or 0400), or `Config::load`
+    /// refuses it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_secret: Option<Secret>,
     /// A file holding the per-job MAC secret, used byte for byte (a trailing newline
     /// is part of the secret). Relative paths are relative to the config file's
-    /// directory. Keep it mode 0600/0640.
+    /// directory. Like ssh with its keys, a file that its group or others may
+    /// access (any of the mode bits 0077) is refused: keep it 0600 or 0400.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_secret_file: Option<PathBuf>,
     /// Generation announced to peers (packets of stale generations are dropped);
@@ -231,7 +234,7 @@ pub struct Network {
     /// ≥ 1280). Default 1500. Restart-only.
     pub mtu: u32,
     /// Payload bytes per DATA packet. Default: derived from the MTU, see
-    /// [`default_chunk_bytes`] (1392 for IPv4 at MTU 1500); after loading it is
+    /// [`default_chunk_bytes`] (1376 for IPv4 at MTU 1500); after loading it is
     /// always set. Must be a multiple of 4 and fit the MTU. Restart-only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chunk_bytes: Option<u32>,
@@ -643,7 +646,17 @@ pub struct Shm {
     /// it, such packets are dropped and repaired later). 0 ..= `arena_bytes`.
     /// Default 16 MiB.
     pub early_buffer_bytes: u64,
+    /// Trainers attached at once (each holds a segment of `arena_bytes`), 1 ..=
+    /// [`MAX_ATTACHMENTS`]; an attach beyond it is refused with a reason naming
+    /// this setting, before any memory is set aside. Default 64.
+    pub max_attachments: u32,
+    /// Attachments one user (uid) may hold at once, 0 ..= `max_attachments`;
+    /// 0 sets no per-user cap (only `max_attachments`). Default 0.
+    pub max_attachments_per_user: u32,
 }
+
+/// Largest `shm.max_attachments` accepted.
+pub const MAX_ATTACHMENTS: u32 = 4096;
 
 impl Default for Shm {
     fn default() -> Self {
@@ -652,6 +665,8 @@ impl Default for Shm {
             ring_entries: 256,
             max_tensor_bytes: 64 << 20,
             early_buffer_bytes: 16 << 20,
+            max_attachments: 64,
+            max_attachments_per_user: 0,
         }
     }
 }
@@ -672,11 +687,32 @@ pub struct Control {
     /// Group (name or numeric gid) given to the socket; default: the daemon's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub socket_group: Option<String>,
+    /// Admin connections (`dlcpctl`) served at once, 1 ..= [`MAX_LOCAL_CONNECTIONS`];
+    /// more are closed at once and counted. Default 16.
+    pub max_admin_connections: u32,
+    /// Trainer connections in the attach handshake at once, 1 ..=
+    /// [`MAX_LOCAL_CONNECTIONS`]; more are refused at once and counted. Default 16.
+    pub max_pending_attaches: u32,
+    /// How long a connection on the control or admin socket has to finish its
+    /// exchange (an attach handshake; an admin request and its reply), ms,
+    /// 100 ..= 60000. A connection still unfinished is closed and counted.
+    /// Default 2000.
+    pub request_timeout_ms: u32,
 }
+
+/// Largest `control.max_admin_connections` / `control.max_pending_attaches` accepted.
+pub const MAX_LOCAL_CONNECTIONS: u32 = 1024;
 
 impl Default for Control {
     fn default() -> Self {
-        Control { socket_path: DEFAULT_SOCKET_PATH.into(), socket_mode: "0660".into(), socket_group: None }
+        Control {
+            socket_path: DEFAULT_SOCKET_PATH.into(),
+            socket_mode: "0660".into(),
+            socket_group: None,
+            max_admin_connections: 16,
+            max_pending_attaches: 16,
+            request_timeout_ms: 2000,
+        }
     }
 }
 
@@ -684,6 +720,11 @@ impl Control {
     /// `socket_mode` as a number (valid in a loaded config; 0o660 otherwise).
     pub fn mode(&self) -> u32 {
         parse_mode(&self.socket_mode).unwrap_or(0o660)
+    }
+
+    /// `request_timeout_ms` as a duration.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms.into())
     }
 }
 
@@ -709,6 +750,45 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics { enabled: true, address: SocketAddr::from(([127, 0, 0, 1], 9464)) }
+    }
+}
+
+/// `[security]`: how datagrams between the daemons are authenticated. Restart-only.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Security {
+    /// The per-packet MAC: `"aes-128-gmac"` (the default: a 16-byte tag per
+    /// datagram, keyed from the job secret) or `"none"` (no tag: only for an
+    /// isolated fabric where nothing else can send to the daemons' ports; it
+    /// must be set explicitly, is warned about at start and shown in `dlcpctl
+    /// status` and the metrics). Every daemon of the job must use the same.
+    pub packet_auth: PacketAuthMode,
+}
+
+/// `security.packet_auth`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+pub enum PacketAuthMode {
+    /// AES-128-GCM used as a MAC over every datagram (see `dlcp_proto::wire`).
+    #[default]
+    #[serde(rename = "aes-128-gmac")]
+    AesGmac,
+    /// No authentication.
+    #[serde(rename = "none")]
+    None,
+}
+
+impl PacketAuthMode {
+    /// The mode on the wire.
+    pub fn wire(self) -> dlcp_proto::wire::PacketAuth {
+        match self {
+            PacketAuthMode::AesGmac => dlcp_proto::wire::PacketAuth::AesGmac,
+            PacketAuthMode::None => dlcp_proto::wire::PacketAuth::None,
+        }
+    }
+
+    /// The mode's name as in the config file.
+    pub fn as_str(self) -> &'static str {
+        self.wire().name()
     }
 }
 

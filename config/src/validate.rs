@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::fmt::Display;
 use std::io::Read;
 use std::net::IpAddr;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use dlcp_proto::priority::{Class, ClassifierError};
@@ -35,10 +36,38 @@ fn power_of_two(path: &str, v: u64, lo: u64, hi: u64) -> R {
     Ok(())
 }
 
+/// The configuration file as read from disk: its name (for messages) and
+/// permission bits (an inline secret needs a file only its owner can read).
+pub(crate) struct Source<'a> {
+    /// The file name as given.
+    pub name: &'a str,
+    /// `st_mode & 0o7777` of the file, as read.
+    pub mode: u32,
+}
+
+/// Group and other permission bits: a secret, or a file holding one inline,
+/// with any of them set is refused (as ssh refuses such a private key).
+const NOT_OWNER_ONLY: u32 = 0o077;
+
 /// Check everything and resolve the derived values (bind address, chunk size,
-/// secret). `base` is the directory relative secret-file paths are taken from.
-pub(crate) fn validate(cfg: &mut Config, base: Option<&Path>) -> R {
+/// secret). `base` is the directory relative secret-file paths are taken from;
+/// `file` is the configuration file when the text was read from one.
+pub(crate) fn validate(cfg: &mut Config, base: Option<&Path>, file: Option<&Source<'_>>) -> R {
     let secret = node_secret(&cfg.node, base)?;
+    if let (Some(_), Some(f)) = (&cfg.node.job_secret, file)
+        && f.mode & NOT_OWNER_ONLY != 0
+    {
+        return Err(Bad::new(
+            "node.job_secret",
+            format!(
+                "an inline secret in {name}, which group or others may access (mode {mode:04o}) \
+                 (allowed: an inline secret only in a file its owner alone can read — run \
+                 `chmod 600 {name}` — or the secret in node.job_secret_file)",
+                name = f.name,
+                mode = f.mode
+            ),
+        ));
+    }
     peers(cfg)?;
     network(cfg)?;
     datapath(&cfg.datapath)?;
@@ -77,6 +106,18 @@ fn node_secret(node: &Node, base: Option<&Path>) -> Result<Secret, Bad> {
             let shown = path.display();
             let f =
                 std::fs::File::open(&path).map_err(|e| Bad::new(P, format!("cannot read {shown}: {e}")))?;
+            // The mode of the file opened (not of the path, which may change meanwhile).
+            let mode =
+                f.metadata().map_err(|e| Bad::new(P, format!("cannot read {shown}: {e}")))?.mode() & 0o7777;
+            if mode & NOT_OWNER_ONLY != 0 {
+                return Err(Bad::new(
+                    P,
+                    format!(
+                        "{shown} is accessible by group or others (mode {mode:04o}) (allowed: a secret \
+                         file only its owner can read, mode 0600 or 0400 — run `chmod 600 {shown}`)"
+                    ),
+                ));
+            }
             let mut bytes = Vec::new();
             f.take(MAX_SECRET_FILE_BYTES + 1)
                 .read_to_end(&mut bytes)
@@ -408,10 +449,17 @@ fn shm(s: &Shm) -> R {
     in_range("shm.max_tensor_bytes", s.max_tensor_bytes, 1, s.arena_bytes)
         .map_err(|b| Bad::new(b.path, format!("{} (at most shm.arena_bytes)", b.message)))?;
     in_range("shm.early_buffer_bytes", s.early_buffer_bytes, 0, s.arena_bytes)
-        .map_err(|b| Bad::new(b.path, format!("{} (at most shm.arena_bytes)", b.message)))
+        .map_err(|b| Bad::new(b.path, format!("{} (at most shm.arena_bytes)", b.message)))?;
+    in_range("shm.max_attachments", s.max_attachments, 1, MAX_ATTACHMENTS)?;
+    in_range("shm.max_attachments_per_user", s.max_attachments_per_user, 0, s.max_attachments).map_err(|b| {
+        Bad::new(b.path, format!("{} (0 = no per-user cap; at most shm.max_attachments)", b.message))
+    })
 }
 
 fn control(c: &Control) -> R {
+    in_range("control.max_admin_connections", c.max_admin_connections, 1, MAX_LOCAL_CONNECTIONS)?;
+    in_range("control.max_pending_attaches", c.max_pending_attaches, 1, MAX_LOCAL_CONNECTIONS)?;
+    in_range("control.request_timeout_ms", c.request_timeout_ms, 100, 60_000)?;
     let p = &c.socket_path;
     let len = p.as_os_str().len();
     if !p.is_absolute() || len > 107 || p.as_os_str().as_encoded_bytes().contains(&0) {

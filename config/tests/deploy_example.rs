@@ -18,6 +18,9 @@ fn load_example() -> (Config, String) {
     let dir = std::env::temp_dir().join(format!("dlcp-deploy-example-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("job.secret"), [0x5a; 32]).unwrap();
+    // Readable by its owner alone, or it is refused.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.join("job.secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
     let path = dir.join("dlcp.toml");
     std::fs::write(&path, &text).unwrap();
     let cfg = Config::load(&path);

@@ -1,6 +1,7 @@
 //! Every validation rule: the bad value is rejected with the right file, line and field.
 
-use dlcp_config::{Config, ConfigError, ErrorKind};
+use dlcp_config::{Config, ConfigError, ErrorKind, PacketAuthMode};
+use dlcp_proto::wire::PacketAuth;
 
 /// Two ranks; lines 1–14. Sections appended by tests start at line 15.
 const BASE: &str = r#"[node]
@@ -162,7 +163,7 @@ fn unknown_keys_everywhere() {
         &with("[control]\npath = \"/x\"\n"),
         "control.path",
         "path",
-        "allowed: socket_path, socket_mode, socket_group",
+        "allowed: socket_path, socket_mode, socket_group, max_admin_connections",
     );
     check(&with("[metrics]\nport = 1\n"), "metrics.port", "port = 1", "allowed: enabled, address");
     check(&with("[log]\nlevl = \"info\"\n"), "log.levl", "levl", "allowed: level");
@@ -274,12 +275,26 @@ fn node_rules() {
     );
 }
 
+/// Write `bytes` to `path` with permission bits `mode` (whatever the umask).
+fn write_mode(path: &std::path::Path, bytes: &[u8], mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, bytes).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A fresh directory for one test (tests run as threads of one process).
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("dlcp-config-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 #[test]
 fn secret_file_rules() {
-    let dir = std::env::temp_dir().join(format!("dlcp-config-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("short"), b"tiny\n").unwrap();
-    std::fs::write(dir.join("good"), [7u8; 32]).unwrap();
+    let dir = scratch("secret-file");
+    write_mode(&dir.join("short"), b"tiny\n", 0o600);
+    write_mode(&dir.join("good"), &[7u8; 32], 0o600);
     let text = BASE.replace("job_secret = \"0123456789abcdef\"", "job_secret_file = \"short\"");
     let name = dir.join("dlcp.toml");
     std::fs::write(&name, &text).unwrap();
@@ -293,6 +308,69 @@ fn secret_file_rules() {
     assert_eq!(c.job_secret(), &[7u8; 32]);
     let shown = c.to_toml_string();
     assert!(shown.contains("job_secret_file = \"good\""), "{shown}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_secret_file_others_may_read_is_refused_naming_the_file_and_the_fix() {
+    let dir = scratch("secret-mode");
+    let secret = dir.join("job.secret");
+    let text = BASE.replace("job_secret = \"0123456789abcdef\"", "job_secret_file = \"job.secret\"");
+    let name = dir.join("dlcp.toml");
+    write_mode(&name, text.as_bytes(), 0o644);
+    for mode in [0o640, 0o604, 0o644, 0o660, 0o610] {
+        write_mode(&secret, &[7u8; 32], mode);
+        let e = Config::load(&name).unwrap_err();
+        assert_eq!((e.field(), e.line()), (Some("node.job_secret_file"), Some(4)), "{e}");
+        let shown = e.to_string();
+        assert!(shown.starts_with(&format!("{}:4:19: node.job_secret_file: ", name.display())), "{e}");
+        assert!(
+            shown.contains(&format!(
+                "{} is accessible by group or others (mode {mode:04o})",
+                secret.display()
+            )),
+            "{e}"
+        );
+        assert!(shown.contains(&format!("run `chmod 600 {}`", secret.display())), "{e}");
+        // from_str_named reads the same secret file: the rule holds there too.
+        let e = Config::from_str_named(&text, &name.display().to_string()).unwrap_err();
+        assert_eq!(e.field(), Some("node.job_secret_file"), "{e}");
+    }
+    for mode in [0o600, 0o400] {
+        write_mode(&secret, &[7u8; 32], mode);
+        let c = Config::load(&name).unwrap_or_else(|e| panic!("mode {mode:o}: {e}"));
+        assert_eq!(c.job_secret(), &[7u8; 32]);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_inline_secret_only_in_a_config_file_its_owner_alone_can_read() {
+    let dir = scratch("inline-mode");
+    let name = dir.join("dlcp.toml");
+    for mode in [0o644, 0o640, 0o604, 0o660] {
+        write_mode(&name, BASE.as_bytes(), mode);
+        let e = Config::load(&name).unwrap_err();
+        assert_eq!((e.field(), e.line()), (Some("node.job_secret"), Some(4)), "{e}");
+        let shown = e.to_string();
+        assert!(shown.starts_with(&format!("{}:4:14: node.job_secret: ", name.display())), "{e}");
+        assert!(
+            shown.contains(&format!(
+                "an inline secret in {}, which group or others may access (mode {mode:04o})",
+                name.display()
+            )),
+            "{e}"
+        );
+        assert!(shown.contains(&format!("run `chmod 600 {}`", name.display())), "{e}");
+        assert!(shown.contains("or the secret in node.job_secret_file"), "{e}");
+    }
+    for mode in [0o600, 0o400] {
+        write_mode(&name, BASE.as_bytes(), mode);
+        let c = Config::load(&name).unwrap_or_else(|e| panic!("mode {mode:o}: {e}"));
+        assert_eq!(c.job_secret(), b"0123456789abcdef");
+    }
+    // Text that is no file has no permissions to check.
+    assert!(Config::from_str_named(BASE, "/etc/dlcp/dlcp.toml").is_ok());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -389,16 +467,16 @@ fn network_rules() {
         &with("[network]\nchunk_bytes = 1400\n"),
         "network.chunk_bytes",
         "chunk_bytes",
-        "1400 does not fit MTU 1500 − 28 (IP/UDP) − 80 (dlcp header and tag) (allowed: a multiple of 4 in 64 ..= 1392)",
+        "1400 does not fit MTU 1500 − 28 (IP/UDP) − 96 (dlcp header and tag) (allowed: a multiple of 4 in 64 ..= 1376)",
     );
     check(&with("[network]\nchunk_bytes = 1001\n"), "network.chunk_bytes", "chunk_bytes", "a multiple of 4");
-    check(&with("[network]\nchunk_bytes = 32\n"), "network.chunk_bytes", "chunk_bytes", "64 ..= 1392");
+    check(&with("[network]\nchunk_bytes = 32\n"), "network.chunk_bytes", "chunk_bytes", "64 ..= 1376");
     // chunk_bytes is checked against the MTU given in the file.
     check(
         &with("[network]\nmtu = 1000\nchunk_bytes = 1000\n"),
         "network.chunk_bytes",
         "chunk_bytes",
-        "64 ..= 892",
+        "64 ..= 876",
     );
     check(
         &with("[network]\nheartbeat_interval_ms = 0\n"),
@@ -424,7 +502,7 @@ fn network_rules() {
 fn ipv6_mtu_and_chunk() {
     let t = BASE.replace("10.77.0.1", "fd00::1").replace("10.77.0.2", "fd00::2");
     let c = load(&t).unwrap();
-    assert_eq!(c.chunk_bytes(), 1500 - 48 - 80);
+    assert_eq!(c.chunk_bytes(), 1500 - 48 - 96);
     check(&format!("{t}[network]\nmtu = 1000\n"), "network.mtu", "mtu", "(allowed: 1280 ..= 65535)");
 }
 
@@ -665,6 +743,15 @@ fn shm_rules() {
         "early_buffer_bytes",
         "(allowed: 0 ..= 268435456)",
     );
+    check(&s("max_attachments = 0"), "shm.max_attachments", "max_attachments", "(allowed: 1 ..= 4096)");
+    check(
+        &s("max_attachments = 8\nmax_attachments_per_user = 9"),
+        "shm.max_attachments_per_user",
+        "max_attachments_per_user",
+        "9 is out of range (allowed: 0 ..= 8) (0 = no per-user cap; at most shm.max_attachments)",
+    );
+    let cfg = load(&s("max_attachments = 8\nmax_attachments_per_user = 2")).unwrap();
+    assert_eq!((cfg.shm.max_attachments, cfg.shm.max_attachments_per_user), (8, 2));
 }
 
 #[test]
@@ -699,7 +786,56 @@ fn control_and_metrics_rules() {
     );
     let cfg = load(&c("socket_mode = \"640\"\nsocket_group = \"dlcp\"")).unwrap();
     assert_eq!(cfg.control.mode(), 0o640);
+    check(
+        &c("max_admin_connections = 0"),
+        "control.max_admin_connections",
+        "max_admin_connections",
+        "0 is out of range (allowed: 1 ..= 1024)",
+    );
+    check(
+        &c("max_pending_attaches = 1025"),
+        "control.max_pending_attaches",
+        "max_pending_attaches",
+        "1025 is out of range (allowed: 1 ..= 1024)",
+    );
+    check(
+        &c("request_timeout_ms = 50"),
+        "control.request_timeout_ms",
+        "request_timeout_ms",
+        "50 is out of range (allowed: 100 ..= 60000)",
+    );
+    let cfg =
+        load(&c("max_admin_connections = 3\nmax_pending_attaches = 4\nrequest_timeout_ms = 500")).unwrap();
+    let ctl = &cfg.control;
+    assert_eq!((ctl.max_admin_connections, ctl.max_pending_attaches, ctl.request_timeout_ms), (3, 4, 500));
     let m = |v: &str| with(&format!("[metrics]\n{v}\n"));
     check(&m("address = \"127.0.0.1\""), "metrics.address", "address = \"127", "(allowed: \"ip:port\"");
     check(&m("enabled = \"yes\""), "metrics.enabled", "enabled", "(allowed: true or false)");
+}
+
+#[test]
+fn security_rules() {
+    // The default authenticates; "none" only when written in the file.
+    assert_eq!(load(BASE).unwrap().security.packet_auth, PacketAuthMode::AesGmac);
+    assert_eq!(load(BASE).unwrap().job_key().auth(), PacketAuth::AesGmac);
+    let s = |v: &str| with(&format!("[security]\n{v}\n"));
+    let c = load(&s("packet_auth = \"none\"")).unwrap();
+    assert_eq!(c.security.packet_auth, PacketAuthMode::None);
+    assert_eq!(c.job_key().auth(), PacketAuth::None);
+    assert_eq!(
+        load(&s("packet_auth = \"aes-128-gmac\"")).unwrap().security.packet_auth,
+        PacketAuthMode::AesGmac
+    );
+    let t = s("packet_auth = \"hmac\"");
+    assert_eq!(
+        err(&t).to_string(),
+        "/etc/dlcp/dlcp.toml:16:15: security.packet_auth: invalid value \"hmac\" (allowed: aes-128-gmac, none)"
+    );
+    for bad in ["\"None\"", "\"\"", "\"gmac\""] {
+        check(&s(&format!("packet_auth = {bad}")), "security.packet_auth", "packet_auth", "aes-128-gmac");
+    }
+    for bad in ["false", "0"] {
+        check(&s(&format!("packet_auth = {bad}")), "security.packet_auth", "packet_auth", "string");
+    }
+    check(&s("auth = \"none\""), "security.auth", "auth", "allowed: packet_auth");
 }

@@ -5,10 +5,11 @@
 //! event loop owns the numbers: every [`UPDATE_EVERY`] it copies its counters
 //! into the metrics ([`Metrics::update`], a few hundred atomic stores), and on
 //! each finished op it records the op's latency, delivered fraction and which
-//! peer's contribution arrived last ([`Metrics::op_completed`]). A small thread
-//! of its own serves HTTP: it only reads the metrics, so a slow scraper never
-//! holds up the datapath (the loop's counters can be up to [`UPDATE_EVERY`]
-//! old in a scrape).
+//! peer's contribution arrived last ([`Metrics::op_completed`]). Threads of
+//! their own serve HTTP ([`MetricsServer`]): they only read the metrics, so a
+//! slow scraper never holds up the datapath (the loop's counters can be up to
+//! [`UPDATE_EVERY`] old in a scrape), and several scrapes run at once, each
+//! bounded by a whole-request deadline, so a slow one never holds up another.
 //!
 //! Port collisions: several daemons on one host (tests, `dlcpd demo`) must not
 //! share an address: give each `127.0.0.1:0` (any free port; `dlcpctl status`
@@ -19,8 +20,8 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
@@ -90,10 +91,11 @@ fn labels(d: &Desc, label: Label) -> Labels {
 }
 
 impl Metrics {
-    /// Every metric, registered, for a daemon of `rank` in a job of `world`:
-    /// one family per metric name among the counters `each` walks, and the
-    /// op metrics of [`Metrics::op_completed`].
-    pub fn new(rank: u32, world: u32, datapath: &str, each: EachCounter<'_>) -> Metrics {
+    /// Every metric, registered, for a daemon of `rank` in a job of `world`
+    /// that authenticates datagrams with `packet_auth` (`security.packet_auth`):
+    /// one family per metric name among the counters `each` walks, the op
+    /// metrics of [`Metrics::op_completed`], and `dlcp_packet_auth{mode}`.
+    pub fn new(rank: u32, world: u32, datapath: &str, packet_auth: &str, each: EachCounter<'_>) -> Metrics {
         let mut r = Registry::with_prefix("dlcp");
         r.register(
             "build",
@@ -105,6 +107,13 @@ impl Metrics {
                 ("datapath", datapath.to_string()),
             ]),
         );
+        let auth: Family<Labels, Gauge> = Family::default();
+        r.register(
+            "packet_auth",
+            "1 for the packet authentication mode in force (security.packet_auth: aes-128-gmac or none)",
+            auth.clone(),
+        );
+        auth.get_or_create(&l("mode", packet_auth)).set(1);
         let mut counters = HashMap::new();
         let mut gauges = HashMap::new();
         each(&mut |d, label, _| {
@@ -241,7 +250,19 @@ impl Metrics {
     }
 }
 
-/// The HTTP endpoint: a thread answering `GET /metrics`.
+/// Scrapes served at once; one more is answered `503` and closed at once.
+pub const MAX_CLIENTS: usize = 8;
+/// The whole exchange of one scrape (request in, response out) must fit in
+/// this; a client still sending or reading after it is cut off.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+
+/// How long turning a client away may take (see [`MetricsServer`]).
+const BUSY_WAIT: Duration = Duration::from_millis(50);
+
+/// The HTTP endpoint: an accepting thread and one thread per scrape, at most
+/// [`MAX_CLIENTS`] at once, each bounded by [`REQUEST_DEADLINE`]. A client that
+/// connects and sends nothing (or trickles) holds one of them until the
+/// deadline, never the others.
 #[derive(Debug)]
 pub struct MetricsServer {
     addr: SocketAddr,
@@ -250,23 +271,20 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Bind `addr` (port 0: any free port) and serve `metrics` from a thread.
+    /// Bind `addr` (port 0: any free port) and serve `metrics` from threads.
     pub fn start(addr: SocketAddr, metrics: Metrics) -> std::io::Result<MetricsServer> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let active = Arc::new(AtomicUsize::new(0));
         let thread = std::thread::Builder::new().name("dlcpd-metrics".into()).spawn(move || {
             for conn in listener.incoming() {
                 if flag.load(Ordering::Relaxed) {
                     return;
                 }
                 match conn {
-                    Ok(s) => {
-                        if let Err(e) = serve(s, &metrics) {
-                            log::debug!("metrics: {e}");
-                        }
-                    }
+                    Ok(s) => admit(s, &metrics, &active),
                     Err(e) => {
                         log::warn!("metrics accept: {e}");
                         std::thread::sleep(Duration::from_millis(50));
@@ -286,7 +304,7 @@ impl MetricsServer {
 impl Drop for MetricsServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        // Wake the blocking accept.
+        // Wake the blocking accept. (Scrapes in progress end by their deadline.)
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -294,13 +312,66 @@ impl Drop for MetricsServer {
     }
 }
 
-/// One request: `GET /metrics` (or `/`) gets the exposition, anything else a 404/405.
-fn serve(mut s: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+/// Serve `s` on a thread of its own, or answer `503` at once if
+/// [`MAX_CLIENTS`] are being served.
+fn admit(s: TcpStream, metrics: &Metrics, active: &Arc<AtomicUsize>) {
+    if active.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
+        active.fetch_sub(1, Ordering::AcqRel);
+        // Answer, then take the request off the socket (waiting 50 ms at most)
+        // so that closing it sends the answer and a FIN, not a reset.
+        let _ = s.set_write_timeout(Some(BUSY_WAIT));
+        let _ = s.set_read_timeout(Some(BUSY_WAIT));
+        let _ = (&s).write(
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\nConnection: close\r\n\r\n",
+        );
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let _ = (&s).read(&mut [0u8; 1024]);
+        log::debug!("metrics: {MAX_CLIENTS} scrapes in progress; one more turned away");
+        return;
+    }
+    let (m, left) = (metrics.clone(), active.clone());
+    let spawned = std::thread::Builder::new().name("dlcpd-scrape".into()).spawn(move || {
+        if let Err(e) = serve(s, &m, Instant::now() + REQUEST_DEADLINE) {
+            log::debug!("metrics: {e}");
+        }
+        left.fetch_sub(1, Ordering::AcqRel);
+    });
+    if let Err(e) = spawned {
+        active.fetch_sub(1, Ordering::AcqRel);
+        log::warn!("metrics: cannot start a thread for a scrape: {e}");
+    }
+}
+
+/// The time left until `deadline`, as a socket timeout (an error once it passed).
+fn left(deadline: Instant) -> std::io::Result<Duration> {
+    let d = deadline.saturating_duration_since(Instant::now());
+    if d.is_zero() {
+        return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "scrape deadline passed"));
+    }
+    Ok(d)
+}
+
+/// Write `bytes`, every write bounded by what is left until `deadline`.
+fn write_by(s: &mut TcpStream, mut bytes: &[u8], deadline: Instant) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        s.set_write_timeout(Some(left(deadline)?))?;
+        match s.write(bytes) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// One request: `GET /metrics` (or `/`) gets the exposition, anything else a
+/// 404/405; all of it, reading and writing, before `deadline`.
+fn serve(mut s: TcpStream, metrics: &Metrics, deadline: Instant) -> std::io::Result<()> {
     let mut req = Vec::new();
     let mut buf = [0u8; 1024];
     while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 16 * 1024 {
+        s.set_read_timeout(Some(left(deadline)?))?;
         let n = s.read(&mut buf)?;
         if n == 0 {
             break;
@@ -319,9 +390,9 @@ fn serve(mut s: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
         "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    s.write_all(head.as_bytes())?;
+    write_by(&mut s, head.as_bytes(), deadline)?;
     if method != "HEAD" {
-        s.write_all(body.as_bytes())?;
+        write_by(&mut s, body.as_bytes(), deadline)?;
     }
     s.flush()
 }
@@ -349,7 +420,7 @@ mod tests {
     fn every_value_is_exported_under_its_description_and_slowest_peer() {
         let mut s = Stats::new(3);
         let d = crate::datapath::DatapathStats { rx_rcvbuf_drops: 4, tx_errors: 2, ..Default::default() };
-        let m = Metrics::new(0, 3, "socket", &walk(&s, &d));
+        let m = Metrics::new(0, 3, "socket", "none", &walk(&s, &d));
         s.tx_packets = [1, 2, 3, 4, 5, 6, 7, 8];
         s.repairs_sent_per_class[1] = 3;
         s.rx_dropped.unknown_class = PacketCount { packets: 2, bytes: 90 };
@@ -374,6 +445,8 @@ mod tests {
         assert!(t.contains("dlcp_rx_dropped_total{reason=\"bad_tag\"} 6\n"), "{t}");
         assert!(t.contains("dlcp_rx_dropped_total{reason=\"socket_buffer\"} 4\n"), "{t}");
         assert!(t.contains("dlcp_datapath_errors_total{kind=\"tx\"} 2\n"), "{t}");
+        assert!(t.contains("dlcp_packet_auth{mode=\"none\"} 1\n"), "{t}");
+        assert!(!t.contains("mode=\"aes-128-gmac\""), "{t}");
         // Every exported value of the tables is in the exposition, with its help.
         walk(&s, &d)(&mut |desc, label, v| {
             let Some(name) = desc.metric else { return };
@@ -392,7 +465,8 @@ mod tests {
 
     #[test]
     fn serves_http() {
-        let m = Metrics::new(0, 1, "socket", &|_: &mut dyn FnMut(&'static Desc, Label, u64)| {});
+        let each = |_: &mut dyn FnMut(&'static Desc, Label, u64)| {};
+        let m = Metrics::new(0, 1, "socket", "aes-128-gmac", &each);
         let srv = MetricsServer::start("127.0.0.1:0".parse().unwrap(), m).unwrap();
         let get = |req: &str| {
             let mut s = TcpStream::connect(srv.local_addr()).unwrap();
@@ -406,5 +480,48 @@ mod tests {
         assert!(get("GET /nope HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
         assert!(get("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
         drop(srv);
+    }
+
+    #[test]
+    fn silent_clients_hold_no_scrape_up_are_capped_and_cut_off_at_the_deadline() {
+        let m =
+            Metrics::new(0, 1, "socket", "aes-128-gmac", &|_: &mut dyn FnMut(&'static Desc, Label, u64)| {});
+        let srv = MetricsServer::start("127.0.0.1:0".parse().unwrap(), m).unwrap();
+        let get = || {
+            let mut s = TcpStream::connect(srv.local_addr()).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).unwrap();
+            out
+        };
+        // Clients that connect and say nothing, all but one of the places.
+        let started = Instant::now();
+        let silent: Vec<TcpStream> =
+            (0..MAX_CLIENTS - 1).map(|_| TcpStream::connect(srv.local_addr()).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let t0 = Instant::now();
+        assert!(get().starts_with("HTTP/1.1 200 OK\r\n"));
+        assert!(t0.elapsed() < Duration::from_secs(2), "a scrape waited {:?}", t0.elapsed());
+        // All places taken (once the scrape's thread has given its place
+        // back, a moment after its client saw the end): one more is told so at once.
+        std::thread::sleep(Duration::from_millis(200));
+        let _last = TcpStream::connect(srv.local_addr()).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let t0 = Instant::now();
+        let busy = get();
+        assert!(busy.starts_with("HTTP/1.1 503"), "{busy:?}");
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        // The silent ones are cut off at the whole-request deadline.
+        let mut first = &silent[0];
+        first.set_read_timeout(Some(REQUEST_DEADLINE * 2)).unwrap();
+        let mut b = [0u8; 16];
+        assert_eq!(first.read(&mut b).unwrap(), 0, "closed by the server");
+        let held = started.elapsed();
+        assert!(held >= REQUEST_DEADLINE - Duration::from_millis(500), "{held:?}");
+        assert!(held < REQUEST_DEADLINE + Duration::from_secs(2), "{held:?}");
+        // And then there is room again.
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(get().starts_with("HTTP/1.1 200 OK\r\n"));
     }
 }

@@ -18,13 +18,13 @@ use dlcp_proto::oracle;
 use dlcp_proto::rng::Rng;
 use dlcp_proto::sim::{NetConfig, NetStats, Sim, TraceEvent, TraceRecord};
 use dlcp_proto::time::{Duration, Instant};
-use dlcp_proto::wire::{MacKey, PPM, Packet};
+use dlcp_proto::wire::{JobKey, OVERHEAD, PPM, Packet};
 
 /// One rank's result of one op.
 type RankResult = (Vec<f32>, OpReport);
 
-/// Payload bytes per packet at MTU 1500 (1500 − 28 IPv4/UDP − 80 dlcp).
-const CHUNK_BYTES: usize = 1392;
+/// Payload bytes per packet at MTU 1500 (1500 − 28 IPv4/UDP − 96 dlcp header and tag).
+const CHUNK_BYTES: usize = 1500 - 28 - OVERHEAD;
 
 /// What to run.
 #[derive(Debug, Clone, PartialEq)]
@@ -200,10 +200,11 @@ struct Run<'a> {
 pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
     let wall = WallClock::now();
     let world = opts.hosts;
-    let key = MacKey::derive(b"dlcpd demo job secret");
+    let key = JobKey::new(b"dlcpd demo job secret");
     let nodes: Vec<Endpoint> = (0..world)
         .map(|r| {
-            let mut c = EndpointConfig::new(r, world, 1, 1, key.clone());
+            // A fixed session per rank: the simulation is deterministic.
+            let mut c = EndpointConfig::new(r, world, 1, 1, u64::from(r) + 1, key.clone());
             c.chunk_bytes = CHUNK_BYTES;
             Endpoint::new(c, Instant::ZERO)
         })
@@ -455,9 +456,9 @@ fn print_summary(opts: &SimOptions, summary: &SimSummary, out: &mut impl Write) 
         summary.goodput_gbps, opts.link_gbps
     )?;
     // Physical limit of the scheme: every rank sends and receives 2(N-1)/N of the
-    // data, plus per-packet framing (28 IP/UDP + 14 Ethernet + 80 dlcp bytes).
+    // data, plus per-packet framing (28 IP/UDP + 14 Ethernet + 96 dlcp bytes).
     let n = f64::from(world);
-    let wire_eff = CHUNK_BYTES as f64 / (CHUNK_BYTES as f64 + 28.0 + 14.0 + 80.0);
+    let wire_eff = CHUNK_BYTES as f64 / (CHUNK_BYTES as f64 + 28.0 + 14.0 + OVERHEAD as f64);
     let bound = if world > 1 { opts.link_gbps * n / (2.0 * (n - 1.0)) * wire_eff } else { f64::INFINITY };
     writeln!(
         out,

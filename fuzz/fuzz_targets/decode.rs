@@ -3,7 +3,7 @@
 //! canonical: every header bit is either a field or checked to be zero).
 #![no_main]
 
-use dlcp_proto::wire::{self, MacKey};
+use dlcp_proto::wire::{self, JobKey};
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 
@@ -11,9 +11,9 @@ use std::sync::OnceLock;
 /// valid seed packets).
 const SECRET: &[u8] = b"dlcp fuzz corpus key";
 
-fn key() -> &'static MacKey {
-    static KEY: OnceLock<MacKey> = OnceLock::new();
-    KEY.get_or_init(|| MacKey::derive(SECRET))
+fn key() -> &'static JobKey {
+    static KEY: OnceLock<JobKey> = OnceLock::new();
+    KEY.get_or_init(|| JobKey::new(SECRET))
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -1,25 +1,25 @@
 //! Like `decode`, but first overwrites the last 16 bytes with the correct tag
-//! for the rest of the input, as a peer holding the job key could. Random
+//! for the rest of the input (at least a header), as a peer holding the job key could. Random
 //! mutations almost never pass the MAC, so this is the target that reaches the
 //! field checks in `Header::parse` / `Header::check`.
 #![no_main]
 
-use dlcp_proto::wire::{self, MacKey, TAG_LEN};
+use dlcp_proto::wire::{self, JobKey, OVERHEAD, TAG_LEN};
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 
 /// Secret shared with `proto/tests/wire_fuzz_corpus.rs`.
 const SECRET: &[u8] = b"dlcp fuzz corpus key";
 
-fn key() -> &'static MacKey {
-    static KEY: OnceLock<MacKey> = OnceLock::new();
-    KEY.get_or_init(|| MacKey::derive(SECRET))
+fn key() -> &'static JobKey {
+    static KEY: OnceLock<JobKey> = OnceLock::new();
+    KEY.get_or_init(|| JobKey::new(SECRET))
 }
 
 fuzz_target!(|data: &[u8]| {
     let k = key();
     let mut b = data.to_vec();
-    if b.len() >= TAG_LEN {
+    if b.len() >= OVERHEAD {
         let n = b.len() - TAG_LEN;
         let t = k.tag(&b[..n]);
         b[n..].copy_from_slice(&t);

@@ -308,10 +308,16 @@ crate::counters! {
     /// Counters of rejected or ignored datagrams, by reason.
     #[derive(Debug, Clone, Default, PartialEq, Eq)]
     pub struct RejectCounters {
-        /// Structurally malformed (length, magic, version, field values).
+        /// Structurally malformed (length, magic, unknown `auth` byte, field values).
         pub malformed: u64 => [dropped("rejected.malformed", "malformed")],
         /// Authentication tag mismatch.
         pub bad_tag: u64 => [dropped("rejected.bad_tag", "bad_tag")],
+        /// A dlcp datagram of another wire version.
+        pub version_mismatch: u64 => [dropped("rejected.version_mismatch", "version_mismatch")],
+        /// Sent with another packet authentication mode (`packet_auth`) than ours.
+        pub auth_mismatch: u64 => [dropped("rejected.auth_mismatch", "auth_mismatch")],
+        /// From a peer whose HELLO settings (chunk size) differ from ours.
+        pub settings_mismatch: u64 => [dropped("rejected.settings_mismatch", "settings_mismatch")],
         /// Another job's packet.
         pub wrong_job: u64 => [dropped("rejected.wrong_job", "wrong_job")],
         /// Addressed to another rank, or from a rank outside the world.
@@ -351,6 +357,9 @@ impl RejectCounters {
         let RejectCounters {
             malformed,
             bad_tag,
+            version_mismatch,
+            auth_mismatch,
+            settings_mismatch,
             wrong_job,
             wrong_rank,
             stale_generation,
@@ -366,6 +375,9 @@ impl RejectCounters {
         } = self;
         malformed
             + bad_tag
+            + version_mismatch
+            + auth_mismatch
+            + settings_mismatch
             + wrong_job
             + wrong_rank
             + stale_generation
@@ -537,6 +549,14 @@ crate::counters! {
             "deadline_nacks",
             "Deadlines that re-sent the receiver's BITMAP (a NACK) to a sender gone quiet; the transfer goes on",
         )],
+        /// Packet keys derived from the job secret for checking received tags
+        /// (cache misses: a few per peer incarnation, one per datagram with a
+        /// forged sender).
+        pub key_derivations: u64 => [Desc::new(
+            "key_derivations",
+            "key_derivations",
+            "Packet keys derived to check received tags (a few per peer incarnation; more means forged senders)",
+        )],
         /// Ops failed by the hard timeout.
         pub hard_timeouts: u64 => [Desc::new("hard_timeouts", "hard_timeouts", "Ops failed by the hard timeout")],
         /// Ops completed.
@@ -661,9 +681,9 @@ mod tests {
         let mut in_debug = numbers(&format!("{s:?}"));
         in_debug.sort_unstable();
         assert_eq!(in_debug, given);
-        // 4×8 + 4×3 per class / per peer, 2×(8+1+3+1) dropped, 14 reasons,
-        // 2 + 4×8 + 2×2×3 repairs, 9 others.
-        assert_eq!(given.len(), 32 + 12 + 26 + 14 + 2 + 32 + 12 + 9);
+        // 4×8 + 4×3 per class / per peer, 2×(8+1+3+1) dropped, 17 reasons,
+        // 2 + 4×8 + 2×2×3 repairs, 10 others.
+        assert_eq!(given.len(), 32 + 12 + 26 + 17 + 2 + 32 + 12 + 10);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use dlcp_proto::class::Class;
 use dlcp_proto::endpoint::{Endpoint, OpId, Transmit, TxBatch};
 use dlcp_proto::rng::Rng;
 use dlcp_proto::time::Instant;
-use dlcp_proto::wire::{self, Header, MacKey, PacketType, Phase};
+use dlcp_proto::wire::{self, Header, JobKey, PacketType, Phase};
 
 fn live_endpoint() -> Endpoint {
     let mut e = Endpoint::new(endpoint_config(0, 4, 1), Instant::ZERO);
@@ -24,7 +24,7 @@ fn live_endpoint() -> Endpoint {
 /// datagrams of every size around the batched range (1–2 KiB).
 #[test]
 fn batched_receive_matches_one_at_a_time() {
-    let foreign = MacKey::derive(b"another job's secret");
+    let foreign = JobKey::new(b"another job's secret");
     let mut rng = Rng::stream(41, 3, 4);
     let mut datagrams: Vec<Vec<u8>> = Vec::new();
     let mut buf = vec![0u8; 4096];

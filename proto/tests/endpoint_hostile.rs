@@ -5,11 +5,12 @@ mod common;
 
 use common::*;
 use dlcp_proto::class::Class;
-use dlcp_proto::endpoint::{Endpoint, OpId};
+use dlcp_proto::endpoint::{Endpoint, Event, MISMATCH_REPORT_INTERVAL, Mismatch, OpId};
 use dlcp_proto::rng::Rng;
 use dlcp_proto::sim::{NetConfig, Node};
+use dlcp_proto::stats::RejectCounters;
 use dlcp_proto::time::{Duration, Instant};
-use dlcp_proto::wire::{self, DType, Flags, Header, MacKey, PacketType, Phase};
+use dlcp_proto::wire::{self, DType, Flags, Header, JobKey, PacketType, Phase};
 use proptest::prelude::*;
 
 fn arb_header() -> impl Strategy<Value = Header> {
@@ -87,7 +88,9 @@ proptest! {
         let before = e.stats().rejected.clone();
         e.handle_datagram(Instant::from_nanos(10), &bytes);
         let after = &e.stats().rejected;
-        prop_assert!(after.malformed + after.bad_tag == before.malformed + before.bad_tag + 1);
+        // (Bytes that happen to start with the magic may name another version or auth mode.)
+        let refused = |r: &RejectCounters| r.malformed + r.bad_tag + r.version_mismatch + r.auth_mismatch;
+        prop_assert!(refused(after) == refused(&before) + 1);
         let d = &e.stats().rx_dropped;
         let classes: u64 = d.class.iter().map(|c| c.packets).sum::<u64>() + d.unknown_class.packets;
         let peers: u64 = d.peer.iter().map(|c| c.packets).sum::<u64>() + d.unknown_peer.packets;
@@ -101,7 +104,7 @@ fn forged_and_foreign_packets_are_rejected_and_counted_and_service_continues() {
     let world = 4;
     let mut c = Cluster::new(world, NetConfig::default().with_seed(5));
     let mut rng = Rng::stream(99, 1, 2);
-    let foreign = MacKey::derive(b"another job's secret");
+    let foreign = JobKey::new(b"another job's secret");
     let mut buf = vec![0u8; 2048];
     let now = c.sim.now();
     let mut sent = 0u64;
@@ -169,7 +172,10 @@ fn stale_generation_and_finished_ops_are_counted() {
     hello.generation = 0;
     hello.src = 1;
     hello.dst = 0;
-    let n = wire::encode(&key(), &hello, &[], &mut buf).unwrap();
+    let mut settings = [0u8; wire::SETTINGS_LEN];
+    let auth = wire::PacketAuth::AesGmac;
+    wire::Settings { version: wire::VERSION, auth, chunk_bytes: CHUNK_BYTES as u32 }.emit(&mut settings);
+    let n = wire::encode(&key(), &hello, &settings, &mut buf).unwrap();
     Node::handle_datagram(c.sim.node_mut(0), now, &buf[..n]);
     let r = &c.sim.node(0).stats().rejected;
     assert_eq!(r.late + r.stale_op, 1, "{r:?}");
@@ -184,7 +190,7 @@ fn discarded_datagrams_are_counted_per_class_and_per_peer() {
     use dlcp_proto::endpoint::PacketCount;
     let mut e = live_endpoint();
     let now = Instant::from_nanos(10);
-    let foreign = MacKey::derive(b"another job's secret");
+    let foreign = JobKey::new(b"another job's secret");
     let mut buf = vec![0u8; 2048];
     let data = |class: u8, src: u32, op: u64| {
         let mut h = Header::new(PacketType::Data, Class::new(class).unwrap(), Phase::Scatter);
@@ -210,6 +216,7 @@ fn discarded_datagrams_are_counted_per_class_and_per_peer() {
     e.handle_datagram_from(now, &buf[..n], Some(3));
     buf[2] = wire::VERSION;
     let bad_version = n;
+    assert_eq!(e.stats().rejected.version_mismatch, 1);
     // Truncated below a fixed header: class unknown; from rank 2's address.
     e.handle_datagram_from(now, &buf[..30], Some(2));
     // A chunk accepted, then the same chunk again (a duplicate, class 4, rank 1).
@@ -255,6 +262,7 @@ fn a_datagram_must_come_from_the_peer_it_claims() {
     let mut buf = vec![0u8; 2048];
     let mut h = Header::new(PacketType::Data, Class::new(3).unwrap(), Phase::Scatter);
     (h.job, h.generation, h.src, h.dst, h.op, h.tensor, h.chunk_count) = (77, 1, 1, 0, 1, 1, 12);
+    h.session = session(1, 1);
     let n = wire::encode(&key(), &h, &[0; 256], &mut buf).unwrap();
     e.handle_datagram_from(now, &buf[..n], Some(2));
     e.handle_datagram_from(now, &buf[..n], None);
@@ -268,9 +276,94 @@ fn a_datagram_must_come_from_the_peer_it_claims() {
     assert_eq!(e.stats().rx_packets[3], 1);
     assert_eq!(e.stats().rejected.discarded_on_arrival(), 2);
     // A rank outside the world is not a source question.
-    h.src = 9;
+    (h.src, h.session) = (9, session(9, 1));
     let n = wire::encode(&key(), &h, &[0; 256], &mut buf).unwrap();
     e.handle_datagram_from(now, &buf[..n], None);
     let r = &e.stats().rejected;
     assert_eq!((r.wrong_rank, r.unknown_source), (1, 1), "{r:?}");
+}
+
+/// Datagrams of another wire version, of another packet authentication mode,
+/// and from a peer whose HELLO announces another chunk size are refused,
+/// counted by reason, and reported (once per interval per peer) naming both
+/// values; a peer whose settings come to agree is accepted again.
+#[test]
+fn incompatible_peers_are_refused_counted_and_reported() {
+    let mut e = live_endpoint();
+    let mut now = Instant::from_nanos(10);
+    let mut buf = vec![0u8; 2048];
+    let data = |src: u32| {
+        let mut h = Header::new(PacketType::Data, Class::new(3).unwrap(), Phase::Scatter);
+        (h.job, h.generation, h.src, h.dst, h.op, h.tensor, h.chunk_count) = (77, 1, src, 0, 1, 1, 12);
+        h.session = session(src, 1);
+        h
+    };
+    let events = |e: &mut Endpoint| {
+        std::iter::from_fn(|| e.poll_event())
+            .filter_map(|ev| match ev {
+                Event::PeerIncompatible { rank, mismatch } => Some((rank, mismatch)),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+
+    // Another wire version (a version 1 peer at rank 3's address), twice: one report.
+    let n = wire::encode(&key(), &data(3), &[0; 256], &mut buf).unwrap();
+    buf[2] = 1;
+    e.handle_datagram_from(now, &buf[..n], Some(3));
+    e.handle_datagram_from(now, &buf[..n], Some(3));
+    let v1 = Mismatch::WireVersion { theirs: 1, ours: wire::VERSION };
+    assert_eq!(events(&mut e), [(Some(3), v1)]);
+    assert_eq!(v1.to_string(), "speaks dlcp wire version 1; this daemon speaks version 2");
+    assert_eq!(e.stats().rejected.version_mismatch, 2);
+    assert_eq!(e.peer_mismatch(3), Some(v1));
+    // From no known address: reported without a rank, nothing remembered.
+    e.handle_datagram_from(now, &buf[..n], None);
+    assert_eq!(events(&mut e), [(None, v1)]);
+    // Reported again once the interval has passed.
+    now += MISMATCH_REPORT_INTERVAL;
+    e.handle_datagram_from(now, &buf[..n], Some(3));
+    assert_eq!(events(&mut e), [(Some(3), v1)]);
+
+    // Another packet authentication mode: rank 2 sends without tags.
+    let none = JobKey::unauthenticated();
+    let h = Header { auth: wire::PacketAuth::None, ..data(2) };
+    let n = wire::encode(&none, &h, &[0; 256], &mut buf).unwrap();
+    e.handle_datagram_from(now, &buf[..n], Some(2));
+    let auth = Mismatch::PacketAuth { theirs: wire::PacketAuth::None, ours: wire::PacketAuth::AesGmac };
+    assert_eq!(events(&mut e), [(Some(2), auth)]);
+    assert!(
+        auth.to_string().contains(r#"packet_auth = "none"; this daemon has packet_auth = "aes-128-gmac""#)
+    );
+    assert_eq!(e.stats().rejected.auth_mismatch, 1);
+    assert_eq!(e.stats().rejected.bad_tag, 0, "not a plain bad tag");
+
+    // Another chunk size in rank 1's HELLO: refused, and so is its DATA,
+    // until a HELLO announces ours.
+    let hello = |chunk_bytes: u32, buf: &mut [u8]| {
+        let mut h = Header::new(PacketType::Hello, Class::CONTROL, Phase::None);
+        (h.job, h.generation, h.src, h.dst, h.session) = (77, 1, 1, 0, session(1, 1));
+        let mut s = [0u8; wire::SETTINGS_LEN];
+        let auth = wire::PacketAuth::AesGmac;
+        wire::Settings { version: wire::VERSION, auth, chunk_bytes }.emit(&mut s);
+        wire::encode(&key(), &h, &s, buf).unwrap()
+    };
+    let n = hello(1392, &mut buf);
+    e.handle_datagram_from(now, &buf[..n], Some(1));
+    let chunk = Mismatch::ChunkBytes { theirs: 1392, ours: CHUNK_BYTES as u32 };
+    assert_eq!(events(&mut e), [(Some(1), chunk)]);
+    assert!(chunk.to_string().starts_with("cuts tensors into chunks of 1392 bytes; this daemon uses 256"));
+    let n = wire::encode(&key(), &data(1), &[0; 256], &mut buf).unwrap();
+    e.handle_datagram_from(now, &buf[..n], Some(1));
+    assert_eq!(e.stats().rejected.settings_mismatch, 2);
+    assert_eq!(e.stats().rx_packets_peer[1], 0);
+    assert_eq!(e.peer_mismatch(1), Some(chunk));
+    let n = hello(CHUNK_BYTES as u32, &mut buf);
+    e.handle_datagram_from(now, &buf[..n], Some(1));
+    assert_eq!(e.peer_mismatch(1), None);
+    let n = wire::encode(&key(), &data(1), &[0; 256], &mut buf).unwrap();
+    e.handle_datagram_from(now, &buf[..n], Some(1));
+    assert_eq!(e.stats().rejected.settings_mismatch, 2);
+    assert_eq!(e.stats().rx_packets_peer[1], 2, "the agreeing HELLO and the DATA");
+    assert!(events(&mut e).is_empty());
 }

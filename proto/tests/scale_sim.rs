@@ -11,17 +11,17 @@ use dlcp_proto::oracle;
 use dlcp_proto::rng::Rng;
 use dlcp_proto::sim::{NetConfig, Sim, TraceEvent};
 use dlcp_proto::time::{Duration, Instant};
-use dlcp_proto::wire::{MacKey, Packet};
+use dlcp_proto::wire::{JobKey, Packet};
 
 const CHUNK_BYTES: usize = 1392;
 const ELEMS: usize = 128 * 1024; // 512 KiB of f32
 
 /// Per rank per op: (data packets, control packets, peak protocol state bytes).
 fn run(world: u32) -> (f64, f64, usize) {
-    let key = MacKey::derive(b"scale test");
+    let key = JobKey::new(b"scale test");
     let nodes = (0..world)
         .map(|r| {
-            let mut c = EndpointConfig::new(r, world, 1, 1, key.clone());
+            let mut c = EndpointConfig::new(r, world, 1, 1, u64::from(r), key.clone());
             c.chunk_bytes = CHUNK_BYTES;
             Endpoint::new(c, Instant::ZERO)
         })

@@ -7,11 +7,11 @@ use dlcp_proto::class::Class;
 use dlcp_proto::endpoint::Transmit;
 use dlcp_proto::sim::{ChunkKey, NetConfig, NetStats, Node, Sim, TraceEvent};
 use dlcp_proto::time::{Duration, Instant};
-use dlcp_proto::wire::{self, Header, MacKey, PacketType, Phase, WireError};
+use dlcp_proto::wire::{self, Header, JobKey, PacketType, Phase, WireError};
 
 const SECRET: &[u8] = b"sim_net test secret";
-/// 1128 payload + 80 wire overhead = 1208 bytes; + 42 framing = 1250 bytes = 1 µs at 10 Gbit/s.
-const PAYLOAD: usize = 1128;
+/// 1112 payload + 96 wire overhead = 1208 bytes; + 42 framing = 1250 bytes = 1 µs at 10 Gbit/s.
+const PAYLOAD: usize = 1208 - wire::OVERHEAD;
 
 fn cls(c: u8) -> Class {
     Class::new(c).unwrap()
@@ -39,7 +39,7 @@ enum Seen {
 
 struct Toy {
     rank: u32,
-    key: MacKey,
+    key: JobKey,
     out: VecDeque<Plan>,
     /// Minimum spacing between sends (0 = back to back).
     gap: Duration,
@@ -60,7 +60,7 @@ impl Toy {
     fn new(rank: u32) -> Toy {
         Toy {
             rank,
-            key: MacKey::derive(SECRET),
+            key: JobKey::new(SECRET),
             out: VecDeque::new(),
             gap: Duration::ZERO,
             next_send: Instant::ZERO,

@@ -1,15 +1,15 @@
 //! Single-bit corruption anywhere in a datagram is always rejected.
 //!
-//! Flipping one bit of magic, version or payload_len fails the structural check
-//! in `Packet::new_checked` (before the MAC); every other bit — the rest of the
-//! header, the payload and the tag itself — fails the MAC with `BadTag`. No
-//! flip may ever decode.
+//! Flipping one bit of magic, version, auth or payload_len fails the structural
+//! check in `Packet::new_checked` (before the MAC); every other bit — the rest
+//! of the header (the session and packet number included), the payload and the
+//! tag itself — fails the MAC with `BadTag`. No flip may ever decode.
 
 use dlcp_proto::class::Class;
-use dlcp_proto::wire::{self, Flags, HEADER_LEN, Header, MacKey, PacketType, Phase, WireError};
+use dlcp_proto::wire::{self, Flags, HEADER_LEN, Header, JobKey, PacketType, Phase, WireError};
 
-fn key() -> MacKey {
-    MacKey::derive(b"bit flip secret")
+fn key() -> JobKey {
+    JobKey::new(b"bit flip secret")
 }
 
 fn data_packet() -> Vec<u8> {
@@ -24,6 +24,8 @@ fn data_packet() -> Vec<u8> {
     h.chunk_count = 3;
     h.required = 1;
     h.budget_ppm = 5000;
+    h.session = 0x1234_5678_9ABC_DEF0;
+    h.packet = 41;
     let payload: Vec<u8> = (0..64u32).flat_map(|i| (i as f32 * 0.25).to_le_bytes()).collect();
     let mut buf = vec![0u8; 2048];
     let n = wire::encode(&key(), &h, &payload, &mut buf).unwrap();
@@ -65,7 +67,9 @@ fn expected(i: usize, flipped: &[u8]) -> WireError {
     match i {
         0 | 1 => WireError::BadMagic(u16::from_be_bytes([flipped[0], flipped[1]])),
         2 => WireError::UnsupportedVersion(flipped[2]),
-        56 | 57 => WireError::LengthMismatch {
+        // auth 1 → 0 drops the tag from the expected length; anything else is no mode.
+        58 if flipped[58] > 1 => WireError::UnknownAuth(flipped[58]),
+        56..=58 => WireError::LengthMismatch {
             declared: usize::from(u16::from_be_bytes([flipped[56], flipped[57]])),
             actual: flipped.len(),
         },
@@ -87,9 +91,9 @@ fn check_every_bit(name: &str, pkt: &[u8]) {
             counts[usize::from(want == WireError::BadTag)] += 1;
         }
     }
-    // 5 header bytes (magic, version, payload_len) fail structurally; the rest by MAC.
-    assert_eq!(counts[0], 5 * 8, "{name}");
-    assert_eq!(counts[1], (pkt.len() - 5) * 8, "{name}");
+    // 6 header bytes (magic, version, payload_len, auth) fail structurally; the rest by MAC.
+    assert_eq!(counts[0], 6 * 8, "{name}");
+    assert_eq!(counts[1], (pkt.len() - 6) * 8, "{name}");
 }
 
 #[test]

@@ -2,16 +2,16 @@
 //!
 //! Errors detected after the MAC (type, flags, class, phase, dtype, reserved,
 //! field ranges) are reached by editing raw header bytes and then re-computing
-//! a valid tag with `MacKey::tag`, exactly as a peer holding the job key could.
+//! a valid tag with `JobKey::tag`, exactly as a peer holding the job key could.
 
 use dlcp_proto::class::Class;
 use dlcp_proto::wire::{
-    self, DType, Flags, HEADER_LEN, Header, MAX_PAYLOAD, MacKey, OVERHEAD, PPM, Packet, PacketType, Phase,
-    TAG_LEN, WireError,
+    self, DType, Flags, HEADER_LEN, Header, JobKey, MAX_PAYLOAD, OVERHEAD, PPM, Packet, PacketAuth,
+    PacketType, Phase, SETTINGS_LEN, Settings, TAG_LEN, WireError,
 };
 
-fn key() -> MacKey {
-    MacKey::derive(b"typed error secret")
+fn key() -> JobKey {
+    JobKey::new(b"typed error secret")
 }
 
 /// A valid header of each type.
@@ -38,8 +38,16 @@ fn payload_for(ty: PacketType) -> Vec<u8> {
     match ty {
         PacketType::Data => vec![0; 16],
         PacketType::Bitmap | PacketType::Done => vec![0xFF, 0x00],
+        PacketType::Hello => settings(),
         _ => vec![],
     }
+}
+
+/// A HELLO's valid settings.
+fn settings() -> Vec<u8> {
+    let mut b = vec![0u8; SETTINGS_LEN];
+    Settings { version: wire::VERSION, auth: PacketAuth::AesGmac, chunk_bytes: 1376 }.emit(&mut b);
+    b
 }
 
 fn encoded(ty: PacketType) -> Vec<u8> {
@@ -90,11 +98,18 @@ fn baseline_packets_are_valid() {
 #[test]
 fn truncated() {
     let pkt = encoded(PacketType::Probe);
-    for n in 0..OVERHEAD {
+    for n in 0..HEADER_LEN {
         assert_eq!(wire::decode(&key(), &pkt[..n]), Err(WireError::Truncated { len: n }));
         assert_eq!(Packet::new_checked(&pkt[..n]).unwrap_err(), WireError::Truncated { len: n });
     }
     assert_eq!(wire::decode(&key(), &[]), Err(WireError::Truncated { len: 0 }));
+    // A whole header with a partial tag: the declared length is short of it.
+    for n in HEADER_LEN..OVERHEAD {
+        assert_eq!(
+            wire::decode(&key(), &pkt[..n]),
+            Err(WireError::LengthMismatch { declared: 0, actual: n })
+        );
+    }
 }
 
 #[test]
@@ -130,17 +145,58 @@ fn bad_magic() {
 
 #[test]
 fn unsupported_version() {
-    for v in [0u8, 2, 255] {
+    for v in [0u8, 1, 3, 255] {
         let r = decode_edited(PacketType::Hello, |b| b[2] = v);
         assert_eq!(r, Err(WireError::UnsupportedVersion(v)));
     }
 }
 
 #[test]
+fn unknown_auth() {
+    // The auth byte decides the length, so it is checked before the tag.
+    for a in [2u8, 3, 0x80, 255] {
+        assert_eq!(decode_edited(PacketType::Probe, |b| b[58] = a), Err(WireError::UnknownAuth(a)), "{a}");
+    }
+}
+
+#[test]
+fn auth_mismatch() {
+    // A datagram without a tag reaching an authenticating receiver, and the
+    // other way round: refused naming both modes, before any tag is looked at.
+    let none = JobKey::unauthenticated();
+    let h = Header { auth: PacketAuth::None, ..header(PacketType::Data) };
+    let mut b = vec![0u8; 256];
+    let n = wire::encode(&none, &h, &[0; 16], &mut b).unwrap();
+    let (gmac, plain) = (PacketAuth::AesGmac, PacketAuth::None);
+    assert_eq!(wire::decode(&key(), &b[..n]), Err(WireError::AuthMismatch { ours: gmac, theirs: plain }));
+    assert_eq!(
+        WireError::AuthMismatch { ours: gmac, theirs: plain }.to_string(),
+        "datagram sent with packet_auth = \"none\"; this receiver has packet_auth = \"aes-128-gmac\""
+    );
+    let b = encoded(PacketType::Data);
+    assert_eq!(wire::decode(&none, &b), Err(WireError::AuthMismatch { ours: plain, theirs: gmac }));
+}
+
+#[test]
+fn key_mismatch() {
+    // Encoding only: a header of the other mode than the key, or a sender's
+    // own key used for another sender's header.
+    let h = header(PacketType::Probe);
+    let mut b = vec![0u8; 256];
+    assert_eq!(wire::encode(&JobKey::unauthenticated(), &h, &[], &mut b), Err(WireError::KeyMismatch));
+    let none = Header { auth: PacketAuth::None, ..h };
+    assert_eq!(wire::encode(&key(), &none, &[], &mut b), Err(WireError::KeyMismatch));
+    let own = key().sender_key(h.sender());
+    assert!(wire::seal(&own, &h, &mut b, |_| {}).is_ok());
+    let other = Header { session: h.session + 1, ..h };
+    assert_eq!(wire::seal(&own, &other, &mut b, |_| {}), Err(WireError::KeyMismatch));
+}
+
+#[test]
 fn bad_tag() {
     // Wrong key.
     let b = encoded(PacketType::Data);
-    assert_eq!(wire::decode(&MacKey::derive(b"another job"), &b), Err(WireError::BadTag));
+    assert_eq!(wire::decode(&JobKey::new(b"another job"), &b), Err(WireError::BadTag));
     // Header edited without re-tagging.
     let mut b = encoded(PacketType::Data);
     b[8] ^= 1;
@@ -222,7 +278,7 @@ fn unknown_dtype() {
 
 #[test]
 fn reserved_non_zero() {
-    for i in 58..64 {
+    for i in 59..64 {
         assert_eq!(
             decode_edited(PacketType::Done, |b| b[i] = 0x01),
             Err(WireError::ReservedNonZero),
@@ -333,12 +389,21 @@ fn bad_field_payload_len() {
     hdr[7] = DType::Bf16 as u8;
     assert!(wire::decode(&key(), &raw(&hdr, &[0; 6])).is_ok());
 
-    // PROBE / HELLO with a payload.
-    for ty in [PacketType::Probe, PacketType::Hello] {
-        let mut hdr = [0u8; HEADER_LEN];
-        header(ty).emit(&mut hdr).unwrap();
-        hdr[57] = 1;
-        assert_eq!(wire::decode(&key(), &raw(&hdr, &[0])), Err(WireError::BadField("payload_len")), "{ty:?}");
+    // PROBE with a payload; HELLO with anything but its settings' length.
+    let mut hdr = [0u8; HEADER_LEN];
+    header(PacketType::Probe).emit(&mut hdr).unwrap();
+    hdr[57] = 1;
+    assert_eq!(wire::decode(&key(), &raw(&hdr, &[0])), Err(WireError::BadField("payload_len")));
+    let mut hello = Header { payload_len: SETTINGS_LEN as u16, ..header(PacketType::Hello) };
+    let mut hdr = [0u8; HEADER_LEN];
+    hello.emit(&mut hdr).unwrap();
+    for len in [0, 1, SETTINGS_LEN - 1, SETTINGS_LEN + 1] {
+        hello.payload_len = len as u16;
+        assert_eq!(hello.check(), Err(WireError::BadField("payload_len")), "{len}");
+        hdr[56..58].copy_from_slice(&(len as u16).to_be_bytes());
+        let mut p = settings();
+        p.resize(len, 0);
+        assert_eq!(wire::decode(&key(), &raw(&hdr, &p)), Err(WireError::BadField("payload_len")), "{len}");
     }
 
     // BITMAP/DONE: a payload iff not COMPLETE/MASK_EMPTY.
@@ -365,6 +430,19 @@ fn bad_field_payload_len() {
         wire::encode(&key(), &header(PacketType::Data), &big, &mut out),
         Err(WireError::BadField("payload_len"))
     );
+}
+
+#[test]
+fn bad_hello_settings() {
+    // A HELLO's settings must be well formed and agree with its header.
+    let edit = |i: usize, v: u8| decode_edited(PacketType::Hello, move |b| b[HEADER_LEN + i] = v);
+    assert!(edit(0, wire::VERSION).is_ok());
+    assert_eq!(edit(0, 1), Err(WireError::BadField("settings")), "another version than the header's");
+    assert_eq!(edit(1, 0), Err(WireError::BadField("settings")), "another auth than the header's");
+    assert_eq!(edit(1, 7), Err(WireError::BadField("settings.auth")));
+    assert_eq!(edit(2, 1), Err(WireError::ReservedNonZero));
+    assert_eq!(edit(3, 1), Err(WireError::ReservedNonZero));
+    assert!(edit(7, 0x99).is_ok(), "any chunk size is well formed");
 }
 
 #[test]
@@ -407,6 +485,9 @@ fn variant_list_is_exhaustive() {
             WireError::ReservedNonZero => "reserved_non_zero",
             WireError::BadField(_) => "bad_field_*",
             WireError::BufferTooSmall { .. } => "buffer_too_small",
+            WireError::UnknownAuth(_) => "unknown_auth",
+            WireError::AuthMismatch { .. } => "auth_mismatch",
+            WireError::KeyMismatch => "key_mismatch",
         }
     }
     assert_eq!(covered(WireError::BadTag), "bad_tag");

@@ -11,15 +11,18 @@
 //! `cargo test -p dlcp-proto --test wire_fuzz_corpus -- --ignored write_seed_corpus`.
 
 use dlcp_proto::class::Class;
-use dlcp_proto::wire::{self, DType, Flags, Header, MacKey, PacketType, Phase, TAG_LEN};
+use dlcp_proto::wire::{
+    self, DType, Flags, Header, JobKey, OVERHEAD, PacketAuth, PacketType, Phase, SETTINGS_LEN, Settings,
+    TAG_LEN,
+};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 /// Must match `SECRET` in `fuzz/fuzz_targets/*.rs`.
 const SECRET: &[u8] = b"dlcp fuzz corpus key";
 
-fn key() -> MacKey {
-    MacKey::derive(SECRET)
+fn key() -> JobKey {
+    JobKey::new(SECRET)
 }
 
 fn corpus_dir(target: &str) -> PathBuf {
@@ -39,7 +42,7 @@ fn files(target: &str) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Decode; on success re-encode and compare. Returns the packet type if valid.
-fn replay(k: &MacKey, name: &str, b: &[u8]) -> Option<PacketType> {
+fn replay(k: &JobKey, name: &str, b: &[u8]) -> Option<PacketType> {
     let (h, p) = wire::decode(k, b).ok()?;
     assert_eq!(h.check(), Ok(()), "{name}");
     let mut out = vec![0u8; h.packet_len()];
@@ -70,7 +73,7 @@ fn replay_decode_tagged_corpus() {
     let files = files("decode_tagged");
     assert!(!files.is_empty(), "empty corpus");
     for (name, mut b) in files {
-        if b.len() >= TAG_LEN {
+        if b.len() >= OVERHEAD {
             let n = b.len() - TAG_LEN;
             let t = k.tag(&b[..n]);
             b[n..].copy_from_slice(&t);
@@ -91,6 +94,8 @@ fn seeds() -> Vec<(&'static str, Header, Vec<u8>)> {
         h.chunk_count = 700;
         h.required = 100;
         h.budget_ppm = 10_000;
+        h.session = 0x0123_4567_89AB_CDEF;
+        h.packet = 1000 + u64::from(ty as u8);
         h
     };
     let data_class = Class::new(2).unwrap();
@@ -135,7 +140,10 @@ fn seeds() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.src = 3;
     h.dst = 0;
     h.seq = 9;
-    v.push(("seed-hello", h, vec![]));
+    h.session = 0xFEDC_BA98_7654_3210;
+    let mut settings = vec![0u8; SETTINGS_LEN];
+    Settings { version: wire::VERSION, auth: PacketAuth::AesGmac, chunk_bytes: 1392 }.emit(&mut settings);
+    v.push(("seed-hello", h, settings));
     v
 }
 

@@ -1,32 +1,45 @@
-//! Golden byte vectors pinning the version-1 wire layout.
+//! Golden byte vectors pinning the wire layout, one set per wire version.
 //!
-//! The vectors in `tests/golden/*.hex` were produced by `tests/golden/gen.py`,
-//! which writes each field at the offset given by the layout table in the
-//! `wire` module docs and computes the tag with the reference BLAKE3
-//! implementation — independently of the Rust encoder. Each vector is checked
-//! both ways: `encode(header, payload) == golden` and
-//! `decode(golden) == (header, payload)`.
+//! The version 2 vectors in `tests/golden/v2/*.hex` were produced by
+//! `tests/golden/v2/gen.py`, which writes each field at the offset given by
+//! the layout table in the `wire` module docs and computes the tag with
+//! Python's `cryptography` (HKDF-SHA256, AES-128-GCM) — independently of the
+//! Rust encoder. Each vector is checked both ways: `encode(header, payload)
+//! == golden` and `decode(golden) == (header, payload)`.
 //!
 //! `probe_header_written_by_hand` additionally spells one header out byte by
 //! byte from the table, so a wrong offset in both the encoder and the
 //! generator would still be caught.
+//!
+//! The version 1 vectors (`tests/golden/v1/`, keyed BLAKE3, 64-byte header)
+//! are kept as they were: this build refuses every one of them with
+//! `UnsupportedVersion(1)`, and still reads the sender rank they claim.
 
 use dlcp_proto::class::Class;
 use dlcp_proto::wire::{
-    self, DType, Flags, HEADER_LEN, Header, KEY_CONTEXT, MacKey, OVERHEAD, Packet, PacketType, Phase,
-    TAG_LEN, WireError,
+    self, DType, Flags, HEADER_LEN, Header, JobKey, KEY_INFO, KEY_SALT, OVERHEAD, Packet, PacketAuth,
+    PacketType, Phase, SETTINGS_LEN, SenderId, Settings, TAG_LEN, WireError,
 };
 
-/// The job secret every golden vector is tagged with (see `gen.py`).
-const SECRET: &[u8] = b"dlcp golden secret v1";
+/// The job secret every version 2 golden vector is tagged with (see `v2/gen.py`).
+const SECRET: &[u8] = b"dlcp golden secret v2";
 
-fn key() -> MacKey {
-    MacKey::derive(SECRET)
+fn key() -> JobKey {
+    JobKey::new(SECRET)
 }
 
-/// Parse a `.hex` golden file: `#` comments and whitespace are ignored.
+/// The version 1 vectors.
+const V1: [&str; 8] =
+    ["data", "data_repair_bf16", "probe", "bitmap", "bitmap_complete", "done", "done_mask_empty", "hello"];
+
+/// Parse a `.hex` golden file of this version: `#` comments and whitespace are ignored.
 fn golden(name: &str) -> Vec<u8> {
-    let path = format!("{}/tests/golden/{name}.hex", env!("CARGO_MANIFEST_DIR"));
+    golden_of("v2", name)
+}
+
+/// Parse the `.hex` golden file `name` of version directory `version`.
+fn golden_of(version: &str, name: &str) -> Vec<u8> {
+    let path = format!("{}/tests/golden/{version}/{name}.hex", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let hex: String = text
         .lines()
@@ -55,6 +68,7 @@ fn common(ty: PacketType, class: Class, phase: Phase) -> Header {
     h.dst = 2;
     h.op = 0x1122_3344_5566_7788;
     h.tensor = 0xCAFE_BABE;
+    h.session = 0x5E55_10A0_B0C0_D0E0;
     h.chunk_count = 10;
     h.required = 4;
     h.budget_ppm = 10_000;
@@ -68,7 +82,7 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     let mut h = common(PacketType::Data, class(3), Phase::Scatter);
     h.chunk_index = 5;
     let payload: Vec<u8> = [1.0f32, -2.5].iter().flat_map(|x| x.to_le_bytes()).collect();
-    v.push(("data", h, payload));
+    v.push(("data", h, payload.clone()));
 
     let mut h = common(PacketType::Data, class(6), Phase::Gather);
     h.flags = Flags::REPAIR.with(Flags::REQUIRED);
@@ -76,32 +90,44 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.chunk_index = 9;
     h.required = 10;
     h.budget_ppm = 1_000_000;
+    h.packet = 0xFFFF_FFFF_FFFF_FFFE;
     // bf16 little-endian: 1.0 = 0x3F80, -2.5 = 0xC020.
     v.push(("data_repair_bf16", h, vec![0x80, 0x3F, 0x20, 0xC0]));
 
+    let mut h = common(PacketType::Data, class(3), Phase::Scatter);
+    h.chunk_index = 5;
+    h.auth = PacketAuth::None;
+    h.packet = 1;
+    v.push(("data_auth_none", h, payload));
+
     let mut h = common(PacketType::Probe, Class::CONTROL, Phase::Gather);
     h.seq = 3;
+    h.packet = 2;
     v.push(("probe", h, vec![]));
 
     let mut h = common(PacketType::Bitmap, Class::CONTROL, Phase::Scatter);
     h.chunk_index = 8;
     h.chunk_count = 20;
     h.seq = 2;
+    h.packet = 3;
     v.push(("bitmap", h, vec![0xFF, 0x0F]));
 
     let mut h = common(PacketType::Bitmap, Class::CONTROL, Phase::Scatter);
     h.flags = Flags::COMPLETE;
     h.chunk_count = 20;
     h.seq = 4;
+    h.packet = 4;
     v.push(("bitmap_complete", h, vec![]));
 
     let mut h = common(PacketType::Done, Class::CONTROL, Phase::Gather);
     h.seq = 5;
+    h.packet = 5;
     v.push(("done", h, vec![0xF7, 0x03]));
 
     let mut h = common(PacketType::Done, Class::CONTROL, Phase::Gather);
     h.flags = Flags::MASK_EMPTY;
     h.seq = 6;
+    h.packet = 6;
     v.push(("done_mask_empty", h, vec![]));
 
     let mut h = Header::new(PacketType::Hello, Class::CONTROL, Phase::None);
@@ -110,7 +136,11 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.src = 3;
     h.dst = 0;
     h.seq = 77;
-    v.push(("hello", h, vec![]));
+    h.session = 0xFEDC_BA98_7654_3210;
+    h.packet = 7;
+    let mut settings = vec![0u8; SETTINGS_LEN];
+    Settings { version: 2, auth: PacketAuth::AesGmac, chunk_bytes: 1376 }.emit(&mut settings);
+    v.push(("hello", h, settings));
 
     for (_, h, p) in &mut v {
         h.payload_len = p.len() as u16;
@@ -127,6 +157,14 @@ fn every_packet_type_and_flag_is_covered() {
     for f in [Flags::REPAIR, Flags::COMPLETE, Flags::MASK_EMPTY, Flags::REQUIRED] {
         assert!(v.iter().any(|(_, h, _)| h.flags.contains(f)), "{f:?} has no golden vector");
     }
+    for a in [PacketAuth::None, PacketAuth::AesGmac] {
+        assert!(v.iter().any(|(_, h, _)| h.auth == a), "{a:?} has no golden vector");
+    }
+}
+
+/// The key of the golden vectors of `h.auth`'s mode.
+fn key_of(h: &Header) -> JobKey {
+    if h.auth == PacketAuth::None { JobKey::unauthenticated() } else { key() }
 }
 
 #[test]
@@ -134,21 +172,32 @@ fn encode_matches_golden() {
     for (name, h, payload) in vectors() {
         let want = golden(name);
         let mut buf = vec![0u8; want.len() + 7];
-        let n = wire::encode(&key(), &h, &payload, &mut buf).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let n = wire::encode(&key_of(&h), &h, &payload, &mut buf).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(n, want.len(), "{name}: length");
         assert_eq!(hex(&buf[..n]), hex(&want), "{name}: bytes");
         assert_eq!(n, h.packet_len(), "{name}: packet_len");
 
         // encode_in_place writes the same bytes.
         let mut buf2 = vec![0u8; n];
-        let n2 = wire::encode_in_place(&key(), &h, &mut buf2, |p| p.copy_from_slice(&payload)).unwrap();
+        let n2 = wire::encode_in_place(&key_of(&h), &h, &mut buf2, |p| p.copy_from_slice(&payload)).unwrap();
         assert_eq!(buf2[..n2], want[..], "{name}: encode_in_place");
 
-        // Header::emit writes the first 64 bytes, MacKey::tag the last 16.
+        // Header::emit writes the first 80 bytes, MacKey::tag_parts the last 16
+        // (from header and payload as separate slices, as the datapath holds them).
         let mut hb = [0u8; HEADER_LEN];
         h.emit(&mut hb).unwrap();
         assert_eq!(hb[..], want[..HEADER_LEN], "{name}: emit");
-        assert_eq!(key().tag(&want[..n - TAG_LEN])[..], want[n - TAG_LEN..], "{name}: tag");
+        if h.auth == PacketAuth::AesGmac {
+            let sender = key().sender_key(h.sender());
+            assert_eq!(sender.tag_parts(&hb, &payload)[..], want[n - TAG_LEN..], "{name}: tag_parts");
+            assert_eq!(key().tag(&want[..n - TAG_LEN])[..], want[n - TAG_LEN..], "{name}: tag");
+            // The sender's own key seals the same bytes.
+            let mut buf3 = vec![0u8; n];
+            wire::seal(&sender, &h, &mut buf3, |p| p.copy_from_slice(&payload)).unwrap();
+            assert_eq!(buf3, want, "{name}: seal");
+        } else {
+            assert_eq!(n, HEADER_LEN + payload.len(), "{name}: no tag");
+        }
     }
 }
 
@@ -156,7 +205,7 @@ fn encode_matches_golden() {
 fn decode_golden_gives_header() {
     for (name, h, payload) in vectors() {
         let bytes = golden(name);
-        let (got, p) = wire::decode(&key(), &bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (got, p) = wire::decode(&key_of(&h), &bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(got, h, "{name}: header");
         assert_eq!(p, &payload[..], "{name}: payload");
 
@@ -164,17 +213,40 @@ fn decode_golden_gives_header() {
         let view = Packet::new_checked(&bytes[..]).unwrap();
         assert_eq!(Header::parse(&view).unwrap(), h);
         assert_eq!(view.payload(), &payload[..]);
-        assert_eq!(view.authenticated(), &bytes[..bytes.len() - TAG_LEN]);
-        assert_eq!(view.tag(), &bytes[bytes.len() - TAG_LEN..]);
-        view.verify(&key()).unwrap();
+        let tag_len = h.auth.tag_len();
+        assert_eq!(view.authenticated(), &bytes[..bytes.len() - tag_len]);
+        assert_eq!(view.tag(), &bytes[bytes.len() - tag_len..]);
+        view.verify(&key_of(&h).sender_key(SenderId::of_header(view.header()))).unwrap();
+    }
+}
+
+/// Every version 1 datagram is refused as such, before any cryptography,
+/// and still names the rank that sent it.
+#[test]
+fn version_1_vectors_are_refused() {
+    for name in V1 {
+        let bytes = golden_of("v1", name);
+        assert_eq!(bytes[2], 1, "{name}: a version 1 vector");
+        for k in [key(), JobKey::new(b"dlcp golden secret v1"), JobKey::unauthenticated()] {
+            assert_eq!(wire::decode(&k, &bytes), Err(WireError::UnsupportedVersion(1)), "{name}");
+        }
+        assert_eq!(Packet::new_checked(&bytes[..]).unwrap_err(), WireError::UnsupportedVersion(1), "{name}");
+        let src = if name == "hello" { 3 } else { 1 };
+        assert_eq!(wire::peek_src(&bytes), Some(src), "{name}");
     }
 }
 
 #[test]
 fn golden_rejected_under_another_key() {
-    for (name, _, _) in vectors() {
+    for (name, h, _) in vectors() {
         let bytes = golden(name);
-        assert_eq!(wire::decode(&MacKey::derive(b"dlcp golden secret v2"), &bytes), Err(WireError::BadTag));
+        let want = match h.auth {
+            PacketAuth::AesGmac => WireError::BadTag,
+            PacketAuth::None => {
+                WireError::AuthMismatch { ours: PacketAuth::AesGmac, theirs: PacketAuth::None }
+            }
+        };
+        assert_eq!(wire::decode(&JobKey::new(b"dlcp golden secret v1"), &bytes), Err(want), "{name}");
     }
 }
 
@@ -184,7 +256,7 @@ fn probe_header_written_by_hand() {
     #[rustfmt::skip]
     let hand: [u8; HEADER_LEN] = [
         0xD1, 0xC9,             //  0 magic
-        0x01,                   //  2 version
+        0x02,                   //  2 version
         0x02,                   //  3 type = PROBE
         0x00,                   //  4 flags
         0x07,                   //  5 class = control
@@ -202,7 +274,10 @@ fn probe_header_written_by_hand() {
         0x00, 0x00, 0x27, 0x10, // 48 budget_ppm = 10 000
         0x00, 0x00, 0x00, 0x03, // 52 seq = 3
         0x00, 0x00,             // 56 payload_len = 0
-        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // 58 reserved
+        0x01,                   // 58 auth = AES-128-GMAC
+        0x00, 0x00, 0x00, 0x00, 0x00, // 59 reserved
+        0x5E, 0x55, 0x10, 0xA0, 0xB0, 0xC0, 0xD0, 0xE0, // 64 session
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, // 72 packet = 2
     ];
     let g = golden("probe");
     assert_eq!(g.len(), OVERHEAD);
@@ -219,29 +294,32 @@ fn probe_header_written_by_hand() {
 #[test]
 fn data_packet_written_by_hand() {
     let mut hand = Vec::new();
-    hand.extend_from_slice(&[0xD1, 0xC9, 1, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
+    hand.extend_from_slice(&[0xD1, 0xC9, 2, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
     hand.extend_from_slice(&[1, 2, 3, 4, 0x0A, 0x0B, 0x0C, 0x0D]); // job generation
     hand.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 2]); // src dst
     hand.extend_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]); // op
     hand.extend_from_slice(&[0xCA, 0xFE, 0xBA, 0xBE, 0, 0, 0, 5]); // tensor chunk_index
     hand.extend_from_slice(&[0, 0, 0, 10, 0, 0, 0, 4]); // chunk_count required
     hand.extend_from_slice(&[0, 0, 0x27, 0x10, 0, 0, 0, 0]); // budget_ppm seq
-    hand.extend_from_slice(&[0, 8, 0, 0, 0, 0, 0, 0]); // payload_len reserved
+    hand.extend_from_slice(&[0, 8, 1, 0, 0, 0, 0, 0]); // payload_len auth reserved
+    hand.extend_from_slice(&[0x5E, 0x55, 0x10, 0xA0, 0xB0, 0xC0, 0xD0, 0xE0]); // session
+    hand.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0]); // packet = 0
     hand.extend_from_slice(&[0x00, 0x00, 0x80, 0x3F, 0x00, 0x00, 0x20, 0xC0]); // 1.0f32, -2.5f32 LE
     assert_eq!(hand.len(), HEADER_LEN + 8);
     let g = golden("data");
     assert_eq!(g[..HEADER_LEN + 8], hand[..]);
 }
 
-/// The key schedule is pinned too: derive-key context string, then keyed hash.
+/// The key schedule is pinned too: HKDF salt and info, then AES-128-GCM.
 #[test]
-fn key_context_is_pinned() {
-    assert_eq!(KEY_CONTEXT, "dlcp v1 2026-11 packet authentication");
-    // BLAKE3-keyed(BLAKE3-derive-key(KEY_CONTEXT, SECRET), "")[..16], computed
-    // with the reference implementation (derived key 49eb4dfc…5918682b).
-    let t = key().tag(b"");
-    assert_eq!(hex(&t), "b185e6f0b97273d2db7fcf219787895a");
-    assert_ne!(t, MacKey::derive(b"").tag(b""));
+fn key_schedule_is_pinned() {
+    assert_eq!(KEY_SALT, b"dlcp wire v2 packet authentication");
+    assert_eq!(KEY_INFO, b"dlcp v2 aes-128-gmac sender key");
+    // The probe vector's tag, computed by gen.py with Python's cryptography.
+    let g = golden("probe");
+    assert_eq!(hex(&g[HEADER_LEN..]), "10f79530432dae40958db3a4d32f4996");
+    assert_eq!(hex(&key().tag(&g[..HEADER_LEN])), "10f79530432dae40958db3a4d32f4996");
+    assert_ne!(JobKey::new(b"").tag(&g[..HEADER_LEN]), key().tag(&g[..HEADER_LEN]));
 }
 
 fn hex(b: &[u8]) -> String {

@@ -8,13 +8,20 @@
 
 use dlcp_proto::class::Class;
 use dlcp_proto::wire::{
-    self, DType, Flags, HEADER_LEN, Header, MAX_PAYLOAD, MacKey, OVERHEAD, PPM, Packet, PacketType, Phase,
-    TAG_LEN, WireError,
+    self, DType, Flags, HEADER_LEN, Header, JobKey, MAX_PAYLOAD, OVERHEAD, PPM, Packet, PacketAuth,
+    PacketType, Phase, SETTINGS_LEN, SenderId, Settings, TAG_LEN, WireError,
 };
 use proptest::prelude::*;
 
-fn key() -> MacKey {
-    MacKey::derive(b"proptest secret")
+fn key() -> JobKey {
+    JobKey::new(b"proptest secret")
+}
+
+/// A valid HELLO payload announcing `chunk_bytes`.
+fn settings(chunk_bytes: u32) -> Vec<u8> {
+    let mut b = vec![0u8; SETTINGS_LEN];
+    Settings { version: wire::VERSION, auth: PacketAuth::AesGmac, chunk_bytes }.emit(&mut b);
+    b
 }
 
 fn packet_type() -> impl Strategy<Value = PacketType> {
@@ -54,7 +61,7 @@ fn valid_packet() -> impl Strategy<Value = (Header, Vec<u8>)> {
                 PacketType::Done if flag_a => Flags::MASK_EMPTY,
                 _ => Flags::default(),
             };
-            let no_payload = matches!(ty, PacketType::Probe | PacketType::Hello) || flags.0 & 0x06 != 0;
+            let no_payload = ty == PacketType::Probe || flags.0 & 0x06 != 0;
             let min_count = if ty == PacketType::Hello { 0u32 } else { 1 };
             (
                 any::<[u32; 5]>(), // job, generation, src, tensor, seq
@@ -65,47 +72,56 @@ fn valid_packet() -> impl Strategy<Value = (Header, Vec<u8>)> {
                 0..=PPM,
                 if no_payload { Just(0usize).boxed() } else { len_units().boxed() },
                 any::<u64>(),
+                any::<[u64; 2]>(), // session, packet number
             )
-                .prop_map(move |(w, dst_xor, op, chunk_count, raw, budget_ppm, units, seed)| {
-                    let mut h = Header::new(ty, class, phase);
-                    h.flags = flags;
-                    h.dtype = dtype;
-                    h.job = w[0];
-                    h.generation = w[1];
-                    h.src = w[2];
-                    h.dst = w[2] ^ dst_xor;
-                    h.op = op;
-                    h.tensor = w[3];
-                    h.seq = w[4];
-                    h.chunk_count = chunk_count;
-                    h.budget_ppm = budget_ppm;
-                    let count = u64::from(chunk_count.max(1));
-                    h.required =
-                        if ty == PacketType::Hello { raw } else { (u64::from(raw) % (count + 1)) as u32 };
-                    h.chunk_index = match ty {
-                        // DATA: the chunk; PROBE: the last chunk sent before it.
-                        PacketType::Data | PacketType::Probe => (u64::from(raw) % count) as u32,
-                        PacketType::Bitmap | PacketType::Done if units > 0 => {
-                            ((u64::from(raw) % count) as u32) & !7
-                        }
-                        PacketType::Bitmap | PacketType::Done => raw & !7,
-                        _ => raw,
-                    };
-                    let len = match ty {
-                        PacketType::Data => (units * dtype.size()).min(MAX_PAYLOAD / 4 * 4),
-                        // A segment ends at the byte holding the last chunk's bit.
-                        PacketType::Bitmap | PacketType::Done if units > 0 => {
-                            units.min((chunk_count - h.chunk_index).div_ceil(8) as usize)
-                        }
-                        _ => units,
-                    };
-                    // Cheap deterministic payload bytes.
-                    let payload: Vec<u8> = (0..len)
-                        .map(|i| (seed.wrapping_mul(i as u64 + 1).wrapping_add(i as u64) >> 29) as u8)
-                        .collect();
-                    h.payload_len = len as u16;
-                    (h, payload)
-                })
+                .prop_map(
+                    move |(w, dst_xor, op, chunk_count, raw, budget_ppm, units, seed, sp)| {
+                        let mut h = Header::new(ty, class, phase);
+                        h.flags = flags;
+                        h.dtype = dtype;
+                        h.job = w[0];
+                        h.generation = w[1];
+                        h.src = w[2];
+                        h.dst = w[2] ^ dst_xor;
+                        h.op = op;
+                        h.tensor = w[3];
+                        h.seq = w[4];
+                        h.chunk_count = chunk_count;
+                        h.budget_ppm = budget_ppm;
+                        [h.session, h.packet] = sp;
+                        let count = u64::from(chunk_count.max(1));
+                        h.required =
+                            if ty == PacketType::Hello { raw } else { (u64::from(raw) % (count + 1)) as u32 };
+                        h.chunk_index = match ty {
+                            // DATA: the chunk; PROBE: the last chunk sent before it.
+                            PacketType::Data | PacketType::Probe => (u64::from(raw) % count) as u32,
+                            PacketType::Bitmap | PacketType::Done if units > 0 => {
+                                ((u64::from(raw) % count) as u32) & !7
+                            }
+                            PacketType::Bitmap | PacketType::Done => raw & !7,
+                            _ => raw,
+                        };
+                        let len = match ty {
+                            PacketType::Data => (units * dtype.size()).min(MAX_PAYLOAD / 4 * 4),
+                            // A segment ends at the byte holding the last chunk's bit.
+                            PacketType::Bitmap | PacketType::Done if units > 0 => {
+                                units.min((chunk_count - h.chunk_index).div_ceil(8) as usize)
+                            }
+                            _ => units,
+                        };
+                        // Cheap deterministic payload bytes; a HELLO's are its settings.
+                        let payload: Vec<u8> = if ty == PacketType::Hello {
+                            settings(seed as u32)
+                        } else {
+                            (0..len)
+                                .map(|i| (seed.wrapping_mul(i as u64 + 1).wrapping_add(i as u64) >> 29) as u8)
+                                .collect()
+                        };
+                        let len = payload.len();
+                        h.payload_len = len as u16;
+                        (h, payload)
+                    },
+                )
         },
     )
 }
@@ -154,7 +170,8 @@ proptest! {
         hdr[2] = wire::VERSION;
         hdr[56..58].copy_from_slice(&(payload.len() as u16).to_be_bytes());
         if !keep_reserved {
-            hdr[58..64].fill(0);
+            hdr[58] = PacketAuth::AesGmac as u8;
+            hdr[59..64].fill(0);
         }
         let mut b = hdr;
         b.extend_from_slice(&payload);
@@ -182,7 +199,7 @@ proptest! {
         }
         let new_len = (b.len() as i64 + i64::from(resize)).max(0) as usize;
         b.resize(new_len, 0xA5);
-        if retag && b.len() >= TAG_LEN {
+        if retag && b.len() >= OVERHEAD {
             let n = b.len() - TAG_LEN;
             let t = k.tag(&b[..n]);
             b[n..].copy_from_slice(&t);
@@ -204,13 +221,15 @@ proptest! {
             bytes[2] = wire::VERSION;
             let plen = (bytes.len() - OVERHEAD) as u16;
             bytes[56..58].copy_from_slice(&plen.to_be_bytes());
+            bytes[58] = PacketAuth::AesGmac as u8;
         }
         match Packet::new_checked(&bytes[..]) {
             Ok(p) => {
                 prop_assert!(fix_prefix || bytes.len() >= OVERHEAD);
                 exercise_view(&p);
                 let _ = Header::parse(&p);
-                let _ = p.verify(&key());
+                let _ = p.verify(&key().sender_key(SenderId::of_header(p.header())));
+                let _ = (p.auth(), p.session(), p.packet(), p.header());
                 prop_assert_eq!(p.authenticated().len() + TAG_LEN, bytes.len());
                 prop_assert_eq!(p.payload().len(), bytes.len() - OVERHEAD);
             }
@@ -220,6 +239,7 @@ proptest! {
                     WireError::Truncated { .. }
                         | WireError::BadMagic(_)
                         | WireError::UnsupportedVersion(_)
+                        | WireError::UnknownAuth(_)
                         | WireError::LengthMismatch { .. }
                 );
                 prop_assert!(structural, "new_checked returned {:?}", e);
@@ -247,12 +267,14 @@ proptest! {
          w[8] % (2 * PPM), w[9]];
         h.op = op;
         h.payload_len = payload_len % 64;
+        [h.session, h.packet] = [op.rotate_left(17), op ^ u64::from(w[10])];
         let mut buf = [0u8; HEADER_LEN];
         let checked = h.check();
         prop_assert_eq!(h.emit(&mut buf), checked);
         if checked.is_ok() {
             // A checked header survives a full round trip.
-            let payload = vec![0u8; usize::from(h.payload_len)];
+            let payload =
+                if ty == PacketType::Hello { settings(w[10]) } else { vec![0u8; usize::from(h.payload_len)] };
             let mut out = vec![0u8; h.packet_len()];
             wire::encode(&key(), &h, &payload, &mut out).unwrap();
             prop_assert_eq!(wire::decode(&key(), &out).unwrap().0, h);

@@ -25,8 +25,8 @@
 //! | 6 | 2 | kind (2 = accepted, 3 = rejected) |
 //! | 8 | 4 | reject code ([`RejectReason`]), 0 if accepted |
 //! | 12 | 4 | number of fds attached |
-//! | 16 | 8 | attachment id |
-//! | 24 | 8 | total size |
+//! | 16 | 8 | attachment id (rejected: first detail of the reason, below) |
+//! | 24 | 8 | total size (rejected: second detail of the reason) |
 //! | 32 | 8 | submission ring offset |
 //! | 40 | 8 | submission ring capacity |
 //! | 48 | 8 | completion ring offset |
@@ -34,6 +34,10 @@
 //! | 64 | 8 | arena offset |
 //! | 72 | 8 | arena size |
 //! | 80 | 48 | reserved, zero |
+//!
+//! A rejection's details (zero unless said): job mismatch (6) — the daemon's
+//! job id, then the one the trainer registered; too many attachments (7) —
+//! the limit, then 1 if it is the per-user one.
 
 use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::mem::MaybeUninit;
@@ -158,9 +162,50 @@ pub enum RejectReason {
     /// Trainers of this job already attached with a different local world size.
     #[error("local world size differs from the one this job's other trainers registered")]
     WorldMismatch,
+    /// The trainer registered for a job this daemon does not serve (checked
+    /// before any segment is created).
+    #[error(
+        "the trainer registered for job {trainer_job} but this daemon serves job {daemon_job} \
+         (node.job_id): attach with the daemon's job id"
+    )]
+    JobMismatch {
+        /// The job the daemon serves.
+        daemon_job: u64,
+        /// The job the trainer registered for.
+        trainer_job: u64,
+    },
+    /// The daemon holds as many attachments as it may (`shm.max_attachments`),
+    /// or this user does (`shm.max_attachments_per_user`).
+    #[error("{}", too_many_text(*.limit, *.per_user))]
+    TooManyAttachments {
+        /// The limit reached.
+        limit: u32,
+        /// True if it is the per-user limit.
+        per_user: bool,
+    },
+    /// Too many trainers are in the attach handshake at once
+    /// (`control.max_pending_attaches`): retry in a moment.
+    #[error(
+        "too many attach handshakes in progress at the daemon (control.max_pending_attaches); retry in a moment"
+    )]
+    Busy,
     /// A code this build does not know.
     #[error("rejected with unknown code {0}")]
     Unknown(u32),
+}
+
+fn too_many_text(limit: u32, per_user: bool) -> String {
+    if per_user {
+        format!(
+            "this user already holds {limit} attachments, the daemon's limit per user \
+             (shm.max_attachments_per_user); detach one first"
+        )
+    } else {
+        format!(
+            "the daemon already serves {limit} attachments, its limit (shm.max_attachments); \
+             detach one first or raise the limit"
+        )
+    }
 }
 
 impl RejectReason {
@@ -172,18 +217,36 @@ impl RejectReason {
             RejectReason::Resources => 3,
             RejectReason::RankInUse => 4,
             RejectReason::WorldMismatch => 5,
+            RejectReason::JobMismatch { .. } => 6,
+            RejectReason::TooManyAttachments { .. } => 7,
+            RejectReason::Busy => 8,
             RejectReason::Unknown(c) => c,
         }
     }
 
-    /// From a wire code.
-    pub fn from_code(c: u32) -> RejectReason {
+    /// The two detail words sent with the code (see the module's table).
+    pub fn details(self) -> [u64; 2] {
+        match self {
+            RejectReason::JobMismatch { daemon_job, trainer_job } => [daemon_job, trainer_job],
+            RejectReason::TooManyAttachments { limit, per_user } => [u64::from(limit), u64::from(per_user)],
+            _ => [0, 0],
+        }
+    }
+
+    /// From a wire code and its two detail words.
+    pub fn from_wire(c: u32, details: [u64; 2]) -> RejectReason {
         match c {
             1 => RejectReason::PolicyDenied,
             2 => RejectReason::BadRequest,
             3 => RejectReason::Resources,
             4 => RejectReason::RankInUse,
             5 => RejectReason::WorldMismatch,
+            6 => RejectReason::JobMismatch { daemon_job: details[0], trainer_job: details[1] },
+            7 => RejectReason::TooManyAttachments {
+                limit: u32::try_from(details[0]).unwrap_or(u32::MAX),
+                per_user: details[1] != 0,
+            },
+            8 => RejectReason::Busy,
             c => RejectReason::Unknown(c),
         }
     }
@@ -235,6 +298,9 @@ impl Reply {
             Reply::Rejected(r) => {
                 b[6..8].copy_from_slice(&KIND_REJECTED.to_le_bytes());
                 b[8..12].copy_from_slice(&r.code().to_le_bytes());
+                let [d0, d1] = r.details();
+                b[16..24].copy_from_slice(&d0.to_le_bytes());
+                b[24..32].copy_from_slice(&d1.to_le_bytes());
             }
         }
         b
@@ -260,9 +326,10 @@ impl Reply {
                 }
                 Ok(Reply::Accepted { attachment_id: u64_at(0), geometry: g })
             }
-            KIND_REJECTED => Ok(Reply::Rejected(RejectReason::from_code(u32::from_le_bytes(
-                b[8..12].try_into().expect("4"),
-            )))),
+            KIND_REJECTED => Ok(Reply::Rejected(RejectReason::from_wire(
+                u32::from_le_bytes(b[8..12].try_into().expect("4")),
+                [u64_at(0), u64_at(1)],
+            ))),
             _ => Err(BadReply("unknown kind")),
         }
     }
@@ -467,9 +534,19 @@ mod tests {
             RejectReason::Resources,
             RejectReason::RankInUse,
             RejectReason::WorldMismatch,
+            RejectReason::JobMismatch { daemon_job: 7, trainer_job: 0x1_0000_0009 },
+            RejectReason::TooManyAttachments { limit: 64, per_user: false },
+            RejectReason::TooManyAttachments { limit: 3, per_user: true },
+            RejectReason::Busy,
         ] {
             assert_eq!(Reply::decode(&Reply::Rejected(r).encode()), Ok(Reply::Rejected(r)));
         }
+        let job = RejectReason::JobMismatch { daemon_job: 7, trainer_job: 9 }.to_string();
+        assert!(job.contains("registered for job 9 but this daemon serves job 7"), "{job}");
+        let cap = RejectReason::TooManyAttachments { limit: 64, per_user: false }.to_string();
+        assert!(cap.contains("64 attachments") && cap.contains("shm.max_attachments"), "{cap}");
+        let per = RejectReason::TooManyAttachments { limit: 3, per_user: true }.to_string();
+        assert!(per.contains("3 attachments") && per.contains("shm.max_attachments_per_user"), "{per}");
         let mut b = a.encode();
         b[16 + 8 * 2] ^= 0x10; // sq offset
         assert!(Reply::decode(&b).is_err());

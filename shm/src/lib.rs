@@ -59,8 +59,13 @@
 //! ## Server model
 //!
 //! [`ShmServer`] is non-blocking: its listener fd ([`std::os::fd::AsFd`]) goes into the
-//! daemon's event loop; on readiness [`ShmServer::accept`] performs the handshake
-//! inline, bounded by `handshake_timeout`. The control connection closing
+//! daemon's event loop; on readiness [`ShmServer::accept_pending`] checks the peer
+//! and hands back a [`Handshake`], which the loop watches and reads without
+//! blocking; [`ShmServer::admit`] then checks the registration (job, attachment
+//! limits, rank) before any segment is created ([`ShmServer::accept`] does all
+//! of it blocking, bounded by `handshake_timeout`). An attachment takes at most
+//! as many submissions as its completion ring has room for
+//! ([`Attachment::next_submission`]), so no completion is dropped. The control connection closing
 //! ([`Attachment::liveness`] → `Gone`/`Broken`) means the trainer is gone: the
 //! daemon fails its pending ops and drops the [`Attachment`], which unmaps the
 //! segment and closes its fds. Peers are checked with `SO_PEERCRED` against a
@@ -115,8 +120,10 @@
 #![deny(unsafe_code)]
 
 pub mod alloc;
+mod claim;
 pub mod control;
 pub mod doorbell;
+pub mod handshake;
 pub mod layout;
 #[allow(unsafe_code)]
 pub mod mapping;
@@ -125,6 +132,7 @@ pub mod server;
 pub mod trainer;
 
 pub use control::{PeerCred, PeerPolicy, Registration, RejectReason};
+pub use handshake::Handshake;
 pub use layout::{CompletionDesc, DescError, ElemType, Geometry, Limits, Status, Submission, SubmitDesc};
 pub use ring::RingError;
 pub use server::{

@@ -1,6 +1,5 @@
 //! Daemon side: the control-socket listener and one [`Attachment`] per trainer.
 
-use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -12,8 +11,10 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use super::control::{self, PeerCred, PeerPolicy, REGISTER_LEN, Registration, RejectReason, Reply};
+use super::claim::{Claim, RankTable};
+use super::control::{self, PeerCred, PeerPolicy, Registration, RejectReason, Reply};
 use super::doorbell::{Doorbell, poll_readable};
+use super::handshake::Handshake;
 use super::layout::{
     CompletionDesc, DESC_WORDS, DescError, Geometry, Limits, Status, Submission, SubmitDesc,
 };
@@ -36,10 +37,18 @@ pub struct ServerConfig {
     pub policy: PeerPolicy,
     /// How long a connecting trainer has to send its register message.
     pub handshake_timeout: Duration,
+    /// The only job whose trainers may attach (`None`: any job). Checked
+    /// before a segment is created.
+    pub job_id: Option<u64>,
+    /// Attachments alive at once; one more is refused before its segment is created.
+    pub max_attachments: usize,
+    /// Attachments one uid may hold at once (0: no per-user limit).
+    pub max_attachments_per_user: usize,
 }
 
 impl ServerConfig {
-    /// Defaults: 256-slot rings, a 64 MiB arena, same-user policy, 2 s handshake.
+    /// Defaults: 256-slot rings, a 64 MiB arena, same-user policy, 2 s
+    /// handshake, any job, at most 64 attachments, no per-user limit.
     pub fn new(socket_path: impl Into<PathBuf>, socket_mode: u32) -> ServerConfig {
         ServerConfig {
             socket_path: socket_path.into(),
@@ -48,6 +57,9 @@ impl ServerConfig {
             limits: Limits::default(),
             policy: PeerPolicy::same_user(),
             handshake_timeout: Duration::from_secs(2),
+            job_id: None,
+            max_attachments: 64,
+            max_attachments_per_user: 0,
         }
     }
 }
@@ -118,6 +130,16 @@ pub enum AcceptError {
         /// World size asked for.
         local_world: u32,
     },
+    /// The registration is for another job, or the attachment limits are
+    /// reached ([`RejectReason::JobMismatch`], [`RejectReason::TooManyAttachments`]);
+    /// refused before any segment was created.
+    #[error("trainer pid {} uid {} refused: {reason}", peer.pid, peer.uid)]
+    Refused {
+        /// Peer.
+        peer: PeerCred,
+        /// Why (sent to the trainer).
+        reason: RejectReason,
+    },
     /// Creating, mapping or sending the segment failed.
     #[error("cannot set up a segment for trainer pid {}: {source}", peer.pid)]
     Segment {
@@ -139,18 +161,27 @@ pub struct ServerStats {
     pub bad_requests: u64,
     /// Connections refused for a taken rank or a disagreeing world size.
     pub conflicts: u64,
-    /// Connections that failed otherwise (handshake timeout, resources).
+    /// Connections refused for registering another job.
+    pub wrong_job: u64,
+    /// Connections refused at the attachment limits (in all or per user).
+    pub over_limit: u64,
+    /// Connections that failed otherwise (handshake timeout in [`ShmServer::accept`], resources).
     pub failed: u64,
 }
 
 /// The control-socket listener.
 ///
 /// **Readiness model:** the listener is non-blocking; register [`AsFd`] with mio
-/// (or use [`ShmServer::wait_acceptable`]) and call [`ShmServer::accept`] when it is
-/// readable. `accept` does the handshake inline with a bounded read timeout
-/// (`handshake_timeout`), so a trainer that connects and stays silent can delay
-/// the caller by that much at most; a later step may move handshakes onto the event
-/// loop as well.
+/// (or use [`ShmServer::wait_acceptable`]). An event loop calls
+/// [`ShmServer::accept_pending`] when it is readable, which checks the peer's
+/// credentials and returns a [`Handshake`] without reading from it; it then
+/// watches the handshake's fd, calls [`Handshake::read`] when readable, and
+/// [`ShmServer::admit`] once the register message is in, which checks job,
+/// limits and rank and only then creates the segment. Nothing blocks; the loop
+/// owns the handshakes' deadlines ([`Handshake::deadline`]) and how many it
+/// lets wait at once ([`ShmServer::refuse`] turns one away).
+/// [`ShmServer::accept`] strings the steps together blocking, bounded by
+/// `handshake_timeout` (for tests and simple servers).
 #[derive(Debug)]
 pub struct ShmServer {
     listener: UnixListener,
@@ -161,48 +192,10 @@ pub struct ShmServer {
     ranks: Arc<Mutex<RankTable>>,
 }
 
-/// Which local ranks of which job are attached, and the job's local world size.
-#[derive(Debug, Default)]
-struct RankTable {
-    jobs: HashMap<u64, (u32, HashSet<u32>)>,
-}
-
-impl RankTable {
-    fn claim(&mut self, r: &Registration) -> Result<(), RejectReason> {
-        let (world, ranks) = self.jobs.entry(r.job_id).or_insert_with(|| (r.local_world, HashSet::new()));
-        if *world != r.local_world {
-            return Err(RejectReason::WorldMismatch);
-        }
-        if !ranks.insert(r.local_rank) {
-            return Err(RejectReason::RankInUse);
-        }
-        Ok(())
-    }
-
-    fn release(&mut self, r: &Registration) {
-        if let Some((_, ranks)) = self.jobs.get_mut(&r.job_id) {
-            ranks.remove(&r.local_rank);
-            if ranks.is_empty() {
-                self.jobs.remove(&r.job_id);
-            }
-        }
-    }
-}
-
-/// Held by an attachment: its (job, rank) slot and the server's live count,
-/// released on drop.
-#[derive(Debug)]
-struct Claim {
-    live: Arc<AtomicUsize>,
-    ranks: Arc<Mutex<RankTable>>,
-    registration: Registration,
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        self.live.fetch_sub(1, Ordering::Relaxed);
-        self.ranks.lock().unwrap_or_else(|p| p.into_inner()).release(&self.registration);
-    }
+/// Best effort: tell the peer why it is refused (a fresh connection's buffer
+/// holds the 128-byte reply; failures change nothing).
+fn send_reject(stream: &UnixStream, why: RejectReason) {
+    let _ = control::send_with_fds(stream.as_fd(), &Reply::Rejected(why).encode(), &[]);
 }
 
 impl ShmServer {
@@ -267,17 +260,84 @@ impl ShmServer {
         Ok(poll_readable(&[self.listener.as_fd()], timeout)?[0])
     }
 
-    /// Accepts one pending connection, if any, and turns it into an [`Attachment`]:
-    /// reads `SO_PEERCRED`, reads the register message, applies the policy, creates
-    /// and sends the segment. A refused trainer gets a reject reply saying why.
+    /// Accepts one pending connection, if any, and turns it into an [`Attachment`]
+    /// ([`ShmServer::accept_pending`], then [`Handshake::read`] waiting up to
+    /// `handshake_timeout`, then [`ShmServer::admit`]). Blocks for as long as
+    /// the peer takes to register, at most `handshake_timeout`: an event loop
+    /// uses the steps instead.
     pub fn accept(&mut self) -> Result<Option<Attachment>, AcceptError> {
+        let Some(mut hs) = self.accept_pending()? else { return Ok(None) };
+        let peer = hs.peer();
+        let complete = loop {
+            match hs.read() {
+                Ok(true) => break Ok(()),
+                Ok(false) => match hs.wait() {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        break Err(io::Error::new(io::ErrorKind::TimedOut, "no register message in time"));
+                    }
+                    Err(e) => break Err(e),
+                },
+                Err(e) => break Err(e),
+            }
+        };
+        match complete {
+            Ok(()) => self.admit(hs).map(Some),
+            Err(source) => {
+                let e = AcceptError::Handshake { peer, source };
+                self.count(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Accepts one pending connection, if any, without reading from it: reads
+    /// `SO_PEERCRED` and applies the uid/gid policy (a refused peer gets a
+    /// reject reply at once and never occupies a handshake). The
+    /// [`Handshake`] is non-blocking, with a deadline `handshake_timeout` away.
+    pub fn accept_pending(&mut self) -> Result<Option<Handshake>, AcceptError> {
         let stream = match self.listener.accept() {
             Ok((s, _)) => s,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(None),
             Err(e) => return Err(AcceptError::Accept(e)),
         };
-        let r = self.handshake(stream);
+        let r = self.check_peer(stream);
+        if let Err(e) = &r {
+            self.count(e);
+        }
+        r.map(Some)
+    }
+
+    fn check_peer(&self, stream: UnixStream) -> Result<Handshake, AcceptError> {
+        let peer = control::peer_cred(&stream).map_err(AcceptError::PeerCred)?;
+        stream.set_nonblocking(true).map_err(|source| AcceptError::Handshake { peer, source })?;
+        // Supplementary groups only matter when the primary uid/gid did not pass.
+        let allowed = self.cfg.policy.allows_peer(&peer)
+            || (!self.cfg.policy.gids.is_empty()
+                && control::peer_groups(&stream).is_ok_and(|g| self.cfg.policy.allows_peer_in(&peer, &g)));
+        if !allowed {
+            send_reject(&stream, RejectReason::PolicyDenied);
+            return Err(AcceptError::PolicyDenied { peer });
+        }
+        Ok(Handshake::new(stream, peer, Instant::now() + self.cfg.handshake_timeout))
+    }
+
+    /// Turns a handshake away with `why` (best effort: the peer may not be
+    /// listening), e.g. [`RejectReason::Busy`] when too many are pending.
+    pub fn refuse(&mut self, hs: Handshake, why: RejectReason) {
+        send_reject(hs.stream(), why);
+    }
+
+    /// Turns a handshake whose register message is complete ([`Handshake::read`]
+    /// returned `true`) into an [`Attachment`]. In this order, and all before
+    /// any memory is set aside: the message parses, the policy hook agrees, the
+    /// job is the server's (`job_id`), the attachment limits leave room (in all
+    /// and for the peer's uid), the local rank is free and the local world
+    /// agrees; then the segment is created and sent. A refused trainer gets a
+    /// reject reply saying why.
+    pub fn admit(&mut self, hs: Handshake) -> Result<Attachment, AcceptError> {
+        let r = self.admit_checked(&hs);
         match &r {
             Ok(a) => {
                 self.stats.attached += 1;
@@ -292,61 +352,75 @@ impl ShmServer {
                     a.registration.local_world
                 );
             }
-            Err(AcceptError::PolicyDenied { .. }) => self.stats.policy_denied += 1,
-            Err(AcceptError::BadRequest { .. }) => self.stats.bad_requests += 1,
-            Err(AcceptError::Conflict { .. }) => self.stats.conflicts += 1,
-            Err(_) => self.stats.failed += 1,
+            Err(e) => self.count(e),
         }
-        if let Err(e) = &r {
-            log::warn!("{e}");
-        }
-        r.map(Some)
+        r
     }
 
-    fn handshake(&mut self, stream: UnixStream) -> Result<Attachment, AcceptError> {
-        let peer = control::peer_cred(&stream).map_err(AcceptError::PeerCred)?;
-        let hs = |source| AcceptError::Handshake { peer, source };
-        stream.set_nonblocking(false).map_err(hs)?;
-        stream.set_read_timeout(Some(self.cfg.handshake_timeout)).map_err(hs)?;
-        stream.set_write_timeout(Some(self.cfg.handshake_timeout)).map_err(hs)?;
-        let reject = |why: RejectReason| {
-            // Best effort: the trainer learns why; failures here change nothing.
-            let _ = control::send_with_fds(stream.as_fd(), &Reply::Rejected(why).encode(), &[]);
-        };
-        // Supplementary groups only matter when the primary uid/gid did not pass.
-        let allowed = self.cfg.policy.allows_peer(&peer)
-            || (!self.cfg.policy.gids.is_empty()
-                && control::peer_groups(&stream).is_ok_and(|g| self.cfg.policy.allows_peer_in(&peer, &g)));
-        if !allowed {
-            reject(RejectReason::PolicyDenied);
-            return Err(AcceptError::PolicyDenied { peer });
+    /// Count and log a failed attach.
+    fn count(&mut self, e: &AcceptError) {
+        match e {
+            AcceptError::PolicyDenied { .. } => self.stats.policy_denied += 1,
+            AcceptError::BadRequest { .. } => self.stats.bad_requests += 1,
+            AcceptError::Conflict { .. } => self.stats.conflicts += 1,
+            AcceptError::Refused { reason: RejectReason::JobMismatch { .. }, .. } => {
+                self.stats.wrong_job += 1
+            }
+            AcceptError::Refused { .. } => self.stats.over_limit += 1,
+            _ => self.stats.failed += 1,
         }
-        let mut req = [0u8; REGISTER_LEN];
-        io::Read::read_exact(&mut &stream, &mut req).map_err(hs)?;
-        let registration = match Registration::decode(&req) {
+        log::warn!("{e}");
+    }
+
+    fn admit_checked(&mut self, hs: &Handshake) -> Result<Attachment, AcceptError> {
+        let (peer, stream) = (hs.peer(), hs.stream());
+        let registration = match Registration::decode(hs.message()) {
             Ok(r) => r,
             Err(source) => {
-                reject(RejectReason::BadRequest);
+                send_reject(stream, RejectReason::BadRequest);
                 return Err(AcceptError::BadRequest { peer, source });
             }
         };
+        let refuse = |reason: RejectReason| {
+            send_reject(stream, reason);
+            AcceptError::Refused { peer, reason }
+        };
         if self.cfg.policy.hook.as_ref().is_some_and(|h| !h(&peer, &registration)) {
-            reject(RejectReason::PolicyDenied);
+            send_reject(stream, RejectReason::PolicyDenied);
             return Err(AcceptError::PolicyDenied { peer });
         }
-        if let Err(reason) = self.ranks.lock().unwrap_or_else(|p| p.into_inner()).claim(&registration) {
-            reject(reason);
-            return Err(AcceptError::Conflict {
-                peer,
-                reason,
-                job: registration.job_id,
-                local_rank: registration.local_rank,
-                local_world: registration.local_world,
-            });
+        if let Some(job) = self.cfg.job_id.filter(|&j| j != registration.job_id) {
+            return Err(refuse(RejectReason::JobMismatch {
+                daemon_job: job,
+                trainer_job: registration.job_id,
+            }));
+        }
+        if self.live_attachments() >= self.cfg.max_attachments {
+            let limit = u32::try_from(self.cfg.max_attachments).unwrap_or(u32::MAX);
+            return Err(refuse(RejectReason::TooManyAttachments { limit, per_user: false }));
+        }
+        let claimed = self.ranks.lock().unwrap_or_else(|p| p.into_inner()).claim(
+            &registration,
+            peer.uid,
+            self.cfg.max_attachments_per_user,
+        );
+        match claimed {
+            Err(reason @ RejectReason::TooManyAttachments { .. }) => return Err(refuse(reason)),
+            Err(reason) => {
+                send_reject(stream, reason);
+                return Err(AcceptError::Conflict {
+                    peer,
+                    reason,
+                    job: registration.job_id,
+                    local_rank: registration.local_rank,
+                    local_world: registration.local_world,
+                });
+            }
+            Ok(()) => {}
         }
         // From here on, dropping `claim` releases the rank (on any error below too).
         self.live.fetch_add(1, Ordering::Relaxed);
-        let claim = Claim { live: self.live.clone(), ranks: self.ranks.clone(), registration };
+        let claim = Claim::new(self.live.clone(), self.ranks.clone(), registration, peer.uid);
         let id = self.next_id;
         self.next_id += 1;
         let seg = |source| AcceptError::Segment { peer, source };
@@ -354,7 +428,7 @@ impl ShmServer {
         let mut att = match built {
             Ok(a) => a,
             Err(e) => {
-                reject(RejectReason::Resources);
+                send_reject(stream, RejectReason::Resources);
                 return Err(seg(e));
             }
         };
@@ -365,7 +439,6 @@ impl ShmServer {
             &[att.memfd.as_fd(), att.submit_bell.as_fd(), att.complete_bell.as_fd()],
         )
         .map_err(seg)?;
-        stream.set_nonblocking(true).map_err(seg)?;
         att.claim = Some(claim);
         Ok(att)
     }
@@ -453,6 +526,10 @@ pub struct AttachmentStats {
     pub completions_dropped: u64,
     /// Bytes the trainer sent on the control socket after registering (ignored).
     pub stray_control_bytes: u64,
+    /// Times [`Attachment::next_submission`] left descriptors on the ring
+    /// because the trainer had as many ops outstanding as its completion ring
+    /// has room for, or a whole arena's bytes.
+    pub throttled: u64,
 }
 
 impl AttachmentStats {
@@ -491,6 +568,9 @@ pub struct Attachment {
     stats: AttachmentStats,
     created: Instant,
     claim: Option<Claim>,
+    /// Submissions taken off the ring and not completed yet, and their bytes.
+    outstanding: u32,
+    outstanding_bytes: u64,
 }
 
 impl Attachment {
@@ -522,6 +602,8 @@ impl Attachment {
             stats: AttachmentStats::default(),
             created: Instant::now(),
             claim: None,
+            outstanding: 0,
+            outstanding_bytes: 0,
         })
     }
 
@@ -609,9 +691,38 @@ impl Attachment {
         Liveness::Alive
     }
 
+    /// Ops taken off the ring and not completed yet ([`Attachment::complete_submission`]
+    /// ends one), and their bytes.
+    pub fn outstanding(&self) -> (u32, u64) {
+        (self.outstanding, self.outstanding_bytes)
+    }
+
+    /// Whether one more submission may be taken: its completion must find a
+    /// free slot after those of every outstanding op (so no completion is ever
+    /// dropped for a full ring), and the outstanding ops hold less than an
+    /// arena's bytes (so a trainer cannot make the daemon copy its arena out
+    /// many times over by resubmitting). A trainer that keeps at most a
+    /// completion ring's worth of ops in flight, on distinct tensors of its
+    /// arena (as `TrainerChannel` and the client do), never meets either.
+    fn has_room(&self) -> bool {
+        // With wild completion-ring indices only the ring's size bounds the ops
+        // (their completions then fail, reported by `complete`).
+        let free = self.cq.free_slots(&self.map).unwrap_or(self.geometry.cq_capacity);
+        free > self.outstanding && self.outstanding_bytes < self.geometry.arena_size
+    }
+
     /// Takes the next descriptor off the submission ring: copied out once, then
-    /// validated. `Ok(None)` when the ring is empty.
+    /// validated. `Ok(None)` when the ring is empty, or when the trainer has
+    /// as many ops outstanding as it may (see [`AttachmentStats::throttled`]):
+    /// the rest waits on the ring, back-pressure instead of dropped completions
+    /// or unbounded copies.
     pub fn next_submission(&mut self) -> Result<Option<Submission>, ChannelError> {
+        if !self.has_room() {
+            if self.sq.available(&self.map).unwrap_or(0) > 0 {
+                self.stats.throttled += 1;
+            }
+            return Ok(None);
+        }
         let words = match self.sq.pop(&self.map) {
             Ok(Some(w)) => w,
             Ok(None) => return Ok(None),
@@ -625,6 +736,8 @@ impl Attachment {
         match desc.validate(self.geometry.arena_size, &self.limits) {
             Ok(s) => {
                 self.stats.submissions += 1;
+                self.outstanding += 1;
+                self.outstanding_bytes += s.span.bytes();
                 Ok(Some(s))
             }
             Err(error) => {
@@ -723,7 +836,8 @@ impl Attachment {
         r
     }
 
-    /// Completes a valid submission with `status` and the given report.
+    /// Completes a valid submission with `status` and the given report, which
+    /// ends it as outstanding (whether or not the completion could be posted).
     pub fn complete_submission(
         &mut self,
         s: &Submission,
@@ -732,6 +846,8 @@ impl Attachment {
         repairs: u32,
         duration: Duration,
     ) -> Result<(), CompleteError> {
+        self.outstanding = self.outstanding.saturating_sub(1);
+        self.outstanding_bytes = self.outstanding_bytes.saturating_sub(s.span.bytes());
         self.complete(CompletionDesc {
             cookie: s.cookie,
             op_seq: s.op_seq,

@@ -55,6 +55,14 @@ impl Default for Options {
     }
 }
 
+/// Write a configuration file readable by its owner alone (dlcpd refuses an
+/// inline secret in a file others may read), whatever the umask.
+pub fn write_config(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
 pub fn config_text(rank: u32, ports: &[u16], socket: &Path, o: &Options) -> String {
     let mut t = format!(
         "[node]\nrank = {rank}\njob_id = {JOB}\njob_secret = \"loopback test secret 0123456789\"\ngeneration = \"auto\"\n\n"
@@ -80,7 +88,7 @@ impl Cluster {
         for r in 0..o.hosts {
             let socket = c.dir.path().join(format!("d{r}.sock"));
             let config = c.dir.path().join(format!("d{r}.toml"));
-            std::fs::write(&config, config_text(r, &c.ports, &socket, o)).unwrap();
+            write_config(&config, &config_text(r, &c.ports, &socket, o));
             let log = c.dir.path().join(format!("d{r}.log"));
             c.daemons.push(Daemon { rank: r, config, socket, child: None, log });
             if !o.late.contains(&r) {

@@ -97,7 +97,7 @@ impl Tap {
     pub fn spawn(&mut self, r: usize, extra: &str) -> PathBuf {
         let socket = self.dir.path().join(format!("d{r}.sock"));
         let cfg = self.dir.path().join(format!("d{r}.toml"));
-        std::fs::write(&cfg, self.config(r, &socket, extra)).unwrap();
+        write_private(&cfg, &self.config(r, &socket, extra));
         let log = std::fs::File::create(self.dir.path().join(format!("d{r}.log"))).unwrap();
         let child = Command::new("ip")
             .args(["netns", "exec", self.ns, env!("CARGO_BIN_EXE_dlcpd"), "--config"])
@@ -115,4 +115,12 @@ impl Tap {
         }
         socket
     }
+}
+
+/// Write a configuration file readable by its owner alone (dlcpd refuses an
+/// inline secret in a file others may read), whatever the umask.
+fn write_private(path: &std::path::Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }

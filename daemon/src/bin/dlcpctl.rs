@@ -139,6 +139,21 @@ fn print_status(v: &Value) {
         peers.len(),
         if down.is_empty() { String::new() } else { format!("; down: {}", down.join(", ")) }
     );
+    for p in peers.iter().filter(|p| p["refused"].is_string()) {
+        println!(
+            "    REFUSED: rank {} ({}) {}",
+            p["rank"],
+            p["address"].as_str().unwrap_or("?"),
+            p["refused"].as_str().unwrap_or("?")
+        );
+    }
+    match v["packet_auth"].as_str() {
+        Some("none") => {
+            println!("  packet auth: none — datagrams are NOT authenticated (security.packet_auth)")
+        }
+        Some(a) => println!("  packet auth: {a}"),
+        None => {}
+    }
     println!("  trainers attached: {}, ops in flight: {}", v["trainers"], v["ops_in_flight"]);
     if let Some(f) = o["config_file"].as_str() {
         println!(

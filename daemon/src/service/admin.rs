@@ -1,20 +1,18 @@
 //! The admin protocol that `dlcpctl` speaks: connect to the control socket's
 //! path with `.admin` appended ([`admin_path`]), send one line (`stats`,
 //! `status`, `reload` or `report OP TENSOR`), read one JSON document until EOF.
-//! [`Admin`] owns the listening socket and what only the admin protocol shows
-//! (the recent ops and their reports). The replies are serde-derived types
+//! [`Admin`] keeps what only the admin protocol shows (the recent ops and
+//! their reports); `admin_socket` serves the connections and decides who may
+//! ask what. The replies are serde-derived types
 //! ([`StatusReply`], [`ReportReply`], [`ErrorReply`]; `reload` replies with
 //! the [`ReloadOutcome`]) built from a [`View`] of the service, except
 //! `stats`, which is still rendered field by field.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration as StdDuration;
 
 use dlcp_proto::endpoint::{OpId, OpReport, TransferReport};
 use dlcp_proto::stats::Label;
-use mio::{Interest, Registry, Token};
 use serde::{Deserialize, Serialize};
 
 use super::view::View;
@@ -68,6 +66,8 @@ pub struct StatusReply {
     pub generation: u32,
     /// The datapath's description.
     pub datapath: String,
+    /// `security.packet_auth`: `"aes-128-gmac"`, or `"none"` (datagrams not authenticated).
+    pub packet_auth: String,
     /// Trainers attached now.
     pub trainers: usize,
     /// Ops in flight on the network.
@@ -94,6 +94,10 @@ pub struct PeerStatus {
     /// True for this daemon's own rank.
     #[serde(rename = "self")]
     pub is_self: bool,
+    /// Why its datagrams are refused (another wire version, packet_auth or
+    /// chunk size, naming both values), until its settings agree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// The operations part of [`StatusReply`].
@@ -270,75 +274,17 @@ impl Request {
     }
 }
 
-/// One accepted admin connection with its request, waiting for the reply.
-pub(super) struct Connection {
-    stream: std::os::unix::net::UnixStream,
-    request: Request,
-}
-
-impl Connection {
-    /// What was asked.
-    pub(super) fn request(&self) -> &Request {
-        &self.request
-    }
-
-    /// Send the reply and close.
-    pub(super) fn reply(mut self, reply: &serde_json::Value) {
-        let _ = self.stream.write_all(reply.to_string().as_bytes());
-    }
-}
-
-/// The admin socket, and what only the admin protocol shows.
+/// What only the admin protocol shows: the recent ops and their reports.
+/// (The socket and its connections are `admin_socket`'s.)
 pub(super) struct Admin {
-    listener: mio::net::UnixListener,
-    path: PathBuf,
     recent: VecDeque<OpRecord>,
     reports: BTreeMap<OpId, Box<OpReport>>,
 }
 
 impl Admin {
-    /// Listen on `path` (a stale socket file there is replaced) with file mode `mode`.
-    pub(super) fn bind(path: PathBuf, mode: u32) -> io::Result<Admin> {
-        let _ = std::fs::remove_file(&path);
-        let listener = mio::net::UnixListener::bind(&path)?;
-        let admin = Admin { listener, path, recent: VecDeque::new(), reports: BTreeMap::new() };
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&admin.path, std::fs::Permissions::from_mode(mode))?;
-        }
-        Ok(admin)
-    }
-
-    /// The socket's path.
-    pub(super) fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Watch the socket for connections under `token`.
-    pub(super) fn register(&mut self, registry: &Registry, token: Token) -> io::Result<()> {
-        registry.register(&mut self.listener, token, Interest::READABLE)
-    }
-
-    /// The next waiting connection and its request, if any. A short blocking
-    /// exchange: one request line (200 ms to arrive), one JSON reply.
-    pub(super) fn accept(&mut self) -> Option<Connection> {
-        let (stream, _) = match self.listener.accept() {
-            Ok(x) => x,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
-            Err(e) => {
-                log::warn!("admin socket: {e}");
-                return None;
-            }
-        };
-        let fd: std::os::fd::OwnedFd = stream.into();
-        let mut s = std::os::unix::net::UnixStream::from(fd);
-        let _ = s.set_nonblocking(false);
-        let _ = s.set_read_timeout(Some(StdDuration::from_millis(200)));
-        let _ = s.set_write_timeout(Some(StdDuration::from_millis(500)));
-        let mut buf = [0u8; 64];
-        let n = s.read(&mut buf).unwrap_or(0);
-        let request = Request::parse(&String::from_utf8_lossy(&buf[..n]));
-        Some(Connection { stream: s, request })
+    /// Nothing recorded yet.
+    pub(super) fn new() -> Admin {
+        Admin { recent: VecDeque::new(), reports: BTreeMap::new() }
     }
 
     /// Keep `r` for `stats` (the last 1024).
@@ -423,12 +369,6 @@ fn put_counter(doc: &mut serde_json::Value, section: &str, key: &str, label: Lab
     }
 }
 
-impl Drop for Admin {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
 /// The reply to `status`: version, datapath, peers and trainers, with `ops`
 /// (the operations part) inside.
 pub(super) fn status(v: &View<'_>, ops: OperationsStatus) -> StatusReply {
@@ -439,6 +379,7 @@ pub(super) fn status(v: &View<'_>, ops: OperationsStatus) -> StatusReply {
             generation: v.endpoint.peer_generation(r),
             up: r == v.cfg.rank() || v.endpoint.peer_up(r),
             is_self: r == v.cfg.rank(),
+            refused: v.endpoint.peer_mismatch(r).map(|m| m.to_string()),
         })
         .collect();
     StatusReply {
@@ -448,6 +389,7 @@ pub(super) fn status(v: &View<'_>, ops: OperationsStatus) -> StatusReply {
         job: v.cfg.node.job_id,
         generation: v.endpoint.config().generation,
         datapath: v.datapath.describe(),
+        packet_auth: v.cfg.security.packet_auth.as_str().to_owned(),
         trainers: v.trainers.count(),
         ops_in_flight: v.endpoint.ops_in_flight(),
         draining: v.draining,
@@ -599,12 +541,27 @@ mod tests {
             job: 4,
             generation: 8,
             datapath: "dp".into(),
+            packet_auth: "aes-128-gmac".into(),
             trainers: 2,
             ops_in_flight: 0,
             draining: false,
             peers: vec![
-                PeerStatus { rank: 0, address: "a".into(), generation: None, up: false, is_self: false },
-                PeerStatus { rank: 1, address: "b".into(), generation: Some(8), up: true, is_self: true },
+                PeerStatus {
+                    rank: 0,
+                    address: "a".into(),
+                    generation: None,
+                    up: false,
+                    is_self: false,
+                    refused: Some("speaks dlcp wire version 1; this daemon speaks version 2".into()),
+                },
+                PeerStatus {
+                    rank: 1,
+                    address: "b".into(),
+                    generation: Some(8),
+                    up: true,
+                    is_self: true,
+                    refused: None,
+                },
             ],
             ops: OperationsStatus {
                 config_file: Some("c".into()),
@@ -631,8 +588,10 @@ mod tests {
                 + r#""config_file":"c","datapath_kind":"auto","last_reload":{"outcome":{"applied":[],"error":"e","#
                 + r#""file":"f","needs_restart":[],"not_applied":[],"ok":false},"seconds_ago":3},"log_level":"info","#
                 + r#""metrics":{"address":null,"enabled":true,"error":"x"},"reloads_failed":2,"reloads_ok":1,"#
-                + r#""systemd":{"notify":false,"watchdog_ms":7},"uptime_s":5},"ops_in_flight":0,"peers":["#
-                + r#"{"address":"a","generation":null,"rank":0,"self":false,"up":false},{"address":"b","#
+                + r#""systemd":{"notify":false,"watchdog_ms":7},"uptime_s":5},"ops_in_flight":0,"#
+                + r#""packet_auth":"aes-128-gmac","peers":[{"address":"a","generation":null,"rank":0,"#
+                + r#""refused":"speaks dlcp wire version 1; this daemon speaks version 2","self":false,"up":false},"#
+                + r#"{"address":"b","#
                 + r#""generation":8,"rank":1,"self":true,"up":true}],"rank":1,"trainers":2,"version":"v","world":2}"#
         );
         assert_eq!(serde_json::from_value::<StatusReply>(json).unwrap(), st);

@@ -10,6 +10,8 @@ const DROPPED: &str = "Received datagrams dropped, by reason";
 const OPS: &str = "Allreduce ops, by outcome";
 const RELOADS: &str = "Configuration reloads, by result";
 const RING_USED: &str = "Shared-memory ring entries in use, summed over trainers";
+const REFUSED: &str = "Connections on the admin and control sockets closed unserved, by reason \
+                       (busy: over the cap; timeout: past control.request_timeout_ms; denied: not permitted)";
 
 dlcp_proto::counters! {
     /// Counters of the service itself (`service` in `dlcpctl stats --json`).
@@ -27,11 +29,11 @@ dlcp_proto::counters! {
             "trainers_gone",
             "Trainers whose control socket closed (their shared memory reclaimed)",
         )],
-        /// Trainers refused (other job, handshake failure, policy).
+        /// Trainers refused (other job, attachment limits, handshake failure, policy).
         pub trainers_refused: u64 => [Desc::new(
             "trainers_refused",
             "trainers_refused",
-            "Trainers refused (other job, other local world, handshake failure, policy)",
+            "Trainers refused (other job, other local world, attachment limits, handshake failure, policy)",
         )],
         /// Valid submissions received.
         pub submissions: u64 => [Desc::new("submissions", "submissions", "Valid submissions received")],
@@ -63,6 +65,37 @@ dlcp_proto::counters! {
         /// loss of `dlcpd demo --loss` and the `--debug-rx-loss` test knob).
         pub rx_debug_dropped: u64 => [Desc::new("rx_debug_dropped", "rx_dropped", DROPPED)
             .by(By::Reason("debug_loss"))],
+        /// Admin connections closed at once: `control.max_admin_connections` were open.
+        pub refused_admin_busy: u64 => [Desc::new("connections_refused.admin_busy", "connections_refused", REFUSED)
+            .by(By::Reason("admin_busy"))],
+        /// Admin connections unfinished at `control.request_timeout_ms`, closed.
+        pub refused_admin_timeout: u64 => [Desc::new(
+            "connections_refused.admin_timeout",
+            "connections_refused",
+            REFUSED,
+        )
+        .by(By::Reason("admin_timeout"))],
+        /// Admin requests the peer may not make (see `admin_socket`).
+        pub refused_admin_denied: u64 => [Desc::new(
+            "connections_refused.admin_denied",
+            "connections_refused",
+            REFUSED,
+        )
+        .by(By::Reason("admin_denied"))],
+        /// Trainers turned away at once: `control.max_pending_attaches` handshakes were in progress.
+        pub refused_attach_busy: u64 => [Desc::new(
+            "connections_refused.attach_busy",
+            "connections_refused",
+            REFUSED,
+        )
+        .by(By::Reason("attach_busy"))],
+        /// Attach handshakes unfinished at `control.request_timeout_ms`, closed.
+        pub refused_attach_timeout: u64 => [Desc::new(
+            "connections_refused.attach_timeout",
+            "connections_refused",
+            REFUSED,
+        )
+        .by(By::Reason("attach_timeout"))],
         /// Configuration reloads that loaded (see `crate::hot_reload`).
         pub reloads_ok: u64 => [Desc::new("reloads_ok", "config_reloads", RELOADS).fixed(&[("result", "ok")])],
         /// Configuration reloads rejected (the file did not load; old config kept).
@@ -122,6 +155,22 @@ dlcp_proto::counters! {
             "shm_segments_created",
             "Shared-memory segments created for trainers since start",
         )],
+        /// Admin connections open now.
+        pub admin_connections: u64 => [Desc::new(
+            "connections.admin_open",
+            "local_connections",
+            "Connections open now: admin (dlcpctl) and attach handshakes in progress",
+        )
+        .gauge()
+        .fixed(&[("socket", "admin")])],
+        /// Attach handshakes in progress now.
+        pub attach_handshakes: u64 => [Desc::new(
+            "connections.attach_pending",
+            "local_connections",
+            "Connections open now: admin (dlcpctl) and attach handshakes in progress",
+        )
+        .gauge()
+        .fixed(&[("socket", "control")])],
         /// Descriptors the shared-memory channel rejected, over attached trainers.
         pub rejected_descriptors: u64 => [Desc::new(
             "shm.rejected_descriptors",

@@ -13,7 +13,9 @@
 //! ```
 //!
 //! Nothing here blocks except `Poll::poll`, whose timeout is the protocol's next
-//! timer (capped for housekeeping). SIGTERM/SIGINT stop accepting new ops, drain
+//! timer (capped for housekeeping). No local client can hold the loop: admin
+//! requests and attach handshakes are state machines under tokens of their
+//! own, capped in number and closed at their deadline. SIGTERM/SIGINT stop accepting new ops, drain
 //! those in flight (bounded by the hard timeout) and return.
 //!
 //! [`Service`] (this file: set-up, the loop, signals, dispatch) composes the
@@ -21,22 +23,26 @@
 //!
 //! - `setup.rs`: configuration → subsystems (endpoint settings, generation,
 //!   control socket, timerfd, the service's clock);
-//! - `trainers.rs`: attach, detach, submissions, op start, completions;
+//! - `attach.rs`: the control socket and the attach handshakes in progress,
+//!   read without waiting for any trainer;
+//! - `trainers.rs`: attached trainers, detach, submissions, op start, completions;
 //! - `local.rs`: the local reduce of the K trainers of a host (pure);
 //! - `pump.rs`: datagrams between datapath and endpoint, and the loss-driven
 //!   pacing;
 //! - `admin.rs`: the `dlcpctl` protocol and its reply types;
+//!   `admin_socket.rs`: its connections, read and written without waiting for
+//!   any client, and who may ask what (`SO_PEERCRED`);
 //! - `operations.rs`: reload, systemd notification, metrics;
 //! - `counters.rs`: the service's counters; `view.rs`: the read-only look at
 //!   the service that admin replies and metrics are built from.
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::time::{Duration as StdDuration, Instant as StdInstant};
 
-use dlcp_config::Config;
+use dlcp_config::{Config, PacketAuthMode};
 use dlcp_proto::endpoint::{Endpoint, Event, OpError, OpId};
 use dlcp_proto::stats::{Desc, Label};
 use dlcp_proto::time::Instant;
@@ -46,6 +52,8 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 
 use self::admin::{Admin, Request};
+use self::admin_socket::{AdminPolicy, AdminSocket};
+use self::attach::Attach;
 use self::operations::{Operations, Reloadable};
 use self::pump::Pump;
 use self::trainers::{ATTACH_BASE, Completion, Trainers};
@@ -58,6 +66,8 @@ use crate::notify::Notifier;
 use crate::shm::Status;
 
 mod admin;
+mod admin_socket;
+mod attach;
 mod counters;
 mod local;
 mod operations;
@@ -80,6 +90,8 @@ const TIMER: Token = Token(3);
 const DATAPATH_BASE: usize = 16;
 /// Longest sleep between housekeeping passes.
 const HOUSEKEEPING: StdDuration = StdDuration::from_millis(100);
+/// How often local connections are checked against their deadline.
+const SWEEP_EVERY: StdDuration = StdDuration::from_millis(50);
 
 /// The running daemon.
 pub struct Service {
@@ -87,7 +99,9 @@ pub struct Service {
     endpoint: Endpoint,
     pump: Pump,
     trainers: Trainers,
+    attach: Attach,
     admin: Admin,
+    admin_socket: AdminSocket,
     operations: Operations,
     counters: ServiceCounters,
     poll: Poll,
@@ -99,6 +113,8 @@ pub struct Service {
     datapath_tokens: std::ops::Range<usize>,
     start: StdInstant,
     draining: Option<StdInstant>,
+    /// When local connections were last checked against their deadline.
+    swept: StdInstant,
 }
 
 impl Service {
@@ -110,19 +126,29 @@ impl Service {
         let mut datapath = datapath.into();
         let generation = setup::generation(&cfg);
         let start = StdInstant::now();
-        let endpoint = Endpoint::new(endpoint_config(&cfg, generation), Instant::ZERO);
+        let endpoint = Endpoint::new(
+            endpoint_config(&cfg, generation, setup::session().map_err(ServiceError::Session)?),
+            Instant::ZERO,
+        );
         let group = setup::socket_gid(&cfg.control)?;
-        let shm = setup::shm_server(&cfg, group)?;
+        let attach = Attach::new(setup::shm_server(&cfg, group)?, cfg.control.max_pending_attaches as usize);
         let poll = Poll::new()?;
-        let listener_fd = shm.as_fd().as_raw_fd();
+        let listener_fd = attach.listener().as_raw_fd();
         poll.registry().register(&mut SourceFd(&listener_fd), LISTENER, Interest::READABLE)?;
         let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])?;
         poll.registry().register(&mut signals, SIGNALS, Interest::READABLE)?;
         let tokens = datapath.register(poll.registry(), DATAPATH_BASE)?;
-        let mut admin = Admin::bind(admin_path(&cfg.control.socket_path), cfg.control.mode())?;
+        let mut admin_socket = AdminSocket::bind(
+            admin_path(&cfg.control.socket_path),
+            cfg.control.mode(),
+            // Read-only requests as for attaching; reload for the daemon's user and root.
+            AdminPolicy { read: setup::peer_policy(group), owner: rustix::process::geteuid().as_raw() },
+            cfg.control.max_admin_connections as usize,
+            cfg.control.request_timeout(),
+        )?;
         setup::chgrp(&cfg.control.socket_path, group)?;
-        setup::chgrp(admin.path(), group)?;
-        admin.register(poll.registry(), ADMIN)?;
+        setup::chgrp(admin_socket.path(), group)?;
+        admin_socket.register(poll.registry(), ADMIN)?;
         let timer = setup::timerfd()?;
         poll.registry().register(&mut SourceFd(&timer.as_raw_fd()), TIMER, Interest::READABLE)?;
         let peers: Vec<SocketAddr> = cfg.peers.iter().map(|p| p.socket_addr()).collect();
@@ -135,13 +161,22 @@ impl Service {
             datapath.describe(),
             cfg.control.socket_path.display()
         );
+        if cfg.security.packet_auth == PacketAuthMode::None {
+            log::warn!(
+                "security.packet_auth = \"none\": datagrams are not authenticated; anyone who can reach \
+                 {} can inject data into this job's results (use only on an isolated fabric)",
+                cfg.bind_addr()
+            );
+        }
         let pump = Pump::new(datapath, peers);
         let mut service = Service {
             cfg,
             endpoint,
             pump,
-            trainers: Trainers::new(shm),
-            admin,
+            trainers: Trainers::new(),
+            attach,
+            admin: Admin::new(),
+            admin_socket,
             operations,
             counters: ServiceCounters::default(),
             poll,
@@ -150,12 +185,14 @@ impl Service {
             datapath_tokens: DATAPATH_BASE..DATAPATH_BASE + tokens,
             start,
             draining: None,
+            swept: start,
         };
         if service.cfg.metrics.enabled {
             let v = service.view();
             let each =
                 |f: &mut dyn FnMut(&'static Desc, Label, u64)| v.visit_counters(&mut |_, d, l, x| f(d, l, x));
-            let m = Metrics::new(v.cfg.rank(), v.cfg.world_size(), &v.datapath.describe(), &each);
+            let auth = v.cfg.security.packet_auth.as_str();
+            let m = Metrics::new(v.cfg.rank(), v.cfg.world_size(), &v.datapath.describe(), auth, &each);
             service.operations.start_metrics(&service.cfg, m);
         }
         Ok(service)
@@ -195,6 +232,7 @@ impl Service {
             self.endpoint.handle_timeout(now);
             self.deliver_events();
             self.pump.transmit(&mut self.endpoint, now);
+            self.sweep();
             self.operations.notifier.ping_watchdog();
             if self.operations.metrics_due()
                 && let Some(m) = self.operations.metrics()
@@ -258,10 +296,16 @@ impl Service {
     fn on_event(&mut self, token: Token, readable: bool, now: Instant) {
         match token {
             LISTENER => {
-                let (trainers, mut ctx) = self.trainers_ctx();
-                trainers.accept(&mut ctx);
+                for att in self.attach.accept(self.poll.registry(), &mut self.counters) {
+                    let (trainers, mut ctx) = self.trainers_ctx();
+                    trainers.add(att, &mut ctx);
+                }
             }
-            ADMIN => self.serve_admin(),
+            ADMIN => {
+                for (conn, request) in self.admin_socket.accept(self.poll.registry(), &mut self.counters) {
+                    self.answer_admin(conn, &request);
+                }
+            }
             TIMER => {
                 let mut b = [0u8; 8];
                 let _ = rustix::io::read(&self.timer, &mut b);
@@ -273,6 +317,19 @@ impl Service {
             Token(t) if t >= ATTACH_BASE => {
                 let (trainers, mut ctx) = self.trainers_ctx();
                 trainers.on_token(t, &mut ctx, now);
+            }
+            Token(t) if self.attach.owns(t) => {
+                if let Some(att) = self.attach.on_token(t, self.poll.registry(), &mut self.counters) {
+                    let (trainers, mut ctx) = self.trainers_ctx();
+                    trainers.add(att, &mut ctx);
+                }
+            }
+            Token(t) if self.admin_socket.owns(t) => {
+                if let Some((conn, request)) =
+                    self.admin_socket.on_token(t, self.poll.registry(), &mut self.counters)
+                {
+                    self.answer_admin(conn, &request);
+                }
             }
             _ => {}
         }
@@ -310,17 +367,27 @@ impl Service {
         }
     }
 
-    fn serve_admin(&mut self) {
-        while let Some(conn) = self.admin.accept() {
-            let reply = match conn.request() {
-                Request::Stats => self.stats_json(),
-                Request::Status => admin::to_json(&self.status()),
-                Request::Reload => admin::to_json(&self.reload()),
-                Request::Report(id) => self.report_json(*id),
-                Request::Invalid(e) => admin::to_json(e),
-            };
-            conn.reply(&reply);
+    /// Answer an admin request its peer may make (`admin_socket` checked).
+    fn answer_admin(&mut self, conn: usize, request: &Request) {
+        let reply = match request {
+            Request::Stats => self.stats_json(),
+            Request::Status => admin::to_json(&self.status()),
+            Request::Reload => admin::to_json(&self.reload()),
+            Request::Report(id) => self.report_json(*id),
+            Request::Invalid(e) => admin::to_json(e),
+        };
+        self.admin_socket.reply(conn, &reply, self.poll.registry());
+    }
+
+    /// Close the local connections past their deadline (every [`SWEEP_EVERY`]).
+    fn sweep(&mut self) {
+        if self.swept.elapsed() < SWEEP_EVERY {
+            return;
         }
+        let now = StdInstant::now();
+        self.swept = now;
+        self.attach.expire(now, self.poll.registry(), &mut self.counters);
+        self.admin_socket.expire(now, self.poll.registry(), &mut self.counters);
     }
 
     /// Hand the endpoint's events to the trainers, the admin protocol and the metrics.
@@ -380,6 +447,9 @@ impl Service {
                 Event::PeerRestarted { rank, old, new } => {
                     log::warn!("peer {rank} restarted (generation {old} -> {new}); its in-flight ops failed")
                 }
+                Event::PeerIncompatible { rank, mismatch } => {
+                    log::error!("{} {mismatch}; its datagrams are refused", peer_name(&self.cfg, rank))
+                }
             }
         }
     }
@@ -393,6 +463,8 @@ impl Service {
             peers: self.pump.peers(),
             counters: &self.counters,
             trainers: &self.trainers,
+            attach: &self.attach,
+            admin_connections: self.admin_socket.open(),
             rate_cuts: self.endpoint.rate_cuts(),
             draining: self.draining.is_some(),
         }
@@ -463,5 +535,14 @@ impl Service {
     /// The running configuration (after any reloads).
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+}
+
+/// How a log line names the peer `rank` (as the datapath knew the sender):
+/// its rank and configured address, or an unconfigured address.
+fn peer_name(cfg: &Config, rank: Option<u32>) -> String {
+    match rank.and_then(|r| cfg.peers.get(r as usize)) {
+        Some(p) => format!("rank {} ({})", p.rank, p.socket_addr()),
+        None => "an address that is no configured peer".to_owned(),
     }
 }

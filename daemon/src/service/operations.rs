@@ -191,7 +191,8 @@ impl Operations {
             }
         }
         let now = setup::since(to.start);
-        let e = endpoint_config(&merged, to.endpoint.config().generation);
+        let running_id = to.endpoint.config();
+        let e = endpoint_config(&merged, running_id.generation, running_id.session);
         let pacing_changed = merged.pacing != running.pacing;
         // An unchanged [pacing] keeps the rate the adapter has reached.
         let rate = if pacing_changed { e.pacing_rate } else { to.endpoint.pacing_rate() };

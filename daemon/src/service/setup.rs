@@ -35,6 +35,9 @@ pub enum ServiceError {
     /// `[shm]` describes rings or an arena the channel cannot have.
     #[error("configuration: shm geometry: {0}")]
     Geometry(#[source] crate::shm::layout::GeometryError),
+    /// The operating system gave no random bytes for the packet-key session.
+    #[error("getrandom (packet-key session): {0}")]
+    Session(#[source] io::Error),
 }
 
 /// Why `control.socket_group` gives no gid.
@@ -70,9 +73,24 @@ pub(super) fn generation(cfg: &Config) -> u32 {
     }
 }
 
-/// The protocol endpoint's configuration from the daemon's.
-pub fn endpoint_config(cfg: &Config, generation: u32) -> EndpointConfig {
-    let mut e = EndpointConfig::new(cfg.rank(), cfg.world_size(), cfg.node.job_id, generation, cfg.mac_key());
+/// A fresh packet-key session: 64 random bits from the operating system
+/// (`getrandom(2)`), drawn at every start, so a restarted daemon never reuses
+/// a packet key even when its generation is fixed in the configuration (see
+/// `dlcp_proto::wire::mac`).
+pub fn session() -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    let mut filled = 0;
+    while filled < b.len() {
+        filled += rustix::rand::getrandom(&mut b[filled..], rustix::rand::GetRandomFlags::empty())?;
+    }
+    Ok(u64::from_ne_bytes(b))
+}
+
+/// The protocol endpoint's configuration from the daemon's, for this
+/// incarnation's `generation` and `session`.
+pub fn endpoint_config(cfg: &Config, generation: u32, session: u64) -> EndpointConfig {
+    let (rank, world, job) = (cfg.rank(), cfg.world_size(), cfg.node.job_id);
+    let mut e = EndpointConfig::new(rank, world, job, generation, session, cfg.job_key());
     e.chunk_bytes = cfg.chunk_bytes() as usize;
     e.classifier = cfg.classifier();
     e.timers = timers(cfg);
@@ -111,12 +129,21 @@ pub(super) fn since(start: StdInstant) -> Instant {
 }
 
 /// The trainers' control socket, bound as `[control]` and `[shm]` say, for
-/// members of `group` (see [`peer_policy`]).
+/// members of `group` (see [`peer_policy`]): this job's trainers only, at most
+/// `shm.max_attachments` (and per user) at once, tensors of at most
+/// `shm.max_tensor_bytes`.
 pub(super) fn shm_server(cfg: &Config, group: Option<u32>) -> Result<ShmServer, ServiceError> {
     let mut sc = ServerConfig::new(cfg.control.socket_path.clone(), cfg.control.mode());
     sc.policy = peer_policy(group);
     sc.geometry = crate::shm::Geometry::new(cfg.shm.ring_entries, cfg.shm.ring_entries, cfg.shm.arena_bytes)
         .map_err(ServiceError::Geometry)?;
+    // Checked when a trainer registers, before its segment is made.
+    sc.job_id = Some(u64::from(cfg.node.job_id));
+    sc.max_attachments = cfg.shm.max_attachments as usize;
+    sc.max_attachments_per_user = cfg.shm.max_attachments_per_user as usize;
+    sc.handshake_timeout = cfg.control.request_timeout();
+    // Enforced on every submission (the trainer's completion says which rule).
+    sc.limits.max_tensor_bytes = cfg.shm.max_tensor_bytes;
     ShmServer::bind(sc)
         .map_err(|e| ServiceError::Control { path: cfg.control.socket_path.display().to_string(), source: e })
 }

@@ -1,8 +1,10 @@
-//! The trainers on shared memory: attaching and detaching them, taking their
-//! submissions to the local reduce ([`LocalReducer`]), starting an op on the
-//! network when all K local trainers have submitted it — their tensors summed
-//! out of their arenas into a daemon-owned buffer in one pass — and posting
-//! completions (the result copied into each trainer's arena, one pass each).
+//! The trainers on shared memory, once attached (see `attach`): adding and
+//! detaching them, taking their submissions (no more at a time than the
+//! attachment allows) to the local reduce ([`LocalReducer`]), starting an op
+//! on the network when all K local trainers have submitted it — their tensors
+//! summed out of their arenas into a daemon-owned buffer in one pass — and
+//! posting completions (the result copied into each trainer's arena, one pass
+//! each).
 //!
 //! A trainer whose control socket closes is gone: its attachment is dropped
 //! (segment reclaimed) and local ops waiting for it fail for the other
@@ -22,7 +24,7 @@ use mio::{Interest, Registry, Token};
 use super::counters::ServiceCounters;
 use super::local::{Added, Contribution, LocalReducer, Reduced, Shape, Source, sum_in_rank_order};
 use super::setup;
-use crate::shm::{ArenaError, Attachment, Liveness, ShmServer, Status, Submission};
+use crate::shm::{ArenaError, Attachment, Liveness, Status, Submission};
 
 /// The first mio token of the attachments: attachment slot `i` has the
 /// control socket at `ATTACH_BASE + 2i` and the doorbell at `ATTACH_BASE + 2i + 1`.
@@ -104,7 +106,6 @@ pub(super) struct InFlight {
 
 /// The attached trainers and their local ops.
 pub(super) struct Trainers {
-    shm: ShmServer,
     slots: Vec<Option<Attachment>>,
     local_world: Option<u32>,
     /// Local ops collecting their K contributions.
@@ -114,10 +115,9 @@ pub(super) struct Trainers {
 }
 
 impl Trainers {
-    /// Trainers attaching through `shm`.
-    pub(super) fn new(shm: ShmServer) -> Trainers {
+    /// No trainers yet.
+    pub(super) fn new() -> Trainers {
         Trainers {
-            shm,
             slots: Vec::new(),
             local_world: None,
             reducer: LocalReducer::new(),
@@ -133,11 +133,6 @@ impl Trainers {
     /// Local ops not completed yet (collecting contributions or in flight).
     pub(super) fn ops(&self) -> usize {
         self.reducer.len() + self.in_flight.len()
-    }
-
-    /// Attachments the control socket created since start.
-    pub(super) fn shm_attached(&self) -> u64 {
-        self.shm.stats().attached
     }
 
     /// Descriptors the attached trainers' channels rejected.
@@ -168,45 +163,10 @@ impl Trainers {
         }
     }
 
-    /// Take every trainer waiting on the control socket.
-    pub(super) fn accept(&mut self, ctx: &mut Ctx<'_>) {
-        loop {
-            match self.shm.accept() {
-                Ok(Some(att)) => self.add(att, ctx),
-                Ok(None) => break,
-                Err(e) => {
-                    ctx.counters.trainers_refused += 1;
-                    log::warn!("trainer refused: {e}");
-                }
-            }
-        }
-    }
-
-    fn add(&mut self, att: Attachment, ctx: &mut Ctx<'_>) {
-        let reg = att.registration();
-        if reg.job_id != u64::from(ctx.cfg.node.job_id) {
-            ctx.counters.trainers_refused += 1;
-            log::warn!(
-                "trainer pid {} registered for job {} but this daemon serves job {}; detaching it",
-                att.peer().pid,
-                reg.job_id,
-                ctx.cfg.node.job_id
-            );
-            return;
-        }
-        if let Some(w) = self.local_world
-            && w != reg.local_world
-            && self.slots.iter().any(Option::is_some)
-        {
-            ctx.counters.trainers_refused += 1;
-            log::warn!(
-                "trainer pid {} says local world {} but attached trainers say {w}",
-                att.peer().pid,
-                reg.local_world
-            );
-            return;
-        }
-        self.local_world = Some(reg.local_world);
+    /// Serve a trainer just attached. (Its job and local world were checked
+    /// when it attached, before its segment was made: see `attach`.)
+    pub(super) fn add(&mut self, att: Attachment, ctx: &mut Ctx<'_>) {
+        self.local_world = Some(att.registration().local_world);
         let i = self.slots.iter().position(Option::is_none).unwrap_or_else(|| {
             self.slots.push(None);
             self.slots.len() - 1

@@ -9,6 +9,7 @@ use dlcp_proto::endpoint::Endpoint;
 
 use dlcp_proto::stats::{Desc, Label};
 
+use super::attach::Attach;
 use super::counters::{ServiceCounters, Snapshot};
 use super::trainers::Trainers;
 use crate::datapath::Datapath;
@@ -27,6 +28,10 @@ pub(super) struct View<'a> {
     pub(super) counters: &'a ServiceCounters,
     /// The attached trainers.
     pub(super) trainers: &'a Trainers,
+    /// The control socket (attachments made, handshakes in progress).
+    pub(super) attach: &'a Attach,
+    /// Admin connections open.
+    pub(super) admin_connections: usize,
     /// Rate cuts of the loss-driven pacing, if it is on.
     pub(super) rate_cuts: Option<u64>,
     /// The service is draining.
@@ -46,7 +51,9 @@ impl View<'_> {
             sq_used,
             cq_used,
             ring_capacity,
-            shm_attached: self.trainers.shm_attached(),
+            shm_attached: self.attach.shm_attached(),
+            admin_connections: self.admin_connections as u64,
+            attach_handshakes: self.attach.pending() as u64,
             rejected_descriptors: self.trainers.rejected_descriptors(),
         }
     }

@@ -6,7 +6,7 @@ use crate::priority::ClassifierConfig;
 use crate::rate::RateConfig;
 use crate::time::{Duration, Instant};
 use crate::transfer::TransferReport;
-use crate::wire::{MacKey, Phase};
+use crate::wire::{JobKey, PacketAuth, Phase};
 
 /// Identity of an op: matched across ranks by (job, `seq`, `tensor`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -160,8 +160,12 @@ pub struct EndpointConfig {
     pub job: u32,
     /// This incarnation's generation (must increase across restarts).
     pub generation: u32,
-    /// Packet authentication key.
-    pub key: MacKey,
+    /// This incarnation's session: 64 random bits drawn from the operating
+    /// system at every start (never reused: the packet key is derived from
+    /// it, and packet numbers restart at 0; see `wire::mac`).
+    pub session: u64,
+    /// The job's packet key schedule, and so the packet authentication mode.
+    pub key: JobKey,
     /// Payload bytes per DATA packet (a multiple of 4, ≤ 65532).
     pub chunk_bytes: usize,
     /// Priority classifier.
@@ -181,14 +185,15 @@ pub struct EndpointConfig {
 
 impl EndpointConfig {
     /// A configuration with defaults for everything but identity and key.
-    pub fn new(rank: u32, world: u32, job: u32, generation: u32, key: MacKey) -> Self {
+    pub fn new(rank: u32, world: u32, job: u32, generation: u32, session: u64, key: JobKey) -> Self {
         EndpointConfig {
             rank,
             world,
             job,
             generation,
+            session,
             key,
-            chunk_bytes: 1392,
+            chunk_bytes: 1376,
             classifier: ClassifierConfig::default(),
             timers: Timers::default(),
             pacing_rate: 0,
@@ -331,6 +336,55 @@ pub enum Event {
     PeerDown {
         /// Rank.
         rank: u32,
+    },
+    /// Datagrams from a peer that cannot talk to this one (another wire
+    /// version, packet authentication mode or chunk size) were refused;
+    /// reported at most once per [`MISMATCH_REPORT_INTERVAL`] per peer.
+    PeerIncompatible {
+        /// The peer, as the caller of `handle_datagram_from` knew it (`None`:
+        /// another address).
+        rank: Option<u32>,
+        /// What differs.
+        mismatch: Mismatch,
+    },
+}
+
+/// How often at most a peer's incompatibility is reported as an event.
+pub const MISMATCH_REPORT_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A setting two daemons must agree on and do not: the peer's value, then ours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Mismatch {
+    /// Another wire version (seen in a datagram's header).
+    #[error("speaks dlcp wire version {theirs}; this daemon speaks version {ours}")]
+    WireVersion {
+        /// The peer's.
+        theirs: u8,
+        /// Ours.
+        ours: u8,
+    },
+    /// Another packet authentication mode (`[security] packet_auth`).
+    #[error(
+        "sends datagrams with packet_auth = \"{theirs}\"; this daemon has packet_auth = \"{ours}\" \
+         (set [security] packet_auth the same on every daemon)"
+    )]
+    PacketAuth {
+        /// The peer's.
+        theirs: PacketAuth,
+        /// Ours.
+        ours: PacketAuth,
+    },
+    /// Another chunk size (announced in HELLO): the peer's datagrams are
+    /// refused until it announces ours.
+    #[error(
+        "cuts tensors into chunks of {theirs} bytes; this daemon uses {ours} \
+         (set network.mtu / network.chunk_bytes the same on every daemon)"
+    )]
+    ChunkBytes {
+        /// The peer's.
+        theirs: u32,
+        /// Ours.
+        ours: u32,
     },
 }
 

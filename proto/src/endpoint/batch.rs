@@ -23,7 +23,7 @@ use crate::class::Class;
 use crate::endpoint::allreduce::Buffer;
 use crate::endpoint::api::OpKey;
 use crate::endpoint::optable::OpTable;
-use crate::wire::{self, MacKey};
+use crate::wire::{self, MacKey, PacketAuth};
 
 #[cfg(target_endian = "big")]
 compile_error!("dlcp sends f32 payloads from memory as their wire bytes: little-endian hosts only");
@@ -129,8 +129,12 @@ impl TxBatch {
     }
 
     /// Compute every datagram's tag over its header and payload where they
-    /// lie, into the room after its header.
+    /// lie, into the room after its header (left zero when packets are not
+    /// authenticated, `packet_auth = "none"`).
     pub(crate) fn seal(&mut self, key: &MacKey, ops: &OpTable) {
+        if key.auth() == PacketAuth::None {
+            return;
+        }
         for i in 0..self.entries.len() {
             let e = self.entries[i];
             let tag = {

@@ -5,9 +5,15 @@
 //! peer's daemon restarted ([`Peers::note`] says so, and the endpoint fails
 //! the live ops). Packets of an older generation are dropped. A peer silent
 //! for the peer timeout is down until heard from again.
+//!
+//! A peer that cannot talk to this one (another wire version, packet
+//! authentication mode or chunk size: a [`Mismatch`]) is remembered until it
+//! sends a HELLO whose settings agree, and reported at most once per
+//! [`MISMATCH_REPORT_INTERVAL`].
 
 use std::collections::BTreeSet;
 
+use crate::endpoint::api::{MISMATCH_REPORT_INTERVAL, Mismatch};
 use crate::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Default)]
@@ -15,6 +21,10 @@ struct PeerState {
     generation: Option<u32>,
     last_heard: Option<Instant>,
     up: bool,
+    /// Why its datagrams were last refused, until its settings agree.
+    mismatch: Option<Mismatch>,
+    /// When that was last reported.
+    reported: Option<Instant>,
 }
 
 /// What a packet's generation said about its sender ([`Peers::note`]).
@@ -37,6 +47,8 @@ pub(crate) struct Peers {
     heard: BTreeSet<(Instant, u32)>,
     next_heartbeat: Option<Instant>,
     hello_seq: u32,
+    /// When a mismatch of a datagram from no known peer was last reported.
+    unknown_reported: Option<Instant>,
 }
 
 impl Peers {
@@ -48,6 +60,7 @@ impl Peers {
             heard: BTreeSet::new(),
             next_heartbeat: (!heartbeat.is_zero() && world > 1).then_some(now),
             hello_seq: 0,
+            unknown_reported: None,
         }
     }
 
@@ -59,6 +72,45 @@ impl Peers {
     /// The last generation seen from `rank`.
     pub(crate) fn generation(&self, rank: u32) -> Option<u32> {
         self.peers.get(rank as usize).and_then(|p| p.generation)
+    }
+
+    /// Why `rank`'s datagrams were last refused, if its settings have not
+    /// agreed since.
+    pub(crate) fn mismatch(&self, rank: u32) -> Option<Mismatch> {
+        self.peers.get(rank as usize).and_then(|p| p.mismatch)
+    }
+
+    /// Whether `rank` announced settings (in HELLO) that disagree with ours:
+    /// its other datagrams are refused until it announces ours.
+    pub(crate) fn settings_refused(&self, rank: u32) -> bool {
+        matches!(self.mismatch(rank), Some(Mismatch::ChunkBytes { .. }))
+    }
+
+    /// A datagram from `rank` (`None`: from no known peer) was refused at
+    /// `now` for `mismatch`. Returns whether to report it (at most once per
+    /// [`MISMATCH_REPORT_INTERVAL`] per peer, and at once when what differs changes).
+    pub(crate) fn refuse(&mut self, now: Instant, rank: Option<u32>, mismatch: Mismatch) -> bool {
+        let (reported, changed) = match rank.and_then(|r| self.peers.get_mut(r as usize)) {
+            Some(p) => {
+                let changed = p.mismatch != Some(mismatch);
+                p.mismatch = Some(mismatch);
+                (&mut p.reported, changed)
+            }
+            None => (&mut self.unknown_reported, false),
+        };
+        let due = changed || reported.is_none_or(|t| t + MISMATCH_REPORT_INTERVAL <= now);
+        if due {
+            *reported = Some(now);
+        }
+        due
+    }
+
+    /// `rank` announced settings that agree with ours.
+    pub(crate) fn settings_agree(&mut self, rank: u32) {
+        if let Some(p) = self.peers.get_mut(rank as usize) {
+            p.mismatch = None;
+            p.reported = None;
+        }
     }
 
     /// The heartbeat counter carried in HELLO.

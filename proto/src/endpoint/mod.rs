@@ -78,7 +78,7 @@ use crate::priority::ClassifierConfig;
 use crate::rate::{RateAdapter, RateConfig, SendTotals};
 use crate::time::Instant;
 use crate::transfer::{fill_done, fill_mask};
-use crate::wire::{self, DType, Header, PacketType, Phase, WireError};
+use crate::wire::{self, DType, Header, KeyCache, PacketType, Phase, Settings, WireError};
 
 pub(crate) mod allreduce;
 pub(crate) mod api;
@@ -93,7 +93,8 @@ pub(crate) mod tx;
 pub use crate::stats::{PacketCount, RxDrops, Stats};
 pub use crate::transfer::{MAX_BUDGET_PPM, PROBE_COPIES, TransferReport, allowed_missing, select_repairs};
 pub use api::{
-    EndpointConfig, Event, Fill, Footprint, OpError, OpId, OpOptions, OpReport, ReduceOp, StartError, Timers,
+    EndpointConfig, Event, Fill, Footprint, MISMATCH_REPORT_INTERVAL, Mismatch, OpError, OpId, OpOptions,
+    OpReport, ReduceOp, StartError, Timers,
 };
 pub use batch::{Datagram, TxBatch, TxView};
 pub use tx::Transmit;
@@ -125,6 +126,8 @@ pub struct Endpoint {
     timers: TimerIndex,
     /// The batch [`Endpoint::poll_transmit`] fills (kept for its buffers).
     scratch: TxBatch,
+    /// The senders' packet keys, for checking received tags.
+    keys: KeyCache,
     /// Loss-driven adaptation of the pacing rate, if configured.
     rate: Option<RateAdapter>,
 }
@@ -155,6 +158,7 @@ impl Endpoint {
             pool: BufferPool::new(),
             timers: TimerIndex::default(),
             scratch: TxBatch::new(),
+            keys: KeyCache::new(cfg.key.clone(), cfg.world),
             sh: Shared::new(cfg),
         }
     }
@@ -185,6 +189,13 @@ impl Endpoint {
         self.peers.is_up(rank)
     }
 
+    /// Why `rank`'s datagrams were last refused as incompatible (another wire
+    /// version, packet authentication mode or chunk size), unless its HELLO
+    /// settings agreed since.
+    pub fn peer_mismatch(&self, rank: u32) -> Option<Mismatch> {
+        self.peers.mismatch(rank)
+    }
+
     /// The last generation seen from `rank`, if any.
     pub fn peer_generation(&self, rank: u32) -> Option<u32> {
         self.peers.generation(rank)
@@ -205,7 +216,8 @@ impl Endpoint {
             + self.sh.tx.bytes()
             + self.peers.bytes()
             + (stats.tx_packets_peer.capacity() + stats.rx_packets_peer.capacity()) * 8
-            + self.timers.bytes();
+            + self.timers.bytes()
+            + self.keys.bytes();
         f.early_bytes = self.history.early_bytes();
         f.queued = self.queued();
         f
@@ -321,7 +333,7 @@ impl Endpoint {
         // Replay datagrams that arrived before this rank started the op.
         for d in self.history.take_early(&id) {
             self.history.replayed(d.len());
-            self.handle_datagram_impl(now, &d, true);
+            self.handle_datagram_impl(now, &d, true, None);
         }
         self.check_complete(id);
         self.prune_timers();
@@ -344,9 +356,14 @@ impl Endpoint {
     /// panics; every rejection is counted by reason ([`Stats::rejected`]) and,
     /// if it discards the datagram, by class and by `from` ([`Stats::rx_dropped`]).
     pub fn handle_datagram_from(&mut self, now: Instant, datagram: &[u8], from: Option<u32>) {
+        self.handle_one(now, datagram, from);
+    }
+
+    /// One received datagram, counted in [`Stats::rx_dropped`] if discarded.
+    fn handle_one(&mut self, now: Instant, datagram: &[u8], from: Option<u32>) {
         let before = self.sh.stats.rejected.discarded_on_arrival();
         if self.source_ok(datagram, from) {
-            self.handle_datagram_impl(now, datagram, false);
+            self.handle_datagram_impl(now, datagram, false, from);
         }
         if self.sh.stats.rejected.discarded_on_arrival() != before {
             self.count_dropped(datagram, from);
@@ -386,29 +403,52 @@ impl Endpoint {
         }
     }
 
-    /// Process received datagrams with the peer each came from, in order:
-    /// exactly [`handle_datagram_from`](Self::handle_datagram_from) on each.
+    /// [`handle_datagram_from`](Self::handle_datagram_from) on each
+    /// `(datagram, from)`, in order (each tag checked on its own: the keys are
+    /// per sender).
     pub fn handle_datagrams_from(&mut self, now: Instant, datagrams: &[(&[u8], Option<u32>)]) {
         for &(d, from) in datagrams {
-            self.handle_datagram_from(now, d, from);
+            self.handle_one(now, d, from);
         }
+        self.prune_timers();
     }
 
-    /// `replay`: a datagram buffered before its op started, already counted.
-    fn handle_datagram_impl(&mut self, now: Instant, datagram: &[u8], replay: bool) {
+    /// `replay`: a datagram buffered before its op started, already counted;
+    /// `from`: the peer it came from as far as the caller knows.
+    fn handle_datagram_impl(&mut self, now: Instant, datagram: &[u8], replay: bool, from: Option<u32>) {
         self.now = now;
-        let (h, payload) = match wire::decode(&self.sh.cfg.key, datagram) {
-            Ok(x) => x,
+        let decoded = self.keys.decode(datagram);
+        self.sh.stats.key_derivations = self.keys.derivations();
+        let rejected = &mut self.sh.stats.rejected;
+        let mismatch = match decoded {
+            Ok((h, payload)) => return self.handle_authenticated(now, h, payload, datagram, replay),
             Err(WireError::BadTag) => {
-                self.sh.stats.rejected.bad_tag += 1;
+                rejected.bad_tag += 1;
                 return;
             }
+            Err(WireError::UnsupportedVersion(theirs)) => {
+                rejected.version_mismatch += 1;
+                Mismatch::WireVersion { theirs, ours: wire::VERSION }
+            }
+            Err(WireError::AuthMismatch { ours, theirs }) => {
+                rejected.auth_mismatch += 1;
+                Mismatch::PacketAuth { theirs, ours }
+            }
             Err(_) => {
-                self.sh.stats.rejected.malformed += 1;
+                rejected.malformed += 1;
                 return;
             }
         };
-        self.handle_authenticated(now, h, payload, datagram, replay);
+        self.refuse(now, from, mismatch);
+    }
+
+    /// Datagrams from `rank` were refused for `mismatch`: remember it, and
+    /// report it unless it was reported recently.
+    fn refuse(&mut self, now: Instant, rank: Option<u32>, mismatch: Mismatch) {
+        let rank = rank.filter(|&r| r < self.sh.cfg.world && r != self.sh.me());
+        if self.peers.refuse(now, rank, mismatch) {
+            self.events.push_back(Event::PeerIncompatible { rank, mismatch });
+        }
     }
 
     /// A datagram whose tag checked out, parsed into `h` and `payload`.
@@ -431,6 +471,10 @@ impl Endpoint {
         }
         if h.dtype != DType::F32 && h.ty == PacketType::Data {
             rejected.mismatch += 1;
+            return;
+        }
+        if !self.settings_agree(now, &h, payload) {
+            self.sh.stats.rejected.settings_mismatch += 1;
             return;
         }
         if !self.note_generation(now, h.src, h.generation) {
@@ -473,6 +517,26 @@ impl Endpoint {
         } else {
             // A control packet for an op not started here: the sender retries.
             self.sh.stats.rejected.stale_op += 1;
+        }
+    }
+
+    /// Whether `h.src` may talk to this rank: a HELLO's settings (`payload`)
+    /// must agree with ours (else the peer is refused until they do); any
+    /// other datagram passes unless the peer's settings were refused.
+    fn settings_agree(&mut self, now: Instant, h: &Header, payload: &[u8]) -> bool {
+        if h.ty != PacketType::Hello {
+            return !self.peers.settings_refused(h.src);
+        }
+        let ours = self.sh.cfg.chunk_bytes as u32;
+        match Settings::parse(payload) {
+            Ok(s) if s.chunk_bytes != ours => {
+                self.refuse(now, Some(h.src), Mismatch::ChunkBytes { theirs: s.chunk_bytes, ours });
+                false
+            }
+            _ => {
+                self.peers.settings_agree(h.src);
+                true
+            }
         }
     }
 
@@ -654,7 +718,7 @@ impl Endpoint {
     ) -> TxView<'a> {
         batch.clear();
         while batch.len() < max && self.next_transmit(now, batch) {}
-        batch.seal(&self.sh.cfg.key, &self.ops);
+        batch.seal(&self.sh.key, &self.ops);
         self.prune_timers();
         TxView::new(batch, &self.ops)
     }
@@ -729,6 +793,7 @@ impl Endpoint {
         else {
             return false;
         };
+        let h = Header { packet: self.sh.take_packet(), ..h };
         let mut header = [0u8; wire::HEADER_LEN];
         if h.emit(&mut header).is_err() {
             return false;
@@ -769,6 +834,7 @@ impl Endpoint {
                 h.op = 0;
                 h.tensor = 0;
                 h.seq = self.peers.hello_seq();
+                h.payload_len = wire::SETTINGS_LEN as u16;
             }
             TxKind::Probe => {
                 let st = op?.transfers_mut().sender_mut(item.phase, peer)?;
@@ -787,7 +853,12 @@ impl Endpoint {
             },
             TxKind::Data { .. } => return None,
         }
-        self.sh.seal(&h, buf)
+        self.sh.seal(&h, buf, |p| {
+            if h.ty == PacketType::Hello {
+                Settings { version: wire::VERSION, auth: h.auth, chunk_bytes: self.sh.cfg.chunk_bytes as u32 }
+                    .emit(p)
+            }
+        })
     }
 }
 

@@ -1,6 +1,9 @@
 //! What every op's handlers share with the endpoint: the configuration, the
 //! transmit queues, the counters and the learned timing (probe RTT, receive
-//! deadlines, how far PROBEs overtake data), and the framing of packets.
+//! deadlines, how far PROBEs overtake data), and the framing of packets:
+//! this incarnation's packet key and packet numbers.
+
+use std::cell::Cell;
 
 use crate::class::Class;
 use crate::endpoint::api::{EndpointConfig, OpId};
@@ -9,7 +12,7 @@ use crate::estimator::{DeadlineEstimator, RttEstimator};
 use crate::stats::Stats;
 use crate::time::Duration;
 use crate::transfer::Retry;
-use crate::wire::{self, Header, PacketType, Phase};
+use crate::wire::{self, Header, MacKey, PacketType, Phase};
 
 /// See the module docs.
 #[derive(Debug)]
@@ -23,6 +26,11 @@ pub(crate) struct Shared {
     /// How far PROBEs were recently seen to overtake the chunk they name
     /// (see [`Shared::close_grace`]).
     pub overtake: Duration,
+    /// This incarnation's packet key (job, rank, generation, session).
+    pub key: MacKey,
+    /// The packet number (nonce) of the next datagram sealed: never repeats
+    /// under `key` (see `wire::mac`).
+    next_packet: Cell<u64>,
 }
 
 impl Shared {
@@ -30,12 +38,16 @@ impl Shared {
     pub(crate) fn new(cfg: EndpointConfig) -> Shared {
         let t = cfg.timers;
         let deadline = || DeadlineEstimator::new(t.initial_per_chunk, t.deadline_min, t.deadline_max);
+        let me =
+            wire::SenderId { job: cfg.job, rank: cfg.rank, generation: cfg.generation, session: cfg.session };
         Shared {
             tx: TxQueues::default(),
             stats: Stats::new(cfg.world as usize),
             rtt: RttEstimator::new(t.probe_initial, t.probe_min, t.probe_max),
             deadlines: [deadline(), deadline()],
             overtake: Duration::ZERO,
+            key: cfg.key.sender_key(me),
+            next_packet: Cell::new(0),
             cfg,
         }
     }
@@ -90,14 +102,32 @@ impl Shared {
         h.dst = peer;
         h.op = id.seq;
         h.tensor = id.tensor;
+        h.auth = self.key.auth();
+        h.session = self.cfg.session;
         h
     }
 
-    /// Encode `h` over the payload already written after the header in `buf`,
-    /// without the tag (a batch computes every datagram's tag at once, see
-    /// `TxBatch::seal`); returns the datagram length.
-    pub(crate) fn seal(&self, h: &Header, buf: &mut [u8]) -> Option<usize> {
-        wire::encode_maybe_tagged(None, h, buf, |_| {}).ok()
+    /// The next packet number (the nonce of a datagram's tag): never repeats
+    /// under `key`.
+    pub(crate) fn take_packet(&self) -> u64 {
+        let packet = self.next_packet.get();
+        self.next_packet.set(packet + 1);
+        packet
+    }
+
+    /// Encode `h` under the next packet number, with the payload `fill`
+    /// writes, but without its tag: a batch computes every datagram's tag
+    /// over its slices just before it is sent (`TxBatch::seal`). Returns the
+    /// datagram length.
+    pub(crate) fn seal(&self, h: &Header, buf: &mut [u8], fill: impl FnOnce(&mut [u8])) -> Option<usize> {
+        let n = h.packet_len();
+        if buf.len() < n {
+            return None;
+        }
+        let h = Header { packet: self.take_packet(), ..*h };
+        h.emit(buf).ok()?;
+        fill(&mut buf[wire::HEADER_LEN..n - wire::TAG_LEN]);
+        Some(n)
     }
 
     /// Count a datagram of `len` bytes to `peer` in `class` as sent.

@@ -12,14 +12,20 @@ use dlcp_proto::endpoint::{
 use dlcp_proto::rng::Rng;
 use dlcp_proto::sim::{ChunkKey, NetConfig, Sim, TraceEvent};
 use dlcp_proto::time::{Duration, Instant};
-use dlcp_proto::wire::{self, Flags, MacKey, PacketType, Phase};
+use dlcp_proto::wire::{self, Flags, JobKey, PacketType, Phase};
 
 /// Payload bytes per chunk used by the tests (small, so small tensors have many chunks).
 pub const CHUNK_BYTES: usize = 256;
 pub const CHUNK_ELEMS: usize = CHUNK_BYTES / 4;
 
-pub fn key() -> MacKey {
-    MacKey::derive(b"simulation job secret")
+pub fn key() -> JobKey {
+    JobKey::new(b"simulation job secret")
+}
+
+/// A fixed session per (rank, generation): tests are deterministic, and no
+/// two incarnations of a rank share a session (as the daemon's random ones).
+pub fn session(rank: u32, generation: u32) -> u64 {
+    0x5E55_0000_0000_0000 | u64::from(rank) << 32 | u64::from(generation)
 }
 
 pub fn timers() -> Timers {
@@ -40,7 +46,7 @@ pub fn timers() -> Timers {
 }
 
 pub fn endpoint_config(rank: u32, world: u32, generation: u32) -> EndpointConfig {
-    let mut c = EndpointConfig::new(rank, world, 77, generation, key());
+    let mut c = EndpointConfig::new(rank, world, 77, generation, session(rank, generation), key());
     c.chunk_bytes = CHUNK_BYTES;
     c.timers = timers();
     c

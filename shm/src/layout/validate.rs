@@ -17,11 +17,19 @@ pub struct Limits {
     pub max_layers: u32,
     /// `budget_ppm` must be at most this (the loss contract's hard cap is 10%).
     pub max_budget_ppm: u32,
+    /// A tensor's bytes must be at most this (the daemon's `shm.max_tensor_bytes`).
+    pub max_tensor_bytes: u64,
 }
 
 impl Default for Limits {
+    /// No limit on tensor size beyond the arena's.
     fn default() -> Self {
-        Limits { max_tensor_ids: 1 << 20, max_layers: 1 << 16, max_budget_ppm: 100_000 }
+        Limits {
+            max_tensor_ids: 1 << 20,
+            max_layers: 1 << 16,
+            max_budget_ppm: 100_000,
+            max_tensor_bytes: u64::MAX,
+        }
     }
 }
 
@@ -100,6 +108,14 @@ pub enum DescError {
         /// The cap.
         max: u32,
     },
+    /// The tensor is larger than the daemon allows (`shm.max_tensor_bytes`).
+    #[error("tensor of {bytes} bytes exceeds the daemon's limit shm.max_tensor_bytes = {max}")]
+    TensorTooLarge {
+        /// The tensor's bytes.
+        bytes: u64,
+        /// The limit.
+        max: u64,
+    },
 }
 
 impl DescError {
@@ -118,11 +134,12 @@ impl DescError {
             DescError::BadLayerCount { .. } => 10,
             DescError::LayerOutOfRange { .. } => 11,
             DescError::BudgetOutOfRange { .. } => 12,
+            DescError::TensorTooLarge { .. } => 13,
         }
     }
 
     /// Number of distinct codes (codes are `1..=COUNT`).
-    pub const COUNT: usize = 12;
+    pub const COUNT: usize = 13;
 }
 
 /// A byte range of the arena that passed validation: `offset + len_elems * 4 <= arena_size`.
@@ -201,6 +218,9 @@ impl SubmitDesc {
         }
         if self.budget_ppm > limits.max_budget_ppm {
             return Err(DescError::BudgetOutOfRange { ppm: self.budget_ppm, max: limits.max_budget_ppm });
+        }
+        if bytes > limits.max_tensor_bytes {
+            return Err(DescError::TensorTooLarge { bytes, max: limits.max_tensor_bytes });
         }
         Ok(Submission {
             op_seq: self.op_seq,
@@ -296,6 +316,13 @@ mod tests {
             seen[got.code() as usize] = true;
             assert!(!got.to_string().is_empty());
         }
+        // The tensor-size limit (none by default): at it passes, above it not.
+        let limits = Limits { max_tensor_bytes: 4000, ..Limits::default() };
+        assert!(good().validate(ARENA, &limits).is_ok(), "exactly at the limit");
+        let got = SubmitDesc { len_elems: 1001, ..good() }.validate(ARENA, &limits).unwrap_err();
+        assert_eq!(got, DescError::TensorTooLarge { bytes: 4004, max: 4000 });
+        assert!(got.to_string().contains("shm.max_tensor_bytes = 4000"), "{got}");
+        seen[got.code() as usize] = true;
         assert!(seen[1..].iter().all(|&s| s), "every code covered: {seen:?}");
     }
 }

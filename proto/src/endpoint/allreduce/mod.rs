@@ -28,7 +28,7 @@ use crate::transfer::{
     Answer, Arrived, Drained, Fired, Mode, Receiver, Refused, Sender, allowed_missing, fill_mask,
     select_repairs,
 };
-use crate::wire::{self, Flags, Header, PacketType, Phase};
+use crate::wire::{Flags, Header, PacketType, Phase};
 
 use accumulate::{Accumulator, Shard, read_f32s};
 pub(crate) use shard::Layout;
@@ -275,7 +275,7 @@ impl Op {
         }
         let r = self.transfers.receiver_mut(phase, peer).ok_or(Refused::Mismatch)?;
         if h.flags.contains(Flags::REPAIR) {
-            sh.stats.count_repair_received(h.src, h.class, wire::OVERHEAD + usize::from(h.payload_len));
+            sh.stats.count_repair_received(h.src, h.class, h.packet_len());
         }
         let got = r.on_data(h, now, &sh.deadlines[usize::from(phase == Phase::Gather)], sh.rtt.timeout());
         if let Some(d) = got.overtake {

@@ -2,7 +2,8 @@
 """Independent generator for the dlcp wire-format golden vectors.
 
 This script does NOT use the Rust encoder. It writes every header field at the
-offset given by the layout table in `proto/src/wire/mod.rs` (module docs), appends
+offset given by the version 1 layout table (`proto/src/wire/mod.rs` before the
+version 2 bump), appends
 the payload, and computes the tag with the reference BLAKE3 implementation
 (`pip install blake3`):
 
@@ -12,7 +13,10 @@ the payload, and computes the tag with the reference BLAKE3 implementation
 `proto/tests/wire_golden.rs` builds the same packets with `wire::encode` and
 compares byte for byte, both ways. Regenerate with:
 
-    python3 proto/tests/golden/gen.py   # writes proto/tests/golden/*.hex
+    python3 proto/tests/golden/v1/gen.py   # writes proto/tests/golden/v1/*.hex
+
+Version 1 is frozen: its vectors are kept to check that they are refused
+(UnsupportedVersion(1)); version 2 has its own generator in ../v2/gen.py.
 """
 import os
 import blake3

@@ -1,0 +1,246 @@
+//! The parsed, validated header and its rules.
+
+use crate::class::Class;
+use crate::wire::auth::PacketAuth;
+use crate::wire::error::WireError;
+use crate::wire::layout::{HEADER_LEN, MAGIC, PPM, VERSION, field};
+use crate::wire::mac::SenderId;
+use crate::wire::packet::Packet;
+use crate::wire::settings::SETTINGS_LEN;
+use crate::wire::types::{DType, Flags, PacketType, Phase};
+
+/// A parsed, validated header (the "representation", in smoltcp's terms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Header {
+    /// Packet type.
+    pub ty: PacketType,
+    /// Flags.
+    pub flags: Flags,
+    /// Priority class.
+    pub class: Class,
+    /// Phase.
+    pub phase: Phase,
+    /// Element type.
+    pub dtype: DType,
+    /// Job id.
+    pub job: u32,
+    /// Sender's generation.
+    pub generation: u32,
+    /// Sender rank.
+    pub src: u32,
+    /// Destination rank.
+    pub dst: u32,
+    /// Op sequence number.
+    pub op: u64,
+    /// Tensor id.
+    pub tensor: u32,
+    /// Chunk index (DATA) or first bit of a bitmap segment (BITMAP, DONE).
+    pub chunk_index: u32,
+    /// Chunks in the transfer.
+    pub chunk_count: u32,
+    /// Non-droppable chunks in the transfer.
+    pub required: u32,
+    /// Loss budget, parts per million.
+    pub budget_ppm: u32,
+    /// Round number (PROBE/BITMAP/DONE) or heartbeat counter (HELLO).
+    pub seq: u32,
+    /// Payload bytes.
+    pub payload_len: u16,
+    /// Packet authentication mode (whether a tag follows the payload).
+    pub auth: PacketAuth,
+    /// The sender's session: random per endpoint incarnation (part of what
+    /// its packet key is derived from).
+    pub session: u64,
+    /// The sender's packet number: strictly increasing per datagram within a
+    /// session (the GCM nonce; see [`MacKey`](crate::wire::MacKey)).
+    pub packet: u64,
+}
+
+impl Header {
+    /// A header with every numeric field zero, for building packets.
+    pub fn new(ty: PacketType, class: Class, phase: Phase) -> Header {
+        Header {
+            ty,
+            flags: Flags::default(),
+            class,
+            phase,
+            dtype: DType::F32,
+            job: 0,
+            generation: 0,
+            src: 0,
+            dst: 0,
+            op: 0,
+            tensor: 0,
+            chunk_index: 0,
+            chunk_count: 0,
+            required: 0,
+            budget_ppm: 0,
+            seq: 0,
+            payload_len: 0,
+            auth: PacketAuth::AesGmac,
+            session: 0,
+            packet: 0,
+        }
+    }
+
+    /// Parse and validate the header of a length-checked packet view.
+    pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Header, WireError> {
+        let ty = PacketType::from_u8(p.raw_type())?;
+        let flags = p.flags();
+        if flags.0 & !Flags::ALL != 0 {
+            return Err(WireError::BadFlags(flags.0));
+        }
+        let class = Class::new(p.raw_class()).ok_or(WireError::BadClass(p.raw_class()))?;
+        let phase = Phase::from_u8(p.raw_phase())?;
+        let dtype = DType::from_u8(p.raw_dtype())?;
+        if p.reserved().iter().any(|&b| b != 0) {
+            return Err(WireError::ReservedNonZero);
+        }
+        let h = Header {
+            ty,
+            flags,
+            class,
+            phase,
+            dtype,
+            job: p.job(),
+            generation: p.generation(),
+            src: p.src(),
+            dst: p.dst(),
+            op: p.op(),
+            tensor: p.tensor(),
+            chunk_index: p.chunk_index(),
+            chunk_count: p.chunk_count(),
+            required: p.required(),
+            budget_ppm: p.budget_ppm(),
+            seq: p.seq(),
+            payload_len: p.payload_len(),
+            auth: p.auth(),
+            session: p.session(),
+            packet: p.packet(),
+        };
+        h.check()?;
+        Ok(h)
+    }
+
+    /// Semantic checks shared by [`Header::parse`] and [`Header::emit`].
+    pub fn check(&self) -> Result<(), WireError> {
+        let allowed_flags = match self.ty {
+            PacketType::Data => Flags::REPAIR.0 | Flags::REQUIRED.0,
+            PacketType::Bitmap => Flags::COMPLETE.0,
+            PacketType::Done => Flags::MASK_EMPTY.0,
+            PacketType::Probe | PacketType::Hello => 0,
+        };
+        if self.flags.0 & !allowed_flags != 0 {
+            return Err(WireError::BadFlags(self.flags.0));
+        }
+        match (self.ty, self.phase) {
+            (PacketType::Hello, Phase::None) => {}
+            (PacketType::Hello, p) | (_, p @ Phase::None) => {
+                return Err(WireError::BadPhase(p as u8));
+            }
+            _ => {}
+        }
+        if self.ty.is_control() && self.class != Class::CONTROL {
+            return Err(WireError::BadClass(self.class.get()));
+        }
+        if self.ty == PacketType::Data && self.class == Class::CONTROL {
+            return Err(WireError::BadClass(self.class.get()));
+        }
+        if self.src == self.dst {
+            return Err(WireError::BadField("dst"));
+        }
+        if self.budget_ppm > PPM {
+            return Err(WireError::BadField("budget_ppm"));
+        }
+        if self.ty != PacketType::Hello {
+            if self.chunk_count == 0 {
+                return Err(WireError::BadField("chunk_count"));
+            }
+            if self.required > self.chunk_count {
+                return Err(WireError::BadField("required"));
+            }
+        }
+        let len = usize::from(self.payload_len);
+        match self.ty {
+            PacketType::Data => {
+                if self.chunk_index >= self.chunk_count {
+                    return Err(WireError::BadField("chunk_index"));
+                }
+                if len == 0 || len % self.dtype.size() != 0 {
+                    return Err(WireError::BadField("payload_len"));
+                }
+            }
+            PacketType::Bitmap | PacketType::Done => {
+                let no_payload =
+                    self.flags.contains(Flags::COMPLETE) || self.flags.contains(Flags::MASK_EMPTY);
+                if no_payload != (len == 0) {
+                    return Err(WireError::BadField("payload_len"));
+                }
+                if self.chunk_index % 8 != 0 || (len > 0 && self.chunk_index >= self.chunk_count) {
+                    return Err(WireError::BadField("chunk_index"));
+                }
+                // The segment ends at the byte holding bit `chunk_count - 1`
+                // (chunk_index < chunk_count here whenever len > 0).
+                if len > 0 && len > (self.chunk_count - self.chunk_index).div_ceil(8) as usize {
+                    return Err(WireError::BadField("payload_len"));
+                }
+            }
+            PacketType::Probe => {
+                if len != 0 {
+                    return Err(WireError::BadField("payload_len"));
+                }
+                if self.chunk_index >= self.chunk_count {
+                    return Err(WireError::BadField("chunk_index"));
+                }
+            }
+            PacketType::Hello => {
+                if len != SETTINGS_LEN {
+                    return Err(WireError::BadField("payload_len"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The sender this header names: whose packet key tags the datagram.
+    pub fn sender(&self) -> SenderId {
+        SenderId { job: self.job, rank: self.src, generation: self.generation, session: self.session }
+    }
+
+    /// Total datagram length for this header.
+    pub fn packet_len(&self) -> usize {
+        HEADER_LEN + usize::from(self.payload_len) + self.auth.tag_len()
+    }
+
+    /// Write the header into the first [`HEADER_LEN`] bytes of `buf`.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<(), WireError> {
+        self.check()?;
+        if buf.len() < HEADER_LEN {
+            return Err(WireError::BufferTooSmall { need: HEADER_LEN, have: buf.len() });
+        }
+        buf[field::MAGIC].copy_from_slice(&MAGIC.to_be_bytes());
+        buf[field::VERSION] = VERSION;
+        buf[field::TYPE] = self.ty as u8;
+        buf[field::FLAGS] = self.flags.0;
+        buf[field::CLASS] = self.class.get();
+        buf[field::PHASE] = self.phase as u8;
+        buf[field::DTYPE] = self.dtype as u8;
+        buf[field::JOB].copy_from_slice(&self.job.to_be_bytes());
+        buf[field::GENERATION].copy_from_slice(&self.generation.to_be_bytes());
+        buf[field::SRC].copy_from_slice(&self.src.to_be_bytes());
+        buf[field::DST].copy_from_slice(&self.dst.to_be_bytes());
+        buf[field::OP].copy_from_slice(&self.op.to_be_bytes());
+        buf[field::TENSOR].copy_from_slice(&self.tensor.to_be_bytes());
+        buf[field::CHUNK_INDEX].copy_from_slice(&self.chunk_index.to_be_bytes());
+        buf[field::CHUNK_COUNT].copy_from_slice(&self.chunk_count.to_be_bytes());
+        buf[field::REQUIRED].copy_from_slice(&self.required.to_be_bytes());
+        buf[field::BUDGET].copy_from_slice(&self.budget_ppm.to_be_bytes());
+        buf[field::SEQ].copy_from_slice(&self.seq.to_be_bytes());
+        buf[field::PAYLOAD_LEN].copy_from_slice(&self.payload_len.to_be_bytes());
+        buf[field::AUTH] = self.auth as u8;
+        buf[field::RESERVED].fill(0);
+        buf[field::SESSION].copy_from_slice(&self.session.to_be_bytes());
+        buf[field::PACKET].copy_from_slice(&self.packet.to_be_bytes());
+        Ok(())
+    }
+}

@@ -1,0 +1,120 @@
+//! The enumerated header fields: packet type, phase, element type and flags.
+
+use crate::wire::error::WireError;
+
+/// Packet type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum PacketType {
+    /// A chunk of tensor data.
+    Data = 1,
+    /// Sender to receiver: "I have sent everything; what do you have?"
+    Probe = 2,
+    /// Receiver to sender: a segment of the bitmap of chunks it holds (selective NACK).
+    Bitmap = 3,
+    /// Transfer closed (scatter: receiver to sender; gather: owner to receivers, with the agreed mask).
+    Done = 4,
+    /// Announcement and heartbeat carrying the sender's generation.
+    Hello = 5,
+}
+
+impl PacketType {
+    /// Parse the wire value.
+    pub fn from_u8(v: u8) -> Result<PacketType, WireError> {
+        Ok(match v {
+            1 => PacketType::Data,
+            2 => PacketType::Probe,
+            3 => PacketType::Bitmap,
+            4 => PacketType::Done,
+            5 => PacketType::Hello,
+            _ => return Err(WireError::UnknownType(v)),
+        })
+    }
+
+    /// True for packets that are not tensor data.
+    pub fn is_control(self) -> bool {
+        self != PacketType::Data
+    }
+}
+
+/// Allreduce phase a packet belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Phase {
+    /// Not tied to a phase (HELLO).
+    None = 0,
+    /// Reduce-scatter: raw contributions sent to the shard's owner.
+    Scatter = 1,
+    /// All-gather: the owner's aggregated shard sent to every rank.
+    Gather = 2,
+}
+
+impl Phase {
+    /// Parse the wire value.
+    pub fn from_u8(v: u8) -> Result<Phase, WireError> {
+        Ok(match v {
+            0 => Phase::None,
+            1 => Phase::Scatter,
+            2 => Phase::Gather,
+            _ => return Err(WireError::BadPhase(v)),
+        })
+    }
+}
+
+/// Element type of DATA payloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum DType {
+    /// IEEE 754 binary32.
+    F32 = 0,
+    /// IEEE 754 binary16 (reserved on the wire; reduction not implemented yet).
+    F16 = 1,
+    /// bfloat16 (reserved on the wire; reduction not implemented yet).
+    Bf16 = 2,
+}
+
+impl DType {
+    /// Parse the wire value.
+    pub fn from_u8(v: u8) -> Result<DType, WireError> {
+        Ok(match v {
+            0 => DType::F32,
+            1 => DType::F16,
+            2 => DType::Bf16,
+            _ => return Err(WireError::UnknownDType(v)),
+        })
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::Bf16 => 2,
+        }
+    }
+}
+
+/// Flag bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Flags(pub u8);
+
+impl Flags {
+    /// DATA: a retransmission requested by a BITMAP.
+    pub const REPAIR: Flags = Flags(0x01);
+    /// BITMAP: the receiver holds every chunk (no payload follows).
+    pub const COMPLETE: Flags = Flags(0x02);
+    /// DONE: the agreed mask is empty (no payload follows).
+    pub const MASK_EMPTY: Flags = Flags(0x04);
+    /// DATA: the chunk's class is not droppable; it counts towards `required`.
+    pub const REQUIRED: Flags = Flags(0x08);
+    pub(crate) const ALL: u8 = 0x0F;
+
+    /// True if every bit of `other` is set.
+    pub fn contains(self, other: Flags) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Union of two flag sets.
+    pub fn with(self, other: Flags) -> Flags {
+        Flags(self.0 | other.0)
+    }
+}

@@ -244,10 +244,13 @@ fn print_stats(v: &Value) {
         p["deadline_nacks"]
     );
     print_traffic_tables(v);
-    let rej = p["rejected"].as_object().cloned().unwrap_or_default();
-    // The service's own drops (debug loss) by the same reason names as
-    // dlcp_rx_dropped_total (the source-address check's are the endpoint's).
-    let own = [("debug_loss", "rx_debug_dropped")].map(|(k, f)| (k.to_string(), s[f].clone()));
+    let mut rej = p["rejected"].as_object().cloned().unwrap_or_default();
+    // The source-address check's reasons, then the service's own drops (debug
+    // loss), after the others as always, by the same reason names as
+    // dlcp_rx_dropped_total.
+    let source =
+        ["wrong_source", "unknown_source"].map(|k| (k.to_string(), rej.remove(k).unwrap_or_default()));
+    let own = source.into_iter().chain([("debug_loss".to_string(), s["rx_debug_dropped"].clone())]);
     let nonzero: Vec<String> =
         rej.into_iter().chain(own).filter(|(_, n)| u(n) > 0).map(|(k, n)| format!("{k} {}", u(&n))).collect();
     println!(

@@ -56,6 +56,8 @@ struct Entry {
 pub struct TxBatch {
     bytes: Vec<u8>,
     entries: Vec<Entry>,
+    /// Bytes of tag each datagram ends with (0 under `packet_auth = "none"`).
+    tag_len: usize,
 }
 
 impl TxBatch {
@@ -69,10 +71,12 @@ impl TxBatch {
         self.entries.len()
     }
 
-    /// Forget the datagrams of the last call.
-    pub(crate) fn clear(&mut self) {
+    /// Forget the datagrams of the last call; the next ones end with a tag
+    /// of `auth`'s length.
+    pub(crate) fn clear(&mut self, auth: PacketAuth) {
         self.bytes.clear();
         self.entries.clear();
+        self.tag_len = auth.tag_len();
     }
 
     /// Room for a control datagram of up to `max_len` bytes at the end of the
@@ -88,7 +92,7 @@ impl TxBatch {
     pub(crate) fn push_inline(&mut self, dst: u32, class: Class, len: usize) {
         let off = self.entries_end();
         self.bytes.truncate(off + len);
-        let payload = Payload::Inline(len - wire::OVERHEAD);
+        let payload = Payload::Inline(len - wire::HEADER_LEN - self.tag_len);
         self.entries.push(Entry { dst, class, off, payload });
     }
 
@@ -112,7 +116,7 @@ impl TxBatch {
         let off = self.entries_end();
         self.bytes.truncate(off);
         self.bytes.extend_from_slice(&header[..wire::HEADER_LEN]);
-        self.bytes.extend_from_slice(&[0; wire::TAG_LEN]);
+        self.bytes.resize(self.bytes.len() + self.tag_len, 0);
         let (start, len) = (range.start, range.len());
         self.entries.push(Entry { dst, class, off, payload: Payload::Op { op, buffer, start, len } });
     }
@@ -124,7 +128,7 @@ impl TxBatch {
                 Payload::Inline(n) => n,
                 Payload::Op { .. } => 0,
             };
-            e.off + wire::OVERHEAD + inline
+            e.off + wire::HEADER_LEN + inline + self.tag_len
         })
     }
 
@@ -132,13 +136,13 @@ impl TxBatch {
     /// lie, into the room after its header (left zero when packets are not
     /// authenticated, `packet_auth = "none"`).
     pub(crate) fn seal(&mut self, key: &MacKey, ops: &OpTable) {
-        if key.auth() == PacketAuth::None {
+        if key.auth() == PacketAuth::None || self.tag_len == 0 {
             return;
         }
         for i in 0..self.entries.len() {
             let e = self.entries[i];
             let tag = {
-                let d = view_entry(&self.bytes, ops, e);
+                let d = view_entry(&self.bytes, ops, e, self.tag_len);
                 key.tag_parts(d.header, d.payload)
             };
             let at = e.off + wire::HEADER_LEN + inline_len(e);
@@ -166,7 +170,7 @@ pub struct Datagram<'a> {
     pub header: &'a [u8],
     /// The payload (may be empty).
     pub payload: &'a [u8],
-    /// The [`wire::TAG_LEN`]-byte tag.
+    /// The tag: [`wire::TAG_LEN`] bytes, or none under `packet_auth = "none"`.
     pub tag: &'a [u8],
 }
 
@@ -176,7 +180,7 @@ impl<'a> Datagram<'a> {
         self.header.len() + self.payload.len() + self.tag.len()
     }
 
-    /// Never true: a datagram has at least a header and a tag.
+    /// Never true: a datagram has at least a header.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -202,7 +206,7 @@ impl<'a> Datagram<'a> {
 }
 
 /// The datagram `e` of a batch whose buffer is `bytes`.
-fn view_entry<'a>(bytes: &'a [u8], ops: &'a OpTable, e: Entry) -> Datagram<'a> {
+fn view_entry<'a>(bytes: &'a [u8], ops: &'a OpTable, e: Entry, tag_len: usize) -> Datagram<'a> {
     let inline = inline_len(e);
     let header = &bytes[e.off..e.off + wire::HEADER_LEN];
     let tag_at = e.off + wire::HEADER_LEN + inline;
@@ -214,7 +218,7 @@ fn view_entry<'a>(bytes: &'a [u8], ops: &'a OpTable, e: Entry) -> Datagram<'a> {
             None => &[],
         },
     };
-    Datagram { dst: e.dst, class: e.class, header, payload, tag: &bytes[tag_at..tag_at + wire::TAG_LEN] }
+    Datagram { dst: e.dst, class: e.class, header, payload, tag: &bytes[tag_at..tag_at + tag_len] }
 }
 
 /// The datagrams of one [`Endpoint::poll_transmit_batch`](super::Endpoint::poll_transmit_batch)
@@ -247,7 +251,7 @@ impl<'a> TxView<'a> {
     /// # Panics
     /// If `i >= self.len()`.
     pub fn get(&self, i: usize) -> Datagram<'a> {
-        view_entry(&self.batch.bytes, self.ops, self.batch.entries[i])
+        view_entry(&self.batch.bytes, self.ops, self.batch.entries[i], self.batch.tag_len)
     }
 
     /// Every datagram, in order.

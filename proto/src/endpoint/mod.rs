@@ -716,7 +716,7 @@ impl Endpoint {
         max: usize,
         batch: &'a mut TxBatch,
     ) -> TxView<'a> {
-        batch.clear();
+        batch.clear(self.sh.key.auth());
         while batch.len() < max && self.next_transmit(now, batch) {}
         batch.seal(&self.sh.key, &self.ops);
         self.prune_timers();

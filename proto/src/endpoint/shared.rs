@@ -126,7 +126,7 @@ impl Shared {
         }
         let h = Header { packet: self.take_packet(), ..*h };
         h.emit(buf).ok()?;
-        fill(&mut buf[wire::HEADER_LEN..n - wire::TAG_LEN]);
+        fill(&mut buf[wire::HEADER_LEN..n - h.auth.tag_len()]);
         Some(n)
     }
 

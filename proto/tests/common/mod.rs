@@ -78,6 +78,10 @@ pub type Outcome = Result<(Vec<f32>, OpReport), OpError>;
 pub struct Trace {
     /// (dst, key) of DATA sent with REQUIRED.
     pub required_sent: BTreeSet<(u32, ChunkKey)>,
+    /// Datagrams sent that parse.
+    pub sent: usize,
+    /// Of those, how many are not exactly header + payload + their mode's tag long.
+    pub misframed: usize,
 }
 
 pub struct Cluster {
@@ -100,6 +104,12 @@ impl Cluster {
         sim.set_trace(Some(Box::new(move |rec| {
             if rec.event != TraceEvent::Sent {
                 return;
+            }
+            if let Ok(p) = wire::Packet::new_checked(rec.datagram) {
+                let framed = wire::HEADER_LEN + usize::from(p.payload_len()) + p.auth().tag_len();
+                let mut t = t.borrow_mut();
+                t.sent += 1;
+                t.misframed += usize::from(rec.datagram.len() != framed);
             }
             if let Ok(p) = wire::Packet::new_checked(rec.datagram)
                 && p.raw_type() == PacketType::Data as u8

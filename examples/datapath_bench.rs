@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use dlcp::datapath::socket::{SocketConfig, SocketDatapath};
 use dlcp::datapath::{Datapath, Outgoing, SendOutcome};
-use dlcp::proto::priority::Class;
+use dlcp::proto::class::Class;
 
 fn usage() -> ! {
     eprintln!("usage: datapath_bench recv BIND SECS | send|lend socket|dpdk FROM TO SECS SIZE [EAL_ARG...]");

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use dlcp::datapath::fault::FaultInjector;
 use dlcp::datapath::socket::{SocketConfig, SocketDatapath};
 use dlcp::datapath::{Datapath, Outgoing};
-use dlcp::proto::priority::Class;
+use dlcp::proto::class::Class;
 use prereq::{Prereq, skip};
 
 const DEADLINE: Duration = Duration::from_secs(5);

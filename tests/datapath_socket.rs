@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use dlcp::datapath::fault::FaultInjector;
 use dlcp::datapath::socket::{DatapathError, SocketConfig, SocketDatapath};
 use dlcp::datapath::{Datapath, SendOutcome};
-use dlcp::proto::priority::Class;
+use dlcp::proto::class::Class;
 use prereq::{Prereq, skip};
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use dlcp::datapath::socket::{SocketConfig, SocketDatapath};
 use dlcp::datapath::{Datapath, SendOutcome};
-use dlcp::proto::priority::Class;
+use dlcp::proto::class::Class;
 
 fn run(gso: bool, gro: bool, size: usize, classes: usize) -> (f64, u64, u64) {
     let bind = "127.0.0.1:0".parse().unwrap();

@@ -18,7 +18,7 @@ use dlcp::datapath::dpdk::{DpdkConfig, DpdkDatapath};
 #[cfg(dpdk)]
 use dlcp::datapath::{Datapath, SendOutcome};
 #[cfg(dpdk)]
-use dlcp::proto::priority::Class;
+use dlcp::proto::class::Class;
 
 /// A build without DPDK: fails under `DLCP_REQUIRE_DPDK=1` / `DLCP_CI=1`, else
 /// reported as skipped (see `tests/prereq`).

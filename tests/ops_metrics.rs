@@ -337,7 +337,7 @@ fn sum_where(s: &Samples, name: &str, label: &str, value: &str) -> f64 {
 /// `dlcpctl stats`; then the peer starts and an allreduce still completes.
 #[test]
 fn dropped_datagrams_are_counted_per_class_and_per_peer() {
-    use dlcp_proto::priority::Class;
+    use dlcp_proto::class::Class;
     use dlcp_proto::wire::{self, Header, JobKey, PacketType, Phase};
     use std::net::UdpSocket;
     const N: usize = 20_000;

@@ -213,7 +213,7 @@ fn reload_of_a_broken_file_keeps_the_running_config_and_the_op_in_flight() {
 fn set_marking_re_marks_the_class_sockets() {
     use dlcp::datapath::Datapath;
     use dlcp::datapath::socket::{SocketConfig, SocketDatapath};
-    use dlcp::proto::priority::Class;
+    use dlcp::proto::class::Class;
     for bind in ["127.0.0.1:0", "[::1]:0"] {
         let mut dp = SocketDatapath::new(SocketConfig::new(bind.parse().unwrap())).unwrap();
         let tos = |dp: &SocketDatapath, c: u8| {

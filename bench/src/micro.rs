@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use dlcp::shm::server::{ServerConfig, ShmServer};
 use dlcp::shm::{Geometry, Status, SubmitOptions, TrainerChannel};
-use dlcp_proto::priority::Class;
+use dlcp_proto::class::Class;
 use dlcp_proto::wire::{self, Header, JobKey, KeyCache, MacKey, OVERHEAD, Packet, PacketType, Phase};
 
 /// One result line: what dlcp reached, what the limit reached, in `unit`.

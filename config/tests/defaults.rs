@@ -4,7 +4,8 @@ use std::net::{IpAddr, SocketAddr};
 
 use dlcp_config::schema::{DEFAULT_DSCP, DEFAULT_SO_PRIORITY, REDACTED};
 use dlcp_config::{Config, DatapathKind, Fill, Generation, LogLevel};
-use dlcp_proto::priority::{Class, ClassifierConfig};
+use dlcp_proto::class::Class;
+use dlcp_proto::priority::ClassifierConfig;
 
 const MINIMAL: &str = r#"
 [node]

@@ -90,7 +90,7 @@
 //! separate [`ClassSet`]; chunks of other classes are always repaired.
 
 // The classifier speaks in classes: kept here too for the crates that use them with it.
-pub use crate::class::{Class, ClassSet};
+use crate::class::{Class, ClassSet};
 use crate::wire::Phase;
 
 /// Classifier parameters (from the `[priority]` section of the config).

@@ -7,9 +7,8 @@
 //! `layer_levels - 1 - ⌊l·layer_levels/n⌋`); within one layer level, magnitude
 //! decides.
 
-use dlcp_proto::priority::{
-    ChunkTraits, Class, ClassSet, ClassifierConfig, ClassifierError, classify, magnitude_ranks,
-};
+use dlcp_proto::class::{Class, ClassSet};
+use dlcp_proto::priority::{ChunkTraits, ClassifierConfig, ClassifierError, classify, magnitude_ranks};
 use dlcp_proto::wire::Phase;
 use proptest::prelude::*;
 

@@ -6,7 +6,7 @@
 use std::io;
 use std::net::SocketAddr;
 
-use dlcp_proto::priority::Class;
+use dlcp_proto::class::Class;
 use dlcp_proto::stats::{By, Desc};
 
 const DATAPATH_ERRORS: &str = "Datapath errors and would-blocks, by kind";

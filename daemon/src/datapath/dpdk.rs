@@ -24,7 +24,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
 use dlcp_ffi::dpdk::{Eal, Mbuf, Mempool, Port, PortConfig};
-use dlcp_proto::priority::Class;
+use dlcp_proto::class::Class;
 
 use super::api::{Datapath, DatapathStats, Outgoing, SendOutcome};
 use super::frame::{self, Arp, ArpOp, Checksum, Ignore, Mac, Parsed, UdpFrame};

@@ -23,7 +23,7 @@
 use std::io;
 use std::net::SocketAddr;
 
-use dlcp_proto::priority::Class;
+use dlcp_proto::class::Class;
 use dlcp_proto::rng::Rng;
 
 use super::api::{Datapath, DatapathStats, Outgoing, SendOutcome};

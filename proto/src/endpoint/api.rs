@@ -2,6 +2,7 @@
 //! configuration, errors, reports, events and the memory footprint.
 
 use crate::bitmap::Bitmap;
+use crate::flow::FlowConfig;
 use crate::priority::ClassifierConfig;
 use crate::rate::RateConfig;
 use crate::time::{Duration, Instant};
@@ -181,6 +182,9 @@ pub struct EndpointConfig {
     pub rate_adapt: Option<RateConfig>,
     /// Cap on bytes buffered for ops not started locally yet.
     pub early_buffer_bytes: usize,
+    /// Receiver-driven flow control ([`crate::flow`]); must agree across
+    /// the job (announced in HELLO).
+    pub flow: FlowConfig,
 }
 
 impl EndpointConfig {
@@ -200,6 +204,7 @@ impl EndpointConfig {
             pacing_burst: 64 * 1024,
             rate_adapt: None,
             early_buffer_bytes: 64 << 20,
+            flow: FlowConfig::default(),
         }
     }
 }
@@ -385,6 +390,18 @@ pub enum Mismatch {
         theirs: u32,
         /// Ours.
         ours: u32,
+    },
+    /// Another flow-control window (announced in HELLO; senders start at
+    /// their receivers' window, so it must agree).
+    #[error(
+        "has a flow-control window of {theirs} datagrams; this daemon has {ours} \
+         (set flow.window the same on every daemon; 0 is off)"
+    )]
+    FlowWindow {
+        /// The peer's.
+        theirs: u16,
+        /// Ours.
+        ours: u16,
     },
 }
 

@@ -72,6 +72,7 @@
 use std::collections::VecDeque;
 
 use crate::class::Class;
+use crate::flow::Flow;
 use crate::pacer::Pacer;
 use crate::pool::BufferPool;
 use crate::priority::ClassifierConfig;
@@ -83,6 +84,7 @@ use crate::wire::{self, DType, Header, KeyCache, PacketType, Phase, Settings, Wi
 pub(crate) mod allreduce;
 pub(crate) mod api;
 pub(crate) mod batch;
+mod credit;
 pub(crate) mod history;
 pub(crate) mod membership;
 pub(crate) mod optable;
@@ -130,6 +132,8 @@ pub struct Endpoint {
     keys: KeyCache,
     /// Loss-driven adaptation of the pacing rate, if configured.
     rate: Option<RateAdapter>,
+    /// Credit towards and from every peer ([`crate::flow`]).
+    flow: Flow,
 }
 
 impl Endpoint {
@@ -159,6 +163,7 @@ impl Endpoint {
             timers: TimerIndex::default(),
             scratch: TxBatch::new(),
             keys: KeyCache::new(cfg.key.clone(), cfg.world),
+            flow: Flow::new(cfg.flow, cfg.world),
             sh: Shared::new(cfg),
         }
     }
@@ -217,7 +222,8 @@ impl Endpoint {
             + self.peers.bytes()
             + (stats.tx_packets_peer.capacity() + stats.rx_packets_peer.capacity()) * 8
             + self.timers.bytes()
-            + self.keys.bytes();
+            + self.keys.bytes()
+            + self.flow.bytes();
         f.early_bytes = self.history.early_bytes();
         f.queued = self.queued();
         f
@@ -483,8 +489,9 @@ impl Endpoint {
         }
         if !replay {
             self.sh.stats.count_rx(h.src, h.class, datagram.len());
+            self.flow_received(&h, payload);
         }
-        if h.ty == PacketType::Hello {
+        if matches!(h.ty, PacketType::Hello | PacketType::Grant) {
             return;
         }
         let id = OpId { seq: h.op, tensor: h.tensor };
@@ -528,9 +535,14 @@ impl Endpoint {
             return !self.peers.settings_refused(h.src);
         }
         let ours = self.sh.cfg.chunk_bytes as u32;
+        let window = self.flow.config().wire_window();
         match Settings::parse(payload) {
             Ok(s) if s.chunk_bytes != ours => {
                 self.refuse(now, Some(h.src), Mismatch::ChunkBytes { theirs: s.chunk_bytes, ours });
+                false
+            }
+            Ok(s) if s.flow_window != window => {
+                self.refuse(now, Some(h.src), Mismatch::FlowWindow { theirs: s.flow_window, ours: window });
                 false
             }
             _ => {
@@ -561,6 +573,7 @@ impl Endpoint {
                 self.fail(id, OpError::PeerRestarted { rank: src, old, new: generation });
             }
             self.history.forget_early_from(src);
+            self.flow_reset(src);
         }
         if came_up {
             self.events.push_back(Event::PeerUp { rank: src, generation });
@@ -648,6 +661,7 @@ impl Endpoint {
             }
             self.check_complete(id);
         }
+        self.flow_timeouts(now);
         self.prune_timers();
         self.adapt_rate(now);
     }
@@ -694,6 +708,7 @@ impl Endpoint {
             (!self.sh.tx.is_empty() && self.pacer.rate() > 0)
                 .then(|| self.pacer.ready_at(self.now, self.sh.cfg.chunk_bytes + wire::OVERHEAD)),
             self.rate.as_ref().and_then(|a| a.next_timeout(self.send_totals())),
+            self.flow.next_timeout(),
         ];
         candidates.into_iter().flatten().min().filter(|&t| t != Instant::MAX)
     }
@@ -761,8 +776,13 @@ impl Endpoint {
             let Some(op) = self.ops.by_key(item.op).filter(wanted) else {
                 self.sh.tx.pop(qi);
                 self.dequeued(now, item);
+                self.credit_unused(item.peer);
                 continue;
             };
+            if !self.may_send(item.peer) {
+                self.park(qi, item.peer, now);
+                continue;
+            }
             let len = op.chunk_len(item.phase, item.peer, chunk, self.sh.me()) * 4 + wire::OVERHEAD;
             if !self.pacer.try_consume(now, len) {
                 return false;
@@ -793,7 +813,10 @@ impl Endpoint {
         else {
             return false;
         };
-        let h = Header { packet: self.sh.take_packet(), ..h };
+        let mut h = Header { packet: self.sh.take_packet(), seq: self.take_dseq(item.peer), ..h };
+        if self.backlogged(item.peer) {
+            h.flags = h.flags.with(wire::Flags::BACKLOG);
+        }
         let mut header = [0u8; wire::HEADER_LEN];
         if h.emit(&mut header).is_err() {
             return false;
@@ -851,12 +874,21 @@ impl Endpoint {
                 (None, Some(l)) => fill_mask(&mut h, &l.mask, seg, seg_bytes, buf)?,
                 (None, None) => return None,
             },
+            TxKind::Grant { request } => {
+                let count = self.fill_grant(&mut h, peer, request);
+                return self.sh.seal(&h, buf, |p| wire::emit_grant(count, p));
+            }
             TxKind::Data { .. } => return None,
         }
         self.sh.seal(&h, buf, |p| {
             if h.ty == PacketType::Hello {
-                Settings { version: wire::VERSION, auth: h.auth, chunk_bytes: self.sh.cfg.chunk_bytes as u32 }
-                    .emit(p)
+                Settings {
+                    version: wire::VERSION,
+                    auth: h.auth,
+                    chunk_bytes: self.sh.cfg.chunk_bytes as u32,
+                    flow_window: self.flow.config().wire_window(),
+                }
+                .emit(p)
             }
         })
     }

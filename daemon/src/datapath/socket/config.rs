@@ -5,7 +5,7 @@
 use std::io;
 use std::net::SocketAddr;
 
-use dlcp_proto::priority::Class;
+use dlcp_proto::class::Class;
 
 /// Number of classes.
 const CLASSES: usize = Class::COUNT;

@@ -129,7 +129,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
-use dlcp_proto::priority::Class;
+use dlcp_proto::class::Class;
 use log::{debug, warn};
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};

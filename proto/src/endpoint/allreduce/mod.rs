@@ -244,7 +244,7 @@ impl Op {
             (PacketType::Bitmap, _) => self.on_bitmap(now, key, h, payload, sh),
             (PacketType::Done, Phase::Scatter) => self.on_done(now, h, sh),
             (PacketType::Done, _) => self.on_mask(now, h, payload, sh),
-            (PacketType::Hello, _) => Err(Refused::Mismatch),
+            (PacketType::Hello | PacketType::Grant, _) => Err(Refused::Mismatch),
         };
         if let Err(r) = handled {
             refused(sh, r);

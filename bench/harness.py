@@ -690,7 +690,10 @@ class Bench:
     def headline(self):
         hosts = 4
         self.record_config()
+        wanted = set(self.a.conds.split(",")) if self.a.conds else None
         for c in self.plan():
+            if wanted and c["cond"].split()[0] not in wanted:
+                continue
             cname, mtu, csize = c["cond"], c["mtu"], c["size"]
             tb = dict(c["tb"])
             cross = tb.pop("cross", None)
@@ -1137,6 +1140,8 @@ def main():
     ap.add_argument("--prefix", default="benchr")
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", default="", help="comma list of steps: micro,datapath,headline,sizes,scaling,simulate")
+    ap.add_argument("--conds", default="",
+                    help="headline conditions to run, comma list of: clean,loss,congested (default all)")
     ap.add_argument("--sim-timeout", type=int, default=600, help="seconds per simulation")
     ap.add_argument("--load-note", default="", help="what else ran on the machine")
     ap.add_argument("--tag", default="", help="appended to the results' names (e.g. before / after)")

@@ -1,6 +1,6 @@
 //! Daemons that cannot talk refuse each other, say why naming both sides, and
-//! count it: another `[security] packet_auth`, and a datagram of wire version 1
-//! (a golden vector of `proto/tests/golden/v1`) sent from a peer's address.
+//! count it: another `[security] packet_auth`, and a datagram of wire version 2
+//! (a golden vector of `proto/tests/golden/v2`) sent from a peer's address.
 
 mod daemon_common;
 
@@ -50,8 +50,8 @@ fn wait_log(c: &Cluster, r: u32, what: &str, ok: impl Fn(&str) -> bool) -> Strin
 }
 
 /// A golden vector file: hex, `#` comments ignored.
-fn golden_v1(name: &str) -> Vec<u8> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("proto/tests/golden/v1/{name}.hex"));
+fn golden_of(version: &str, name: &str) -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("proto/tests/golden/{version}/{name}.hex"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let hex: String = text
         .lines()
@@ -110,19 +110,19 @@ fn daemons_with_different_packet_auth_refuse_each_other_naming_both() {
 }
 
 #[test]
-fn a_version_1_datagram_is_counted_and_reported_naming_both_versions() {
+fn a_version_2_datagram_is_counted_and_reported_naming_both_versions() {
     // Rank 1 never starts: the test sends from its configured address.
     let c = Cluster::start(&Options { hosts: 2, late: vec![1], ..Options::default() });
     let peer = UdpSocket::bind(("127.0.0.1", c.ports[1])).unwrap();
-    let v1 = golden_v1("data");
-    assert_eq!(v1[2], 1, "a version 1 datagram");
+    let v2 = golden_of("v2", "data");
+    assert_eq!(v2[2], 2, "a version 2 datagram (the previous release)");
     for _ in 0..3 {
-        peer.send_to(&v1, ("127.0.0.1", c.ports[0])).unwrap();
+        peer.send_to(&v2, ("127.0.0.1", c.ports[0])).unwrap();
         std::thread::sleep(Duration::from_millis(5));
     }
     let want =
-        format!("rank 1 (127.0.0.1:{}) speaks dlcp wire version 1; this daemon speaks version 2", c.ports[1]);
-    let log = wait_log(&c, 0, "version report", |l| l.contains("wire version 1"));
+        format!("rank 1 (127.0.0.1:{}) speaks dlcp wire version 2; this daemon speaks version 3", c.ports[1]);
+    let log = wait_log(&c, 0, "version report", |l| l.contains("wire version 2"));
     assert!(log.contains(&want), "{log}");
     let t0 = Instant::now();
     let st = loop {
@@ -137,7 +137,7 @@ fn a_version_1_datagram_is_counted_and_reported_naming_both_versions() {
     assert_eq!(p["rejected"]["malformed"], 0, "{p}");
     assert_eq!(p["rx_dropped_packets_per_peer"][1], 3, "{p}");
     // Reported once (rate-limited per peer), shown for that peer in the status.
-    assert_eq!(c.log(0).matches("speaks dlcp wire version 1").count(), 1, "{}", c.log(0));
+    assert_eq!(c.log(0).matches("speaks dlcp wire version 2").count(), 1, "{}", c.log(0));
     let s = status(&c, 0, false);
     assert!(s.contains(&format!("REFUSED: {want}")), "{s}");
     // The metrics sample the counters periodically.
@@ -149,4 +149,38 @@ fn a_version_1_datagram_is_counted_and_reported_naming_both_versions() {
         m = metrics(&c, 0);
     }
     assert!(m.contains(line), "{m}");
+}
+
+/// Daemons with another flow-control window cannot talk (a sender starts at
+/// its receiver's window): each refuses the other naming both windows, and
+/// `dlcpctl status` shows the window and the refusal.
+#[test]
+fn daemons_with_different_flow_windows_refuse_each_other_naming_both() {
+    let mut c = Cluster::start(&Options { hosts: 2, late: vec![1], ..Options::default() });
+    let cfg = &c.daemons[1].config;
+    let text = std::fs::read_to_string(cfg)
+        .unwrap()
+        .replace("[network]\n", "[network]\nflow_window_bytes = 1048576\n");
+    std::fs::write(cfg, text).unwrap();
+    c.spawn(1, 0.0);
+    c.wait_ready(1);
+    let addr = |r: usize| format!("127.0.0.1:{}", c.ports[r]);
+    // 2 MiB and 1 MiB of 1472-byte datagrams.
+    let want0 =
+        format!("rank 1 ({}) has a flow-control window of 712 datagrams; this daemon has 1424", addr(1));
+    let log0 = wait_log(&c, 0, "refusal", |l| l.contains("flow-control window"));
+    assert!(log0.contains(&want0), "{log0}");
+    let want1 =
+        format!("rank 0 ({}) has a flow-control window of 1424 datagrams; this daemon has 712", addr(0));
+    let log1 = wait_log(&c, 1, "refusal", |l| l.contains("flow-control window"));
+    assert!(log1.contains(&want1), "{log1}");
+    let s0 = status(&c, 0, false);
+    assert!(s0.contains("flow control: receive window 1424 datagrams"), "{s0}");
+    assert!(s0.contains(&format!("REFUSED: {want0}")), "{s0}");
+    let s1 = status(&c, 1, false);
+    assert!(s1.contains("flow control: receive window 712 datagrams"), "{s1}");
+    for r in [0u32, 1] {
+        let st = c.stats(r).unwrap();
+        assert!(st["protocol"]["rejected"]["settings_mismatch"].as_u64().unwrap() > 0, "{st}");
+    }
 }

@@ -40,6 +40,7 @@ pub const SETTINGS: &[(&str, Reload)] = &[
     ("network.bind_address", Restart),
     ("network.mtu", Restart),
     ("network.chunk_bytes", Restart),
+    ("network.flow_window_bytes", Restart),
     ("network.heartbeat_interval_ms", Runtime),
     ("network.peer_timeout_ms", Runtime),
     ("datapath.kind", Restart),

@@ -12,7 +12,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use dlcp_proto::priority::{Class, ClassSet, ClassifierConfig};
+use dlcp_proto::class::{Class, ClassSet};
+use dlcp_proto::priority::ClassifierConfig;
 use dlcp_proto::wire::PPM;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
@@ -243,6 +244,14 @@ pub struct Network {
     /// A peer silent this long is declared down, ms (≥ 2 × heartbeat interval).
     /// Default 3000. Runtime.
     pub peer_timeout_ms: u32,
+    /// Receiver-driven flow control: bytes of DATA datagrams this daemon lets
+    /// all senders have in flight towards it (shared evenly among them; a
+    /// sender waits for the receiver's GRANT beyond its share). 0 turns flow
+    /// control off; otherwise 65536 ..= 1 GiB, and at most half of
+    /// `datapath.socket.recv_buffer_bytes` × 2 (what the kernel lets the
+    /// socket hold) is sensible. Must be the same on every daemon of the job
+    /// (announced in HELLO). Default 2097152 (2 MiB). Restart-only.
+    pub flow_window_bytes: u64,
 }
 
 impl Default for Network {
@@ -253,6 +262,7 @@ impl Default for Network {
             chunk_bytes: None,
             heartbeat_interval_ms: 100,
             peer_timeout_ms: 3000,
+            flow_window_bytes: dlcp_proto::flow::FlowConfig::DEFAULT_WINDOW_BYTES,
         }
     }
 }
@@ -266,6 +276,14 @@ impl Network {
     /// Peer timeout.
     pub fn peer_timeout(&self) -> Duration {
         Duration::from_millis(self.peer_timeout_ms.into())
+    }
+
+    /// The flow-control configuration for datagrams of `chunk_bytes` of payload.
+    pub fn flow(&self, chunk_bytes: u32) -> dlcp_proto::flow::FlowConfig {
+        if self.flow_window_bytes == 0 {
+            return dlcp_proto::flow::FlowConfig::OFF;
+        }
+        dlcp_proto::flow::FlowConfig::for_window_bytes(self.flow_window_bytes, chunk_bytes as usize)
     }
 }
 

@@ -11,7 +11,8 @@ use std::net::IpAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use dlcp_proto::priority::{Class, ClassifierError};
+use dlcp_proto::class::Class;
+use dlcp_proto::priority::ClassifierError;
 
 use crate::Config;
 use crate::error::Bad;
@@ -238,6 +239,9 @@ fn network(cfg: &mut Config) -> R {
     }
     let min_mtu = if v6 { 1280 } else { 576 };
     in_range("network.mtu", net.mtu, min_mtu, 65535)?;
+    if net.flow_window_bytes != 0 {
+        in_range("network.flow_window_bytes", net.flow_window_bytes, 65536, 1 << 30)?;
+    }
     let max_chunk = max_chunk_bytes(net.mtu, v6);
     match net.chunk_bytes {
         Some(c) => {

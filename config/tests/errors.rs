@@ -86,7 +86,7 @@ fn unknown_field_exact_line() {
     let e = err(&t);
     assert_eq!(
         e.to_string(),
-        "/etc/dlcp/dlcp.toml:16:1: network.mtuu: unknown field (allowed: bind_address, mtu, chunk_bytes, heartbeat_interval_ms, peer_timeout_ms)"
+        "/etc/dlcp/dlcp.toml:16:1: network.mtuu: unknown field (allowed: bind_address, mtu, chunk_bytes, heartbeat_interval_ms, peer_timeout_ms, flow_window_bytes)"
     );
     assert_eq!(e.kind(), Some(ErrorKind::UnknownField));
 }

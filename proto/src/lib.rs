@@ -25,6 +25,7 @@ pub mod bitmap;
 pub mod class;
 pub mod endpoint;
 pub mod estimator;
+pub mod flow;
 pub mod oracle;
 pub mod pacer;
 pub mod pool;

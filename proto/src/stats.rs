@@ -291,6 +291,8 @@ const CLASS_DROPPED_BYTES: &str = "Bytes of received datagrams discarded on arri
 const PEER_DROPPED: &str = "Received datagrams discarded on arrival, per peer rank whose configured address sent them \
                             (\"unknown\": any other address)";
 const PEER_DROPPED_BYTES: &str = "Bytes of received datagrams discarded on arrival, per sending peer rank";
+const FLOW_GRANTS: &str = "Flow-control GRANTs (credit from receivers), by direction";
+const FLOW_REQUESTS: &str = "Flow-control credit requests (a sender out of credit), by direction";
 const REPAIRS: &str = "Repair DATA packets, by direction";
 const CLASS_REPAIRS: &str = "Repair DATA packets per priority class, by direction";
 const CLASS_REPAIR_BYTES: &str = "Bytes of repair DATA packets per priority class, by direction";
@@ -513,6 +515,22 @@ crate::counters! {
                 .by(By::Peer)
                 .fixed(RECEIVED),
         ],
+        /// Flow control: GRANTs sent (credit given to senders).
+        pub flow_grants_sent: u64 => [Desc::new("flow.grants_sent", "flow_grants", FLOW_GRANTS).fixed(SENT)],
+        /// Flow control: GRANTs received.
+        pub flow_grants_received: u64 => [Desc::new("flow.grants_received", "flow_grants", FLOW_GRANTS).fixed(RECEIVED)],
+        /// Flow control: credit requests sent (out of credit, no GRANT for a retry timeout).
+        pub flow_requests_sent: u64 => [Desc::new("flow.requests_sent", "flow_credit_requests", FLOW_REQUESTS).fixed(SENT)],
+        /// Flow control: credit requests received.
+        pub flow_requests_received: u64 => [
+            Desc::new("flow.requests_received", "flow_credit_requests", FLOW_REQUESTS).fixed(RECEIVED),
+        ],
+        /// Flow control: DATA datagrams that waited for their receiver's credit.
+        pub flow_credit_waits: u64 => [Desc::new(
+            "flow.credit_waits",
+            "flow_credit_waits",
+            "DATA datagrams that waited for their receiver's credit (flow control)",
+        )],
         /// PROBEs sent (every copy counts; see [`crate::endpoint::PROBE_COPIES`]).
         pub probes_sent: u64 => [Desc::new(
             "probes_sent",
@@ -682,8 +700,8 @@ mod tests {
         in_debug.sort_unstable();
         assert_eq!(in_debug, given);
         // 4×8 + 4×3 per class / per peer, 2×(8+1+3+1) dropped, 17 reasons,
-        // 2 + 4×8 + 2×2×3 repairs, 10 others.
-        assert_eq!(given.len(), 32 + 12 + 26 + 17 + 2 + 32 + 12 + 10);
+        // 2 + 4×8 + 2×2×3 repairs, 5 flow control, 10 others.
+        assert_eq!(given.len(), 32 + 12 + 26 + 17 + 2 + 32 + 12 + 5 + 10);
     }
 
     #[test]

@@ -99,6 +99,9 @@ fn batched_transmit_matches_one_at_a_time() {
         let make = || {
             let mut cfg = endpoint_config(1, 4, 1);
             cfg.pacing_rate = rate;
+            // One endpoint alone: no receiver grants it credit beyond the
+            // unscheduled window (flow control is not what this tests).
+            cfg.flow = dlcp_proto::flow::FlowConfig::OFF;
             let mut e = Endpoint::new(cfg, Instant::ZERO);
             let x = inputs(3, 4, 200_000);
             e.start_allreduce(Instant::ZERO, OpId { seq: 1, tensor: 1 }, x[1].clone(), opts(10_000)).unwrap();

@@ -13,6 +13,9 @@ use dlcp_proto::time::{Duration, Instant};
 use dlcp_proto::wire::{self, DType, Flags, Header, JobKey, PacketType, Phase};
 use proptest::prelude::*;
 
+/// The flow-control window every endpoint of these tests announces (the default).
+const FLOW_WINDOW: u16 = 1424;
+
 fn arb_header() -> impl Strategy<Value = Header> {
     (
         prop::sample::select(vec![
@@ -174,7 +177,13 @@ fn stale_generation_and_finished_ops_are_counted() {
     hello.dst = 0;
     let mut settings = [0u8; wire::SETTINGS_LEN];
     let auth = wire::PacketAuth::AesGmac;
-    wire::Settings { version: wire::VERSION, auth, chunk_bytes: CHUNK_BYTES as u32 }.emit(&mut settings);
+    wire::Settings {
+        version: wire::VERSION,
+        auth,
+        chunk_bytes: CHUNK_BYTES as u32,
+        flow_window: FLOW_WINDOW,
+    }
+    .emit(&mut settings);
     let n = wire::encode(&key(), &hello, &settings, &mut buf).unwrap();
     Node::handle_datagram(c.sim.node_mut(0), now, &buf[..n]);
     let r = &c.sim.node(0).stats().rejected;
@@ -314,7 +323,7 @@ fn incompatible_peers_are_refused_counted_and_reported() {
     e.handle_datagram_from(now, &buf[..n], Some(3));
     let v1 = Mismatch::WireVersion { theirs: 1, ours: wire::VERSION };
     assert_eq!(events(&mut e), [(Some(3), v1)]);
-    assert_eq!(v1.to_string(), "speaks dlcp wire version 1; this daemon speaks version 2");
+    assert_eq!(v1.to_string(), "speaks dlcp wire version 1; this daemon speaks version 3");
     assert_eq!(e.stats().rejected.version_mismatch, 2);
     assert_eq!(e.peer_mismatch(3), Some(v1));
     // From no known address: reported without a rank, nothing remembered.
@@ -345,7 +354,7 @@ fn incompatible_peers_are_refused_counted_and_reported() {
         (h.job, h.generation, h.src, h.dst, h.session) = (77, 1, 1, 0, session(1, 1));
         let mut s = [0u8; wire::SETTINGS_LEN];
         let auth = wire::PacketAuth::AesGmac;
-        wire::Settings { version: wire::VERSION, auth, chunk_bytes }.emit(&mut s);
+        wire::Settings { version: wire::VERSION, auth, chunk_bytes, flow_window: FLOW_WINDOW }.emit(&mut s);
         wire::encode(&key(), &h, &s, buf).unwrap()
     };
     let n = hello(1392, &mut buf);

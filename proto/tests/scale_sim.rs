@@ -27,13 +27,13 @@ fn run(world: u32) -> (f64, f64, usize) {
         })
         .collect();
     let mut sim = Sim::new(NetConfig::default().with_seed(7), nodes);
-    let sent = Rc::new(RefCell::new([0u64; 6]));
+    let sent = Rc::new(RefCell::new([0u64; 7]));
     let s2 = Rc::clone(&sent);
     sim.set_trace(Some(Box::new(move |t| {
         if t.event == TraceEvent::Sent
             && let Ok(p) = Packet::new_checked(t.datagram)
         {
-            s2.borrow_mut()[usize::from(p.raw_type()).min(5)] += 1;
+            s2.borrow_mut()[usize::from(p.raw_type()).min(6)] += 1;
         }
     })));
     let mut rng = Rng::new(u64::from(world));

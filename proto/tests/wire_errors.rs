@@ -18,7 +18,7 @@ fn key() -> JobKey {
 fn header(ty: PacketType) -> Header {
     let (class, phase) = match ty {
         PacketType::Data => (Class::new(4).unwrap(), Phase::Gather),
-        PacketType::Hello => (Class::CONTROL, Phase::None),
+        PacketType::Hello | PacketType::Grant => (Class::CONTROL, Phase::None),
         _ => (Class::CONTROL, Phase::Scatter),
     };
     let mut h = Header::new(ty, class, phase);
@@ -39,6 +39,7 @@ fn payload_for(ty: PacketType) -> Vec<u8> {
         PacketType::Data => vec![0; 16],
         PacketType::Bitmap | PacketType::Done => vec![0xFF, 0x00],
         PacketType::Hello => settings(),
+        PacketType::Grant => vec![0, 0, 0, 0, 0, 0, 1, 0],
         _ => vec![],
     }
 }
@@ -46,7 +47,8 @@ fn payload_for(ty: PacketType) -> Vec<u8> {
 /// A HELLO's valid settings.
 fn settings() -> Vec<u8> {
     let mut b = vec![0u8; SETTINGS_LEN];
-    Settings { version: wire::VERSION, auth: PacketAuth::AesGmac, chunk_bytes: 1376 }.emit(&mut b);
+    Settings { version: wire::VERSION, auth: PacketAuth::AesGmac, chunk_bytes: 1376, flow_window: 0 }
+        .emit(&mut b);
     b
 }
 
@@ -85,8 +87,31 @@ fn set_u32(b: &mut [u8], off: usize, v: u32) {
     b[off..off + 4].copy_from_slice(&v.to_be_bytes());
 }
 
-const ALL_TYPES: [PacketType; 5] =
-    [PacketType::Data, PacketType::Probe, PacketType::Bitmap, PacketType::Done, PacketType::Hello];
+const ALL_TYPES: [PacketType; 6] = [
+    PacketType::Data,
+    PacketType::Probe,
+    PacketType::Bitmap,
+    PacketType::Done,
+    PacketType::Hello,
+    PacketType::Grant,
+];
+
+/// A GRANT's payload is exactly 8 bytes, and its phase is none.
+#[test]
+fn bad_grant() {
+    let mut h = header(PacketType::Grant);
+    let mut out = vec![0u8; 256];
+    for len in [0usize, 7, 9, 16] {
+        h.payload_len = len as u16;
+        assert_eq!(
+            wire::encode(&key(), &h, &vec![0; len], &mut out),
+            Err(WireError::BadField("payload_len")),
+            "{len} bytes"
+        );
+    }
+    assert_eq!(decode_edited(PacketType::Grant, |b| b[6] = 1), Err(WireError::BadPhase(1)));
+    assert!(decode_edited(PacketType::Grant, |b| b[4] = 0x10).is_ok(), "a credit request");
+}
 
 #[test]
 fn baseline_packets_are_valid() {
@@ -145,7 +170,7 @@ fn bad_magic() {
 
 #[test]
 fn unsupported_version() {
-    for v in [0u8, 1, 3, 255] {
+    for v in [0u8, 1, 2, 4, 255] {
         let r = decode_edited(PacketType::Hello, |b| b[2] = v);
         assert_eq!(r, Err(WireError::UnsupportedVersion(v)));
     }
@@ -214,7 +239,7 @@ fn bad_tag() {
 
 #[test]
 fn unknown_type() {
-    for t in [0u8, 6, 0x80, 255] {
+    for t in [0u8, 7, 0x80, 255] {
         assert_eq!(decode_edited(PacketType::Probe, |b| b[3] = t), Err(WireError::UnknownType(t)));
     }
 }
@@ -223,7 +248,7 @@ fn unknown_type() {
 fn bad_flags() {
     // Undefined bits, on every type.
     for ty in ALL_TYPES {
-        for bit in 4..8 {
+        for bit in 6..8 {
             let f = 1u8 << bit;
             assert_eq!(decode_edited(ty, |b| b[4] = f), Err(WireError::BadFlags(f)), "{ty:?} {f:#x}");
         }
@@ -232,6 +257,10 @@ fn bad_flags() {
     assert_eq!(decode_edited(PacketType::Data, |b| b[4] = 0x02), Err(WireError::BadFlags(0x02)));
     assert_eq!(decode_edited(PacketType::Data, |b| b[4] = 0x04), Err(WireError::BadFlags(0x04)));
     assert_eq!(decode_edited(PacketType::Probe, |b| b[4] = 0x01), Err(WireError::BadFlags(0x01)));
+    // REQUEST is GRANT's, BACKLOG DATA's.
+    assert_eq!(decode_edited(PacketType::Data, |b| b[4] = 0x10), Err(WireError::BadFlags(0x10)));
+    assert_eq!(decode_edited(PacketType::Probe, |b| b[4] = 0x20), Err(WireError::BadFlags(0x20)));
+    assert!(decode_edited(PacketType::Data, |b| b[4] = 0x20).is_ok());
     for ty in [PacketType::Probe, PacketType::Bitmap, PacketType::Done, PacketType::Hello] {
         assert_eq!(decode_edited(ty, |b| b[4] = 0x08), Err(WireError::BadFlags(0x08)), "REQUIRED on {ty:?}");
     }
@@ -440,8 +469,7 @@ fn bad_hello_settings() {
     assert_eq!(edit(0, 1), Err(WireError::BadField("settings")), "another version than the header's");
     assert_eq!(edit(1, 0), Err(WireError::BadField("settings")), "another auth than the header's");
     assert_eq!(edit(1, 7), Err(WireError::BadField("settings.auth")));
-    assert_eq!(edit(2, 1), Err(WireError::ReservedNonZero));
-    assert_eq!(edit(3, 1), Err(WireError::ReservedNonZero));
+    assert!(edit(2, 1).is_ok() && edit(3, 1).is_ok(), "any flow window is well formed (version 3)");
     assert!(edit(7, 0x99).is_ok(), "any chunk size is well formed");
 }
 

@@ -64,7 +64,7 @@ fn replay_decode_corpus() {
         }
         types.extend(valid.map(|t| t as u8));
     }
-    assert_eq!(types, (1..=5).collect(), "corpus lacks a valid packet of some type");
+    assert_eq!(types, (1..=6).collect(), "corpus lacks a valid packet of some type");
 }
 
 #[test]
@@ -142,8 +142,27 @@ fn seeds() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.seq = 9;
     h.session = 0xFEDC_BA98_7654_3210;
     let mut settings = vec![0u8; SETTINGS_LEN];
-    Settings { version: wire::VERSION, auth: PacketAuth::AesGmac, chunk_bytes: 1392 }.emit(&mut settings);
+    Settings { version: wire::VERSION, auth: PacketAuth::AesGmac, chunk_bytes: 1392, flow_window: 0 }
+        .emit(&mut settings);
     v.push(("seed-hello", h, settings));
+
+    let mut h = Header::new(PacketType::Grant, Class::CONTROL, Phase::None);
+    h.job = 42;
+    h.generation = 8;
+    h.src = 3;
+    h.dst = 0;
+    v.push(("seed-grant", h, 1424u64.to_be_bytes().to_vec()));
+    let mut h = Header::new(PacketType::Grant, Class::CONTROL, Phase::None);
+    h.flags = Flags::REQUEST;
+    h.job = 42;
+    h.generation = 8;
+    h.src = 0;
+    h.dst = 3;
+    v.push(("seed-grant-request", h, 77u64.to_be_bytes().to_vec()));
+    let mut h = base(PacketType::Data, data_class, Phase::Gather);
+    h.flags = Flags::BACKLOG;
+    h.seq = 0xFFFF_FFF0;
+    v.push(("seed-data-backlog", h, vec![0; 8]));
     v
 }
 

@@ -1,7 +1,7 @@
 //! Golden byte vectors pinning the wire layout, one set per wire version.
 //!
-//! The version 2 vectors in `tests/golden/v2/*.hex` were produced by
-//! `tests/golden/v2/gen.py`, which writes each field at the offset given by
+//! The version 3 vectors in `tests/golden/v3/*.hex` were produced by
+//! `tests/golden/v3/gen.py`, which writes each field at the offset given by
 //! the layout table in the `wire` module docs and computes the tag with
 //! Python's `cryptography` (HKDF-SHA256, AES-128-GCM) — independently of the
 //! Rust encoder. Each vector is checked both ways: `encode(header, payload)
@@ -11,9 +11,11 @@
 //! byte from the table, so a wrong offset in both the encoder and the
 //! generator would still be caught.
 //!
-//! The version 1 vectors (`tests/golden/v1/`, keyed BLAKE3, 64-byte header)
-//! are kept as they were: this build refuses every one of them with
-//! `UnsupportedVersion(1)`, and still reads the sender rank they claim.
+//! The older versions' vectors are kept as they were: version 1
+//! (`tests/golden/v1/`, keyed BLAKE3, 64-byte header) and version 2
+//! (`tests/golden/v2/`, this layout and MAC without flow control). This build
+//! refuses every one of them with `UnsupportedVersion(1)` / `(2)`, and still
+//! reads the sender rank they claim.
 
 use dlcp_proto::class::Class;
 use dlcp_proto::wire::{
@@ -21,8 +23,8 @@ use dlcp_proto::wire::{
     PacketType, Phase, SETTINGS_LEN, SenderId, Settings, TAG_LEN, WireError,
 };
 
-/// The job secret every version 2 golden vector is tagged with (see `v2/gen.py`).
-const SECRET: &[u8] = b"dlcp golden secret v2";
+/// The job secret every version 3 golden vector is tagged with (see `v3/gen.py`).
+const SECRET: &[u8] = b"dlcp golden secret v3";
 
 fn key() -> JobKey {
     JobKey::new(SECRET)
@@ -32,9 +34,22 @@ fn key() -> JobKey {
 const V1: [&str; 8] =
     ["data", "data_repair_bf16", "probe", "bitmap", "bitmap_complete", "done", "done_mask_empty", "hello"];
 
+/// The version 2 vectors: version 1's and one without authentication.
+const V2: [&str; 9] = [
+    "data",
+    "data_repair_bf16",
+    "data_auth_none",
+    "probe",
+    "bitmap",
+    "bitmap_complete",
+    "done",
+    "done_mask_empty",
+    "hello",
+];
+
 /// Parse a `.hex` golden file of this version: `#` comments and whitespace are ignored.
 fn golden(name: &str) -> Vec<u8> {
-    golden_of("v2", name)
+    golden_of("v3", name)
 }
 
 /// Parse the `.hex` golden file `name` of version directory `version`.
@@ -81,6 +96,7 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
 
     let mut h = common(PacketType::Data, class(3), Phase::Scatter);
     h.chunk_index = 5;
+    h.seq = 41;
     let payload: Vec<u8> = [1.0f32, -2.5].iter().flat_map(|x| x.to_le_bytes()).collect();
     v.push(("data", h, payload.clone()));
 
@@ -91,6 +107,7 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.required = 10;
     h.budget_ppm = 1_000_000;
     h.packet = 0xFFFF_FFFF_FFFF_FFFE;
+    h.seq = u32::MAX;
     // bf16 little-endian: 1.0 = 0x3F80, -2.5 = 0xC020.
     v.push(("data_repair_bf16", h, vec![0x80, 0x3F, 0x20, 0xC0]));
 
@@ -139,8 +156,32 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.session = 0xFEDC_BA98_7654_3210;
     h.packet = 7;
     let mut settings = vec![0u8; SETTINGS_LEN];
-    Settings { version: 2, auth: PacketAuth::AesGmac, chunk_bytes: 1376 }.emit(&mut settings);
+    Settings { version: 3, auth: PacketAuth::AesGmac, chunk_bytes: 1376, flow_window: 256 }
+        .emit(&mut settings);
     v.push(("hello", h, settings));
+
+    let mut h = Header::new(PacketType::Grant, Class::CONTROL, Phase::None);
+    h.job = 0x0102_0304;
+    h.generation = 0x0A0B_0C0D;
+    h.src = 2;
+    h.dst = 1;
+    h.session = 0x5E55_20A0_B0C0_D0E0;
+    h.packet = 8;
+    let mut count = vec![0u8; wire::GRANT_LEN];
+    wire::emit_grant(0x1_0000_0040, &mut count);
+    v.push(("grant", h, count));
+
+    let mut h = Header::new(PacketType::Grant, Class::CONTROL, Phase::None);
+    h.flags = Flags::REQUEST;
+    h.job = 0x0102_0304;
+    h.generation = 0x0A0B_0C0D;
+    h.src = 1;
+    h.dst = 2;
+    h.session = 0x5E55_10A0_B0C0_D0E0;
+    h.packet = 9;
+    let mut count = vec![0u8; wire::GRANT_LEN];
+    wire::emit_grant(1000, &mut count);
+    v.push(("grant_request", h, count));
 
     for (_, h, p) in &mut v {
         h.payload_len = p.len() as u16;
@@ -151,10 +192,18 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
 #[test]
 fn every_packet_type_and_flag_is_covered() {
     let v = vectors();
-    for ty in [PacketType::Data, PacketType::Probe, PacketType::Bitmap, PacketType::Done, PacketType::Hello] {
+    let types = [
+        PacketType::Data,
+        PacketType::Probe,
+        PacketType::Bitmap,
+        PacketType::Done,
+        PacketType::Hello,
+        PacketType::Grant,
+    ];
+    for ty in types {
         assert!(v.iter().any(|(_, h, _)| h.ty == ty), "{ty:?} has no golden vector");
     }
-    for f in [Flags::REPAIR, Flags::COMPLETE, Flags::MASK_EMPTY, Flags::REQUIRED] {
+    for f in [Flags::REPAIR, Flags::COMPLETE, Flags::MASK_EMPTY, Flags::REQUIRED, Flags::REQUEST] {
         assert!(v.iter().any(|(_, h, _)| h.flags.contains(f)), "{f:?} has no golden vector");
     }
     for a in [PacketAuth::None, PacketAuth::AesGmac] {
@@ -236,6 +285,32 @@ fn version_1_vectors_are_refused() {
     }
 }
 
+/// Every version 2 datagram (flow control's predecessor) is refused as such.
+#[test]
+fn version_2_vectors_are_refused() {
+    for name in V2 {
+        let bytes = golden_of("v2", name);
+        assert_eq!(bytes[2], 2, "{name}: a version 2 vector");
+        for k in [key(), JobKey::new(b"dlcp golden secret v2"), JobKey::unauthenticated()] {
+            assert_eq!(wire::decode(&k, &bytes), Err(WireError::UnsupportedVersion(2)), "{name}");
+        }
+        assert_eq!(Packet::new_checked(&bytes[..]).unwrap_err(), WireError::UnsupportedVersion(2), "{name}");
+        let src = if name == "hello" { 3 } else { 1 };
+        assert_eq!(wire::peek_src(&bytes), Some(src), "{name}");
+    }
+}
+
+/// The GRANT payloads read back as the counts gen.py wrote.
+#[test]
+fn grant_counts_read_back() {
+    for (name, want) in [("grant", 0x1_0000_0040u64), ("grant_request", 1000)] {
+        let bytes = golden(name);
+        let (h, p) = wire::decode(&key(), &bytes).unwrap();
+        assert_eq!((h.ty, wire::parse_grant(p)), (PacketType::Grant, Some(want)), "{name}");
+    }
+    assert_eq!(wire::parse_grant(&[0; 7]), None);
+}
+
 #[test]
 fn golden_rejected_under_another_key() {
     for (name, h, _) in vectors() {
@@ -246,7 +321,7 @@ fn golden_rejected_under_another_key() {
                 WireError::AuthMismatch { ours: PacketAuth::AesGmac, theirs: PacketAuth::None }
             }
         };
-        assert_eq!(wire::decode(&JobKey::new(b"dlcp golden secret v1"), &bytes), Err(want), "{name}");
+        assert_eq!(wire::decode(&JobKey::new(b"dlcp golden secret v2"), &bytes), Err(want), "{name}");
     }
 }
 
@@ -256,7 +331,7 @@ fn probe_header_written_by_hand() {
     #[rustfmt::skip]
     let hand: [u8; HEADER_LEN] = [
         0xD1, 0xC9,             //  0 magic
-        0x02,                   //  2 version
+        0x03,                   //  2 version
         0x02,                   //  3 type = PROBE
         0x00,                   //  4 flags
         0x07,                   //  5 class = control
@@ -294,13 +369,13 @@ fn probe_header_written_by_hand() {
 #[test]
 fn data_packet_written_by_hand() {
     let mut hand = Vec::new();
-    hand.extend_from_slice(&[0xD1, 0xC9, 2, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
+    hand.extend_from_slice(&[0xD1, 0xC9, 3, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
     hand.extend_from_slice(&[1, 2, 3, 4, 0x0A, 0x0B, 0x0C, 0x0D]); // job generation
     hand.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 2]); // src dst
     hand.extend_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]); // op
     hand.extend_from_slice(&[0xCA, 0xFE, 0xBA, 0xBE, 0, 0, 0, 5]); // tensor chunk_index
     hand.extend_from_slice(&[0, 0, 0, 10, 0, 0, 0, 4]); // chunk_count required
-    hand.extend_from_slice(&[0, 0, 0x27, 0x10, 0, 0, 0, 0]); // budget_ppm seq
+    hand.extend_from_slice(&[0, 0, 0x27, 0x10, 0, 0, 0, 41]); // budget_ppm seq (dseq 41)
     hand.extend_from_slice(&[0, 8, 1, 0, 0, 0, 0, 0]); // payload_len auth reserved
     hand.extend_from_slice(&[0x5E, 0x55, 0x10, 0xA0, 0xB0, 0xC0, 0xD0, 0xE0]); // session
     hand.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0]); // packet = 0
@@ -317,8 +392,8 @@ fn key_schedule_is_pinned() {
     assert_eq!(KEY_INFO, b"dlcp v2 aes-128-gmac sender key");
     // The probe vector's tag, computed by gen.py with Python's cryptography.
     let g = golden("probe");
-    assert_eq!(hex(&g[HEADER_LEN..]), "10f79530432dae40958db3a4d32f4996");
-    assert_eq!(hex(&key().tag(&g[..HEADER_LEN])), "10f79530432dae40958db3a4d32f4996");
+    assert_eq!(hex(&g[HEADER_LEN..]), "0659c48ab7155c6c07595a93556fba62");
+    assert_eq!(hex(&key().tag(&g[..HEADER_LEN])), "0659c48ab7155c6c07595a93556fba62");
     assert_ne!(JobKey::new(b"").tag(&g[..HEADER_LEN]), key().tag(&g[..HEADER_LEN]));
 }
 

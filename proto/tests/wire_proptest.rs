@@ -20,7 +20,7 @@ fn key() -> JobKey {
 /// A valid HELLO payload announcing `chunk_bytes`.
 fn settings(chunk_bytes: u32) -> Vec<u8> {
     let mut b = vec![0u8; SETTINGS_LEN];
-    Settings { version: wire::VERSION, auth: PacketAuth::AesGmac, chunk_bytes }.emit(&mut b);
+    Settings { version: wire::VERSION, auth: PacketAuth::AesGmac, chunk_bytes, flow_window: 0 }.emit(&mut b);
     b
 }
 

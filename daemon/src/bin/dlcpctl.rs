@@ -154,6 +154,11 @@ fn print_status(v: &Value) {
         Some(a) => println!("  packet auth: {a}"),
         None => {}
     }
+    match v["flow_window"].as_u64() {
+        Some(0) => println!("  flow control: off (network.flow_window_bytes = 0)"),
+        Some(w) => println!("  flow control: receive window {w} datagrams, shared by the senders"),
+        None => {}
+    }
     println!("  trainers attached: {}, ops in flight: {}", v["trainers"], v["ops_in_flight"]);
     if let Some(f) = o["config_file"].as_str() {
         println!(
@@ -242,6 +247,15 @@ fn print_stats(v: &Value) {
         p["deadlines_fired"],
         p["deadline_closes"],
         p["deadline_nacks"]
+    );
+    let f = &p["flow"];
+    println!(
+        "flow control: {} GRANTs sent, {} received; {} credit waits; {} credit requests sent, {} received",
+        u(&f["grants_sent"]),
+        u(&f["grants_received"]),
+        u(&f["credit_waits"]),
+        u(&f["requests_sent"]),
+        u(&f["requests_received"])
     );
     print_traffic_tables(v);
     let mut rej = p["rejected"].as_object().cloned().unwrap_or_default();

@@ -68,6 +68,9 @@ pub struct StatusReply {
     pub datapath: String,
     /// `security.packet_auth`: `"aes-128-gmac"`, or `"none"` (datagrams not authenticated).
     pub packet_auth: String,
+    /// Flow control's receive window in datagrams (`network.flow_window_bytes`
+    /// over the datagram size; 0 = off).
+    pub flow_window: u32,
     /// Trainers attached now.
     pub trainers: usize,
     /// Ops in flight on the network.
@@ -390,6 +393,7 @@ pub(super) fn status(v: &View<'_>, ops: OperationsStatus) -> StatusReply {
         generation: v.endpoint.config().generation,
         datapath: v.datapath.describe(),
         packet_auth: v.cfg.security.packet_auth.as_str().to_owned(),
+        flow_window: v.endpoint.config().flow.window,
         trainers: v.trainers.count(),
         ops_in_flight: v.endpoint.ops_in_flight(),
         draining: v.draining,
@@ -542,6 +546,7 @@ mod tests {
             generation: 8,
             datapath: "dp".into(),
             packet_auth: "aes-128-gmac".into(),
+            flow_window: 1424,
             trainers: 2,
             ops_in_flight: 0,
             draining: false,
@@ -552,7 +557,7 @@ mod tests {
                     generation: None,
                     up: false,
                     is_self: false,
-                    refused: Some("speaks dlcp wire version 1; this daemon speaks version 2".into()),
+                    refused: Some("speaks dlcp wire version 1; this daemon speaks version 3".into()),
                 },
                 PeerStatus {
                     rank: 1,
@@ -583,14 +588,14 @@ mod tests {
         let json = to_json(&st);
         assert_eq!(
             json.to_string(),
-            r#"{"datapath":"dp","draining":false,"generation":8,"job":4,"ops":{"budget":0.01,"build":"b","#
+            r#"{"datapath":"dp","draining":false,"flow_window":1424,"generation":8,"job":4,"ops":{"budget":0.01,"build":"b","#
                 .to_owned()
                 + r#""config_file":"c","datapath_kind":"auto","last_reload":{"outcome":{"applied":[],"error":"e","#
                 + r#""file":"f","needs_restart":[],"not_applied":[],"ok":false},"seconds_ago":3},"log_level":"info","#
                 + r#""metrics":{"address":null,"enabled":true,"error":"x"},"reloads_failed":2,"reloads_ok":1,"#
                 + r#""systemd":{"notify":false,"watchdog_ms":7},"uptime_s":5},"ops_in_flight":0,"#
                 + r#""packet_auth":"aes-128-gmac","peers":[{"address":"a","generation":null,"rank":0,"#
-                + r#""refused":"speaks dlcp wire version 1; this daemon speaks version 2","self":false,"up":false},"#
+                + r#""refused":"speaks dlcp wire version 1; this daemon speaks version 3","self":false,"up":false},"#
                 + r#"{"address":"b","#
                 + r#""generation":8,"rank":1,"self":true,"up":true}],"rank":1,"trainers":2,"version":"v","world":2}"#
         );

@@ -40,6 +40,9 @@ pub(crate) enum TxKind {
     Done { seg: u32 },
     /// A heartbeat.
     Hello,
+    /// Flow control: the credit limit granted to the peer, or (`request`) a
+    /// request for credit naming the DATA datagrams sent to it.
+    Grant { request: bool },
 }
 
 /// A queued packet: of `kind`, for the transfer of op `op` in `phase` with `peer`.
@@ -56,10 +59,25 @@ const REPAIR_QUEUE: usize = Class::COUNT;
 /// Service order of the transmit queues: control, repairs, then data classes high to low.
 const SERVICE_ORDER: [usize; 9] = [7, REPAIR_QUEUE, 6, 5, 4, 3, 2, 1, 0];
 
-/// The transmit queues: one per class, and one for repairs.
+/// The transmit queues: one per class, and one for repairs; and per peer,
+/// the DATA items parked while that peer gives no credit ([`crate::flow`]).
 #[derive(Debug, Default)]
 pub(crate) struct TxQueues {
     queues: [VecDeque<TxItem>; 9],
+    /// Per peer rank, in the order they were parked.
+    parked: Vec<VecDeque<TxItem>>,
+    parked_len: usize,
+    /// Per peer rank: DATA items queued or parked for it.
+    data_for: Vec<u32>,
+}
+
+/// The queue a DATA item belongs in.
+fn data_queue(item: &TxItem) -> usize {
+    match item.kind {
+        TxKind::Data { repair: true, .. } => REPAIR_QUEUE,
+        TxKind::Data { class, .. } => class.index(),
+        _ => Class::CONTROL.index(),
+    }
 }
 
 impl TxQueues {
@@ -72,12 +90,70 @@ impl TxQueues {
     /// Queue a DATA item: repairs in the repair queue (served right after
     /// control: another rank is blocked on them), first-pass chunks by class.
     pub(crate) fn push_data(&mut self, item: TxItem) {
-        let q = match item.kind {
-            TxKind::Data { repair: true, .. } => REPAIR_QUEUE,
-            TxKind::Data { class, .. } => class.index(),
-            _ => Class::CONTROL.index(),
-        };
-        self.queues[q].push_back(item);
+        let peer = item.peer as usize;
+        if self.data_for.len() <= peer {
+            self.data_for.resize(peer + 1, 0);
+        }
+        self.data_for[peer] += 1;
+        self.queues[data_queue(&item)].push_back(item);
+    }
+
+    /// DATA items queued or parked for `peer`.
+    pub(crate) fn data_for(&self, peer: u32) -> u32 {
+        self.data_for.get(peer as usize).copied().unwrap_or(0)
+    }
+
+    /// A DATA item for `peer` left the queues.
+    fn data_gone(&mut self, peer: u32, n: usize) {
+        if let Some(c) = self.data_for.get_mut(peer as usize) {
+            *c = c.saturating_sub(n as u32);
+        }
+    }
+
+    /// Move the front item of queue `qi` (DATA for a peer out of credit) to
+    /// its peer's parked items.
+    pub(crate) fn park(&mut self, qi: usize) {
+        let Some(item) = self.queues[qi].pop_front() else { return };
+        let peer = item.peer as usize;
+        if self.parked.len() <= peer {
+            self.parked.resize_with(peer + 1, VecDeque::new);
+        }
+        self.parked[peer].push_back(item);
+        self.parked_len += 1;
+    }
+
+    /// `peer` gave credit for `n` more datagrams: its first `n` parked items
+    /// go back to the front of their queues, in the order they were parked
+    /// (ahead of anything queued since); the rest stay parked, so a grant
+    /// costs work in proportion to the credit it gives.
+    pub(crate) fn unpark(&mut self, peer: u32, n: usize) {
+        let Some(items) = self.parked.get_mut(peer as usize) else { return };
+        let n = n.min(items.len());
+        self.parked_len -= n;
+        for item in items.drain(..n).rev() {
+            self.queues[data_queue(&item)].push_front(item);
+        }
+    }
+
+    /// Items parked for `peer`.
+    pub(crate) fn parked(&self, peer: u32) -> usize {
+        self.parked.get(peer as usize).map_or(0, VecDeque::len)
+    }
+
+    /// Take out `peer`'s parked items that `keep` rejects (ops that ended):
+    /// returned, for the caller's bookkeeping.
+    pub(crate) fn drain_parked(&mut self, peer: u32, mut keep: impl FnMut(&TxItem) -> bool) -> Vec<TxItem> {
+        let Some(items) = self.parked.get_mut(peer as usize) else { return Vec::new() };
+        let mut gone = Vec::new();
+        items.retain(|i| {
+            keep(i) || {
+                gone.push(*i);
+                false
+            }
+        });
+        self.parked_len -= gone.len();
+        self.data_gone(peer, gone.len());
+        gone
     }
 
     /// Queue the [`PROBE_COPIES`] copies of a PROBE.
@@ -117,21 +193,33 @@ impl TxQueues {
 
     /// Drop the front item of queue `qi`.
     pub(crate) fn pop(&mut self, qi: usize) {
-        self.queues[qi].pop_front();
+        if let Some(item) = self.queues[qi].pop_front()
+            && matches!(item.kind, TxKind::Data { .. })
+        {
+            self.data_gone(item.peer, 1);
+        }
     }
 
-    /// Items queued.
+    /// Items queued, parked ones included.
     pub(crate) fn len(&self) -> usize {
-        self.queues.iter().map(VecDeque::len).sum()
+        self.queues.iter().map(VecDeque::len).sum::<usize>() + self.parked_len
     }
 
-    /// Whether nothing is queued.
+    /// Whether nothing is ready to send (parked items wait for credit, not
+    /// for the pacer).
     pub(crate) fn is_empty(&self) -> bool {
         self.queues.iter().all(VecDeque::is_empty)
     }
 
     /// Bytes the queues hold (for the endpoint's footprint).
     pub(crate) fn bytes(&self) -> usize {
-        self.queues.iter().map(|q| q.capacity() * size_of::<TxItem>()).sum()
+        let parked: usize = self
+            .parked
+            .iter()
+            .map(|q| size_of::<VecDeque<TxItem>>() + q.capacity() * size_of::<TxItem>())
+            .sum();
+        self.queues.iter().map(|q| q.capacity() * size_of::<TxItem>()).sum::<usize>()
+            + parked
+            + self.data_for.capacity() * 4
     }
 }

@@ -3,6 +3,7 @@
 use crate::class::Class;
 use crate::wire::auth::PacketAuth;
 use crate::wire::error::WireError;
+use crate::wire::grant::GRANT_LEN;
 use crate::wire::layout::{HEADER_LEN, MAGIC, PPM, VERSION, field};
 use crate::wire::mac::SenderId;
 use crate::wire::packet::Packet;
@@ -125,17 +126,19 @@ impl Header {
     /// Semantic checks shared by [`Header::parse`] and [`Header::emit`].
     pub fn check(&self) -> Result<(), WireError> {
         let allowed_flags = match self.ty {
-            PacketType::Data => Flags::REPAIR.0 | Flags::REQUIRED.0,
+            PacketType::Data => Flags::REPAIR.0 | Flags::REQUIRED.0 | Flags::BACKLOG.0,
             PacketType::Bitmap => Flags::COMPLETE.0,
             PacketType::Done => Flags::MASK_EMPTY.0,
+            PacketType::Grant => Flags::REQUEST.0,
             PacketType::Probe | PacketType::Hello => 0,
         };
         if self.flags.0 & !allowed_flags != 0 {
             return Err(WireError::BadFlags(self.flags.0));
         }
-        match (self.ty, self.phase) {
-            (PacketType::Hello, Phase::None) => {}
-            (PacketType::Hello, p) | (_, p @ Phase::None) => {
+        let phaseless = matches!(self.ty, PacketType::Hello | PacketType::Grant);
+        match (phaseless, self.phase) {
+            (true, Phase::None) => {}
+            (true, p) | (_, p @ Phase::None) => {
                 return Err(WireError::BadPhase(p as u8));
             }
             _ => {}
@@ -152,7 +155,7 @@ impl Header {
         if self.budget_ppm > PPM {
             return Err(WireError::BadField("budget_ppm"));
         }
-        if self.ty != PacketType::Hello {
+        if !phaseless {
             if self.chunk_count == 0 {
                 return Err(WireError::BadField("chunk_count"));
             }
@@ -195,6 +198,11 @@ impl Header {
             }
             PacketType::Hello => {
                 if len != SETTINGS_LEN {
+                    return Err(WireError::BadField("payload_len"));
+                }
+            }
+            PacketType::Grant => {
+                if len != GRANT_LEN {
                     return Err(WireError::BadField("payload_len"));
                 }
             }

@@ -10,16 +10,16 @@
 //! job, the sender's generation and session, the op, tensor, phase and chunk
 //! it belongs to.
 //!
-//! ## Header layout (version 2)
+//! ## Header layout (version 3)
 //!
 //! | offset | size | field          | meaning                                                             |
 //! |-------:|-----:|----------------|---------------------------------------------------------------------|
 //! | 0      | 2    | `magic`        | `0xD1C9`                                                            |
-//! | 2      | 1    | `version`      | `2`                                                                 |
-//! | 3      | 1    | `type`         | 1 DATA, 2 PROBE, 3 BITMAP, 4 DONE, 5 HELLO                          |
-//! | 4      | 1    | `flags`        | bit 0 REPAIR, bit 1 COMPLETE, bit 2 MASK_EMPTY, bit 3 REQUIRED; others 0 |
+//! | 2      | 1    | `version`      | `3`                                                                 |
+//! | 3      | 1    | `type`         | 1 DATA, 2 PROBE, 3 BITMAP, 4 DONE, 5 HELLO, 6 GRANT                 |
+//! | 4      | 1    | `flags`        | bit 0 REPAIR, bit 1 COMPLETE, bit 2 MASK_EMPTY, bit 3 REQUIRED, bit 4 REQUEST, bit 5 BACKLOG; others 0 |
 //! | 5      | 1    | `class`        | priority class 0–7 (7 = control)                                    |
-//! | 6      | 1    | `phase`        | 0 none (HELLO), 1 reduce-scatter, 2 all-gather                      |
+//! | 6      | 1    | `phase`        | 0 none (HELLO, GRANT), 1 reduce-scatter, 2 all-gather               |
 //! | 7      | 1    | `dtype`        | 0 f32, 1 f16, 2 bf16 (element type of DATA payloads; any known value on control packets) |
 //! | 8      | 4    | `job`          | job id                                                              |
 //! | 12     | 4    | `generation`   | sender's generation (changes when its daemon restarts)              |
@@ -31,14 +31,20 @@
 //! | 40     | 4    | `chunk_count`  | chunks in the transfer                                              |
 //! | 44     | 4    | `required`     | chunks of non-droppable classes in the transfer                     |
 //! | 48     | 4    | `budget_ppm`   | loss budget of the transfer, parts per million (≤ 1 000 000)        |
-//! | 52     | 4    | `seq`          | PROBE/BITMAP/DONE round number; HELLO: heartbeat counter            |
+//! | 52     | 4    | `seq`          | DATA: the pair's data sequence number `dseq` (low 32 bits, [`crate::flow`]); PROBE/BITMAP/DONE round number; HELLO: heartbeat counter; GRANT 0 |
 //! | 56     | 2    | `payload_len`  | bytes of payload that follow the header                             |
 //! | 58     | 1    | `auth`         | packet authentication: 0 none (no tag), 1 AES-128-GMAC (16-byte tag) |
 //! | 59     | 5    | reserved       | must be zero                                                        |
 //! | 64     | 8    | `session`      | sender's session, random per endpoint incarnation                   |
 //! | 72     | 8    | `packet`       | sender's packet number, strictly increasing per datagram (the nonce) |
-//! | 80     | n    | payload        | DATA: elements, little-endian; BITMAP/DONE: bitmap segment; HELLO: [`Settings`] |
+//! | 80     | n    | payload        | DATA: elements, little-endian; BITMAP/DONE: bitmap segment; HELLO: [`Settings`]; GRANT: a count ([`GRANT_LEN`] bytes, `wire/grant.rs`) |
 //! | 80 + n | 16   | tag            | GCM tag, payload as associated data, header as plaintext (absent if `auth` is 0) |
+//!
+//! Version 3 differs from version 2 only by flow control (issue 16): the
+//! GRANT type with its REQUEST flag, DATA's BACKLOG flag, and DATA's `seq`
+//! carrying `dseq` (0 in version 2). The key schedule and MAC are version 2's, unchanged (the
+//! version byte is authenticated with the rest of the header). A version 2
+//! datagram is refused as `UnsupportedVersion(2)`.
 //!
 //! Offsets 0–57 are those of version 1 (whose header ended with 6 reserved
 //! bytes at 58), so a version 1 datagram is recognised, attributed to its
@@ -78,10 +84,10 @@
 //!
 //! - `src != dst`; `budget_ppm ≤ 1 000 000`;
 //! - class 7 exactly for control packets, 0–6 for DATA;
-//! - phase 0 exactly for HELLO, 1 or 2 for every other type;
-//! - flags: DATA may carry REPAIR and REQUIRED, BITMAP COMPLETE, DONE MASK_EMPTY,
-//!   PROBE and HELLO none;
-//! - every type but HELLO: `chunk_count ≥ 1`, `required ≤ chunk_count`;
+//! - phase 0 exactly for HELLO and GRANT, 1 or 2 for every other type;
+//! - flags: DATA may carry REPAIR, REQUIRED and BACKLOG, BITMAP COMPLETE, DONE MASK_EMPTY,
+//!   GRANT REQUEST, PROBE and HELLO none;
+//! - every type but HELLO and GRANT: `chunk_count ≥ 1`, `required ≤ chunk_count`;
 //! - DATA: `chunk_index < chunk_count`, payload non-empty and a whole number of
 //!   `dtype` elements;
 //! - BITMAP/DONE: a payload iff neither COMPLETE nor MASK_EMPTY is set;
@@ -89,7 +95,8 @@
 //!   payload it is `< chunk_count` and the segment ends at the byte holding bit
 //!   `chunk_count - 1` (`payload_len ≤ ⌈(chunk_count − chunk_index) / 8⌉`, which
 //!   is what [`crate::bitmap::Bitmap::write_segment`] produces);
-//! - PROBE: no payload; HELLO: a payload of exactly [`SETTINGS_LEN`] bytes.
+//! - PROBE: no payload; HELLO: a payload of exactly [`SETTINGS_LEN`] bytes;
+//!   GRANT: exactly [`GRANT_LEN`] bytes.
 //!
 //! ## Canonical form
 //!
@@ -99,12 +106,12 @@
 //!
 //! ## How the format is pinned
 //!
-//! - `proto/tests/wire_golden.rs` + `proto/tests/golden/v2/*.hex`: exact bytes
+//! - `proto/tests/wire_golden.rs` + `proto/tests/golden/v3/*.hex`: exact bytes
 //!   for every packet type and flag and both `auth` modes, generated
-//!   independently of this encoder (`golden/gen.py`: Python's `cryptography`
+//!   independently of this encoder (`golden/v3/gen.py`: Python's `cryptography`
 //!   HKDF and AES-GCM) and one header written out by hand;
-//!   `golden/v1/*.hex`, the version 1 vectors, are refused with
-//!   `UnsupportedVersion(1)`;
+//!   `golden/v1/*.hex` and `golden/v2/*.hex`, the older versions' vectors, are
+//!   refused with `UnsupportedVersion(1)` and `(2)`;
 //! - `proto/tests/wire_bitflip.rs`: every single-bit flip is rejected;
 //! - `proto/tests/wire_errors.rs`: the input that produces each [`WireError`];
 //! - `proto/tests/wire_proptest.rs`: round trip and never-panic properties;
@@ -154,6 +161,7 @@
 mod auth;
 mod codec;
 mod error;
+mod grant;
 mod header;
 mod keys;
 mod layout;
@@ -165,6 +173,7 @@ mod types;
 pub use auth::PacketAuth;
 pub use codec::{decode, encode, encode_in_place, peek_class, peek_src, seal};
 pub use error::WireError;
+pub use grant::{GRANT_LEN, emit_grant, parse_grant};
 pub use header::Header;
 pub use keys::{KEYS_PER_PEER, KeyCache};
 pub use layout::{HEADER_LEN, MAGIC, MAX_PAYLOAD, OVERHEAD, PPM, TAG_LEN, VERSION};

@@ -6,12 +6,12 @@
 //! |-------:|-----:|---------------|-------------------------------------------------------|
 //! | 0      | 1    | `version`     | the sender's wire version (equal to the header's)     |
 //! | 1      | 1    | `auth`        | its packet authentication mode (equal to the header's) |
-//! | 2      | 2    | reserved      | must be zero                                          |
+//! | 2      | 2    | `flow_window` | its flow-control receive window in datagrams, 0 = off (version 3; zero before) |
 //! | 4      | 4    | `chunk_bytes` | payload bytes per DATA packet it cuts tensors into    |
 //!
 //! [`decode`](crate::wire::decode) checks the payload of every HELLO (known
-//! values, zero reserved bytes, agreement with the header); whether the
-//! settings agree with the receiver's own is the endpoint's decision.
+//! values, agreement with the header); whether the settings agree with the
+//! receiver's own is the endpoint's decision.
 
 use crate::wire::auth::PacketAuth;
 use crate::wire::error::WireError;
@@ -29,6 +29,10 @@ pub struct Settings {
     pub auth: PacketAuth,
     /// Payload bytes per DATA packet.
     pub chunk_bytes: u32,
+    /// Flow-control receive window in datagrams (0: flow control off;
+    /// [`crate::flow`]). Senders assume their receivers' window when they
+    /// start, so it must agree across the job.
+    pub flow_window: u16,
 }
 
 impl Settings {
@@ -39,20 +43,22 @@ impl Settings {
     pub fn emit(&self, out: &mut [u8]) {
         out[0] = self.version;
         out[1] = self.auth as u8;
-        out[2..4].fill(0);
+        out[2..4].copy_from_slice(&self.flow_window.to_be_bytes());
         out[4..8].copy_from_slice(&self.chunk_bytes.to_be_bytes());
     }
 
     /// Parse a HELLO payload: exactly [`SETTINGS_LEN`] bytes, a known `auth`
-    /// value, zero reserved bytes.
+    /// value.
     pub fn parse(payload: &[u8]) -> Result<Settings, WireError> {
         if payload.len() != SETTINGS_LEN {
             return Err(WireError::BadField("payload_len"));
         }
         let auth = PacketAuth::from_u8(payload[1]).ok_or(WireError::BadField("settings.auth"))?;
-        if payload[2..4] != [0, 0] {
-            return Err(WireError::ReservedNonZero);
-        }
-        Ok(Settings { version: payload[0], auth, chunk_bytes: be32(payload, 4..8) })
+        Ok(Settings {
+            version: payload[0],
+            auth,
+            chunk_bytes: be32(payload, 4..8),
+            flow_window: u16::from_be_bytes([payload[2], payload[3]]),
+        })
     }
 }

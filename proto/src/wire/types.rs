@@ -16,6 +16,10 @@ pub enum PacketType {
     Done = 4,
     /// Announcement and heartbeat carrying the sender's generation.
     Hello = 5,
+    /// Flow control (version 3): receiver to sender, the cumulative credit
+    /// limit; with [`Flags::REQUEST`], sender to receiver, a request for
+    /// credit naming how many DATA datagrams it sent ([`crate::flow`]).
+    Grant = 6,
 }
 
 impl PacketType {
@@ -27,6 +31,7 @@ impl PacketType {
             3 => PacketType::Bitmap,
             4 => PacketType::Done,
             5 => PacketType::Hello,
+            6 => PacketType::Grant,
             _ => return Err(WireError::UnknownType(v)),
         })
     }
@@ -106,7 +111,12 @@ impl Flags {
     pub const MASK_EMPTY: Flags = Flags(0x04);
     /// DATA: the chunk's class is not droppable; it counts towards `required`.
     pub const REQUIRED: Flags = Flags(0x08);
-    pub(crate) const ALL: u8 = 0x0F;
+    /// GRANT: a sender's request for credit, not a grant.
+    pub const REQUEST: Flags = Flags(0x10);
+    /// DATA: the sender has more DATA for this receiver than its credit
+    /// covers (it wants a GRANT soon; [`crate::flow`]).
+    pub const BACKLOG: Flags = Flags(0x20);
+    pub(crate) const ALL: u8 = 0x3F;
 
     /// True if every bit of `other` is set.
     pub fn contains(self, other: Flags) -> bool {

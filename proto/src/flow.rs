@@ -1,0 +1,476 @@
+//! Receiver-driven flow control: a receiver lets each sender have a bounded
+//! number of DATA datagrams in flight towards it, and extends that credit as
+//! the datagrams arrive.
+//!
+//! In the transpose allreduce every rank receives from all others at once
+//! (incast). An open-loop pacer cannot know how fast a receiver drains —
+//! its port, its CPU, its socket buffer — and a receiver short of any of
+//! them overflows and drops what the senders then repair. Only the receiver
+//! knows its capacity, so it decides: the scheme is credit-based pull as in
+//! EQDS (Olteanu et al., "An edge-queued datagram service for all datacenter
+//! traffic", NSDI 2022) and NDP's pull queue (Handley et al., SIGCOMM 2017),
+//! with TCP's cumulative window edge so that lost credit repairs itself:
+//!
+//! - Every DATA datagram from `s` to `r` (first pass or repair, any op, any
+//!   phase) carries the pair's **data sequence number** `dseq`, 0, 1, 2, …
+//!   in the header's `seq` field (its low 32 bits; both ends keep 64).
+//! - `r` grants `s` a cumulative **limit**: `s` sends DATA to `r` only while
+//!   its next `dseq` is below the limit. Both ends start with the limit at
+//!   one window ([`FlowConfig::per_sender`]): the **unscheduled** prefix a
+//!   sender may send before it hears anything.
+//! - `r` raises the limit to `highest dseq seen + 1 + window` and sends it in
+//!   a GRANT when at most three quarters of a window of credit are left and
+//!   the sender said it has more waiting than its credit covers (the DATA
+//!   flag BACKLOG): one GRANT per quarter window of a long transfer.
+//!   (Granting at half a window left the senders idle for part of every
+//!   round trip in the simulator: the 4-rank allreduce of `flow_sim.rs` took
+//!   1.4× as long as without credit; at a quarter it takes as long.) Without
+//!   BACKLOG, `r` grants only when a quarter of the window or less is left,
+//!   to keep a window ready for the sender's next op: a transfer that fits
+//!   in its window costs no GRANT at all, which keeps control traffic from
+//!   growing with the number of peers. A GRANT is cumulative and idempotent, so a lost one
+//!   is replaced by the next; the credit in flight towards `r` from all
+//!   senders stays below [`FlowConfig::window`], which the datapath sizes
+//!   below what `r` can hold unread (its socket buffer or NIC ring).
+//! - Datagrams lost in the network do not leak credit while later ones
+//!   arrive (the limit follows the highest `dseq`, not a count). When a
+//!   sender has used all its credit and heard no GRANT for its retry
+//!   timeout, it sends a credit REQUEST naming how many it sent; `r` takes
+//!   everything below that as lost and grants a new window. The request
+//!   backs off like a PROBE and is re-sent until credit comes: a transfer
+//!   never waits on a lost GRANT or a lost tail for longer than a probe
+//!   timeout.
+//! - A peer that restarts (a new generation) starts over on both sides.
+//!
+//! The receiver splits its window evenly among the ranks that may send to it;
+//! the senders' own transmit queues keep the priority order (control, then
+//! repairs, then classes high to low) within the credit each receiver gives.
+//! The pacer remains as a ceiling on the sender's rate.
+
+use crate::time::{Duration, Instant};
+
+/// Flow-control parameters of an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowConfig {
+    /// DATA datagrams this rank lets be in flight towards it from all
+    /// senders together; 0 turns flow control off (senders are limited by
+    /// the pacer alone).
+    pub window: u32,
+    /// The least credit any one sender gets, however many there are.
+    pub min_per_sender: u32,
+}
+
+impl FlowConfig {
+    /// No flow control.
+    pub const OFF: FlowConfig = FlowConfig { window: 0, min_per_sender: 0 };
+
+    /// A receive window of `window` datagrams, at least 2 per sender (so
+    /// that a GRANT goes out once per datagram at most when the window is
+    /// spread thin).
+    pub const fn with_window(window: u32) -> FlowConfig {
+        FlowConfig { window, min_per_sender: 2 }
+    }
+
+    /// Whether flow control is on.
+    pub fn enabled(&self) -> bool {
+        self.window > 0
+    }
+
+    /// The window as HELLO announces it (at most 65535).
+    pub fn wire_window(&self) -> u16 {
+        self.window.min(u32::from(u16::MAX)) as u16
+    }
+
+    /// The credit each of the `world - 1` possible senders gets: an even
+    /// share of the window, at least `min_per_sender`, at least 1.
+    pub fn per_sender(&self, world: u32) -> u32 {
+        (self.window / world.saturating_sub(1).max(1)).max(self.min_per_sender).max(1)
+    }
+}
+
+impl FlowConfig {
+    /// The default receive window in bytes: 2 MiB, 1424 datagrams of
+    /// 1472 bytes (MTU 1500) or 233 of 8972 (MTU 9000). That is several
+    /// bandwidth-delay products of a 100 Gbit/s port with tens of µs of
+    /// round trip, and what a 4 MiB socket buffer (dlcpd's default; the
+    /// kernel counts twice the payload) holds with room for the kernel's
+    /// per-datagram overhead.
+    pub const DEFAULT_WINDOW_BYTES: u64 = 2 << 20;
+
+    /// A window of `bytes` of datagrams carrying `chunk_bytes` of payload
+    /// each (at least 1 datagram, at most 65535).
+    pub fn for_window_bytes(bytes: u64, chunk_bytes: usize) -> FlowConfig {
+        let per = (chunk_bytes + crate::wire::OVERHEAD) as u64;
+        FlowConfig::with_window((bytes / per).clamp(1, u64::from(u16::MAX)) as u32)
+    }
+}
+
+impl Default for FlowConfig {
+    /// [`FlowConfig::DEFAULT_WINDOW_BYTES`] of dlcp's default chunks (1376 bytes).
+    fn default() -> Self {
+        FlowConfig::for_window_bytes(Self::DEFAULT_WINDOW_BYTES, 1376)
+    }
+}
+
+/// The send side towards one receiver.
+#[derive(Debug, Clone, Copy, Default)]
+struct TxCredit {
+    /// DATA datagrams sent to the receiver (the next `dseq`).
+    sent: u64,
+    /// The receiver's limit: `dseq < limit` may be sent.
+    limit: u64,
+    /// When to send a credit REQUEST, while out of credit.
+    request_at: Option<Instant>,
+    /// Fruitless requests in a row (the timer backs off).
+    backoff: u32,
+}
+
+/// The receive side from one sender.
+#[derive(Debug, Clone, Copy, Default)]
+struct RxCredit {
+    /// One past the highest `dseq` seen (or taken as lost on a REQUEST).
+    high: u64,
+    /// The limit last granted.
+    granted: u64,
+    /// A GRANT to the sender is queued (it reads `granted` when it is sent).
+    queued: bool,
+}
+
+/// Largest exponent of the credit request backoff (as the probes').
+const MAX_BACKOFF: u32 = 3;
+
+/// Flow-control state of one endpoint towards and from every rank.
+#[derive(Debug, Clone)]
+pub(crate) struct Flow {
+    cfg: FlowConfig,
+    per_sender: u64,
+    tx: Vec<TxCredit>,
+    rx: Vec<RxCredit>,
+}
+
+impl Flow {
+    /// State for a world of `world` ranks, every pair at its unscheduled window.
+    pub(crate) fn new(cfg: FlowConfig, world: u32) -> Flow {
+        let cfg = FlowConfig { window: u32::from(cfg.wire_window()), ..cfg };
+        let per_sender = u64::from(cfg.per_sender(world));
+        let tx = TxCredit { limit: per_sender, ..TxCredit::default() };
+        let rx = RxCredit { granted: per_sender, ..RxCredit::default() };
+        Flow { cfg, per_sender, tx: vec![tx; world as usize], rx: vec![rx; world as usize] }
+    }
+
+    /// The configuration.
+    pub(crate) fn config(&self) -> FlowConfig {
+        self.cfg
+    }
+
+    /// Whether flow control is on.
+    pub(crate) fn enabled(&self) -> bool {
+        self.cfg.enabled()
+    }
+
+    /// Whether DATA may be sent to `peer` now.
+    pub(crate) fn may_send(&self, peer: u32) -> bool {
+        !self.enabled() || self.tx.get(peer as usize).is_none_or(|t| t.sent < t.limit)
+    }
+
+    /// A DATA datagram goes to `peer`: its `dseq` (low 32 bits).
+    pub(crate) fn take_dseq(&mut self, peer: u32) -> u32 {
+        let Some(t) = self.tx.get_mut(peer as usize) else { return 0 };
+        let d = t.sent;
+        t.sent += 1;
+        d as u32
+    }
+
+    /// DATA for `peer` waits for credit: arm the request timer (unless it
+    /// is armed) at `now` plus the retry timeout backed off. True if it was
+    /// not armed: a new wait began.
+    pub(crate) fn blocked(&mut self, peer: u32, now: Instant, rto: Duration, cap: Duration) -> bool {
+        let Some(t) = self.tx.get_mut(peer as usize) else { return false };
+        if t.request_at.is_some() {
+            return false;
+        }
+        let wait = rto.saturating_mul(1 << t.backoff.min(MAX_BACKOFF)).min(cap.max(rto));
+        t.request_at = Some(now + wait);
+        true
+    }
+
+    /// DATA datagrams `peer` lets this rank send now.
+    pub(crate) fn credit(&self, peer: u32) -> usize {
+        self.tx.get(peer as usize).map_or(0, |t| t.limit.saturating_sub(t.sent) as usize)
+    }
+
+    /// A GRANT from `peer` with `limit`: true if it gave new credit.
+    pub(crate) fn on_grant(&mut self, peer: u32, limit: u64) -> bool {
+        let Some(t) = self.tx.get_mut(peer as usize) else { return false };
+        // A limit more than a window past what was sent cannot come from
+        // this incarnation's receiver state: take at most a window.
+        let limit = limit.min(t.sent + self.per_sender);
+        if limit <= t.limit {
+            return false;
+        }
+        t.limit = limit;
+        t.request_at = None;
+        t.backoff = 0;
+        true
+    }
+
+    /// Credit requests due at `now`: the peers to send one to (with how
+    /// many DATA datagrams this rank sent them, [`Flow::sent`]). Each one's
+    /// timer is re-armed, backed off, when the request is sent ([`Flow::blocked`]
+    /// after [`Flow::request_sent`]).
+    pub(crate) fn requests_due(&self, now: Instant) -> impl Iterator<Item = u32> + '_ {
+        self.tx
+            .iter()
+            .enumerate()
+            .filter(move |(_, t)| t.request_at.is_some_and(|at| at <= now))
+            .map(|(p, _)| p as u32)
+    }
+
+    /// A credit request to `peer` was queued: the next one backs off.
+    pub(crate) fn request_sent(&mut self, peer: u32) {
+        if let Some(t) = self.tx.get_mut(peer as usize) {
+            t.request_at = None;
+            t.backoff = (t.backoff + 1).min(MAX_BACKOFF);
+        }
+    }
+
+    /// DATA datagrams sent to `peer` so far (a credit request's value).
+    pub(crate) fn sent(&self, peer: u32) -> u64 {
+        self.tx.get(peer as usize).map_or(0, |t| t.sent)
+    }
+
+    /// The earliest credit request timer.
+    pub(crate) fn next_timeout(&self) -> Option<Instant> {
+        self.tx.iter().filter_map(|t| t.request_at).min()
+    }
+
+    /// DATA with `dseq` (low 32 bits) arrived from `src`, which has more
+    /// waiting than its credit covers if `backlog`: true if a GRANT is now
+    /// due.
+    pub(crate) fn on_data(&mut self, src: u32, dseq: u32, backlog: bool) -> bool {
+        if !self.enabled() {
+            return false;
+        }
+        let Some(r) = self.rx.get_mut(src as usize) else { return false };
+        // Extend to 64 bits around the highest seen (serial arithmetic: the
+        // window is far below 2^31).
+        let delta = i64::from(dseq.wrapping_sub(r.high as u32) as i32);
+        let d = r.high.saturating_add_signed(delta);
+        if d >= r.high {
+            r.high = d + 1;
+        }
+        let left = r.granted.saturating_sub(r.high);
+        let due = if backlog { left <= self.per_sender * 3 / 4 } else { left <= self.per_sender / 4 };
+        if !due {
+            return false;
+        }
+        r.granted = r.high + self.per_sender;
+        true
+    }
+
+    /// A credit REQUEST from `src`, which sent `sent` DATA datagrams: all
+    /// below that are here or lost; a new window is granted (always: the
+    /// GRANT answering the last request may have been lost).
+    pub(crate) fn on_request(&mut self, src: u32, sent: u64) {
+        let per = self.per_sender;
+        let Some(r) = self.rx.get_mut(src as usize) else { return };
+        // Never believe more than a window beyond what was granted.
+        r.high = r.high.max(sent.min(r.granted));
+        r.granted = r.granted.max(r.high + per);
+    }
+
+    /// The limit to send `src` in a GRANT now.
+    #[cfg(test)]
+    pub(crate) fn grant(&self, src: u32) -> u64 {
+        self.rx.get(src as usize).map_or(0, |r| r.granted)
+    }
+
+    /// A GRANT to `src` is about to be queued: false if one already is.
+    pub(crate) fn mark_grant_queued(&mut self, src: u32) -> bool {
+        self.rx.get_mut(src as usize).is_some_and(|r| !std::mem::replace(&mut r.queued, true))
+    }
+
+    /// The queued GRANT to `src` is being sent: its limit.
+    pub(crate) fn take_grant(&mut self, src: u32) -> u64 {
+        self.rx.get_mut(src as usize).map_or(0, |r| {
+            r.queued = false;
+            r.granted
+        })
+    }
+
+    /// `peer` restarted: both directions start over at the unscheduled window.
+    pub(crate) fn reset(&mut self, peer: u32) {
+        let per = self.per_sender;
+        if let Some(t) = self.tx.get_mut(peer as usize) {
+            *t = TxCredit { limit: per, ..TxCredit::default() };
+        }
+        if let Some(r) = self.rx.get_mut(peer as usize) {
+            *r = RxCredit { granted: per, ..RxCredit::default() };
+        }
+    }
+
+    /// Heap bytes (for the endpoint's footprint).
+    pub(crate) fn bytes(&self) -> usize {
+        self.tx.capacity() * size_of::<TxCredit>() + self.rx.capacity() * size_of::<RxCredit>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flow(window: u32, world: u32) -> Flow {
+        Flow::new(FlowConfig::with_window(window), world)
+    }
+
+    #[test]
+    fn a_sender_stops_at_its_unscheduled_window() {
+        let mut f = flow(16, 3); // 8 per sender
+        let sent = (0..20)
+            .take_while(|_| {
+                f.may_send(1) && {
+                    f.take_dseq(1);
+                    true
+                }
+            })
+            .count();
+        assert_eq!(sent, 8);
+        assert!(f.may_send(2), "credit is per receiver");
+    }
+
+    #[test]
+    fn grants_follow_the_highest_dseq_once_per_quarter_window() {
+        let mut r = flow(16, 3);
+        let due: Vec<bool> = (0..8).map(|d| r.on_data(0, d, true)).collect();
+        // 8 per sender: due when at most 6 of the credit is left, i.e. every
+        // second datagram.
+        assert_eq!(due, [false, true, false, true, false, true, false, true]);
+        assert_eq!(r.grant(0), 16);
+    }
+
+    #[test]
+    fn without_backlog_a_grant_only_tops_up_a_used_window() {
+        let mut r = flow(16, 3);
+        let due: Vec<bool> = (0..8).map(|d| r.on_data(0, d, false)).collect();
+        // Due when at most 2 of the 8 are left: dseq 5 (high 6); then at 14.
+        assert_eq!(due, [false, false, false, false, false, true, false, false]);
+        assert_eq!(r.grant(0), 14);
+        // A small transfer that uses less than three quarters costs no GRANT.
+        let mut r = flow(16, 3);
+        assert!((0..5).all(|d| !r.on_data(0, d, false)));
+    }
+
+    #[test]
+    fn lost_datagrams_leak_no_credit_while_later_ones_arrive() {
+        let mut r = flow(16, 3);
+        r.on_data(0, 0, true);
+        assert!(r.on_data(0, 6, true), "dseq 6 arriving (1..=5 lost) leaves 1 of 8: grant");
+        assert_eq!(r.grant(0), 15);
+    }
+
+    #[test]
+    fn a_lost_tail_is_written_off_by_the_senders_request() {
+        let (mut s, mut r) = (flow(16, 3), flow(16, 3));
+        for _ in 0..8 {
+            s.take_dseq(1);
+        }
+        assert!(!s.may_send(1));
+        let ms = Duration::from_millis;
+        assert!(s.blocked(1, Instant::ZERO, ms(1), ms(20)));
+        let at = s.next_timeout().unwrap();
+        assert_eq!(s.requests_due(at).collect::<Vec<_>>(), [1]);
+        s.request_sent(1);
+        // All 8 lost; the request says 8 were sent.
+        r.on_request(0, s.sent(1));
+        assert!(s.on_grant(1, r.grant(0)));
+        assert!(s.may_send(1) && s.next_timeout().is_none());
+        assert_eq!(r.grant(0), 16);
+    }
+
+    #[test]
+    fn requests_back_off_until_credit_comes() {
+        let mut s = flow(16, 3);
+        (0..8).for_each(|_| {
+            s.take_dseq(1);
+        });
+        let ms = Duration::from_millis;
+        let mut now = Instant::ZERO;
+        let mut gaps = vec![];
+        for _ in 0..5 {
+            assert!(s.blocked(1, now, ms(1), ms(4)));
+            let at = s.next_timeout().unwrap();
+            gaps.push((at - now).as_millis());
+            s.request_sent(1);
+            now = at;
+        }
+        assert_eq!(gaps, [1, 2, 4, 4, 4]);
+        assert!(s.on_grant(1, 12) && s.next_timeout().is_none());
+    }
+
+    #[test]
+    fn grants_are_cumulative_and_bounded() {
+        let mut s = flow(16, 3);
+        assert!(!s.on_grant(1, 5), "an old, lower limit is no news");
+        (0..8).for_each(|_| {
+            s.take_dseq(1);
+        });
+        assert!(s.on_grant(1, 1_000_000), "more credit");
+        let n = (0..100)
+            .take_while(|_| {
+                s.may_send(1) && {
+                    s.take_dseq(1);
+                    true
+                }
+            })
+            .count();
+        assert_eq!(n, 8, "a limit beyond a window of what was sent is capped");
+    }
+
+    #[test]
+    fn dseq_wraps_at_32_bits() {
+        let mut r = flow(16, 3);
+        r.rx[0].high = u64::from(u32::MAX) - 1;
+        r.rx[0].granted = r.rx[0].high + 8;
+        r.on_data(0, u32::MAX, true);
+        r.on_data(0, 0, true);
+        assert_eq!(r.rx[0].high, u64::from(u32::MAX) + 2);
+    }
+
+    #[test]
+    fn a_restart_starts_both_directions_over() {
+        let mut f = flow(16, 3);
+        for d in 0..8 {
+            f.take_dseq(1);
+            f.on_data(1, d, true);
+        }
+        f.reset(1);
+        assert_eq!((f.sent(1), f.grant(1)), (0, 8));
+        assert!(f.may_send(1));
+    }
+
+    #[test]
+    fn off_never_blocks() {
+        let mut f = Flow::new(FlowConfig::OFF, 4);
+        assert!((0..10_000).all(|_| f.may_send(1) && {
+            f.take_dseq(1);
+            true
+        }));
+        assert!(!f.on_data(1, 5, true));
+    }
+
+    #[test]
+    fn the_default_window_is_2_mib_of_datagrams() {
+        assert_eq!(FlowConfig::default().window, 1424);
+        assert_eq!(FlowConfig::for_window_bytes(2 << 20, 8876).window, 233);
+        assert_eq!(FlowConfig::for_window_bytes(1, 8876).window, 1);
+        assert_eq!(FlowConfig::for_window_bytes(1 << 40, 256).window, 65535);
+    }
+
+    #[test]
+    fn the_window_is_shared_with_a_floor() {
+        assert_eq!(FlowConfig::with_window(256).per_sender(4), 85);
+        assert_eq!(FlowConfig::with_window(256).per_sender(1024), 2);
+        assert_eq!(FlowConfig { window: 63, min_per_sender: 1 }.per_sender(64), 1);
+        assert_eq!(FlowConfig::with_window(256).per_sender(1), 256);
+    }
+}

@@ -1,0 +1,138 @@
+//! Receiver-driven flow control ([`dlcp_proto::flow`]) in the simulator:
+//! the incast of the transpose allreduce against a shallow switch queue,
+//! with and without credit, and the loss contract (lost GRANTs and lost
+//! tails stall nothing beyond a retry timeout).
+
+mod common;
+
+use common::*;
+use dlcp_proto::endpoint::{Endpoint, OpId};
+use dlcp_proto::flow::FlowConfig;
+use dlcp_proto::sim::{NetConfig, NetStats};
+use dlcp_proto::time::Duration;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// `world` ranks with flow control `flow`, one allreduce of `len` elements
+/// at budget 0; the switch's drops and every rank's counters.
+fn incast(
+    world: u32,
+    flow: FlowConfig,
+    net: NetConfig,
+    len: usize,
+) -> (NetStats, Vec<dlcp_proto::stats::Stats>) {
+    let cfgs = (0..world)
+        .map(|r| {
+            let mut c = endpoint_config(r, world, 1);
+            c.flow = flow;
+            c
+        })
+        .collect();
+    let mut c = Cluster::with_configs(net, cfgs);
+    let x = inputs(u64::from(world), world, len);
+    let res = all_ok(c.allreduce(OpId { seq: 1, tensor: 1 }, &x, opts(0), SECOND * 5));
+    let want = bits(&reference_sum(&x));
+    assert!(res.iter().all(|(v, _)| bits(v) == want), "not bit-exact");
+    let stats = c.sim.nodes().iter().map(|n: &Endpoint| n.stats().clone()).collect();
+    (c.sim.stats().clone(), stats)
+}
+
+/// 64 ranks, each receiving from 63 senders at once through a switch port
+/// with a queue of 100 packets. Without credit the incast overflows the
+/// queue and the senders repair what it dropped; with a receive window of
+/// 63 datagrams (one per sender, below the queue) nothing is dropped at
+/// all, the unscheduled window included.
+#[test]
+fn incast_of_63_senders_into_a_100_packet_queue_drops_nothing_with_credit() {
+    let world = 64;
+    let net = NetConfig::default().with_seed(5).with_queue(100);
+    let len = 64 * 64 * CHUNK_ELEMS; // 64 chunks per pair and phase
+    let (off, off_nodes) = incast(world, FlowConfig::OFF, net.clone(), len);
+    let (on, on_nodes) = incast(world, FlowConfig { window: 63, min_per_sender: 1 }, net, len);
+    let drops = |s: &NetStats| NetStats::total(&s.switch_drops);
+    let repairs = |n: &[dlcp_proto::stats::Stats]| n.iter().map(|s| s.repairs_sent).sum::<u64>();
+    let grants: u64 = on_nodes.iter().map(|s| s.flow_grants_sent).sum();
+    eprintln!(
+        "off: {} drops, {} repairs; on: {} drops, {} repairs, {grants} grants",
+        drops(&off),
+        repairs(&off_nodes),
+        drops(&on),
+        repairs(&on_nodes)
+    );
+    assert!(drops(&off) > 0, "the incast did not overflow the queue without credit: the test proves nothing");
+    assert_eq!(drops(&on), 0, "dropped at the switch with a window below the queue");
+    // Nothing was lost, but a receive deadline may still NACK chunks that
+    // credit held back (deadlines do not follow the sender's credit yet).
+    assert!(repairs(&on_nodes) * 1000 <= 64 * 63 * 2 * 64, "more than 0.1% repaired with nothing lost");
+    assert!(grants > 0 && on_nodes.iter().all(|s| s.flow_grants_received > 0));
+    let deepest = on.ports.iter().map(|p| p.max_queue).max().unwrap();
+    // 63 DATA datagrams at most, and the control packets beside them.
+    assert!(deepest < 100, "a queue held {deepest} packets");
+}
+
+/// A window of 256 datagrams, 4 ranks and a large tensor: the receivers'
+/// credit (an even share) bounds every port's queue, and the allreduce runs
+/// as fast as without flow control, within 10%.
+#[test]
+fn a_window_bounds_queues_without_slowing_a_clean_allreduce() {
+    let world = 4;
+    let net = NetConfig::default().with_seed(6).with_queue(1024);
+    let len = 400_000;
+    let run = |flow: FlowConfig| {
+        let cfgs = (0..world)
+            .map(|r| {
+                let mut c = endpoint_config(r, world, 1);
+                c.flow = flow;
+                c
+            })
+            .collect();
+        let mut c = Cluster::with_configs(net.clone(), cfgs);
+        let x = inputs(7, world, len);
+        let res = all_ok(c.allreduce(OpId { seq: 1, tensor: 1 }, &x, opts(0), SECOND * 5));
+        let end = res.iter().map(|(_, r)| r.finished).max().unwrap();
+        let deepest = c.sim.stats().ports.iter().map(|p| p.max_queue).max().unwrap();
+        (end, deepest)
+    };
+    let (t_off, q_off) = run(FlowConfig::OFF);
+    let (t_on, q_on) = run(FlowConfig::with_window(256));
+
+    eprintln!("off: {t_off:?}, deepest queue {q_off}; on: {t_on:?}, deepest queue {q_on}");
+    assert!(q_on <= 256, "a queue held {q_on} packets with a window of 256");
+    assert!(
+        t_on.as_nanos() as f64 <= t_off.as_nanos() as f64 * 1.1,
+        "flow control slowed a clean allreduce: {t_on:?} against {t_off:?}"
+    );
+}
+
+/// Random loss of 5% of every datagram — DATA, GRANTs and credit requests
+/// alike — with a window small enough that senders run out of credit all
+/// the time: every op completes within its budget, no transfer waits for a
+/// hard timeout, and the lost tails are written off by credit requests.
+#[test]
+fn lost_grants_and_lost_tails_cost_a_retry_not_a_stall() {
+    let world = 4;
+    let net = NetConfig::default().with_seed(8).with_loss(0.05);
+    let cfgs = (0..world)
+        .map(|r| {
+            let mut c = endpoint_config(r, world, 1);
+            c.flow = FlowConfig { window: 6, min_per_sender: 2 };
+            c
+        })
+        .collect();
+    let mut c = Cluster::with_configs(net, cfgs);
+    for seq in 1..=5 {
+        let x = inputs(seq, world, 20_000);
+        let id = OpId { seq, tensor: 1 };
+        let res = all_ok(c.allreduce(id, &x, opts(10_000), SECOND));
+        for (_, rep) in &res {
+            assert!(rep.finished.as_nanos() > 0);
+        }
+    }
+    let nodes: Vec<_> = c.sim.nodes().iter().map(|n| n.stats().clone()).collect();
+    let requests: u64 = nodes.iter().map(|s| s.flow_requests_sent).sum();
+    let waits: u64 = nodes.iter().map(|s| s.flow_credit_waits).sum();
+    eprintln!("credit waits {waits}, requests {requests}");
+    assert!(waits > 0, "no sender ever ran out of credit: the test proves nothing");
+    assert!(requests > 0, "no lost tail was written off by a request");
+    assert!(nodes.iter().all(|s| s.hard_timeouts == 0 && s.ops_failed == 0));
+}

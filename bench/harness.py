@@ -7,6 +7,8 @@ Systems, all over the same namespaces, veths (offloads off), switch qdiscs:
   dlcp0        the same, budget 0 (reliable, bit-exact, like Gloo)
   dlcp1-paced  budget 1% with [pacing] rate_mbps = 3000: the one tuned setting the bench
                used before; a separately labelled row, never the headline
+  dlcp1-noauth / dlcp1-noflow  budget 1% without the MAC / without flow control: labelled
+               rows that show what each costs and buys
   gloo         torch.distributed Gloo (bench/peer.py), GLOO_SOCKET_IFNAME=eth0
   mpi          Open MPI MPI_Allreduce via mpi4py (bench/peer.py), TCP BTL on eth0
   floor        dlcp-bench floor: the same bytes over bare sendmmsg/recvmmsg (GSO/GRO), summed;
@@ -50,6 +52,8 @@ DLCP_PACED = f"[pacing]\nrate_mbps = {PACED_MBPS}\n"
 # The same dlcpd without the per-packet MAC: the MAC's share of dlcp's CPU per GiB
 # is CPU/GiB with it minus CPU/GiB without it, in the same run (issue 14).
 DLCP_NOAUTH = "[security]\npacket_auth = \"none\"\n"
+# The same dlcpd without flow control (the window's drops and cost, issue 16).
+DLCP_NOFLOW = "flow_window_bytes = 0\n"
 # dlcpd's default [shm] max_tensor_bytes / arena_bytes: a bigger workload must raise them.
 SHM_DEFAULT_MAX_TENSOR = 64 * MiB
 SHM_DEFAULT_ARENA = 256 * MiB
@@ -219,14 +223,16 @@ class Runner:
         return subprocess.Popen(self.cgroups.wrap(cg_name(system), args), env=env, **kw)
 
     # ---------------- dlcp
-    def dlcp_config(self, rank, hosts, sockpath, extra=""):
+    def dlcp_config(self, rank, hosts, sockpath, extra="", network=""):
         """dlcpd's defaults plus only what a run needs: who the node and its peers are,
-        the link's MTU when it is not the default 1500, and the control socket's path."""
+        the link's MTU when it is not the default 1500, and the control socket's path.
+        network: more [network] settings (a labelled row's)."""
         t = (f"[node]\nrank = {rank}\njob_id = {JOB}\njob_secret = \"dlcp benchmark secret 0123456789\"\n\n")
         for r in range(hosts):
             t += f"[[peers]]\nrank = {r}\naddress = \"10.77.0.{r + 1}\"\nport = {PORT}\n\n"
-        if self.bed.mtu != 1500:
-            t += f"[network]\nmtu = {self.bed.mtu}\n\n"
+        if self.bed.mtu != 1500 or network:
+            mtu = f"mtu = {self.bed.mtu}\n" if self.bed.mtu != 1500 else ""
+            t += f"[network]\n{mtu}{network}\n"
         t += f"[control]\nsocket_path = \"{sockpath}\"\n\n{extra}"
         return t
 
@@ -249,7 +255,8 @@ class Runner:
             cfg = os.path.join(d, f"d{h}.toml")
             # Owner-only: dlcpd refuses an inline secret in a file others may read.
             with open(os.open(cfg, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-                f.write(self.dlcp_config(h, hosts, sock, extra(h) if callable(extra) else extra))
+                f.write(self.dlcp_config(h, hosts, sock, extra(h) if callable(extra) else extra,
+                                         network=DLCP_NOFLOW if "noflow" in system else ""))
             logf = open(os.path.join(d, f"d{h}.log"), "w")
             p = self.popen(system, ["ip", "netns", "exec", self.bed.ns(h), os.path.join(self.bindir, "dlcpd"),
                                     "--config", cfg], stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
@@ -473,7 +480,8 @@ def cpu_per_gib(run):
 
 LABEL = {"dlcp1": "dlcp b1%", "dlcp0": "dlcp b0", "dlcp1-paced": "dlcp b1% paced 3 Gbit/s (tuned)",
          "gloo": "Gloo cubic", "gloo-bbr": "Gloo bbr", "mpi": "Open MPI cubic", "mpi-bbr": "Open MPI bbr",
-         "floor": "floor (bare UDP)", "dlcp1-noauth": "dlcp b1% packet_auth none"}
+         "floor": "floor (bare UDP)", "dlcp1-noauth": "dlcp b1% packet_auth none",
+         "dlcp1-noflow": "dlcp b1% flow control off"}
 
 
 def ms(x):
@@ -654,9 +662,10 @@ class Bench:
         lossy = trio[:1] + [("dlcp0", 5)] + trio[1:]
         big = 64 * MiB
         return [{"cond": "clean", "mtu": 1500, "tb": {}, "size": big,
-                 "systems": main + [("floor", 10), ("dlcp1-noauth", 10), ("dlcp1-paced", 5)] + bbr},
+                 "systems": main + [("floor", 10), ("dlcp1-noauth", 10), ("dlcp1-noflow", 5), ("dlcp1-paced", 5)]
+                 + bbr},
                 {"cond": "clean", "mtu": 9000, "tb": {}, "size": big,
-                 "systems": main + [("floor", 10), ("dlcp1-noauth", 10)]},
+                 "systems": main + [("floor", 10), ("dlcp1-noauth", 10), ("dlcp1-noflow", 5)]},
                 {"cond": "loss 0.1%", "mtu": 1500, "tb": {"loss": 0.1}, "size": big, "systems": trio},
                 {"cond": "loss 1%", "mtu": 1500, "tb": {"loss": 1}, "size": big, "systems": lossy + bbr},
                 {"cond": "loss 1%", "mtu": 9000, "tb": {"loss": 1}, "size": big, "systems": lossy},
@@ -1090,7 +1099,9 @@ def check_config_and_plan():
             assert "dlcp1-noauth" in [s for s, _ in plan[("clean", mtu)]["systems"]], "the MAC's share"
         if not quick:
             assert "dlcp1-paced" in [s for s, _ in plan[("clean", 1500)]["systems"]]
-            assert all(n == 10 for s, n in plan[("clean", 9000)]["systems"]), "p50 over 10 reps"
+            main9000 = [(s, n) for s, n in plan[("clean", 9000)]["systems"] if s != "dlcp1-noflow"]
+            assert all(n == 10 for s, n in main9000), "p50 over 10 reps"
+            assert "dlcp1-noflow" in [s for s, _ in plan[("clean", 9000)]["systems"]], "flow control off row"
     assert set(LABEL) >= {"dlcp1", "dlcp0", "dlcp1-paced", "floor", "gloo", "mpi"}
 
 

@@ -24,7 +24,7 @@ group_of() {
     client_python_ddp|testbed_ddp) echo torch ;;
     python|client_python_daemon) echo Python ;;
     testbed_*) echo testbed ;;
-    allreduce_sim|scale_sim|sim_net|loss_grid) echo simulation ;;
+    allreduce_sim|scale_sim|sim_net|loss_grid|flow_sim|rate_sim) echo simulation ;;
     *) echo "$2" ;;
   esac
 }

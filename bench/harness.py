@@ -35,6 +35,7 @@ import tempfile
 import time
 
 import measure
+import report_headline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTBED = os.path.join(ROOT, "scripts", "testbed.sh")
@@ -52,6 +53,8 @@ DLCP_PACED = f"[pacing]\nrate_mbps = {PACED_MBPS}\n"
 # The same dlcpd without the per-packet MAC: the MAC's share of dlcp's CPU per GiB
 # is CPU/GiB with it minus CPU/GiB without it, in the same run (issue 14).
 DLCP_NOAUTH = "[security]\npacket_auth = \"none\"\n"
+# The flow step's slow port (issue 16: one port at about a third of what the others carry).
+FLOW_SLOW_MBPS = 500
 # The same dlcpd without flow control (the window's drops and cost, issue 16).
 DLCP_NOFLOW = "flow_window_bytes = 0\n"
 # dlcpd's default [shm] max_tensor_bytes / arena_bytes: a bigger workload must raise them.
@@ -478,10 +481,7 @@ def cpu_per_gib(run):
     return f.get("cgroup", f.get("proc", float("nan")))
 
 
-LABEL = {"dlcp1": "dlcp b1%", "dlcp0": "dlcp b0", "dlcp1-paced": "dlcp b1% paced 3 Gbit/s (tuned)",
-         "gloo": "Gloo cubic", "gloo-bbr": "Gloo bbr", "mpi": "Open MPI cubic", "mpi-bbr": "Open MPI bbr",
-         "floor": "floor (bare UDP)", "dlcp1-noauth": "dlcp b1% packet_auth none",
-         "dlcp1-noflow": "dlcp b1% flow control off"}
+LABEL = report_headline.LABEL
 
 
 def ms(x):
@@ -505,7 +505,7 @@ class Bench:
         self.summary = []  # (name, dlcp, peer, ratio, unit)
         self.md = []
         self.data = {"micro": [], "datapath": {}, "headline": [], "sizes": [], "model": [], "scaling": [],
-                     "sim": [], "config": {}, "baselines": []}
+                     "sim": [], "config": {}, "baselines": [], "flow": []}
         self.saved_allowed_cc = None
         self.errors = []
         self.base = a.base
@@ -833,6 +833,43 @@ class Bench:
             finally:
                 self.bed.down()
 
+    def flow(self):
+        """Flow control on the emulated cluster (issue 16): 8 hosts, 64 MiB, budget 1%, with
+        dlcpd's default window and with flow control off; clean, then with host 0's switch port
+        at FLOW_SLOW_MBPS. Per run: the kernel's socket receive-buffer drops, the switch's
+        queue drops (on a clean network, all of them are dlcp's own), the least fraction any
+        transfer delivered, repairs, and the datagrams into host 0 per op (the slow port's
+        share: 2(N-1)/N of the tensor in chunks, once per phase)."""
+        hosts = 4 if self.quick else 8
+        size = 16 * MiB if self.quick else 64 * MiB
+        reps = 2 if self.quick else 5
+        for cond, tb in (("clean", {}), (f"host 0's port at {FLOW_SLOW_MBPS} Mbit/s",
+                                         {"rate": FLOW_SLOW_MBPS, "rate_ports": "0"})):
+            log(f"flow control: {cond}, {hosts} hosts, {size // MiB} MiB x {reps} reps")
+            self.bed.up(hosts, **tb)
+            try:
+                for s in ("dlcp1", "dlcp1-noflow"):
+                    try:
+                        r = self.runner.run(s, hosts, reps, 1, sizes=[size])
+                    except Exception as e:
+                        log(f"  {s}: FAILED: {e}")
+                        self.errors.append(f"flow {cond} {s}: {e}")
+                        continue
+                    k = r.get("kernel", {})
+                    per_op_into_0 = 2 * (hosts - 1) * -(-size // hosts // 1376)
+                    row = {"cond": cond, "hosts": hosts, "size": size, "system": s,
+                           "stats": stats(r["results"][0]["times"]), "kernel": k,
+                           "min_delivered_ppm": r.get("min_delivered_ppm"), "repairs": r.get("repairs"),
+                           "ops": reps + 1, "into_host0_per_op": per_op_into_0}
+                    self.data["flow"].append(row)
+                    sw = k.get("switch_queue_drops", 0)
+                    log(f"  {LABEL.get(s, s)}: p50 {ms(row['stats']['p50'])} ms, kernel UDP rcvbuf errors "
+                        f"{k.get('udp_rcvbuf_errors', '?')}, switch queue drops {sw} "
+                        f"({100 * sw / max(1, per_op_into_0 * (reps + 1)):.3f}% of the datagrams into host 0), "
+                        f"min delivered {(r.get('min_delivered_ppm') or 0) / 1e4:.2f}%, repairs {r.get('repairs')}")
+            finally:
+                self.bed.down()
+
     def simulate(self):
         ranks = [64] if self.quick else [64, 256, 1024]
         size_mb = 1
@@ -869,7 +906,8 @@ class Bench:
     def run_all(self):
         self.allow_cc()
         steps = [("micro", self.micro), ("datapath", self.datapath), ("headline", self.headline),
-                 ("sizes", self.sizes), ("scaling", self.scaling), ("simulate", self.simulate)]
+                 ("sizes", self.sizes), ("scaling", self.scaling), ("flow", self.flow),
+                 ("simulate", self.simulate)]
         only = set(self.a.only.split(",")) if self.a.only else None
         if self.quick and not only:
             only = {"micro", "datapath", "headline", "simulate"}
@@ -1150,7 +1188,8 @@ def main():
     ap.add_argument("--bindir", default=os.path.join(ROOT, "target", "release"))
     ap.add_argument("--prefix", default="benchr")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--only", default="", help="comma list of steps: micro,datapath,headline,sizes,scaling,simulate")
+    ap.add_argument("--only", default="",
+                    help="comma list of steps: micro,datapath,headline,sizes,scaling,flow,simulate")
     ap.add_argument("--conds", default="",
                     help="headline conditions to run, comma list of: clean,loss,congested (default all)")
     ap.add_argument("--sim-timeout", type=int, default=600, help="seconds per simulation")

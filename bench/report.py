@@ -211,6 +211,23 @@ def write(b, outdir):
           "N daemons) run on 2 cores, so beyond 2 hosts the time grows with CPU contention, not with the "
           "network (no link is near its rate; see CPU-s/GiB).\n")
 
+    if d.get("flow"):
+        w("## Flow control on the emulated cluster (budget 1%)\n")
+        w("| condition | hosts | MiB | system | p50 ms | kernel socket-buffer drops | switch queue drops | "
+          "switch drops / datagrams into host 0 | min delivered | repairs |")
+        w("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+        for f in d["flow"]:
+            k = f.get("kernel") or {}
+            sw = k.get("switch_queue_drops", 0)
+            share = 100 * sw / max(1, f["into_host0_per_op"] * f["ops"])
+            md_ = f.get("min_delivered_ppm")
+            w(f"| {f['cond']} | {f['hosts']} | {f['size'] // (1 << 20)} | {LABEL.get(f['system'], f['system'])} | "
+              f"{ms(f['stats']['p50'])} | {k.get('udp_rcvbuf_errors', '?')} | {sw} | {share:.3f}% | "
+              f"{'?' if md_ is None else f'{md_ / 1e4:.2f}%'} | {f.get('repairs', '?')} |")
+        w("\nOn a clean network every switch queue drop is dlcp's own. The slow port's row divides the "
+          "switch's drops (all ports) by the datagrams the op sends into host 0 (2(N−1)/N of the tensor "
+          "in 1376-byte chunks, both phases, warm-up included).\n")
+
     if d["sim"]:
         w("## Protocol-core simulation (`dlcpd simulate`, virtual time, 10 Gbit/s star)\n")
         w("| ranks | command | ops ok/failed | per-rank packets per op (data + control) | "

@@ -860,13 +860,14 @@ class Bench:
                     row = {"cond": cond, "hosts": hosts, "size": size, "system": s,
                            "stats": stats(r["results"][0]["times"]), "kernel": k,
                            "min_delivered_ppm": r.get("min_delivered_ppm"), "repairs": r.get("repairs"),
-                           "ops": reps + 1, "into_host0_per_op": per_op_into_0}
+                           "ops": reps + 1, "into_host0_per_op": per_op_into_0, "drops": r.get("drops")}
                     self.data["flow"].append(row)
                     sw = k.get("switch_queue_drops", 0)
                     log(f"  {LABEL.get(s, s)}: p50 {ms(row['stats']['p50'])} ms, kernel UDP rcvbuf errors "
                         f"{k.get('udp_rcvbuf_errors', '?')}, switch queue drops {sw} "
                         f"({100 * sw / max(1, per_op_into_0 * (reps + 1)):.3f}% of the datagrams into host 0), "
-                        f"min delivered {(r.get('min_delivered_ppm') or 0) / 1e4:.2f}%, repairs {r.get('repairs')}")
+                        f"min delivered {(r.get('min_delivered_ppm') or 0) / 1e4:.2f}%, repairs {r.get('repairs')}, "
+                        f"early datagrams dropped {(r.get('drops') or {}).get('early_dropped', '?')}")
             finally:
                 self.bed.down()
 

@@ -46,6 +46,25 @@
 //! the senders' own transmit queues keep the priority order (control, then
 //! repairs, then classes high to low) within the credit each receiver gives.
 //! The pacer remains as a ceiling on the sender's rate.
+//!
+//! A window sized for the receiver's socket buffer is far more than a slow
+//! switch port's queue holds. So each sender's window also adapts, at the
+//! receiver, to what its path carries: a run of three or more of the sender's
+//! datagrams missing (a dseq gap: an overflowing queue drops runs, while
+//! random loss rarely takes three in a row, so bounded random loss does not
+//! shrink anything) halves that sender's window, at most once per window of
+//! datagrams and never below an eighth of its share; it grows back by one
+//! datagram per half window of in-order arrivals, up to the configured
+//! share (additive increase, multiplicative decrease, as in TCP, but decided
+//! where the queue's effect is seen).
+//!
+//! This is a partial answer: a queue shared by many senders drops each
+//! sender's datagrams one here and one there, which a run signal misses, so
+//! a slow port still drops a share of what it receives (simulator, a port at
+//! a third of the rate behind 50 packets: 54% of arrivals dropped, against
+//! 80% without flow control; the emulated cluster, 8 hosts, a 500 Mbit/s
+//! port: 5–9% of the datagrams into it, against 55% with the window alone).
+//! A delay or rate signal at the receiver is the next step.
 
 use crate::time::{Duration, Instant};
 
@@ -134,7 +153,24 @@ struct RxCredit {
     granted: u64,
     /// A GRANT to the sender is queued (it reads `granted` when it is sent).
     queued: bool,
+    /// The sender's window now: at most the configured share, halved when
+    /// a run of its datagrams is lost (see [`Flow::on_data`]).
+    win: u64,
+    /// In-order arrivals since the window last changed.
+    clean: u64,
+    /// No second cut before `high` passes this (one window after a cut).
+    cut_until: u64,
 }
+
+impl RxCredit {
+    fn new(per_sender: u64) -> RxCredit {
+        RxCredit { granted: per_sender, win: per_sender, ..RxCredit::default() }
+    }
+}
+
+/// Consecutive datagrams of one sender that must be missing for a receiver
+/// to take their loss as congestion (and halve that sender's window).
+const LOSS_RUN: u64 = 3;
 
 /// Largest exponent of the credit request backoff (as the probes').
 const MAX_BACKOFF: u32 = 3;
@@ -146,6 +182,8 @@ pub(crate) struct Flow {
     per_sender: u64,
     tx: Vec<TxCredit>,
     rx: Vec<RxCredit>,
+    /// Times a sender's window was halved (a run of its datagrams lost).
+    pub(crate) cuts: u64,
 }
 
 impl Flow {
@@ -154,8 +192,15 @@ impl Flow {
         let cfg = FlowConfig { window: u32::from(cfg.wire_window()), ..cfg };
         let per_sender = u64::from(cfg.per_sender(world));
         let tx = TxCredit { limit: per_sender, ..TxCredit::default() };
-        let rx = RxCredit { granted: per_sender, ..RxCredit::default() };
-        Flow { cfg, per_sender, tx: vec![tx; world as usize], rx: vec![rx; world as usize] }
+        let rx = RxCredit::new(per_sender);
+        Flow { cfg, per_sender, tx: vec![tx; world as usize], rx: vec![rx; world as usize], cuts: 0 }
+    }
+
+    /// The least a sender's window is cut to: an eighth of its share (so
+    /// heavy random loss, which also loses runs now and then, cannot starve
+    /// a sender), at least `min_per_sender`.
+    fn floor(&self) -> u64 {
+        (self.per_sender / 8).max(u64::from(self.cfg.min_per_sender)).max(1)
     }
 
     /// The configuration.
@@ -251,20 +296,37 @@ impl Flow {
         if !self.enabled() {
             return false;
         }
+        let floor = self.floor();
         let Some(r) = self.rx.get_mut(src as usize) else { return false };
         // Extend to 64 bits around the highest seen (serial arithmetic: the
         // window is far below 2^31).
         let delta = i64::from(dseq.wrapping_sub(r.high as u32) as i32);
         let d = r.high.saturating_add_signed(delta);
         if d >= r.high {
+            let missing = d - r.high;
             r.high = d + 1;
+            if missing >= LOSS_RUN && r.high > r.cut_until {
+                // A run of lost datagrams: a queue on the way overflowed
+                // (random loss rarely takes three in a row). Halve the window.
+                r.cut_until = r.high + r.win;
+                r.win = (r.win / 2).max(floor);
+                r.clean = 0;
+                self.cuts += 1;
+            } else if r.win < self.per_sender {
+                r.clean += 1;
+                if r.clean * 2 >= r.win {
+                    r.win += 1;
+                    r.clean = 0;
+                }
+            }
         }
+        let win = r.win;
         let left = r.granted.saturating_sub(r.high);
-        let due = if backlog { left <= self.per_sender * 3 / 4 } else { left <= self.per_sender / 4 };
+        let due = if backlog { left <= win * 3 / 4 } else { left <= win / 4 };
         if !due {
             return false;
         }
-        r.granted = r.high + self.per_sender;
+        r.granted = r.granted.max(r.high + win);
         true
     }
 
@@ -272,11 +334,10 @@ impl Flow {
     /// below that are here or lost; a new window is granted (always: the
     /// GRANT answering the last request may have been lost).
     pub(crate) fn on_request(&mut self, src: u32, sent: u64) {
-        let per = self.per_sender;
         let Some(r) = self.rx.get_mut(src as usize) else { return };
         // Never believe more than a window beyond what was granted.
         r.high = r.high.max(sent.min(r.granted));
-        r.granted = r.granted.max(r.high + per);
+        r.granted = r.granted.max(r.high + r.win);
     }
 
     /// The limit to send `src` in a GRANT now.
@@ -305,7 +366,7 @@ impl Flow {
             *t = TxCredit { limit: per, ..TxCredit::default() };
         }
         if let Some(r) = self.rx.get_mut(peer as usize) {
-            *r = RxCredit { granted: per, ..RxCredit::default() };
+            *r = RxCredit::new(per);
         }
     }
 
@@ -363,9 +424,11 @@ mod tests {
     #[test]
     fn lost_datagrams_leak_no_credit_while_later_ones_arrive() {
         let mut r = flow(16, 3);
-        r.on_data(0, 0, true);
-        assert!(r.on_data(0, 6, true), "dseq 6 arriving (1..=5 lost) leaves 1 of 8: grant");
-        assert_eq!(r.grant(0), 15);
+        for d in [0, 2, 4] {
+            r.on_data(0, d, true);
+        }
+        assert!(r.on_data(0, 6, true), "dseq 6 arriving (1, 3, 5 lost) leaves 1 of 8: grant");
+        assert_eq!((r.grant(0), r.cuts), (15, 0), "single losses: the window stays");
     }
 
     #[test]
@@ -456,6 +519,30 @@ mod tests {
             true
         }));
         assert!(!f.on_data(1, 5, true));
+    }
+
+    #[test]
+    fn a_run_of_losses_halves_the_senders_window_once_per_window_and_it_grows_back() {
+        let mut r = flow(32, 3); // 16 per sender
+        assert!(!r.on_data(0, 0, true));
+        r.on_data(0, 1, true);
+        // dseq 2 and 3 lost: random loss may do that, no cut.
+        r.on_data(0, 4, true);
+        assert_eq!((r.cuts, r.rx[0].win), (0, 16));
+        // 5, 6 and 7 lost: a run, the window halves.
+        r.on_data(0, 8, true);
+        assert_eq!((r.cuts, r.rx[0].win), (1, 8));
+        // Another run within the window after the cut: no second cut.
+        r.on_data(0, 12, true);
+        assert_eq!((r.cuts, r.rx[0].win), (1, 8));
+        // Grants now follow the smaller window.
+        let before = r.grant(0);
+        for d in 13..43 {
+            r.on_data(0, d, true);
+        }
+        assert!(r.rx[0].win > 8 && r.rx[0].win <= 16, "grows back: {}", r.rx[0].win);
+        assert!(r.grant(0) >= before);
+        assert!(r.grant(0) <= 43 + 16);
     }
 
     #[test]

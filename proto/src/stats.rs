@@ -525,6 +525,13 @@ crate::counters! {
         pub flow_requests_received: u64 => [
             Desc::new("flow.requests_received", "flow_credit_requests", FLOW_REQUESTS).fixed(RECEIVED),
         ],
+        /// Flow control: a sender's window halved by this receiver (a run of
+        /// its datagrams lost on the way: a queue overflowed).
+        pub flow_window_cuts: u64 => [Desc::new(
+            "flow.window_cuts",
+            "flow_window_cuts",
+            "Senders' flow-control windows halved by this receiver after a run of their datagrams was lost",
+        )],
         /// Flow control: DATA datagrams that waited for their receiver's credit.
         pub flow_credit_waits: u64 => [Desc::new(
             "flow.credit_waits",
@@ -700,8 +707,8 @@ mod tests {
         in_debug.sort_unstable();
         assert_eq!(in_debug, given);
         // 4×8 + 4×3 per class / per peer, 2×(8+1+3+1) dropped, 17 reasons,
-        // 2 + 4×8 + 2×2×3 repairs, 5 flow control, 10 others.
-        assert_eq!(given.len(), 32 + 12 + 26 + 17 + 2 + 32 + 12 + 5 + 10);
+        // 2 + 4×8 + 2×2×3 repairs, 6 flow control, 10 others.
+        assert_eq!(given.len(), 32 + 12 + 26 + 17 + 2 + 32 + 12 + 6 + 10);
     }
 
     #[test]

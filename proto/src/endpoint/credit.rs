@@ -59,8 +59,12 @@ impl Endpoint {
     /// give credit, requests are answered.
     pub(super) fn flow_received(&mut self, h: &Header, payload: &[u8]) {
         match h.ty {
-            PacketType::Data if self.flow.on_data(h.src, h.seq, h.flags.contains(Flags::BACKLOG)) => {
-                self.queue_grant(h.src);
+            PacketType::Data => {
+                let due = self.flow.on_data(h.src, h.seq, h.flags.contains(Flags::BACKLOG));
+                self.sh.stats.flow_window_cuts = self.flow.cuts;
+                if due {
+                    self.queue_grant(h.src);
+                }
             }
             PacketType::Grant => {
                 let Some(count) = wire::parse_grant(payload) else { return };

@@ -69,6 +69,10 @@ pub(crate) struct Receiver {
     grace: Option<Instant>,
     /// While `grace` runs: the chunk whose arrival ends it early.
     awaited: Option<u32>,
+    /// How long the grace after the PROBE that set `awaited` is, and from
+    /// when it last ran (it is renewed while the transfer's chunks keep
+    /// landing: see [`Receiver::on_timer`]).
+    settle: Option<(Duration, Instant)>,
     /// When the PROBE that set `awaited` arrived (to learn how far PROBEs
     /// overtake data queued in the network).
     probe_at: Option<Instant>,
@@ -174,6 +178,7 @@ impl Receiver {
             deadline_fired: false,
             deadline_backoff: 0,
             grace: None,
+            settle: None,
             awaited: None,
             probe_at: None,
             nudge: None,
@@ -287,6 +292,7 @@ impl Receiver {
         if self.awaited == Some(h.chunk_index) {
             // The chunk the PROBE overtook has landed: answer the PROBE now.
             self.awaited = None;
+            self.settle = None;
             self.grace = Some(now);
             // Only a first-pass chunk proves it was queued behind the PROBE; a
             // repair of a lost one says nothing about queueing.
@@ -341,6 +347,7 @@ impl Receiver {
             // Chunks may still be in flight behind the PROBE: answer (close
             // or bitmap) once they had time to land.
             self.grace.get_or_insert(at);
+            self.settle.get_or_insert((grace, now));
             self.awaited = Some(h.chunk_index);
             self.probe_at.get_or_insert(now);
             Answer::Nothing
@@ -435,8 +442,26 @@ impl Receiver {
             return Fired::Nothing;
         }
         if self.grace.is_some_and(|g| g <= now) {
+            // The chunk the PROBE named is still missing, but this transfer's
+            // chunks are still landing as the grace ends (one in its last
+            // half): the PROBE overtook a
+            // queue that is still draining (a deep switch queue, or a
+            // receiver that reads slower than its credit lets data come).
+            // Wait another grace while they keep coming, up to the deadline
+            // cap after the PROBE; only then answer with what is here.
+            if let (Some((len, from)), Some(last), Some(probe)) = (self.settle, self.last_at, self.probe_at)
+                && self.awaited.is_some()
+                && last > from
+                && last + len / 2 > now
+                && now < probe + retry.deadline_cap()
+            {
+                self.settle = Some((len, now));
+                self.grace = Some(now + len);
+                return Fired::Nothing;
+            }
             // The settle time after a PROBE is over: answer it now.
             self.grace = None;
+            self.settle = None;
             return if self.mode == Mode::Own && self.closable() {
                 Fired::Close { deadline: false }
             } else {

@@ -80,7 +80,7 @@ impl Retry {
         self.rto.saturating_mul(1 << k.min(MAX_BACKOFF)).min(self.probe_max.max(self.rto))
     }
 
-    fn deadline_cap(&self) -> Duration {
+    pub(crate) fn deadline_cap(&self) -> Duration {
         self.deadline_max.max(self.deadline_min)
     }
 

@@ -317,6 +317,27 @@ fn after_a_probe_the_receiver_waits_for_the_chunk_it_overtook() {
     assert_eq!(p.answer, Answer::Nothing);
     assert_eq!(r.on_timer(at(149), &retry()), Fired::Nothing);
     assert_eq!(r.on_timer(at(150), &retry()), Fired::Close { deadline: false });
+    // Chunks still landing when the grace ends (a queue draining slower than
+    // the grace): the receiver waits while they come, and answers once they
+    // stop, not at the first grace's end.
+    let n = 200;
+    let mut r = Receiver::new(n, Vec::new(), Mode::Own);
+    for c in 0..150 {
+        arrive(&mut r, &data(c, n, 0, 10_000, Flags::default()), at(10));
+    }
+    let p = r.on_probe(&probe(n - 1, n, 1, 0, 10_000), at(50), grace, &est()).unwrap();
+    assert_eq!(p.answer, Answer::Nothing);
+    // One chunk per 60 µs keeps landing: every grace end finds new ones.
+    let mut t = 50;
+    for c in 150..n - 1 {
+        t += 60;
+        arrive(&mut r, &data(c, n, 0, 10_000, Flags::default()), at(t));
+        assert_eq!(r.on_timer(at(t), &retry()), Fired::Nothing, "chunk {c}: still landing");
+    }
+    // Chunk 199 was lost: once nothing new lands for a grace, it closes (199 of 200, within 1%).
+    let (end, fired) = fire(&mut r);
+    assert_eq!(fired, Fired::Close { deadline: false });
+    assert!(end > at(t) && end <= at(t) + grace + grace, "answered at {end:?}, last chunk at {t} µs");
     // No settling when the PROBE's last chunk is already here.
     let mut r = Receiver::new(3, Vec::new(), Mode::Own);
     arrive(&mut r, &data(2, 3, 0, 0, Flags::default()), at(0));

@@ -100,9 +100,23 @@ impl Layout {
     }
 }
 
-/// Squared L2 norm, summed in `f32` (NaN counts as infinite).
+/// Squared L2 norm, summed in `f32` (NaN counts as infinite), in 16
+/// independent lanes: a single running sum is one dependent add per element
+/// (the compiler may not reorder float adds), which made this pass over the
+/// whole tensor 4% of all CPU samples at MTU 9000; 16 lanes let it vectorise
+/// and run at memory speed. Only the ranking of chunks reads it, so the lane
+/// order's rounding is of no consequence.
 fn sq_norm(x: &[f32]) -> f32 {
-    let s: f32 = x.iter().map(|v| v * v).sum();
+    const LANES: usize = 16;
+    let mut acc = [0f32; LANES];
+    let blocks = x.chunks_exact(LANES);
+    let tail = blocks.remainder();
+    for b in blocks {
+        for (a, v) in acc.iter_mut().zip(b) {
+            *a += v * v;
+        }
+    }
+    let s: f32 = acc.iter().sum::<f32>() + tail.iter().map(|v| v * v).sum::<f32>();
     if s.is_nan() { f32::INFINITY } else { s }
 }
 

@@ -26,7 +26,7 @@ pub enum BudgetError {
     #[error("budget {0:?} is not a number >= 0 ({BUDGET_FORMS})")]
     Range(String),
     /// Above [`MAX_BUDGET`].
-    #[error("budget {text:?} means {}, above the hard cap of 10% (allowed: 0 ..= 0.10; {BUDGET_FORMS})", Percent(*.fraction))]
+    #[error("budget {text:?} means {}, above the hard cap of 10% (allowed: 0 ..= 0.10; {BUDGET_FORMS})", percent(*.fraction))]
     OverCap {
         /// What was written.
         text: String,
@@ -35,13 +35,10 @@ pub enum BudgetError {
     },
 }
 
-/// A fraction shown as a percentage (`0.25` → `25%`).
-struct Percent(f64);
-
-impl fmt::Display for Percent {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}%", (self.0 * 100.0 * 1e6).round() / 1e6)
-    }
+/// A fraction shown as a percentage (`0.25` → `"25%"`, `0.07` → `"7%"`), to
+/// a millionth of a percent.
+pub fn percent(fraction: f64) -> String {
+    format!("{}%", (fraction * 100.0 * 1e6).round() / 1e6)
 }
 
 /// Parses a budget written as a fraction (`"0.01"`) or a percentage (`"1%"`,
@@ -123,5 +120,6 @@ mod tests {
         assert!(matches!(parse_budget("1 percent"), Err(BudgetError::Syntax(_))));
         assert!(matches!(parse_budget("%"), Err(BudgetError::Syntax(_))));
         assert_eq!(parse_budget_unchecked("25%"), Ok(0.25));
+        assert_eq!((percent(0.07), percent(0.0), percent(0.025)), ("7%".into(), "0%".into(), "2.5%".into()));
     }
 }

@@ -60,7 +60,7 @@ use dlcp_proto::priority::ClassifierConfig;
 use dlcp_proto::wire::JobKey;
 use serde::{Deserialize, Serialize};
 
-pub use budget::{BUDGET_FORMS, BudgetError, parse_budget, parse_budget_unchecked};
+pub use budget::{BUDGET_FORMS, BudgetError, parse_budget, parse_budget_unchecked, percent};
 pub use changes::{Change, Reload, SETTINGS, needs_restart, reload_class};
 pub use error::{ConfigError, ErrorKind, Location};
 pub use schema::{

@@ -11,7 +11,9 @@ use std::fmt;
 use serde::Deserializer;
 use serde::de::{self, Visitor};
 
-use crate::schema::MAX_BUDGET;
+/// Hard cap on any loss budget (`loss.budget`, `loss.gather_budget`, a
+/// trainer's request): 10 %.
+pub const MAX_BUDGET: f64 = 0.10;
 
 /// How to write a budget, for error messages.
 pub const BUDGET_FORMS: &str = "a budget is a fraction: write 0.01 or \"1%\" for 1%";

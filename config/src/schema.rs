@@ -22,8 +22,7 @@ use serde::{Deserialize, Serialize, Serializer};
 // Limits and defaults
 // ---------------------------------------------------------------------------
 
-/// Hard cap on any loss budget (`loss.budget`, `loss.gather_budget`): 10 %.
-pub const MAX_BUDGET: f64 = 0.10;
+pub use crate::budget::MAX_BUDGET;
 /// Default `loss.budget`: 1 % of a transfer's packets may be given up.
 pub const DEFAULT_BUDGET: f64 = 0.01;
 /// Minimum length of the job secret, in bytes.

@@ -396,7 +396,10 @@ fn budget(path: &str, v: f64, cap: f64, cap_name: &str) -> R {
     if v > cap {
         return Err(Bad::new(
             path,
-            format!("{v} exceeds {cap_name} {cap:.2} (allowed: 0.0 ..= {cap:.2}; {})", crate::BUDGET_FORMS),
+            format!(
+                "{v} exceeds {cap_name} {cap:.2} (allowed: 0.0 ..= {cap:.2}; {})",
+                crate::budget::BUDGET_FORMS
+            ),
         ));
     }
     Ok(())

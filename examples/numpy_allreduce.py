@@ -9,11 +9,12 @@ size and takes an SGD step. Nothing is copied to or from the daemon.
 
 Run one per trainer, with the daemon up (see README / `dlcpd --config`):
 
-    PYTHONPATH=client/python /usr/bin/python3 examples/numpy_allreduce.py \\
+    /usr/bin/python3 examples/numpy_allreduce.py \\
         --socket /run/dlcp/dlcpd.sock --job 7 --local-rank 0 --local-world 2 --world-size 8
 
-Needs Debian's python3-numpy and libdlcp_client.so (`cargo build --release -p
-dlcp-client`; found via $DLCP_LIB or target/{release,debug}).
+Needs numpy and the dlcp package: installed (`pip install ./client/python`, or
+the .deb), or, run from a source checkout, client/python with libdlcp_client.so
+from `cargo build --release -p dlcp-client`.
 """
 
 import argparse
@@ -23,7 +24,10 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
+# In a source checkout, the package next door (a copy of this script elsewhere uses the installed one).
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python")
+if os.path.isdir(os.path.join(_SOURCE, "dlcp")):
+    sys.path.insert(0, _SOURCE)
 import dlcp  # noqa: E402
 
 
@@ -36,7 +40,9 @@ def main() -> int:
     ap.add_argument("--world-size", type=int, default=1, help="trainers in the whole job (all hosts)")
     ap.add_argument("--rank", type=int, default=None, help="global rank (seeds this trainer's data shard)")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--budget", type=float, default=0.01, help="tolerated gradient loss, fraction (0 = exact)")
+    ap.add_argument(
+        "--budget", type=dlcp.parse_budget, default=0.01, help='tolerated gradient loss: 0.01 or "1%%" (0 = exact)'
+    )
     ap.add_argument("--lr", type=float, default=0.05)
     args = ap.parse_args()
 
@@ -48,6 +54,7 @@ def main() -> int:
     w1 = (init.standard_normal((d_in, d_hidden)) / np.sqrt(d_in)).astype(np.float32)
     w2 = (init.standard_normal((d_hidden, d_out)) / np.sqrt(d_hidden)).astype(np.float32)
 
+    print(f"dlcp {dlcp.version()} from {os.path.dirname(dlcp.__file__)}", flush=True)
     with dlcp.attach(args.socket, args.job, args.local_rank, args.local_world) as c:
         # Same allocation order on every rank: tensor ids match across ranks.
         g1 = c.tensor("w1.grad", w1.shape)

@@ -35,8 +35,11 @@ stage() {
 # Debian packages the build and tests need.
 # systemd: systemd-analyze for the unit's tests (systemd itself is not started);
 # adduser: the .deb's maintainer scripts; python3-yaml: the Kubernetes manifest check;
-# util-linux: setpriv (dlcpctl permission test, running the installed daemon as dlcp).
+# util-linux: setpriv (dlcpctl permission test, running the installed daemon as dlcp);
+# python3-venv/-pip/-setuptools/-wheel: the Python client's wheel, built offline and
+# pip-installed into a fresh virtualenv (tests/client_python_wheel.rs).
 APT_PACKAGES=(build-essential pkg-config ca-certificates git python3 python3-numpy
+              python3-venv python3-pip python3-setuptools python3-wheel
               iproute2 nftables tcpdump iperf3 ethtool iputils-ping
               dpdk-dev libdpdk-dev clang libclang-dev
               python3-torch python3-sklearn python3-matplotlib

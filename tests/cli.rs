@@ -126,7 +126,7 @@ fn check_config_reports_a_missing_file() {
 #[test]
 fn demo_runs_real_daemons_and_verifies_under_receive_loss() {
     let out = dlcpd()
-        .args(["demo", "--hosts", "3", "--iters", "2", "--size", "1", "--loss", "2", "--budget", "5"])
+        .args(["demo", "--hosts", "3", "--iters", "2", "--size", "1", "--loss", "2", "--budget", "0.05"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -150,7 +150,7 @@ fn demo_reliable_is_bit_exact() {
 #[test]
 fn simulate_runs_and_verifies_under_loss() {
     let out = dlcpd()
-        .args(["simulate", "--iters", "2", "--size", "2", "--loss", "2", "--budget", "1"])
+        .args(["simulate", "--iters", "2", "--size", "2", "--loss", "2", "--budget", "1%"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

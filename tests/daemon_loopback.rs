@@ -136,6 +136,29 @@ fn dlcpctl_report(c: &Cluster, h: u32, op: u64, tensor: u32) -> serde_json::Valu
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `dlcpctl report OP TENSOR` without `--json`: text for people, not JSON.
+fn check_report_text(c: &Cluster, h: u32, op: u64, tensor: u32) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
+        .arg("--socket")
+        .arg(&c.daemons[h as usize].socket)
+        .args(["report", &op.to_string(), &tensor.to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "dlcpctl report: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(serde_json::from_slice::<serde_json::Value>(&out.stdout).is_err(), "JSON without --json: {text}");
+    assert!(text.starts_with(&format!("op {op} tensor {tensor} at rank {h}: ")), "{text}");
+    assert!(text.contains("\nown shard: "), "{text}");
+    for title in ["\nreduce-scatter into this rank's shard:\n", "\nall-gather:\n"] {
+        let table = text.split(title).nth(1).unwrap_or_else(|| panic!("no {title:?}: {text}"));
+        let rows: Vec<&str> = table.lines().skip(1).take_while(|l| !l.is_empty()).collect();
+        let senders: Vec<u32> =
+            rows.iter().filter_map(|l| l.split_whitespace().next()?.parse().ok()).collect();
+        assert_eq!(senders.len(), HOSTS as usize - 1, "one row per other rank: {text}");
+        assert!(!senders.contains(&h), "{text}");
+    }
+}
+
 #[test]
 fn receive_loss_1pct_budget_1pct_matches_recomputation_and_ranks_agree() {
     let c = Cluster::start(&Options { hosts: HOSTS, rx_loss_pct: 1.0, ..Options::default() });
@@ -144,6 +167,9 @@ fn receive_loss_1pct_budget_1pct_matches_recomputation_and_ranks_agree() {
     for i in 0..LOSSY_OPS {
         // Op sequence numbers are the client's: 1, 2, 3, … in submission order.
         let reports: Vec<_> = (0..HOSTS).map(|h| dlcpctl_report(&c, h, i as u64 + 1, i as u32)).collect();
+        if i == 0 {
+            check_report_text(&c, 1, 1, 0);
+        }
         for (h, r) in reports.iter().enumerate() {
             for t in r["scatter"].as_array().unwrap().iter().chain(r["gather"].as_array().unwrap()) {
                 let f = t["delivered_fraction"].as_f64().unwrap();

@@ -88,10 +88,12 @@ fn header_declares_every_error_code_and_every_exported_function() {
 #[test]
 fn c_program_links_with_the_cdylib_and_runs() {
     let fake = FakeReducer::start();
+    let job7 = FakeReducer::for_job(7);
     let lib = lib_dir();
     let rpath = format!("-Wl,-rpath,{}", p(&lib));
     let exe = build_abi_test(&fake.dir().join("abi_test_shared"), &["-L", p(&lib), "-ldlcp_client", &rpath]);
-    assert!(run(&exe, &[p(fake.socket())]).contains("C ABI OK"));
+    assert!(run(&exe, &[p(fake.socket()), p(job7.socket())]).contains("C ABI OK"));
+    assert_eq!(job7.served(), 0);
     assert_eq!(fake.served(), 3);
 }
 
@@ -107,7 +109,8 @@ fn c_program_links_with_the_staticlib_and_runs() {
     if let Ok(ldd) = ldd {
         assert!(!ldd.contains("libdlcp_client"), "{ldd}");
     }
-    assert!(run(&exe, &[p(fake.socket())]).contains("C ABI OK"));
+    let job7 = FakeReducer::for_job(7);
+    assert!(run(&exe, &[p(fake.socket()), p(job7.socket())]).contains("C ABI OK"));
 }
 
 #[test]

@@ -35,11 +35,19 @@ fn python_ready() -> bool {
 
 fn python(script: &Path, args: &[&str], socket: &Path) -> Output {
     let root = workspace_root();
+    // A second server, for job 7 only: the wrong-job rejection.
+    let job7 = FakeReducer::for_job(7);
     Command::new(PYTHON)
         .arg(script)
         .args(args)
         .env("DLCP_LIB", lib_dir().join("libdlcp_client.so"))
         .env("DLCP_TEST_SOCKET", socket)
+        .env("DLCP_TEST_JOB7_SOCKET", job7.socket())
+        // attach()'s defaults come from these: the tests set them themselves.
+        .env_remove("DLCP_SOCKET")
+        .env_remove("DLCP_JOB")
+        .env_remove("LOCAL_RANK")
+        .env_remove("LOCAL_WORLD_SIZE")
         .env("PYTHONPATH", root.join("client/python"))
         // Keep __pycache__ out of the source tree.
         .env("PYTHONDONTWRITEBYTECODE", "1")
@@ -64,7 +72,7 @@ fn python_package_tests_pass_in_a_separate_process() {
     assert!(out.status.success(), "python tests failed:\n{t}");
     assert!(t.contains("\nOK"), "{t}");
     assert!(!t.contains("skipped"), "{t}");
-    assert_eq!(fake.served(), 6, "ops the fake reducer doubled for the Python trainer");
+    assert_eq!(fake.served(), 7, "ops the fake reducer doubled for the Python trainer");
     eprintln!("{t}");
 }
 

@@ -71,7 +71,8 @@ pub enum ConfigError {
         source: io::Error,
     },
     /// A problem at a place in the file, e.g.
-    /// `dlcp.toml:12:10: loss.budget: 0.25 exceeds the hard cap 0.10 (allowed: 0.0 ..= 0.10)`.
+    /// `dlcp.toml:12:10: loss.budget: 0.25 exceeds the hard cap 0.10 (allowed: 0.0 ..= 0.10; a budget is a
+    /// fraction: write 0.01 or "1%" for 1%)`.
     #[error("{location}: {field}: {message}")]
     Invalid {
         /// Where.

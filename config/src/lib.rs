@@ -31,7 +31,7 @@
 //! file, line, column, dotted field path and what is allowed:
 //!
 //! ```text
-//! /etc/dlcp/dlcp.toml:12:10: loss.budget: 0.25 exceeds the hard cap 0.10 (allowed: 0.0 ..= 0.10)
+//! /etc/dlcp/dlcp.toml:12:10: loss.budget: 0.25 exceeds the hard cap 0.10 (allowed: 0.0 ..= 0.10; a budget is a fraction: write 0.01 or "1%" for 1%)
 //! dlcp.toml:3:1: network.mtuu: unknown field (allowed: bind_address, mtu, chunk_bytes, ...)
 //! ```
 //!
@@ -46,6 +46,7 @@
 //! or [`Reload::Restart`]; see [`SETTINGS`], [`reload_class`] and [`Config::diff`].
 #![forbid(unsafe_code)]
 
+mod budget;
 mod changes;
 mod error;
 mod locate;
@@ -59,6 +60,7 @@ use dlcp_proto::priority::ClassifierConfig;
 use dlcp_proto::wire::JobKey;
 use serde::{Deserialize, Serialize};
 
+pub use budget::{BUDGET_FORMS, BudgetError, parse_budget, parse_budget_unchecked, percent};
 pub use changes::{Change, Reload, SETTINGS, needs_restart, reload_class};
 pub use error::{ConfigError, ErrorKind, Location};
 pub use schema::{

@@ -22,8 +22,7 @@ use serde::{Deserialize, Serialize, Serializer};
 // Limits and defaults
 // ---------------------------------------------------------------------------
 
-/// Hard cap on any loss budget (`loss.budget`, `loss.gather_budget`): 10 %.
-pub const MAX_BUDGET: f64 = 0.10;
+pub use crate::budget::MAX_BUDGET;
 /// Default `loss.budget`: 1 % of a transfer's packets may be given up.
 pub const DEFAULT_BUDGET: f64 = 0.01;
 /// Minimum length of the job secret, in bytes.
@@ -508,10 +507,13 @@ impl Priority {
 pub struct Loss {
     /// Fraction of a reduce-scatter transfer's packets that may be given up
     /// (only droppable classes count), 0.0 ..= 0.10. 0 means reliable and
-    /// bit-exact. Default 0.01.
+    /// bit-exact. Default 0.01. In the file also a percentage string (`"1%"`).
+    #[serde(deserialize_with = "crate::budget::de_budget")]
     pub budget: f64,
     /// Budget of the all-gather phase, 0.0 ..= `budget`. Default 0.0 (repaired in
-    /// full); above 0, all ranks apply one agreed loss mask.
+    /// full); above 0, all ranks apply one agreed loss mask. In the file also a
+    /// percentage string.
+    #[serde(deserialize_with = "crate::budget::de_budget")]
     pub gather_budget: f64,
     /// What replaces a lost chunk. Default `zero`.
     pub fill: Fill,

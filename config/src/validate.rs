@@ -394,7 +394,13 @@ fn budget(path: &str, v: f64, cap: f64, cap_name: &str) -> R {
         return Err(Bad::new(path, format!("{v} is negative (allowed: 0.0 ..= {cap:.2})")));
     }
     if v > cap {
-        return Err(Bad::new(path, format!("{v} exceeds {cap_name} {cap:.2} (allowed: 0.0 ..= {cap:.2})")));
+        return Err(Bad::new(
+            path,
+            format!(
+                "{v} exceeds {cap_name} {cap:.2} (allowed: 0.0 ..= {cap:.2}; {})",
+                crate::budget::BUDGET_FORMS
+            ),
+        ));
     }
     Ok(())
 }

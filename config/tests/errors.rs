@@ -75,7 +75,8 @@ fn budget_over_cap_exact_line() {
     let e = err(&t);
     assert_eq!(
         e.to_string(),
-        "/etc/dlcp/dlcp.toml:17:10: loss.budget: 0.25 exceeds the hard cap 0.10 (allowed: 0.0 ..= 0.10)"
+        "/etc/dlcp/dlcp.toml:17:10: loss.budget: 0.25 exceeds the hard cap 0.10 (allowed: 0.0 ..= 0.10; \
+         a budget is a fraction: write 0.01 or \"1%\" for 1%)"
     );
     assert_eq!(e.kind(), Some(ErrorKind::Value));
 }
@@ -182,7 +183,19 @@ fn wrong_types() {
         "invalid type: string \"big\" (allowed: an integer 0 ..= 4294967295)",
     );
     assert_eq!(e.kind(), Some(ErrorKind::Type));
-    check(&with("[loss]\nbudget = \"1%\"\n"), "loss.budget", "1%", "(allowed: a number)");
+    // A string is a fraction or a percentage ("1%" is accepted: see `budgets_are_fractions_or_percent_strings`).
+    check(
+        &with("[loss]\nbudget = \"1 percent\"\n"),
+        "loss.budget",
+        "1 percent",
+        "(allowed: a fraction such as 0.01, or a percentage such as \"1%\")",
+    );
+    check(
+        &with("[loss]\nbudget = true\n"),
+        "loss.budget",
+        "budget",
+        "(allowed: a fraction such as 0.01, or a percentage string such as \"1%\")",
+    );
     check(&with("[loss]\nrescale = 1\n"), "loss.rescale", "rescale", "(allowed: true or false)");
     check(
         &with("[network]\nheartbeat_interval_ms = -5\n"),
@@ -684,6 +697,29 @@ fn loss_rules() {
     assert_eq!((c.loss.budget_ppm(), c.loss.gather_budget_ppm()), (0, 0));
     let c = load(&l("budget = 0.1\ngather_budget = 0.000125")).unwrap();
     assert_eq!((c.loss.budget_ppm(), c.loss.gather_budget_ppm()), (100_000, 125));
+}
+
+/// Budgets are fractions; a string like "1%" means the same as 0.01, and a bare
+/// number written as a percentage (`budget = 1`) is refused saying budgets are
+/// fractions, with both ways to write 1%.
+#[test]
+fn budgets_are_fractions_or_percent_strings() {
+    let l = |s: &str| with(&format!("[loss]\n{s}\n"));
+    let c = load(&l("budget = \"1%\"\ngather_budget = \"0.5 %\"")).unwrap();
+    assert_eq!((c.loss.budget, c.loss.budget_ppm(), c.loss.gather_budget_ppm()), (0.01, 10_000, 5_000));
+    let c = load(&l("budget = \"0.02\"")).unwrap();
+    assert_eq!(c.loss.budget_ppm(), 20_000);
+    // The effective configuration (`dlcpd check-config`) shows the fraction.
+    assert!(c.to_toml_string().contains("\nbudget = 0.02\n"), "{}", c.to_toml_string());
+    let e = check(
+        &l("budget = 1"),
+        "loss.budget",
+        "budget",
+        "1 exceeds the hard cap 0.10 (allowed: 0.0 ..= 0.10; a budget is a fraction: write 0.01 or \"1%\" for 1%)",
+    );
+    assert_eq!(e.kind(), Some(ErrorKind::Value));
+    check(&l("budget = \"20%\""), "loss.budget", "budget", "0.2 exceeds the hard cap 0.10");
+    check(&l("gather_budget = \"-1%\""), "loss.gather_budget", "gather_budget", "is not a number >= 0");
 }
 
 // --- [pacing], [shm], [control], [metrics] ------------------------------------

@@ -34,8 +34,8 @@ pub struct DemoOptions {
     pub size_mb: f64,
     /// Receive-side loss in each daemon, percent.
     pub loss_pct: f64,
-    /// Loss budget, percent.
-    pub budget_pct: f64,
+    /// Loss budget, a fraction (0.01 = 1 %; 0 = reliable).
+    pub budget: f64,
     /// Iterations.
     pub iters: u32,
     /// Tensors per iteration (front layer first).
@@ -51,7 +51,7 @@ impl Default for DemoOptions {
             trainers: 2,
             size_mb: 8.0,
             loss_pct: 0.0,
-            budget_pct: 1.0,
+            budget: 0.01,
             iters: 10,
             layers: 4,
             mtu: 1500,
@@ -74,8 +74,12 @@ impl DemoOptions {
         if !(0.0..=50.0).contains(&self.loss_pct) {
             return Err(format!("--loss {} out of range (allowed: 0 ..= 50 percent)", self.loss_pct));
         }
-        if !(0.0..=10.0).contains(&self.budget_pct) {
-            return Err(format!("--budget {} out of range (allowed: 0 ..= 10 percent)", self.budget_pct));
+        if !(0.0..=dlcp_config::schema::MAX_BUDGET).contains(&self.budget) {
+            return Err(format!(
+                "--budget {} out of range (allowed: 0 ..= 0.10; {})",
+                self.budget,
+                dlcp_config::BUDGET_FORMS
+            ));
         }
         if !(1280..=9000).contains(&self.mtu) {
             return Err(format!("--mtu {} out of range (allowed: 1280 ..= 9000)", self.mtu));
@@ -166,7 +170,7 @@ fn config_text(rank: u32, ports: &[u16], socket: &std::path::Path, arena: u64, o
          [control]\nsocket_path = \"{}\"\nsocket_mode = \"0600\"\n\n\
          [shm]\narena_bytes = {arena}\nmax_tensor_bytes = {arena}\nearly_buffer_bytes = {arena}\n\n[log]\nlevel = \"warn\"\n\n[metrics]\nenabled = false\n",
         socket.display(),
-        budget = o.budget_pct / 100.0,
+        budget = o.budget,
         mtu = o.mtu
     );
     t
@@ -193,17 +197,17 @@ pub fn run(o: &DemoOptions, out: &mut impl Write) -> io::Result<DemoSummary> {
     writeln!(
         out,
         "dlcpd demo: {} daemons on 127.0.0.1, {} trainers each on shared memory, {} tensors × {:.2} MB f32 per \
-         iteration, receive loss {}%, budget {}%",
+         iteration, receive loss {}%, budget {}",
         o.hosts,
         o.trainers,
         o.layers,
         tensor_bytes as f64 / 1e6,
         o.loss_pct,
-        o.budget_pct
+        dlcp_config::percent(o.budget)
     )?;
     let stop = Arc::new(AtomicBool::new(false));
     let (services, sockets) = start_daemons(o, &dir.0, &ports, arena, &stop)?;
-    let budget_ppm = (o.budget_pct * 1e4).round() as u32;
+    let budget_ppm = dlcp_config::schema::fraction_to_ppm(o.budget);
     let (tx, rx) = mpsc::channel::<Done>();
     let trainers = start_trainers(o, &sockets, n, budget_ppm, &tx);
     drop(tx);
@@ -519,9 +523,9 @@ fn print_summary(
     writeln!(out, "  goodput (median iteration)  {:.2} Gbit/s of gradients per host", summary.goodput_gbps)?;
     writeln!(
         out,
-        "  min delivered               {:.3}% (budget {}%)",
+        "  min delivered               {:.3}% (budget {})",
         summary.min_delivered * 100.0,
-        o.budget_pct
+        dlcp_config::percent(o.budget)
     )?;
     writeln!(out, "  repairs sent                {}", summary.repairs)?;
     writeln!(out, "  class  datagrams   received (after {}% receive loss)", o.loss_pct)?;

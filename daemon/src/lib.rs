@@ -40,3 +40,27 @@ pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("DLCP_GI
 pub fn datapath_support() -> String {
     format!("datapaths: socket (always){}", dlcp_ffi::build_status_suffix())
 }
+
+/// True if `e` says stdout's reader went away (`dlcpctl status | head -1`).
+///
+/// Rust ignores SIGPIPE, so such a write fails with `EPIPE` instead of killing
+/// the process, and `println!` would panic on it. The command-line tools treat
+/// it as the reader having seen all it wanted: they stop writing and exit
+/// quietly, with the status they would have had. (SIGPIPE is not reset to its
+/// default instead: the daemon, also in `dlcpd demo`, writes to trainers',
+/// `dlcpctl`'s and scrapers' sockets, and one of them closing its end must
+/// never kill it.)
+pub fn is_closed_stdout(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::BrokenPipe
+}
+
+/// Writes `text` to stdout and flushes it; a reader that went away is not an
+/// error ([`is_closed_stdout`]).
+pub fn write_stdout(text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if !is_closed_stdout(&e) => Err(e),
+        _ => Ok(()),
+    }
+}

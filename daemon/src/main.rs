@@ -60,8 +60,9 @@ struct LoopbackArgs {
     /// Percentage of received datagrams each daemon drops (shows bounded loss without root).
     #[arg(long, default_value_t = 0.0)]
     loss: f64,
-    /// Loss budget per transfer, percent (0 = reliable and bit-exact, at most 10).
-    #[arg(long, default_value_t = 1.0)]
+    /// Loss budget per transfer: a fraction (0.01) or a percentage ("1%"); 0 = reliable and
+    /// bit-exact; at most 0.10.
+    #[arg(long, default_value = "0.01", value_parser = budget_arg)]
     budget: f64,
     /// Allreduce iterations.
     #[arg(long, default_value_t = 10)]
@@ -85,8 +86,9 @@ struct DemoArgs {
     /// Random packet loss on the simulated network, percent.
     #[arg(long, default_value_t = 0.0)]
     loss: f64,
-    /// Loss budget per transfer, percent (0 = reliable, at most 10).
-    #[arg(long, default_value_t = 1.0)]
+    /// Loss budget per transfer: a fraction (0.01) or a percentage ("1%"); 0 = reliable; at most
+    /// 0.10.
+    #[arg(long, default_value = "0.01", value_parser = budget_arg)]
     budget: f64,
     /// Allreduce iterations.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -100,6 +102,37 @@ struct DemoArgs {
     /// Seed of the simulation (data and faults).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+}
+
+/// `--budget`: a fraction or a percentage, at most the hard cap (a bare `1`
+/// is refused saying budgets are fractions).
+fn budget_arg(s: &str) -> Result<f64, String> {
+    dlcp::config::parse_budget(s).map_err(|e| e.to_string())
+}
+
+/// The demos' output: the banner, then the run writing its table as it goes.
+/// A closed stdout ends the run quietly ([`dlcp::is_closed_stdout`]).
+fn run_demo<S>(
+    name: &str,
+    verified: impl Fn(&S) -> bool,
+    run: impl FnOnce(&mut std::io::Stdout) -> std::io::Result<S>,
+) -> ExitCode {
+    use std::io::Write;
+    let mut out = std::io::stdout();
+    let result =
+        writeln!(out, "dlcpd {} — {}", dlcp::VERSION, dlcp::datapath_support()).and_then(|()| run(&mut out));
+    match result {
+        Ok(summary) if verified(&summary) => ExitCode::SUCCESS,
+        Ok(_) => {
+            eprintln!("dlcpd {name}: verification FAILED (see above)");
+            ExitCode::FAILURE
+        }
+        Err(e) if dlcp::is_closed_stdout(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dlcpd {name}: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn run_service(path: &std::path::Path, rx_loss_pct: f64) -> ExitCode {
@@ -179,7 +212,7 @@ fn main() -> ExitCode {
                 trainers: a.trainers_per_host,
                 size_mb: a.size,
                 loss_pct: a.loss,
-                budget_pct: a.budget,
+                budget: a.budget,
                 iters: a.iters,
                 layers: a.layers,
                 mtu: a.mtu,
@@ -188,25 +221,14 @@ fn main() -> ExitCode {
                 eprintln!("dlcpd demo: {e}");
                 return ExitCode::from(2);
             }
-            println!("dlcpd {} — {}", dlcp::VERSION, dlcp::datapath_support());
-            match demo::run(&opts, &mut std::io::stdout()) {
-                Ok(summary) if summary.verified => ExitCode::SUCCESS,
-                Ok(_) => {
-                    eprintln!("dlcpd demo: verification FAILED (see above)");
-                    ExitCode::FAILURE
-                }
-                Err(e) => {
-                    eprintln!("dlcpd demo: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            run_demo("demo", |s: &demo::DemoSummary| s.verified, |out| demo::run(&opts, out))
         }
         Command::Simulate(a) => {
             let opts = SimOptions {
                 hosts: a.hosts,
                 size_mb: a.size,
                 loss_pct: a.loss,
-                budget_pct: a.budget,
+                budget: a.budget,
                 iters: a.iters,
                 layers: a.layers,
                 link_gbps: a.link_gbps,
@@ -216,27 +238,22 @@ fn main() -> ExitCode {
                 eprintln!("dlcpd simulate: {e}");
                 return ExitCode::from(2);
             }
-            println!("dlcpd {} — {}", dlcp::VERSION, dlcp::datapath_support());
-            match simulate::run(&opts, &mut std::io::stdout()) {
-                Ok(summary) if summary.verified => ExitCode::SUCCESS,
-                Ok(_) => {
-                    eprintln!("dlcpd simulate: verification FAILED (see above)");
-                    ExitCode::FAILURE
-                }
-                Err(e) => {
-                    eprintln!("dlcpd simulate: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            run_demo("simulate", |s: &simulate::SimSummary| s.verified, |out| simulate::run(&opts, out))
         }
         Command::CheckConfig { file } => match dlcp::config::Config::load(&file) {
             Ok(cfg) => {
-                println!(
-                    "# {}: OK — effective configuration (defaults filled in, secret redacted)",
-                    file.display()
+                let text = format!(
+                    "# {}: OK — effective configuration (defaults filled in, secret redacted)\n{}",
+                    file.display(),
+                    cfg.to_toml_string()
                 );
-                print!("{}", cfg.to_toml_string());
-                ExitCode::SUCCESS
+                match dlcp::write_stdout(&text) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("dlcpd check-config: writing to stdout: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
             }
             Err(e) => {
                 eprintln!("{e}");

@@ -18,7 +18,7 @@ use dlcp_proto::oracle;
 use dlcp_proto::rng::Rng;
 use dlcp_proto::sim::{NetConfig, NetStats, Sim, TraceEvent, TraceRecord};
 use dlcp_proto::time::{Duration, Instant};
-use dlcp_proto::wire::{JobKey, OVERHEAD, PPM, Packet};
+use dlcp_proto::wire::{JobKey, OVERHEAD, Packet};
 
 /// One rank's result of one op.
 type RankResult = (Vec<f32>, OpReport);
@@ -35,8 +35,8 @@ pub struct SimOptions {
     pub size_mb: f64,
     /// Random loss, percent.
     pub loss_pct: f64,
-    /// Loss budget, percent.
-    pub budget_pct: f64,
+    /// Loss budget, a fraction (0.01 = 1 %; 0 = reliable).
+    pub budget: f64,
     /// Iterations.
     pub iters: u32,
     /// Tensors per iteration.
@@ -53,7 +53,7 @@ impl Default for SimOptions {
             hosts: 4,
             size_mb: 16.0,
             loss_pct: 0.0,
-            budget_pct: 1.0,
+            budget: 0.01,
             iters: 10,
             layers: 4,
             link_gbps: 10.0,
@@ -71,8 +71,12 @@ impl SimOptions {
         if !(0.0..=50.0).contains(&self.loss_pct) {
             return Err(format!("--loss {} out of range (allowed: 0 ..= 50 percent)", self.loss_pct));
         }
-        if !(0.0..=10.0).contains(&self.budget_pct) {
-            return Err(format!("--budget {} out of range (allowed: 0 ..= 10 percent)", self.budget_pct));
+        if !(0.0..=dlcp_config::schema::MAX_BUDGET).contains(&self.budget) {
+            return Err(format!(
+                "--budget {} out of range (allowed: 0 ..= 0.10; {})",
+                self.budget,
+                dlcp_config::BUDGET_FORMS
+            ));
         }
         if !(self.link_gbps >= 0.01 && self.link_gbps <= 1000.0) {
             return Err(format!("--link-gbps {} out of range (allowed: 0.01 ..= 1000)", self.link_gbps));
@@ -229,19 +233,19 @@ pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
     writeln!(
         out,
         "dlcpd simulate: {world} simulated hosts, {} tensors × {:.2} MB f32 per iteration, {} Gbit/s star network, \
-         random loss {}%, budget {}%, seed {} (times are virtual)",
+         random loss {}%, budget {}, seed {} (times are virtual)",
         opts.layers,
         elems as f64 * 4.0 / 1e6,
         opts.link_gbps,
         opts.loss_pct,
-        opts.budget_pct,
+        dlcp_config::percent(opts.budget),
         opts.seed
     )?;
     let mut run = Run {
         opts,
         sim,
         elems,
-        budget_ppm: (opts.budget_pct / 100.0 * f64::from(PPM)).round() as u32,
+        budget_ppm: dlcp_config::schema::fraction_to_ppm(opts.budget),
         rng: Rng::stream(opts.seed, 0xDE40, u64::from(world)),
         op_times: Vec::new(),
         iter_gbps: Vec::new(),
@@ -468,9 +472,9 @@ fn print_summary(opts: &SimOptions, summary: &SimSummary, out: &mut impl Write) 
     )?;
     writeln!(
         out,
-        "  min delivered per transfer  {:.3}% (budget {}%)",
+        "  min delivered per transfer  {:.3}% (budget {})",
         summary.min_delivered * 100.0,
-        opts.budget_pct
+        dlcp_config::percent(opts.budget)
     )?;
     writeln!(out, "  repairs sent                {}", summary.repairs)?;
     writeln!(out, "  deadlines fired             {}", summary.deadlines)?;
@@ -522,8 +526,7 @@ mod tests {
 
     #[test]
     fn small_lossy_demo_verifies() {
-        let o =
-            SimOptions { size_mb: 0.5, loss_pct: 2.0, budget_pct: 1.0, iters: 3, ..SimOptions::default() };
+        let o = SimOptions { size_mb: 0.5, loss_pct: 2.0, budget: 0.01, iters: 3, ..SimOptions::default() };
         let mut buf = Vec::new();
         let s = run(&o, &mut buf).unwrap();
         let text = String::from_utf8(buf).unwrap();
@@ -542,10 +545,7 @@ mod tests {
     #[test]
     fn options_are_checked() {
         assert!(
-            SimOptions { budget_pct: 11.0, ..SimOptions::default() }
-                .validate()
-                .unwrap_err()
-                .contains("--budget")
+            SimOptions { budget: 0.11, ..SimOptions::default() }.validate().unwrap_err().contains("--budget")
         );
         assert!(SimOptions::default().validate().is_ok());
     }

@@ -15,10 +15,24 @@ array::
         # g now holds the reduced gradient
         print(report.delivered, report.duration)
 
+Install it with ``pip install ./client/python`` (after ``cargo build --release
+-p dlcp-client``; the package bundles that library), or use the Debian package.
+
 This package is pure Python over the C ABI of ``libdlcp_client.so`` (ctypes);
 the ring operations and their atomics stay in that Rust library. The library is
-found, in order, at ``$DLCP_LIB``, next to this package, or in
-``target/{release,debug}/`` of the source tree (or ``$CARGO_TARGET_DIR``).
+found, in order, next to this package (the one a wheel or the .deb installed),
+at ``$DLCP_LIB``, or in ``target/{release,debug}/`` of the source tree (or
+``$CARGO_TARGET_DIR``).
+
+:func:`attach` takes its defaults from the environment, as the PyTorch hook
+does: ``DLCP_SOCKET``, ``DLCP_JOB``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``
+(explicit arguments win). A daemon that refuses the attachment (another job,
+a rank in use, ...) raises :class:`RejectedError` with its reason, e.g.
+"the trainer registered for job 999 but this daemon serves job 7".
+
+Budgets are fractions of a tensor that may be lost (``0.01`` = 1%, ``0`` =
+exact); the string ``"1%"`` means the same. The default of :meth:`Client.allreduce`
+is ``0.01``: lossy unless you pass ``budget=0``.
 
 Rules: do not read or write a tensor between :meth:`Client.submit` and the
 receipt of its completion (``allreduce`` does both for you); allocate tensors in
@@ -63,11 +77,16 @@ __all__ = [
     "FLAG_RESCALE",
     "FLAG_FILL_LOCAL",
     "DEFAULT_SOCKET",
+    "MAX_BUDGET",
     "load_library",
+    "parse_budget",
+    "version",
 ]
 
 #: The daemon's default control socket (``control.socket_path``).
 DEFAULT_SOCKET = "/run/dlcp/dlcpd.sock"
+#: The hard cap on a loss budget (10%), as in the daemon's configuration.
+MAX_BUDGET = 0.10
 #: After a partial delivery, rescale by the delivered count.
 FLAG_RESCALE = 0x1
 #: Fill what is missing with the local value instead of zero.
@@ -210,11 +229,12 @@ _lib: Optional[ctypes.CDLL] = None
 
 
 def _candidates():
+    here = Path(__file__).resolve().parent
+    # Bundled (a wheel, the .deb) first: an installed package uses its own library.
+    out = [here / "libdlcp_client.so"]
     env = os.environ.get("DLCP_LIB")
     if env:
-        return [Path(env)]
-    here = Path(__file__).resolve().parent
-    out = [here / "libdlcp_client.so"]
+        out.append(Path(env))
     roots = []
     if os.environ.get("CARGO_TARGET_DIR"):
         roots.append(Path(os.environ["CARGO_TARGET_DIR"]))
@@ -227,7 +247,7 @@ def _candidates():
 def load_library(path: Union[str, os.PathLike, None] = None) -> ctypes.CDLL:
     """Loads ``libdlcp_client.so`` (once) and declares its functions.
 
-    ``path`` overrides the search ($DLCP_LIB, next to the package, target/).
+    ``path`` overrides the search (next to the package, $DLCP_LIB, target/).
     Raises ``OSError`` naming every place looked at if it is not found.
     """
     global _lib
@@ -298,10 +318,36 @@ def _timeout_ms(timeout: Optional[float]) -> int:
     return int(round(timeout * 1000))
 
 
-def _budget_ppm(budget: float) -> int:
-    if not 0.0 <= budget <= 1.0:
-        raise InvalidArgumentError("budget", -3, f"budget is a fraction in [0, 1] (0.01 = 1%), not {budget}")
-    return int(round(budget * 1_000_000))
+_BUDGET_FORMS = 'a budget is a fraction: write 0.01 or "1%" for 1%'
+
+
+def parse_budget(budget: Union[float, int, str]) -> float:
+    """A loss budget as a fraction: a number (``0.01``) or a string holding a
+    fraction (``"0.01"``) or a percentage (``"1%"``). Raises
+    :class:`InvalidArgumentError` (a ``ValueError``) for anything else, for a
+    negative budget, and above :data:`MAX_BUDGET` (a bare ``1`` is 100%, not 1%).
+    """
+    text = budget.strip() if isinstance(budget, str) else None
+    try:
+        if text is not None and text.endswith("%"):
+            value = float(text[:-1].strip()) / 100.0
+        else:
+            value = float(text if text is not None else budget)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(
+            "budget", -3, f"invalid budget {budget!r} ({_BUDGET_FORMS}; 0 = exact)"
+        ) from None
+    if not 0.0 <= value <= MAX_BUDGET:  # also NaN
+        raise InvalidArgumentError(
+            "budget",
+            -3,
+            f"budget {budget!r} is not in 0 ..= {MAX_BUDGET} (the hard cap, 10%): {_BUDGET_FORMS}; 0 = exact",
+        )
+    return value
+
+
+def _budget_ppm(budget: Union[float, int, str]) -> int:
+    return int(round(parse_budget(budget) * 1_000_000))
 
 
 # ---------------------------------------------------------------------------
@@ -514,10 +560,12 @@ class Client:
             duration=c.duration_ns / 1e9,
         )
 
-    def submit(self, array, layer: int = 0, layers: int = 1, budget: float = 0.01, flags: int = 0) -> int:
+    def submit(
+        self, array, layer: int = 0, layers: int = 1, budget: Union[float, str] = 0.01, flags: int = 0
+    ) -> int:
         """Submits an allreduce (sum) of a tensor (a view from :meth:`tensor`, or
         its name) without waiting; returns the op's sequence number. ``budget`` is
-        the tolerated loss fraction (0.01 = 1%, 0 = reliable). Wait with
+        the tolerated loss fraction (0.01 or "1%" = 1%, 0 = reliable). Wait with
         :meth:`wait` before touching the tensor again."""
         t = self._tensor_of("submit", array)
         seq = ctypes.c_uint64()
@@ -545,7 +593,7 @@ class Client:
         array,
         layer: int = 0,
         layers: int = 1,
-        budget: float = 0.01,
+        budget: Union[float, str] = 0.01,
         timeout: Optional[float] = 60.0,
         flags: int = 0,
     ) -> Report:
@@ -554,7 +602,8 @@ class Client:
         ``array`` is a view from :meth:`tensor` (or the tensor's name); the result
         replaces its contents. ``layer``/``layers`` give the tensor's layer index
         (priority: front layers first); ``budget`` is the tolerated loss fraction
-        (0.01 = 1%, 0 = bit-exact); ``timeout`` in seconds (None: no limit).
+        (0.01 or "1%" = 1%, 0 = bit-exact; the default 0.01 is lossy);
+        ``timeout`` in seconds (None: no limit).
         Raises :class:`OpFailedError` if the op completed with a non-OK status,
         :class:`DlcpTimeoutError` (the op is then still in flight), or another
         :class:`DlcpError` subclass.
@@ -576,18 +625,40 @@ class Client:
         )
 
 
+def _env_int(name: str, default: int, base: int = 10) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw.strip(), base)
+    except ValueError:
+        raise InvalidArgumentError("attach", -3, f"${name} is {raw!r}, not an integer") from None
+
+
 def attach(
     socket: Union[str, os.PathLike, None] = None,
-    job: int = 0,
-    local_rank: int = 0,
-    local_world: int = 1,
+    job: Optional[int] = None,
+    local_rank: Optional[int] = None,
+    local_world: Optional[int] = None,
 ) -> Client:
     """Attaches to the local daemon as ``local_rank`` of ``local_world`` trainers
-    of job ``job`` on this host. ``socket`` defaults to ``$DLCP_SOCKET`` or
-    :data:`DEFAULT_SOCKET`. Raises :class:`ConnectError` if no daemon answers,
-    :class:`RejectedError` if it refuses (e.g. the rank is taken)."""
+    of job ``job`` on this host.
+
+    Each argument left out comes from the environment, as the PyTorch hook's do:
+    ``socket`` from ``$DLCP_SOCKET`` (else :data:`DEFAULT_SOCKET`), ``job`` from
+    ``$DLCP_JOB`` (decimal or ``0x`` hex; else 0), ``local_rank`` from
+    ``$LOCAL_RANK`` (else 0), ``local_world`` from ``$LOCAL_WORLD_SIZE`` (else 1;
+    torchrun sets both). ``job`` must be the daemon's ``node.job_id``.
+
+    Raises :class:`ConnectError` if no daemon answers, :class:`RejectedError` if
+    it refuses, with its reason (another job — naming both job ids —, the rank
+    taken, another local world size, too many attachments),
+    :class:`InvalidArgumentError` for a rank not below the local world size."""
     lib = load_library()
-    path = os.fspath(socket) if socket is not None else os.environ.get("DLCP_SOCKET", DEFAULT_SOCKET)
+    path = os.fspath(socket) if socket is not None else os.environ.get("DLCP_SOCKET") or DEFAULT_SOCKET
+    job = _env_int("DLCP_JOB", 0, 0) if job is None else job
+    local_rank = _env_int("LOCAL_RANK", 0) if local_rank is None else local_rank
+    local_world = _env_int("LOCAL_WORLD_SIZE", 1) if local_world is None else local_world
     out = ctypes.c_void_p()
     rc = lib.dlcp_attach(os.fsencode(path), job, local_rank, local_world, ctypes.byref(out))
     if rc != 0:

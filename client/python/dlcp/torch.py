@@ -31,7 +31,7 @@ then out of step: every later call raises too, at once, until the job restarts
 Settings come from arguments or the environment: ``DLCP_SOCKET`` (control
 socket), ``DLCP_JOB`` (job id, must match the daemon's ``node.job_id``),
 ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (set by torchrun: the trainers sharing this
-host's daemon), ``DLCP_BUDGET`` (loss budget, fraction).
+host's daemon), ``DLCP_BUDGET`` (loss budget: a fraction, or a percentage such as "1%").
 
 Tested with Debian 12's ``python3-torch`` 1.13 (CPU, Gloo process group) and
 ``/usr/bin/python3`` 3.11. Only float32 gradients are supported (dlcp reduces f32).
@@ -121,11 +121,8 @@ class DlcpState:
         on_report: Optional[Callable[[BucketReport], None]] = None,
     ):
         env = os.environ
-        if budget is None:
-            budget = float(env.get("DLCP_BUDGET", "0.01"))
-        if not 0.0 <= budget <= 1.0:
-            raise ValueError(f"budget is a fraction in [0, 1] (0.01 = 1%), not {budget}")
-        self.budget = budget
+        # A fraction or a percentage string ("1%"); dlcp.InvalidArgumentError is a ValueError.
+        self.budget = dlcp.parse_budget(env.get("DLCP_BUDGET", "0.01") if budget is None else budget)
         self.flags = (dlcp.FLAG_FILL_LOCAL if fill_local else 0) | (dlcp.FLAG_RESCALE if rescale else 0)
         self.timeout = timeout
         self.world_size = world_size
@@ -137,12 +134,8 @@ class DlcpState:
         self._position: Dict[int, int] = {p.data_ptr(): i for i, p in enumerate(params)}
         self.layers = len(params)
         if client is None:
-            client = dlcp.attach(
-                socket,
-                int(env.get("DLCP_JOB", "0"), 0) if job is None else job,
-                int(env.get("LOCAL_RANK", "0")) if local_rank is None else local_rank,
-                int(env.get("LOCAL_WORLD_SIZE", "1")) if local_world is None else local_world,
-            )
+            # Unset arguments come from DLCP_SOCKET, DLCP_JOB, LOCAL_RANK, LOCAL_WORLD_SIZE.
+            client = dlcp.attach(socket, job, local_rank, local_world)
         self.client = client
         self.step = 0
         self.reports: Deque[BucketReport] = collections.deque(maxlen=max_reports)

@@ -3,10 +3,11 @@
 Needs a server on $DLCP_TEST_SOCKET that behaves like the Rust tests' fake
 reducer (client/tests/common/mod.rs): every op doubles the tensor and reports
 999000 ppm delivered and 3 repairs; budget 99_999 ppm is never completed;
-budget 99_998 ppm completes with status peer_down. Run by client/tests/python.rs:
+budget 99_998 ppm completes with status peer_down; and one on
+$DLCP_TEST_JOB7_SOCKET that serves job 7 only. Run by client/tests/python.rs:
 
-    DLCP_LIB=.../libdlcp_client.so DLCP_TEST_SOCKET=... PYTHONPATH=client/python \\
-        /usr/bin/python3 client/python/tests/test_client.py -v
+    DLCP_LIB=.../libdlcp_client.so DLCP_TEST_SOCKET=... DLCP_TEST_JOB7_SOCKET=... \\
+        PYTHONPATH=client/python /usr/bin/python3 client/python/tests/test_client.py -v
 """
 
 import ctypes
@@ -19,6 +20,8 @@ import numpy as np
 import dlcp
 
 SOCKET = os.environ["DLCP_TEST_SOCKET"]
+JOB7_SOCKET = os.environ["DLCP_TEST_JOB7_SOCKET"]
+ATTACH_ENV = ("DLCP_SOCKET", "DLCP_JOB", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 HOLD = 0.099999  # budget the fake reducer never completes
 PEER_DOWN = 0.099998  # budget the fake reducer completes with peer_down
 _jobs = itertools.count(1000)
@@ -96,6 +99,44 @@ class ViewTest(unittest.TestCase):
         del g  # now the handle goes and the daemon sees the detach
 
 
+class AttachEnvTest(unittest.TestCase):
+    """attach() takes DLCP_SOCKET, DLCP_JOB, LOCAL_RANK, LOCAL_WORLD_SIZE as
+    defaults, like the PyTorch hook; explicit arguments win."""
+
+    def setUp(self):
+        self.saved = {k: os.environ.get(k) for k in ATTACH_ENV}
+
+    def tearDown(self):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    def test_attach_reads_the_environment(self):
+        job = next(_jobs)
+        os.environ.update(DLCP_SOCKET=SOCKET, DLCP_JOB=hex(job), LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")
+        with dlcp.attach() as c:
+            self.assertEqual((c.socket, c.job, c.local_rank, c.local_world), (SOCKET, job, 1, 2))
+            # Explicit arguments win over the environment (rank 1 of this job is taken).
+            with dlcp.attach(job=job, local_rank=0) as d:
+                self.assertEqual((d.socket, d.job, d.local_rank, d.local_world), (SOCKET, job, 0, 2))
+            other = next(_jobs)
+            with dlcp.attach(SOCKET, other, 0, 1) as e:
+                self.assertEqual((e.job, e.local_rank, e.local_world), (other, 0, 1))
+        os.environ["DLCP_SOCKET"] = "/nonexistent/dlcpd.sock"
+        with self.assertRaises(dlcp.ConnectError):  # $DLCP_SOCKET was used
+            dlcp.attach(job=job)
+        os.environ.update(DLCP_SOCKET=JOB7_SOCKET, DLCP_JOB="999", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        with self.assertRaises(dlcp.RejectedError) as e:
+            dlcp.attach()
+        self.assertIn("registered for job 999 but this daemon serves job 7", e.exception.reason)
+        os.environ["LOCAL_RANK"] = "one"
+        with self.assertRaises(dlcp.InvalidArgumentError) as e:
+            dlcp.attach()
+        self.assertIn("$LOCAL_RANK is 'one'", e.exception.reason)
+
+
 class ErrorTest(unittest.TestCase):
     def test_attach_errors(self):
         with self.assertRaises(dlcp.ConnectError) as e:
@@ -165,6 +206,35 @@ class ErrorTest(unittest.TestCase):
             c.next_op_seq = held + 100
             h = c.tensor("h", 4)
             self.assertEqual(c.allreduce(h).op_seq, held + 100)
+
+    def test_a_wrong_job_is_rejected_at_attach_naming_both_jobs(self):
+        with self.assertRaises(dlcp.RejectedError) as e:
+            dlcp.attach(JOB7_SOCKET, job=999)
+        self.assertIsInstance(e.exception, dlcp.AttachError)
+        self.assertEqual((e.exception.op, e.exception.name), ("attach", "DLCP_ERR_REJECTED"))
+        self.assertIn("registered for job 999 but this daemon serves job 7", e.exception.reason)
+        self.assertIn("job 999", str(e.exception))
+        with dlcp.attach(JOB7_SOCKET, job=7) as c:  # the right job is admitted
+            self.assertEqual(c.job, 7)
+
+    def test_budgets_are_fractions_or_percentages(self):
+        self.assertEqual(dlcp.parse_budget("1%"), 0.01)
+        self.assertEqual(dlcp.parse_budget(" 2.5 % "), 0.025)
+        self.assertEqual(dlcp.parse_budget("0.01"), 0.01)
+        self.assertEqual((dlcp.parse_budget(0), dlcp.parse_budget(0.1)), (0.0, 0.1))
+        for bad in (1, "1", 0.5, "20%", -0.01, "-1%", "1 percent", float("nan"), None):
+            with self.assertRaises(dlcp.InvalidArgumentError, msg=repr(bad)) as e:
+                dlcp.parse_budget(bad)
+            self.assertIsInstance(e.exception, ValueError)
+            self.assertIn('write 0.01 or "1%" for 1%', e.exception.reason)
+        with fresh() as c:
+            g = c.tensor("g", 8)
+            g[:] = 1.0
+            self.assertEqual(c.allreduce(g, budget="1%").delivered_ppm, 999000)
+            np.testing.assert_array_equal(g, 2.0)
+            with self.assertRaises(dlcp.InvalidArgumentError) as e:
+                c.allreduce(g, budget=1)  # 100%, not 1%
+            self.assertIn("hard cap", e.exception.reason)
 
     def test_library_is_loaded_from_dlcp_lib(self):
         self.assertTrue(dlcp.version())

@@ -2,6 +2,8 @@
  * Compiled against client/include/dlcp.h and linked with libdlcp_client (shared
  * or static) by tests/c_link.rs, then run against the fake reducer, which doubles
  * every tensor. Exits 0 and prints "C ABI OK" when every check passes.
+ * Usage: abi_test SOCKET [JOB7_SOCKET], JOB7_SOCKET a server that serves job 7
+ * only: attaching there for job 999 is refused naming both job ids.
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -31,8 +33,8 @@ static int failures = 0;
     } while (0)
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s SOCKET\n", argv[0]);
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: %s SOCKET [JOB7_SOCKET]\n", argv[0]);
         return 2;
     }
     CHECK(strcmp(dlcp_strerror(DLCP_OK), "success") == 0);
@@ -45,6 +47,15 @@ int main(int argc, char **argv) {
     CHECK(dlcp_attach("/nonexistent/dlcpd.sock", 1, 0, 1, &c) == DLCP_ERR_CONNECT);
     CHECK(c == NULL);
     CHECK(strstr(dlcp_last_error(NULL), "cannot connect") != NULL);
+    if (argc == 3) {
+        /* The wrong job: refused at attach, the reason naming both job ids. */
+        c = (dlcp_client *)0x1;
+        CHECK(dlcp_attach(argv[2], 999, 0, 1, &c) == DLCP_ERR_REJECTED);
+        CHECK(c == NULL);
+        const char *why = dlcp_last_error(NULL);
+        CHECK(strstr(why, "registered for job 999 but this daemon serves job 7") != NULL);
+        if (!strstr(why, "job 999")) fprintf(stderr, "dlcp_last_error: %s\n", why);
+    }
     CHECK(dlcp_attach(argv[1], 42, 0, 1, NULL) == DLCP_ERR_NULL_ARG);
     CHECK(dlcp_attach(argv[1], 42, 0, 1, &c) == DLCP_OK);
     if (!c) return 1;

@@ -50,10 +50,21 @@ impl FakeReducer {
 
     /// Starts with the given segment geometry.
     pub fn with_geometry(geometry: Geometry) -> FakeReducer {
+        FakeReducer::with(geometry, None)
+    }
+
+    /// Starts serving job `job` only, as a daemon does (`node.job_id`): an
+    /// attachment for another job is refused, naming both.
+    pub fn for_job(job: u64) -> FakeReducer {
+        FakeReducer::with(Geometry::new(16, 16, 8 << 20).unwrap(), Some(job))
+    }
+
+    fn with(geometry: Geometry, job: Option<u64>) -> FakeReducer {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("dlcpd.sock");
         let mut cfg = ServerConfig::new(&path, 0o600);
         cfg.geometry = geometry;
+        cfg.job_id = job;
         let server = ShmServer::bind(cfg).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let served = Arc::new(AtomicU64::new(0));

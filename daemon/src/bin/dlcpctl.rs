@@ -102,6 +102,26 @@ fn query(socket: &Path, request: &str) -> Result<Value, String> {
     serde_json::from_str(&out).map_err(|e| format!("{}: bad reply ({e}): {out}", admin.display()))
 }
 
+/// Appends a formatted line to the output (what `println!` would print):
+/// everything goes to stdout at the end in one write, whose failure for a
+/// reader that went away (`dlcpctl status | head -1`) is no error.
+macro_rules! outln {
+    ($o:expr) => {
+        $o.push('\n')
+    };
+    ($o:expr, $($arg:tt)*) => {{
+        $o.push_str(&format!($($arg)*));
+        $o.push('\n');
+    }};
+}
+
+/// Appends formatted text to the output (what `print!` would print).
+macro_rules! out {
+    ($o:expr, $($arg:tt)*) => {
+        $o.push_str(&format!($($arg)*))
+    };
+}
+
 fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
 }
@@ -110,10 +130,11 @@ fn list(v: &Value) -> Vec<u64> {
     v.as_array().map(|a| a.iter().map(u).collect()).unwrap_or_default()
 }
 
-fn print_status(v: &Value) {
+fn print_status(w: &mut String, v: &Value) {
     let o = &v["ops"];
-    println!("dlcpd {}", v["version"].as_str().unwrap_or("?"));
-    println!(
+    outln!(w, "dlcpd {}", v["version"].as_str().unwrap_or("?"));
+    outln!(
+        w,
         "  rank {} of {}, job {}, generation {}{}",
         v["rank"],
         v["world"],
@@ -121,8 +142,9 @@ fn print_status(v: &Value) {
         v["generation"],
         if v["draining"].as_bool() == Some(true) { " — DRAINING" } else { "" }
     );
-    println!("  datapath: {}", v["datapath"].as_str().unwrap_or("?"));
-    println!(
+    outln!(w, "  datapath: {}", v["datapath"].as_str().unwrap_or("?"));
+    outln!(
+        w,
         "    configured kind: {} — {}",
         o["datapath_kind"].as_str().unwrap_or("?"),
         o["build"].as_str().unwrap_or("")
@@ -134,13 +156,15 @@ fn print_status(v: &Value) {
         .filter(|p| p["up"].as_bool() != Some(true))
         .map(|p| format!("{} ({})", p["rank"], p["address"].as_str().unwrap_or("?")))
         .collect();
-    println!(
+    outln!(
+        w,
         "  peers: {up}/{} up{}",
         peers.len(),
         if down.is_empty() { String::new() } else { format!("; down: {}", down.join(", ")) }
     );
     for p in peers.iter().filter(|p| p["refused"].is_string()) {
-        println!(
+        outln!(
+            w,
             "    REFUSED: rank {} ({}) {}",
             p["rank"],
             p["address"].as_str().unwrap_or("?"),
@@ -149,19 +173,20 @@ fn print_status(v: &Value) {
     }
     match v["packet_auth"].as_str() {
         Some("none") => {
-            println!("  packet auth: none — datagrams are NOT authenticated (security.packet_auth)")
+            outln!(w, "  packet auth: none — datagrams are NOT authenticated (security.packet_auth)")
         }
-        Some(a) => println!("  packet auth: {a}"),
+        Some(a) => outln!(w, "  packet auth: {a}"),
         None => {}
     }
     match v["flow_window"].as_u64() {
-        Some(0) => println!("  flow control: off (network.flow_window_bytes = 0)"),
-        Some(w) => println!("  flow control: receive window {w} datagrams, shared by the senders"),
+        Some(0) => outln!(w, "  flow control: off (network.flow_window_bytes = 0)"),
+        Some(n) => outln!(w, "  flow control: receive window {n} datagrams, shared by the senders"),
         None => {}
     }
-    println!("  trainers attached: {}, ops in flight: {}", v["trainers"], v["ops_in_flight"]);
+    outln!(w, "  trainers attached: {}, ops in flight: {}", v["trainers"], v["ops_in_flight"]);
     if let Some(f) = o["config_file"].as_str() {
-        println!(
+        outln!(
+            w,
             "  config: {f} (log level {}, loss budget {})",
             o["log_level"].as_str().unwrap_or("?"),
             o["budget"]
@@ -169,32 +194,39 @@ fn print_status(v: &Value) {
     }
     let m = &o["metrics"];
     match (m["enabled"].as_bool(), m["address"].as_str(), m["error"].as_str()) {
-        (Some(false), _, _) => println!("  metrics: disabled"),
-        (_, Some(a), _) => println!("  metrics: http://{a}/metrics"),
-        (_, _, Some(e)) => println!("  metrics: NOT SERVED — {e}"),
+        (Some(false), _, _) => outln!(w, "  metrics: disabled"),
+        (_, Some(a), _) => outln!(w, "  metrics: http://{a}/metrics"),
+        (_, _, Some(e)) => outln!(w, "  metrics: NOT SERVED — {e}"),
         _ => {}
     }
-    print!("  reloads: {} ok, {} rejected", o["reloads_ok"], o["reloads_failed"]);
+    out!(w, "  reloads: {} ok, {} rejected", o["reloads_ok"], o["reloads_failed"]);
     if let Some(r) = o["last_reload"].as_object() {
         let ok = r["outcome"]["ok"].as_bool() == Some(true);
-        print!(" (last {}s ago: {})", r["seconds_ago"], if ok { "ok" } else { "rejected" });
+        out!(w, " (last {}s ago: {})", r["seconds_ago"], if ok { "ok" } else { "rejected" });
     }
-    println!();
+    outln!(w);
     let sd = &o["systemd"];
     if sd["notify"].as_bool() == Some(true) {
-        println!(
+        outln!(
+            w,
             "  systemd: notify on, watchdog {}",
             sd["watchdog_ms"].as_u64().map_or("off".into(), |w| format!("{w} ms"))
         );
     }
 }
 
-fn print_peers(status: &Value, stats: &Value) {
+fn print_peers(w: &mut String, status: &Value, stats: &Value) {
     let tx = list(&stats["protocol"]["tx_packets_per_peer"]);
     let rx = list(&stats["protocol"]["rx_packets_per_peer"]);
-    println!(
+    outln!(
+        w,
         "{:>5}  {:<40} {:<5} {:>11} {:>12} {:>12}",
-        "rank", "address", "state", "generation", "tx datagrams", "rx datagrams"
+        "rank",
+        "address",
+        "state",
+        "generation",
+        "tx datagrams",
+        "rx datagrams"
     );
     for p in status["peers"].as_array().cloned().unwrap_or_default() {
         let r = u(&p["rank"]) as usize;
@@ -205,7 +237,8 @@ fn print_peers(status: &Value, stats: &Value) {
         } else {
             "DOWN"
         };
-        println!(
+        outln!(
+            w,
             "{:>5}  {:<40} {:<5} {:>11} {:>12} {:>12}",
             r,
             p["address"].as_str().unwrap_or("?"),
@@ -217,17 +250,19 @@ fn print_peers(status: &Value, stats: &Value) {
     }
 }
 
-fn print_stats(v: &Value) {
+fn print_stats(w: &mut String, v: &Value) {
     let p = &v["protocol"];
     let s = &v["service"];
-    println!(
+    outln!(
+        w,
         "dlcpd {} — rank {} of {}, {} trainers",
         v["version"].as_str().unwrap_or("?"),
         v["rank"],
         v["world"],
         v["trainers"]
     );
-    println!(
+    outln!(
+        w,
         "ops: {} started, {} completed, {} failed, {} in flight; {} hard timeouts, {} deadlines fired",
         s["ops_started"],
         s["ops_completed"],
@@ -236,11 +271,15 @@ fn print_stats(v: &Value) {
         p["hard_timeouts"],
         p["deadlines_fired"]
     );
-    println!(
+    outln!(
+        w,
         "repairs: {} sent, {} received; {} transfers closed within budget",
-        p["repairs_sent"], p["repairs_received"], p["closed_within_budget"]
+        p["repairs_sent"],
+        p["repairs_received"],
+        p["closed_within_budget"]
     );
-    println!(
+    outln!(
+        w,
         "probes: {} sent, {} duplicate copies ignored; deadlines: {} fired = {} closes + {} NACKs",
         p["probes_sent"],
         p["probes_duplicate"],
@@ -249,7 +288,8 @@ fn print_stats(v: &Value) {
         p["deadline_nacks"]
     );
     let f = &p["flow"];
-    println!(
+    outln!(
+        w,
         "flow control: {} GRANTs sent, {} received; {} credit waits; {} credit requests sent, {} received",
         u(&f["grants_sent"]),
         u(&f["grants_received"]),
@@ -257,7 +297,7 @@ fn print_stats(v: &Value) {
         u(&f["requests_sent"]),
         u(&f["requests_received"])
     );
-    print_traffic_tables(v);
+    print_traffic_tables(w, v);
     let mut rej = p["rejected"].as_object().cloned().unwrap_or_default();
     // The source-address check's reasons, then the service's own drops (debug
     // loss), after the others as always, by the same reason names as
@@ -267,22 +307,30 @@ fn print_stats(v: &Value) {
     let own = source.into_iter().chain([("debug_loss".to_string(), s["rx_debug_dropped"].clone())]);
     let nonzero: Vec<String> =
         rej.into_iter().chain(own).filter(|(_, n)| u(n) > 0).map(|(k, n)| format!("{k} {}", u(&n))).collect();
-    println!(
+    outln!(
+        w,
         "\nrejected datagrams: {}",
         if nonzero.is_empty() { "none".to_string() } else { nonzero.join(", ") }
     );
     let d = &v["datapath_counters"];
-    println!(
+    outln!(
+        w,
         "datapath: {} rx datagrams, {} tx would-block, {} tx errors, {} rx errors, {} truncated",
-        d["rx_packets"], d["tx_would_block"], d["tx_errors"], d["rx_errors"], d["rx_truncated"]
+        d["rx_packets"],
+        d["tx_would_block"],
+        d["tx_errors"],
+        d["rx_errors"],
+        d["rx_truncated"]
     );
-    println!(
+    outln!(
+        w,
         "receive-side drops before dlcpd read them: {} by the kernel (socket receive buffer full), \
          {} by the NIC (ring full)",
         u(&d["rx_rcvbuf_drops"]),
         u(&d["rx_ring_overruns"])
     );
-    println!(
+    outln!(
+        w,
         "trainers: {} attached, {} gone, {} refused; {} submissions, {} rejected, {} completions dropped",
         s["trainers_attached"],
         s["trainers_gone"],
@@ -291,12 +339,12 @@ fn print_stats(v: &Value) {
         s["submissions_rejected"],
         s["completions_dropped"]
     );
-    println!("reloads: {} ok, {} rejected", s["reloads_ok"], s["reloads_failed"]);
-    print_recent_ops(v);
+    outln!(w, "reloads: {} ok, {} rejected", s["reloads_ok"], s["reloads_failed"]);
+    print_recent_ops(w, v);
 }
 
 /// Per class and per peer: sent, received, dropped on arrival, repairs.
-fn print_traffic_tables(v: &Value) {
+fn print_traffic_tables(w: &mut String, v: &Value) {
     let p = &v["protocol"];
     // Dropped: received datagrams discarded on arrival, by the class their
     // header claims and by the configured peer address that sent them.
@@ -313,13 +361,13 @@ fn print_traffic_tables(v: &Value) {
             "repairs in"
         )
     };
-    let row = |key: &str, cols: [u64; 8]| {
+    let row = |w: &mut String, key: &str, cols: [u64; 8]| {
         let [a, b, c, d, e, f, g, h] = cols;
-        println!("{key:>7} {a:>12} {b:>14} {c:>12} {d:>14} {e:>10} {f:>13} {g:>11} {h:>11}");
+        outln!(w, "{key:>7} {a:>12} {b:>14} {c:>12} {d:>14} {e:>10} {f:>13} {g:>11} {h:>11}");
     };
     let g = |x: &Vec<u64>, i: usize| x.get(i).copied().unwrap_or(0);
     let unknown = |k: &str| [0, 0, 0, 0, u(&p[k]["packets"]), u(&p[k]["bytes"]), 0, 0];
-    println!("{}", header("class"));
+    outln!(w, "{}", header("class"));
     let cols = [
         "tx_packets_per_class",
         "tx_bytes_per_class",
@@ -332,10 +380,10 @@ fn print_traffic_tables(v: &Value) {
     ]
     .map(|k| list(&p[k]));
     for c in 0..8 {
-        row(&c.to_string(), cols.each_ref().map(|x| g(x, c)));
+        row(w, &c.to_string(), cols.each_ref().map(|x| g(x, c)));
     }
-    row("unknown", unknown("rx_dropped_unknown_class"));
-    println!("{}", header("peer"));
+    row(w, "unknown", unknown("rx_dropped_unknown_class"));
+    outln!(w, "{}", header("peer"));
     let cols = [
         "tx_packets_per_peer",
         "tx_bytes_per_peer",
@@ -348,23 +396,30 @@ fn print_traffic_tables(v: &Value) {
     ]
     .map(|k| list(&p[k]));
     for r in 0..u(&v["world"]) as usize {
-        row(&r.to_string(), cols.each_ref().map(|x| g(x, r)));
+        row(w, &r.to_string(), cols.each_ref().map(|x| g(x, r)));
     }
-    row("unknown", unknown("rx_dropped_unknown_peer"));
+    row(w, "unknown", unknown("rx_dropped_unknown_peer"));
 }
 
 /// The last ten ops, newest first.
-fn print_recent_ops(v: &Value) {
+fn print_recent_ops(w: &mut String, v: &Value) {
     let recent = v["recent_ops"].as_array().cloned().unwrap_or_default();
     if !recent.is_empty() {
-        println!(
+        outln!(
+            w,
             "\nrecent ops (newest first):\n{:>8} {:>7} {:>10} {:>11} {:>10} {:>8}",
-            "op", "tensor", "elements", "time (µs)", "delivered", "repairs"
+            "op",
+            "tensor",
+            "elements",
+            "time (µs)",
+            "delivered",
+            "repairs"
         );
         for r in recent.iter().take(10) {
             match r["error"].as_str() {
-                Some(e) => println!("{:>8} {:>7}  FAILED: {e}", r["op"], r["tensor"]),
-                None => println!(
+                Some(e) => outln!(w, "{:>8} {:>7}  FAILED: {e}", r["op"], r["tensor"]),
+                None => outln!(
+                    w,
                     "{:>8} {:>7} {:>10} {:>11} {:>9.4}% {:>8}",
                     r["op"],
                     r["tensor"],
@@ -378,27 +433,112 @@ fn print_recent_ops(v: &Value) {
     }
 }
 
-fn print_reload(v: &Value) {
+fn print_reload(w: &mut String, v: &Value) {
     if let Some(e) = v["error"].as_str() {
-        println!("reload REJECTED, running configuration kept:\n  {e}");
+        outln!(w, "reload REJECTED, running configuration kept:\n  {e}");
         return;
     }
-    println!("reloaded {}", v["file"].as_str().unwrap_or("?"));
-    let section = |title: &str, key: &str| {
+    outln!(w, "reloaded {}", v["file"].as_str().unwrap_or("?"));
+    let section = |w: &mut String, title: &str, key: &str| {
         let items = v[key].as_array().cloned().unwrap_or_default();
         if !items.is_empty() {
-            println!("{title}:");
+            outln!(w, "{title}:");
             for i in items {
-                println!("  {}", i.as_str().unwrap_or("?"));
+                outln!(w, "  {}", i.as_str().unwrap_or("?"));
             }
         }
     };
-    section("applied (new ops use it)", "applied");
-    section("needs a restart (not applied)", "needs_restart");
-    section("could not be applied (kept)", "not_applied");
+    section(w, "applied (new ops use it)", "applied");
+    section(w, "needs a restart (not applied)", "needs_restart");
+    section(w, "could not be applied (kept)", "not_applied");
     if ["applied", "needs_restart", "not_applied"].iter().all(|k| v[*k].as_array().is_none_or(Vec::is_empty))
     {
-        println!("no changes");
+        outln!(w, "no changes");
+    }
+}
+
+/// `peers --json`: the status's peers, each with its datagram counts.
+fn peers_json(v: &Value) -> Value {
+    let peers: Vec<Value> = v["status"]["peers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|mut p| {
+            let r = u(&p["rank"]) as usize;
+            p["tx_packets"] = v["stats"]["protocol"]["tx_packets_per_peer"][r].clone();
+            p["rx_packets"] = v["stats"]["protocol"]["rx_packets_per_peer"][r].clone();
+            p
+        })
+        .collect();
+    Value::from(peers)
+}
+
+/// Chunk indices for people: the first 16, then how many more.
+fn chunk_list(v: &Value) -> String {
+    let all = list(v);
+    if all.is_empty() {
+        return "none".into();
+    }
+    let shown: Vec<String> = all.iter().take(16).map(u64::to_string).collect();
+    let more = all.len().saturating_sub(16);
+    if more == 0 { shown.join(" ") } else { format!("{} (+{more} more)", shown.join(" ")) }
+}
+
+/// `report OP TENSOR` as text: the op, this rank's shard, then one row per
+/// transfer of each phase.
+fn print_report(w: &mut String, v: &Value) {
+    let yes = |b: &Value| if b.as_bool() == Some(true) { "yes" } else { "no" };
+    outln!(
+        w,
+        "op {} tensor {} at rank {}: {} µs, {} repairs sent, a deadline fired: {}",
+        v["op"],
+        v["tensor"],
+        v["rank"],
+        v["duration_us"],
+        v["repairs_sent"],
+        yes(&v["deadline_fired"])
+    );
+    outln!(
+        w,
+        "own shard: {} chunks; zero-filled everywhere: {}",
+        v["own_chunks"],
+        chunk_list(&v["own_mask"])
+    );
+    for (title, key, who) in
+        [("reduce-scatter into this rank's shard", "scatter", "from"), ("all-gather", "gather", "owner")]
+    {
+        let rows = v[key].as_array().cloned().unwrap_or_default();
+        outln!(w, "\n{title}:");
+        if rows.is_empty() {
+            outln!(w, "  (no transfers)");
+            continue;
+        }
+        outln!(
+            w,
+            "{who:>7} {:>8} {:>8} {:>9} {:>9} {:>10}  missing chunks",
+            "chunks",
+            "missing",
+            "repaired",
+            "deadline",
+            "delivered"
+        );
+        for t in rows {
+            outln!(
+                w,
+                "{:>7} {:>8} {:>8} {:>9} {:>9} {:>9.3}%  {}",
+                t["peer"],
+                t["chunks"],
+                list(&t["missing"]).len(),
+                t["repaired"],
+                yes(&t["deadline_fired"]),
+                t["delivered_fraction"].as_f64().unwrap_or(0.0) * 100.0,
+                chunk_list(&t["missing"])
+            );
+            if t["mask"].is_array() {
+                outln!(w, "{:>7} agreed zero-filled mask: {}", "", chunk_list(&t["mask"]));
+            }
+        }
     }
 }
 
@@ -429,35 +569,24 @@ fn main() -> ExitCode {
         }
         Ok(v) => {
             let failed = matches!(cli.command, Command::Reload { .. }) && v["ok"].as_bool() != Some(true);
+            let mut o = String::new();
             if json {
                 match &cli.command {
-                    Command::Peers { .. } => {
-                        let peers: Vec<Value> = v["status"]["peers"]
-                            .as_array()
-                            .cloned()
-                            .unwrap_or_default()
-                            .into_iter()
-                            .map(|mut p| {
-                                let r = u(&p["rank"]) as usize;
-                                p["tx_packets"] = v["stats"]["protocol"]["tx_packets_per_peer"][r].clone();
-                                p["rx_packets"] = v["stats"]["protocol"]["rx_packets_per_peer"][r].clone();
-                                p
-                            })
-                            .collect();
-                        println!("{}", Value::from(peers));
-                    }
-                    _ => println!("{v}"),
+                    Command::Peers { .. } => outln!(o, "{}", peers_json(&v)),
+                    _ => outln!(o, "{v}"),
                 }
             } else {
                 match &cli.command {
-                    Command::Status { .. } => print_status(&v),
-                    Command::Stats { .. } => print_stats(&v),
-                    Command::Peers { .. } => print_peers(&v["status"], &v["stats"]),
-                    Command::Reload { .. } => print_reload(&v),
-                    Command::Report { .. } => {
-                        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default())
-                    }
+                    Command::Status { .. } => print_status(&mut o, &v),
+                    Command::Stats { .. } => print_stats(&mut o, &v),
+                    Command::Peers { .. } => print_peers(&mut o, &v["status"], &v["stats"]),
+                    Command::Reload { .. } => print_reload(&mut o, &v),
+                    Command::Report { .. } => print_report(&mut o, &v),
                 }
+            }
+            if let Err(e) = dlcp::write_stdout(&o) {
+                eprintln!("dlcpctl: writing to stdout: {e}");
+                return ExitCode::from(1);
             }
             if failed { ExitCode::from(1) } else { ExitCode::SUCCESS }
         }

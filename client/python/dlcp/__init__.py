@@ -20,9 +20,9 @@ Install it with ``pip install ./client/python`` (after ``cargo build --release
 
 This package is pure Python over the C ABI of ``libdlcp_client.so`` (ctypes);
 the ring operations and their atomics stay in that Rust library. The library is
-found, in order, next to this package (the one a wheel or the .deb installed),
-at ``$DLCP_LIB``, or in ``target/{release,debug}/`` of the source tree (or
-``$CARGO_TARGET_DIR``).
+found, in order, at ``$DLCP_LIB`` when it is set (an explicit override), next
+to this package (the one a wheel or the .deb installed), or in
+``target/{release,debug}/`` of the source tree (or ``$CARGO_TARGET_DIR``).
 
 :func:`attach` takes its defaults from the environment, as the PyTorch hook
 does: ``DLCP_SOCKET``, ``DLCP_JOB``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``
@@ -230,11 +230,11 @@ _lib: Optional[ctypes.CDLL] = None
 
 def _candidates():
     here = Path(__file__).resolve().parent
-    # Bundled (a wheel, the .deb) first: an installed package uses its own library.
-    out = [here / "libdlcp_client.so"]
+    # An explicit $DLCP_LIB first (the user's override), then the library
+    # bundled next to the package (a wheel, the .deb), then a source tree's.
     env = os.environ.get("DLCP_LIB")
-    if env:
-        out.append(Path(env))
+    out = [Path(env)] if env else []
+    out.append(here / "libdlcp_client.so")
     roots = []
     if os.environ.get("CARGO_TARGET_DIR"):
         roots.append(Path(os.environ["CARGO_TARGET_DIR"]))
@@ -247,7 +247,7 @@ def _candidates():
 def load_library(path: Union[str, os.PathLike, None] = None) -> ctypes.CDLL:
     """Loads ``libdlcp_client.so`` (once) and declares its functions.
 
-    ``path`` overrides the search (next to the package, $DLCP_LIB, target/).
+    ``path`` overrides the search ($DLCP_LIB, next to the package, target/).
     Raises ``OSError`` naming every place looked at if it is not found.
     """
     global _lib

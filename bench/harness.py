@@ -867,7 +867,10 @@ class Bench:
                         f"{k.get('udp_rcvbuf_errors', '?')}, switch queue drops {sw} "
                         f"({100 * sw / max(1, per_op_into_0 * (reps + 1)):.3f}% of the datagrams into host 0), "
                         f"min delivered {(r.get('min_delivered_ppm') or 0) / 1e4:.2f}%, repairs {r.get('repairs')}, "
-                        f"early datagrams dropped {(r.get('drops') or {}).get('early_dropped', '?')}")
+                        f"early datagrams dropped {(r.get('drops') or {}).get('early_dropped', '?')}, transfers "
+                        f"closed within budget {(r.get('drops') or {}).get('closed_within_budget', '?')}, deadline "
+                        f"NACKs / closes {(r.get('drops') or {}).get('deadline_nacks', '?')} / "
+                        f"{(r.get('drops') or {}).get('deadline_closes', '?')}")
             finally:
                 self.bed.down()
 

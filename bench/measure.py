@@ -230,6 +230,11 @@ DROP_PATHS = {
     "datapath_rx_truncated": [("datapath_counters", "rx_truncated")],
     "datapath_rx_errors": [("datapath_counters", "rx_errors")],
     "repairs_sent": [("protocol", "repairs_sent")],
+    # Not drops: how transfers ended, beside them (a lossless run that closes
+    # within budget shows here).
+    "deadline_nacks": [("protocol", "deadline_nacks")],
+    "deadline_closes": [("protocol", "deadline_closes")],
+    "closed_within_budget": [("protocol", "closed_within_budget")],
 }
 DISCOVER = ("rcvbuf", "overrun", "ring_full", "ring_drop")
 

@@ -293,9 +293,10 @@ impl Flow {
     /// waiting than its credit covers if `backlog`: true if a GRANT is now
     /// due.
     pub(crate) fn on_data(&mut self, src: u32, dseq: u32, backlog: bool) -> bool {
-        if !self.enabled() {
-            return false;
-        }
+        // The highest dseq is kept with flow control off too: a PROBE names
+        // how many DATA datagrams its sender had sent, and the receiver
+        // compares ([`Flow::high`]).
+        let enabled = self.enabled();
         let floor = self.floor();
         let Some(r) = self.rx.get_mut(src as usize) else { return false };
         // Extend to 64 bits around the highest seen (serial arithmetic: the
@@ -305,6 +306,9 @@ impl Flow {
         if d >= r.high {
             let missing = d - r.high;
             r.high = d + 1;
+            if !enabled {
+                return false;
+            }
             if missing >= LOSS_RUN && r.high > r.cut_until {
                 // A run of lost datagrams: a queue on the way overflowed
                 // (random loss rarely takes three in a row). Halve the window.
@@ -319,6 +323,9 @@ impl Flow {
                     r.clean = 0;
                 }
             }
+        }
+        if !enabled {
+            return false;
         }
         let win = r.win;
         let left = r.granted.saturating_sub(r.high);
@@ -338,6 +345,13 @@ impl Flow {
         // Never believe more than a window beyond what was granted.
         r.high = r.high.max(sent.min(r.granted));
         r.granted = r.granted.max(r.high + r.win);
+    }
+
+    /// One past the highest `dseq` received from `src` (or written off on
+    /// its credit request): with no loss, how many DATA datagrams of `src`
+    /// this rank has received.
+    pub(crate) fn high(&self, src: u32) -> u64 {
+        self.rx.get(src as usize).map_or(0, |r| r.high)
     }
 
     /// The limit to send `src` in a GRANT now.
@@ -519,6 +533,7 @@ mod tests {
             true
         }));
         assert!(!f.on_data(1, 5, true));
+        assert_eq!((f.high(1), f.sent(1)), (6, 10_000), "counts are kept for PROBEs");
     }
 
     #[test]

@@ -31,6 +31,9 @@ fn header(ty: PacketType) -> Header {
     h.chunk_count = 16;
     h.required = 8;
     h.budget_ppm = 10_000;
+    if matches!(ty, PacketType::Probe | PacketType::Grant) {
+        h.payload_len = wire::GRANT_LEN as u16;
+    }
     h
 }
 
@@ -39,8 +42,7 @@ fn payload_for(ty: PacketType) -> Vec<u8> {
         PacketType::Data => vec![0; 16],
         PacketType::Bitmap | PacketType::Done => vec![0xFF, 0x00],
         PacketType::Hello => settings(),
-        PacketType::Grant => vec![0, 0, 0, 0, 0, 0, 1, 0],
-        _ => vec![],
+        PacketType::Grant | PacketType::Probe => vec![0, 0, 0, 0, 0, 0, 1, 0],
     }
 }
 
@@ -128,11 +130,12 @@ fn truncated() {
         assert_eq!(Packet::new_checked(&pkt[..n]).unwrap_err(), WireError::Truncated { len: n });
     }
     assert_eq!(wire::decode(&key(), &[]), Err(WireError::Truncated { len: 0 }));
-    // A whole header with a partial tag: the declared length is short of it.
-    for n in HEADER_LEN..OVERHEAD {
+    // A whole header with a partial payload or tag: the declared length is
+    // short of it.
+    for n in HEADER_LEN..OVERHEAD + wire::GRANT_LEN {
         assert_eq!(
             wire::decode(&key(), &pkt[..n]),
-            Err(WireError::LengthMismatch { declared: 0, actual: n })
+            Err(WireError::LengthMismatch { declared: wire::GRANT_LEN, actual: n })
         );
     }
 }
@@ -148,16 +151,14 @@ fn length_mismatch() {
         wire::decode(&key(), &b),
         Err(WireError::LengthMismatch { declared: 16, actual: OVERHEAD + 12 })
     );
-    // A header-only datagram that claims a payload.
+    // A PROBE that claims 1 byte of payload where it carries 8.
     let mut b = encoded(PacketType::Probe);
     b[56..58].copy_from_slice(&1u16.to_be_bytes());
-    assert_eq!(wire::decode(&key(), &b), Err(WireError::LengthMismatch { declared: 1, actual: OVERHEAD }));
+    let actual = OVERHEAD + wire::GRANT_LEN;
+    assert_eq!(wire::decode(&key(), &b), Err(WireError::LengthMismatch { declared: 1, actual }));
     // Declared length at the maximum, datagram much shorter: no out-of-range read.
     b[56..58].copy_from_slice(&u16::MAX.to_be_bytes());
-    assert_eq!(
-        wire::decode(&key(), &b),
-        Err(WireError::LengthMismatch { declared: MAX_PAYLOAD, actual: OVERHEAD })
-    );
+    assert_eq!(wire::decode(&key(), &b), Err(WireError::LengthMismatch { declared: MAX_PAYLOAD, actual }));
 }
 
 #[test]
@@ -207,10 +208,11 @@ fn key_mismatch() {
     // Encoding only: a header of the other mode than the key, or a sender's
     // own key used for another sender's header.
     let h = header(PacketType::Probe);
+    let count = payload_for(PacketType::Probe);
     let mut b = vec![0u8; 256];
-    assert_eq!(wire::encode(&JobKey::unauthenticated(), &h, &[], &mut b), Err(WireError::KeyMismatch));
+    assert_eq!(wire::encode(&JobKey::unauthenticated(), &h, &count, &mut b), Err(WireError::KeyMismatch));
     let none = Header { auth: PacketAuth::None, ..h };
-    assert_eq!(wire::encode(&key(), &none, &[], &mut b), Err(WireError::KeyMismatch));
+    assert_eq!(wire::encode(&key(), &none, &count, &mut b), Err(WireError::KeyMismatch));
     let own = key().sender_key(h.sender());
     assert!(wire::seal(&own, &h, &mut b, |_| {}).is_ok());
     let other = Header { session: h.session + 1, ..h };
@@ -418,7 +420,8 @@ fn bad_field_payload_len() {
     hdr[7] = DType::Bf16 as u8;
     assert!(wire::decode(&key(), &raw(&hdr, &[0; 6])).is_ok());
 
-    // PROBE with a payload; HELLO with anything but its settings' length.
+    // PROBE with anything but its count's length; HELLO with anything but
+    // its settings' length.
     let mut hdr = [0u8; HEADER_LEN];
     header(PacketType::Probe).emit(&mut hdr).unwrap();
     hdr[57] = 1;

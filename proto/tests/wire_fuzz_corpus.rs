@@ -115,7 +115,7 @@ fn seeds() -> Vec<(&'static str, Header, Vec<u8>)> {
 
     let mut h = base(PacketType::Probe, Class::CONTROL, Phase::Scatter);
     h.seq = 1;
-    v.push(("seed-probe", h, vec![]));
+    v.push(("seed-probe", h, 640u64.to_be_bytes().to_vec()));
 
     let mut h = base(PacketType::Bitmap, Class::CONTROL, Phase::Scatter);
     h.chunk_index = 64;

@@ -120,7 +120,7 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     let mut h = common(PacketType::Probe, Class::CONTROL, Phase::Gather);
     h.seq = 3;
     h.packet = 2;
-    v.push(("probe", h, vec![]));
+    v.push(("probe", h, 4242u64.to_be_bytes().to_vec()));
 
     let mut h = common(PacketType::Bitmap, Class::CONTROL, Phase::Scatter);
     h.chunk_index = 8;
@@ -348,19 +348,19 @@ fn probe_header_written_by_hand() {
         0x00, 0x00, 0x00, 0x04, // 44 required = 4
         0x00, 0x00, 0x27, 0x10, // 48 budget_ppm = 10 000
         0x00, 0x00, 0x00, 0x03, // 52 seq = 3
-        0x00, 0x00,             // 56 payload_len = 0
+        0x00, 0x08,             // 56 payload_len = 8 (the DATA count)
         0x01,                   // 58 auth = AES-128-GMAC
         0x00, 0x00, 0x00, 0x00, 0x00, // 59 reserved
         0x5E, 0x55, 0x10, 0xA0, 0xB0, 0xC0, 0xD0, 0xE0, // 64 session
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, // 72 packet = 2
     ];
     let g = golden("probe");
-    assert_eq!(g.len(), OVERHEAD);
+    assert_eq!(g.len(), OVERHEAD + wire::GRANT_LEN);
     assert_eq!(g[..HEADER_LEN], hand[..], "generator disagrees with the hand-written header");
 
-    let (_, h, _) = vectors().into_iter().find(|(n, _, _)| *n == "probe").unwrap();
-    let mut buf = [0u8; OVERHEAD];
-    wire::encode(&key(), &h, &[], &mut buf).unwrap();
+    let (_, h, payload) = vectors().into_iter().find(|(n, _, _)| *n == "probe").unwrap();
+    let mut buf = [0u8; OVERHEAD + wire::GRANT_LEN];
+    wire::encode(&key(), &h, &payload, &mut buf).unwrap();
     assert_eq!(buf[..HEADER_LEN], hand[..], "encoder disagrees with the hand-written header");
 }
 
@@ -392,9 +392,10 @@ fn key_schedule_is_pinned() {
     assert_eq!(KEY_INFO, b"dlcp v2 aes-128-gmac sender key");
     // The probe vector's tag, computed by gen.py with Python's cryptography.
     let g = golden("probe");
-    assert_eq!(hex(&g[HEADER_LEN..]), "0659c48ab7155c6c07595a93556fba62");
-    assert_eq!(hex(&key().tag(&g[..HEADER_LEN])), "0659c48ab7155c6c07595a93556fba62");
-    assert_ne!(JobKey::new(b"").tag(&g[..HEADER_LEN]), key().tag(&g[..HEADER_LEN]));
+    let n = HEADER_LEN + wire::GRANT_LEN;
+    assert_eq!(hex(&g[n..]), "50cd6920a5b56c8274dbf183605ef600");
+    assert_eq!(hex(&key().tag(&g[..n])), "50cd6920a5b56c8274dbf183605ef600");
+    assert_ne!(JobKey::new(b"").tag(&g[..n]), key().tag(&g[..n]));
 }
 
 fn hex(b: &[u8]) -> String {

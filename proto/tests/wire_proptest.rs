@@ -61,7 +61,7 @@ fn valid_packet() -> impl Strategy<Value = (Header, Vec<u8>)> {
                 PacketType::Done if flag_a => Flags::MASK_EMPTY,
                 _ => Flags::default(),
             };
-            let no_payload = ty == PacketType::Probe || flags.0 & 0x06 != 0;
+            let no_payload = flags.0 & 0x06 != 0;
             let min_count = if ty == PacketType::Hello { 0u32 } else { 1 };
             (
                 any::<[u32; 5]>(), // job, generation, src, tensor, seq
@@ -103,6 +103,8 @@ fn valid_packet() -> impl Strategy<Value = (Header, Vec<u8>)> {
                         };
                         let len = match ty {
                             PacketType::Data => (units * dtype.size()).min(MAX_PAYLOAD / 4 * 4),
+                            // A PROBE carries its sender's DATA count.
+                            PacketType::Probe => wire::GRANT_LEN,
                             // A segment ends at the byte holding the last chunk's bit.
                             PacketType::Bitmap | PacketType::Done if units > 0 => {
                                 units.min((chunk_count - h.chunk_index).div_ceil(8) as usize)

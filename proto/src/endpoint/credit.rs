@@ -14,7 +14,7 @@ impl Endpoint {
     pub(super) fn park(&mut self, qi: usize, peer: u32, now: Instant) {
         self.sh.tx.park(qi);
         let probe_max = self.sh.cfg.timers.probe_max;
-        if self.flow.blocked(peer, now, self.sh.rtt.timeout(), probe_max) {
+        if self.sh.flow.blocked(peer, now, self.sh.rtt.timeout(), probe_max) {
             self.sh.stats.flow_credit_waits += 1;
         }
     }
@@ -31,27 +31,27 @@ impl Endpoint {
     /// some stay parked, the credit request timer runs (the GRANT that would
     /// release them may be lost, or the datagrams that would earn it).
     fn unpark(&mut self, peer: u32) {
-        self.sh.tx.unpark(peer, self.flow.credit(peer));
+        self.sh.tx.unpark(peer, self.sh.flow.credit(peer));
         if self.sh.tx.parked(peer) > 0 {
             let probe_max = self.sh.cfg.timers.probe_max;
-            self.flow.blocked(peer, self.now, self.sh.rtt.timeout(), probe_max);
+            self.sh.flow.blocked(peer, self.now, self.sh.rtt.timeout(), probe_max);
         }
     }
 
     /// Whether more DATA waits for `peer` than its credit covers (the DATA
     /// datagram being sent says so with BACKLOG).
     pub(super) fn backlogged(&self, peer: u32) -> bool {
-        self.flow.enabled() && self.sh.tx.data_for(peer) as usize > self.flow.credit(peer)
+        self.sh.flow.enabled() && self.sh.tx.data_for(peer) as usize > self.sh.flow.credit(peer)
     }
 
     /// The `dseq` of the next DATA datagram to `peer`.
     pub(super) fn take_dseq(&mut self, peer: u32) -> u32 {
-        self.flow.take_dseq(peer)
+        self.sh.flow.take_dseq(peer)
     }
 
     /// Whether DATA may go to `peer` now.
     pub(super) fn may_send(&self, peer: u32) -> bool {
-        self.flow.may_send(peer)
+        self.sh.flow.may_send(peer)
     }
 
     /// Flow control's part of an authenticated datagram from a current peer
@@ -60,8 +60,8 @@ impl Endpoint {
     pub(super) fn flow_received(&mut self, h: &Header, payload: &[u8]) {
         match h.ty {
             PacketType::Data => {
-                let due = self.flow.on_data(h.src, h.seq, h.flags.contains(Flags::BACKLOG));
-                self.sh.stats.flow_window_cuts = self.flow.cuts;
+                let due = self.sh.flow.on_data(h.src, h.seq, h.flags.contains(Flags::BACKLOG));
+                self.sh.stats.flow_window_cuts = self.sh.flow.cuts;
                 if due {
                     self.queue_grant(h.src);
                 }
@@ -70,13 +70,13 @@ impl Endpoint {
                 let Some(count) = wire::parse_grant(payload) else { return };
                 if h.flags.contains(Flags::REQUEST) {
                     self.sh.stats.flow_requests_received += 1;
-                    if self.flow.enabled() {
-                        self.flow.on_request(h.src, count);
+                    if self.sh.flow.enabled() {
+                        self.sh.flow.on_request(h.src, count);
                         self.queue_grant(h.src);
                     }
                 } else {
                     self.sh.stats.flow_grants_received += 1;
-                    if self.flow.on_grant(h.src, count) {
+                    if self.sh.flow.on_grant(h.src, count) {
                         self.unpark(h.src);
                     }
                 }
@@ -88,7 +88,7 @@ impl Endpoint {
     /// Queue a GRANT to `peer` unless one is queued (it carries the limit
     /// as of when it is sent).
     fn queue_grant(&mut self, peer: u32) {
-        if self.flow.mark_grant_queued(peer) {
+        if self.sh.flow.mark_grant_queued(peer) {
             self.sh.tx.push(grant_item(peer, false));
         }
     }
@@ -97,7 +97,7 @@ impl Endpoint {
     /// DATA parked for it is released (its ops failed; the items are dropped
     /// as no longer wanted when they reach the front).
     pub(super) fn flow_reset(&mut self, peer: u32) {
-        self.flow.reset(peer);
+        self.sh.flow.reset(peer);
         self.sh.tx.unpark(peer, usize::MAX);
     }
 
@@ -105,7 +105,7 @@ impl Endpoint {
     /// DATA is all for ops that ended needs no credit any more; to the
     /// others a request goes out, and the next one backs off.
     pub(super) fn flow_timeouts(&mut self, now: Instant) {
-        let due: Vec<u32> = self.flow.requests_due(now).collect();
+        let due: Vec<u32> = self.sh.flow.requests_due(now).collect();
         for peer in due {
             let ops = &self.ops;
             let gone = self.sh.tx.drain_parked(peer, |item| {
@@ -117,13 +117,13 @@ impl Endpoint {
             for item in gone {
                 self.dequeued(now, item);
             }
-            self.flow.request_sent(peer);
+            self.sh.flow.request_sent(peer);
             if self.sh.tx.parked(peer) == 0 {
                 continue;
             }
             self.sh.tx.push(grant_item(peer, true));
             let probe_max = self.sh.cfg.timers.probe_max;
-            self.flow.blocked(peer, now, self.sh.rtt.timeout(), probe_max);
+            self.sh.flow.blocked(peer, now, self.sh.rtt.timeout(), probe_max);
         }
     }
 
@@ -138,10 +138,10 @@ impl Endpoint {
         if request {
             h.flags = Flags::REQUEST;
             self.sh.stats.flow_requests_sent += 1;
-            self.flow.sent(peer)
+            self.sh.flow.sent(peer)
         } else {
             self.sh.stats.flow_grants_sent += 1;
-            self.flow.take_grant(peer)
+            self.sh.flow.take_grant(peer)
         }
     }
 }

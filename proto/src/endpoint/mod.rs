@@ -72,18 +72,17 @@
 use std::collections::VecDeque;
 
 use crate::class::Class;
-use crate::flow::Flow;
 use crate::pacer::Pacer;
 use crate::pool::BufferPool;
 use crate::priority::ClassifierConfig;
 use crate::rate::{RateAdapter, RateConfig, SendTotals};
 use crate::time::Instant;
-use crate::transfer::{fill_done, fill_mask};
 use crate::wire::{self, DType, Header, KeyCache, PacketType, Phase, Settings, WireError};
 
 pub(crate) mod allreduce;
 pub(crate) mod api;
 pub(crate) mod batch;
+mod control;
 mod credit;
 pub(crate) mod history;
 pub(crate) mod membership;
@@ -132,8 +131,6 @@ pub struct Endpoint {
     keys: KeyCache,
     /// Loss-driven adaptation of the pacing rate, if configured.
     rate: Option<RateAdapter>,
-    /// Credit towards and from every peer ([`crate::flow`]).
-    flow: Flow,
 }
 
 impl Endpoint {
@@ -163,7 +160,6 @@ impl Endpoint {
             timers: TimerIndex::default(),
             scratch: TxBatch::new(),
             keys: KeyCache::new(cfg.key.clone(), cfg.world),
-            flow: Flow::new(cfg.flow, cfg.world),
             sh: Shared::new(cfg),
         }
     }
@@ -223,7 +219,7 @@ impl Endpoint {
             + (stats.tx_packets_peer.capacity() + stats.rx_packets_peer.capacity()) * 8
             + self.timers.bytes()
             + self.keys.bytes()
-            + self.flow.bytes();
+            + self.sh.flow.bytes();
         f.early_bytes = self.history.early_bytes();
         f.queued = self.queued();
         f
@@ -535,7 +531,7 @@ impl Endpoint {
             return !self.peers.settings_refused(h.src);
         }
         let ours = self.sh.cfg.chunk_bytes as u32;
-        let window = self.flow.config().wire_window();
+        let window = self.sh.flow.config().wire_window();
         match Settings::parse(payload) {
             Ok(s) if s.chunk_bytes != ours => {
                 self.refuse(now, Some(h.src), Mismatch::ChunkBytes { theirs: s.chunk_bytes, ours });
@@ -708,7 +704,7 @@ impl Endpoint {
             (!self.sh.tx.is_empty() && self.pacer.rate() > 0)
                 .then(|| self.pacer.ready_at(self.now, self.sh.cfg.chunk_bytes + wire::OVERHEAD)),
             self.rate.as_ref().and_then(|a| a.next_timeout(self.send_totals())),
-            self.flow.next_timeout(),
+            self.sh.flow.next_timeout(),
         ];
         candidates.into_iter().flatten().min().filter(|&t| t != Instant::MAX)
     }
@@ -828,69 +824,6 @@ impl Endpoint {
         }
         self.sh.count_transmit(item.peer, class, len);
         true
-    }
-
-    /// Add control packet `item` to `batch` (header and payload; the tag is
-    /// computed with the batch's). False if it is no longer due.
-    fn encode_control(&mut self, now: Instant, item: TxItem, batch: &mut TxBatch) -> bool {
-        let room = batch.inline_room(wire::OVERHEAD + self.sh.seg_bytes());
-        match self.write_control(now, item, room) {
-            Some(n) => {
-                batch.push_inline(item.peer, Class::CONTROL, n);
-                self.sh.count_transmit(item.peer, Class::CONTROL, n);
-                true
-            }
-            None => {
-                batch.drop_room();
-                false
-            }
-        }
-    }
-
-    /// Write control packet `item` (untagged) into `buf`; its length.
-    fn write_control(&mut self, now: Instant, item: TxItem, buf: &mut [u8]) -> Option<usize> {
-        let seg_bytes = self.sh.seg_bytes();
-        let mut h = self.sh.header(PacketType::Hello, Class::CONTROL, item.phase, item.op.id(), item.peer);
-        let (op, peer) = (self.ops.by_key_mut(item.op), item.peer);
-        match item.kind {
-            TxKind::Hello => {
-                h.op = 0;
-                h.tensor = 0;
-                h.seq = self.peers.hello_seq();
-                h.payload_len = wire::SETTINGS_LEN as u16;
-            }
-            TxKind::Probe => {
-                let st = op?.transfers_mut().sender_mut(item.phase, peer)?;
-                let at = st.fill_probe(&mut h, now, &self.sh.retry())?;
-                self.timers.insert(at, item.op.id(), Side::send(item.phase), peer);
-                self.sh.stats.probes_sent += 1;
-            }
-            TxKind::Bitmap { seg } => {
-                op?.transfers().receiver(item.phase, peer)?.fill_bitmap(&mut h, seg, seg_bytes, buf)?
-            }
-            TxKind::Done { seg } => match (op, self.history.lingering(&item.op.id())) {
-                (Some(op), _) => op.fill_done(item.phase, peer, seg, &mut h, buf, seg_bytes)?,
-                (None, Some(l)) if item.phase == Phase::Scatter => fill_done(&mut h, l.own_chunks, 0),
-                (None, Some(l)) => fill_mask(&mut h, &l.mask, seg, seg_bytes, buf)?,
-                (None, None) => return None,
-            },
-            TxKind::Grant { request } => {
-                let count = self.fill_grant(&mut h, peer, request);
-                return self.sh.seal(&h, buf, |p| wire::emit_grant(count, p));
-            }
-            TxKind::Data { .. } => return None,
-        }
-        self.sh.seal(&h, buf, |p| {
-            if h.ty == PacketType::Hello {
-                Settings {
-                    version: wire::VERSION,
-                    auth: h.auth,
-                    chunk_bytes: self.sh.cfg.chunk_bytes as u32,
-                    flow_window: self.flow.config().wire_window(),
-                }
-                .emit(p)
-            }
-        })
     }
 }
 

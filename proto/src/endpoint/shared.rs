@@ -9,6 +9,7 @@ use crate::class::Class;
 use crate::endpoint::api::{EndpointConfig, OpId};
 use crate::endpoint::tx::TxQueues;
 use crate::estimator::{DeadlineEstimator, RttEstimator};
+use crate::flow::Flow;
 use crate::stats::Stats;
 use crate::time::Duration;
 use crate::transfer::Retry;
@@ -31,6 +32,9 @@ pub(crate) struct Shared {
     /// The packet number (nonce) of the next datagram sealed: never repeats
     /// under `key` (see `wire::mac`).
     next_packet: Cell<u64>,
+    /// Credit towards and from every peer, and how many DATA datagrams went
+    /// each way ([`crate::flow`]): a PROBE names how many its sender sent.
+    pub flow: Flow,
 }
 
 impl Shared {
@@ -48,6 +52,7 @@ impl Shared {
             overtake: Duration::ZERO,
             key: cfg.key.sender_key(me),
             next_packet: Cell::new(0),
+            flow: Flow::new(cfg.flow, cfg.world),
             cfg,
         }
     }

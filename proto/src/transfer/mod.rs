@@ -26,7 +26,7 @@ mod send;
 mod tests;
 
 pub use recv::TransferReport;
-pub(crate) use recv::{Answer, Arrived, Fired, Receiver};
+pub(crate) use recv::{Answer, Arrived, Behind, Fired, Receiver};
 pub use rules::{MAX_BUDGET_PPM, PROBE_COPIES, allowed_missing, select_repairs};
 pub(crate) use rules::{Mode, Refused, Retry, fill_done, fill_mask, mask_segments};
 pub(crate) use send::{Drained, Sender};

@@ -47,6 +47,15 @@ impl TransferReport {
     }
 }
 
+/// What a PROBE said of its sender's DATA to this rank: `sent` datagrams
+/// before the PROBE, of which the receiver has seen up to `seen` (one past
+/// the highest data sequence number; see [`crate::flow`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Behind {
+    pub sent: u64,
+    pub seen: u64,
+}
+
 /// The receive side of one transfer.
 #[derive(Debug)]
 pub(crate) struct Receiver {
@@ -69,10 +78,16 @@ pub(crate) struct Receiver {
     grace: Option<Instant>,
     /// While `grace` runs: the chunk whose arrival ends it early.
     awaited: Option<u32>,
-    /// How long the grace after the PROBE that set `awaited` is, and from
-    /// when it last ran (it is renewed while the transfer's chunks keep
-    /// landing: see [`Receiver::on_timer`]).
-    settle: Option<(Duration, Instant)>,
+    /// How long the grace after the PROBE that set `awaited` is, from when
+    /// it last ran, and how far the sender's DATA to this rank had come then
+    /// (it is renewed while the transfer's chunks keep landing, or the
+    /// sender's DATA the PROBE overtook does: see [`Receiver::on_timer`]).
+    settle: Option<(Duration, Instant, u64)>,
+    /// The sender's DATA count to this rank when it sent the last PROBE.
+    probe_sent: Option<u64>,
+    /// How far the sender's DATA to this rank had come when the deadline
+    /// last looked (a deadline waits while it moves).
+    seen_mark: u64,
     /// When the PROBE that set `awaited` arrived (to learn how far PROBEs
     /// overtake data queued in the network).
     probe_at: Option<Instant>,
@@ -179,6 +194,8 @@ impl Receiver {
             deadline_backoff: 0,
             grace: None,
             settle: None,
+            probe_sent: None,
+            seen_mark: 0,
             awaited: None,
             probe_at: None,
             nudge: None,
@@ -318,13 +335,15 @@ impl Receiver {
     }
 
     /// A PROBE from the sender. `grace`: how long to wait for chunks it may
-    /// have overtaken (see `settle_until`).
+    /// have overtaken (see `settle_until`); `behind`: the sender's DATA to
+    /// this rank as the PROBE counts it, and what of it arrived.
     pub(crate) fn on_probe(
         &mut self,
         h: &Header,
         now: Instant,
         grace: Duration,
         est: &DeadlineEstimator,
+        behind: Option<Behind>,
     ) -> Result<Probed, Refused> {
         if h.chunk_count != self.n {
             return Err(Refused::Mismatch);
@@ -340,14 +359,15 @@ impl Receiver {
             self.budget_ppm = h.budget_ppm.min(MAX_BUDGET_PPM);
         }
         self.probe_seq = self.probe_seq.max(h.seq);
+        self.probe_sent = behind.map(|b| b.sent);
         self.arm_deadline(now, est);
         let answer = if self.closed_at.is_some() {
             if self.mode == Mode::Own { Answer::Done } else { Answer::Nothing }
-        } else if let Some(at) = self.settle_until(now, grace, h.chunk_index) {
+        } else if let Some(at) = self.settle_until(now, grace, h.chunk_index, behind) {
             // Chunks may still be in flight behind the PROBE: answer (close
             // or bitmap) once they had time to land.
             self.grace.get_or_insert(at);
-            self.settle.get_or_insert((grace, now));
+            self.settle.get_or_insert((grace, now, behind.map_or(0, |b| b.seen)));
             self.awaited = Some(h.chunk_index);
             self.probe_at.get_or_insert(now);
             Answer::Nothing
@@ -364,7 +384,13 @@ impl Receiver {
     /// still arriving within the last `grace`, the PROBE (control class) has
     /// probably overtaken the tail of the transfer queued in the network:
     /// answer at the returned instant instead of now. `None`: answer now.
-    fn settle_until(&self, now: Instant, grace: Duration, last_sent: u32) -> Option<Instant> {
+    fn settle_until(
+        &self,
+        now: Instant,
+        grace: Duration,
+        last_sent: u32,
+        behind: Option<Behind>,
+    ) -> Option<Instant> {
         if grace.is_zero() || self.got.is_full() {
             return None;
         }
@@ -375,6 +401,11 @@ impl Receiver {
         // have overtaken is left in flight (per-class FIFO, lowest class last).
         if self.got.get(last_sent) {
             return None;
+        }
+        // The sender's DATA sent before the PROBE has not all arrived: what
+        // the PROBE overtook is still on its way (or lost).
+        if behind.is_some_and(|b| b.seen < b.sent) {
+            return Some(now + grace);
         }
         let streaming = self.last_at.is_some_and(|l| now < l + grace);
         streaming.then_some(now + grace)
@@ -436,8 +467,9 @@ impl Receiver {
         Ok(self.close(now, false))
     }
 
-    /// Serve the receive timers due at `now`.
-    pub(crate) fn on_timer(&mut self, now: Instant, retry: &Retry) -> Fired {
+    /// Serve the receive timers due at `now`. `seen`: how far the sender's
+    /// DATA to this rank has come (one past its highest data sequence number).
+    pub(crate) fn on_timer(&mut self, now: Instant, retry: &Retry, seen: u64) -> Fired {
         if self.closed_at.is_some() {
             return Fired::Nothing;
         }
@@ -449,15 +481,20 @@ impl Receiver {
             // receiver that reads slower than its credit lets data come).
             // Wait another grace while they keep coming, up to the deadline
             // cap after the PROBE; only then answer with what is here.
-            if let (Some((len, from)), Some(last), Some(probe)) = (self.settle, self.last_at, self.probe_at)
+            // Or the sender's DATA that the PROBE overtook is still coming in
+            // (its sequence numbers advanced since the grace began, and have
+            // not reached the PROBE's count).
+            if let (Some((len, from, mark)), Some(probe)) = (self.settle, self.probe_at)
                 && self.awaited.is_some()
-                && last > from
-                && last + len / 2 > now
                 && now < probe + retry.deadline_cap()
             {
-                self.settle = Some((len, now));
-                self.grace = Some(now + len);
-                return Fired::Nothing;
+                let landing = self.last_at.is_some_and(|last| last > from && last + len / 2 > now);
+                let draining = self.probe_sent.is_some_and(|sent| seen < sent) && seen > mark;
+                if landing || draining {
+                    self.settle = Some((len, now, seen));
+                    self.grace = Some(now + len);
+                    return Fired::Nothing;
+                }
             }
             // The settle time after a PROBE is over: answer it now.
             self.grace = None;
@@ -476,6 +513,15 @@ impl Receiver {
             return Fired::Bitmap { deadline: false };
         }
         if self.deadline.is_none_or(|d| d > now) {
+            return Fired::Nothing;
+        }
+        // The sender is still sending this rank DATA (of any transfer: they
+        // share its credit and its queues): it is not quiet, and its PROBE
+        // (or the PROBE's retry) comes when it is through. A deadline NACKs
+        // and closes only once the sender went quiet.
+        if seen > self.seen_mark {
+            self.seen_mark = seen;
+            self.deadline = Some(now + retry.gap());
             return Fired::Nothing;
         }
         // Past its estimate but still receiving (e.g. the sender serves

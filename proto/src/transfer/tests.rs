@@ -5,7 +5,7 @@ use crate::bitmap::Bitmap;
 use crate::class::{Class, ClassSet};
 use crate::estimator::DeadlineEstimator;
 use crate::time::{Duration, Instant};
-use crate::transfer::recv::{Answer, Arrived, Fired, Receiver};
+use crate::transfer::recv::{Answer, Arrived, Behind, Fired, Receiver};
 use crate::transfer::rules::{Mode, Refused, Retry, allowed_missing, fill_mask, select_repairs};
 use crate::transfer::send::{Drained, Sender};
 use crate::wire::{self, Flags, Header, PacketType, Phase};
@@ -126,9 +126,9 @@ fn admission_refuses_misfits_duplicates_and_late_chunks() {
     assert!(r.close(at(6), false).is_none(), "closes once");
     assert_eq!(r.admit(&data(1, 4, 0, 0, Flags::default()), ELEMS * 4, ELEMS), Err(Refused::Late));
     // A PROBE of another size, and a second copy of one already acted on.
-    assert_eq!(r.on_probe(&probe(3, 5, 1, 0, 0), at(7), us(0), &est()), Err(Refused::Mismatch));
-    assert!(r.on_probe(&probe(3, 4, 1, 0, 0), at(7), us(0), &est()).is_ok());
-    assert_eq!(r.on_probe(&probe(3, 4, 1, 0, 0), at(8), us(0), &est()), Err(Refused::DuplicateProbe));
+    assert_eq!(r.on_probe(&probe(3, 5, 1, 0, 0), at(7), us(0), &est(), None), Err(Refused::Mismatch));
+    assert!(r.on_probe(&probe(3, 4, 1, 0, 0), at(7), us(0), &est(), None).is_ok());
+    assert_eq!(r.on_probe(&probe(3, 4, 1, 0, 0), at(8), us(0), &est(), None), Err(Refused::DuplicateProbe));
 }
 
 #[test]
@@ -142,7 +142,7 @@ fn closes_within_budget_only_with_every_required_chunk() {
             assert_eq!(arrive(&mut r, &data(c, n, 2, budget, flags(c)), at(10)), Arrived::Nothing);
         }
         // One missing, within budget, but it is required: the bitmap asks for it.
-        let p = r.on_probe(&probe(n - 1, n, 1, 2, budget), at(20), us(0), &est()).unwrap();
+        let p = r.on_probe(&probe(n - 1, n, 1, 2, budget), at(20), us(0), &est(), None).unwrap();
         assert_eq!(p.answer, Answer::Bitmap);
         let done = arrive(&mut r, &data(0, n, 2, budget, flags(0)), at(30));
         assert_eq!(done, if mode == Mode::Own { Arrived::Close } else { Arrived::Complete }, "{mode:?}");
@@ -152,13 +152,13 @@ fn closes_within_budget_only_with_every_required_chunk() {
     for c in (0..n).filter(|&c| c != 50) {
         arrive(&mut r, &data(c, n, 2, budget, flags(c)), at(10 + u64::from(c)));
     }
-    let p = r.on_probe(&probe(n - 1, n, 1, 2, budget), at(200), us(0), &est()).unwrap();
+    let p = r.on_probe(&probe(n - 1, n, 1, 2, budget), at(200), us(0), &est(), None).unwrap();
     assert_eq!(p.answer, Answer::Close);
     let closed = r.close(at(200), false).unwrap();
     assert!(closed.incomplete);
     assert_eq!(closed.took, Some(us(190)), "first chunk to close: a deadline sample");
     assert_eq!(
-        r.on_probe(&probe(n - 1, n, 2, 2, budget), at(300), us(0), &est()).unwrap().answer,
+        r.on_probe(&probe(n - 1, n, 2, 2, budget), at(300), us(0), &est(), None).unwrap().answer,
         Answer::Done
     );
     // The all-gather receiver never closes on its own: it waits for the mask.
@@ -167,7 +167,7 @@ fn closes_within_budget_only_with_every_required_chunk() {
         arrive(&mut g, &data(c, n, 2, budget, flags(c)), at(10));
     }
     assert_eq!(
-        g.on_probe(&probe(n - 1, n, 1, 2, budget), at(200), us(0), &est()).unwrap().answer,
+        g.on_probe(&probe(n - 1, n, 1, 2, budget), at(200), us(0), &est(), None).unwrap().answer,
         Answer::Bitmap
     );
 }
@@ -182,7 +182,10 @@ fn the_sender_repairs_exactly_enough_highest_class_first() {
     let mut s = drained_sender(n, 2, budget, Mode::Own);
     let mut r = Receiver::new(n, Vec::new(), Mode::Own);
     arrive(&mut r, &data(5, n, 2, budget, Flags::default()), at(10));
-    assert_eq!(r.on_probe(&probe(7, n, 1, 2, budget), at(20), us(0), &est()).unwrap().answer, Answer::Bitmap);
+    assert_eq!(
+        r.on_probe(&probe(7, n, 1, 2, budget), at(20), us(0), &est(), None).unwrap().answer,
+        Answer::Bitmap
+    );
     for (h, payload) in report(&r) {
         let heard = s.on_bitmap(&h, &payload, at(30), SEG);
         assert!(heard.news && heard.round);
@@ -246,7 +249,7 @@ fn the_probe_timer_backs_off_to_its_cap_and_news_resets_it() {
 fn fire(r: &mut Receiver) -> (Instant, Fired) {
     loop {
         let t = r.timers().min().expect("a live timer");
-        let fired = r.on_timer(t, &retry());
+        let fired = r.on_timer(t, &retry(), 0);
         if fired != Fired::Nothing {
             return (t, fired);
         }
@@ -297,7 +300,7 @@ fn after_a_probe_the_receiver_waits_for_the_chunk_it_overtook() {
         let mut r = Receiver::new(n, Vec::new(), mode);
         arrive(&mut r, &data(0, n, 0, 0, Flags::default()), at(0));
         arrive(&mut r, &data(1, n, 0, 0, Flags::default()), at(10));
-        let p = r.on_probe(&probe(3, n, 1, 0, 0), at(20), grace, &est()).unwrap();
+        let p = r.on_probe(&probe(3, n, 1, 0, 0), at(20), grace, &est(), None).unwrap();
         assert_eq!(p.answer, Answer::Nothing, "{mode:?}: settle first");
         assert!(r.timers().any(|t| t == at(120)), "{mode:?}: grace armed");
         arrive(&mut r, &data(2, n, 0, 0, Flags::default()), at(30));
@@ -305,7 +308,7 @@ fn after_a_probe_the_receiver_waits_for_the_chunk_it_overtook() {
         let got = r.on_data(&data(3, n, 0, 0, Flags::default()), at(45), &est(), retry().rto);
         assert_eq!(got.overtake, Some(us(25)), "{mode:?}: the PROBE overtook chunk 3 by 25 µs");
         // The awaited chunk landed: the answer is due now, not at the grace's end.
-        assert_eq!(r.on_timer(at(45), &retry()), Fired::Bitmap { deadline: false }, "{mode:?}");
+        assert_eq!(r.on_timer(at(45), &retry(), 0), Fired::Bitmap { deadline: false }, "{mode:?}");
     }
     // Within budget after the grace: it closes (reduce-scatter).
     let n = 200;
@@ -313,10 +316,10 @@ fn after_a_probe_the_receiver_waits_for_the_chunk_it_overtook() {
     for c in 0..n - 2 {
         arrive(&mut r, &data(c, n, 0, 10_000, Flags::default()), at(10));
     }
-    let p = r.on_probe(&probe(n - 1, n, 1, 0, 10_000), at(50), grace, &est()).unwrap();
+    let p = r.on_probe(&probe(n - 1, n, 1, 0, 10_000), at(50), grace, &est(), None).unwrap();
     assert_eq!(p.answer, Answer::Nothing);
-    assert_eq!(r.on_timer(at(149), &retry()), Fired::Nothing);
-    assert_eq!(r.on_timer(at(150), &retry()), Fired::Close { deadline: false });
+    assert_eq!(r.on_timer(at(149), &retry(), 0), Fired::Nothing);
+    assert_eq!(r.on_timer(at(150), &retry(), 0), Fired::Close { deadline: false });
     // Chunks still landing when the grace ends (a queue draining slower than
     // the grace): the receiver waits while they come, and answers once they
     // stop, not at the first grace's end.
@@ -325,23 +328,42 @@ fn after_a_probe_the_receiver_waits_for_the_chunk_it_overtook() {
     for c in 0..150 {
         arrive(&mut r, &data(c, n, 0, 10_000, Flags::default()), at(10));
     }
-    let p = r.on_probe(&probe(n - 1, n, 1, 0, 10_000), at(50), grace, &est()).unwrap();
+    let p = r.on_probe(&probe(n - 1, n, 1, 0, 10_000), at(50), grace, &est(), None).unwrap();
     assert_eq!(p.answer, Answer::Nothing);
     // One chunk per 60 µs keeps landing: every grace end finds new ones.
     let mut t = 50;
     for c in 150..n - 1 {
         t += 60;
         arrive(&mut r, &data(c, n, 0, 10_000, Flags::default()), at(t));
-        assert_eq!(r.on_timer(at(t), &retry()), Fired::Nothing, "chunk {c}: still landing");
+        assert_eq!(r.on_timer(at(t), &retry(), 0), Fired::Nothing, "chunk {c}: still landing");
     }
     // Chunk 199 was lost: once nothing new lands for a grace, it closes (199 of 200, within 1%).
     let (end, fired) = fire(&mut r);
     assert_eq!(fired, Fired::Close { deadline: false });
     assert!(end > at(t) && end <= at(t) + grace + grace, "answered at {end:?}, last chunk at {t} µs");
+    // The PROBE counts the sender's DATA to this rank: with its last chunk
+    // missing and 40 of that sender's datagrams still on their way (not
+    // landing on this transfer), the receiver waits while they drain, and
+    // answers once the count stops moving.
+    let n = 200;
+    let mut r = Receiver::new(n, Vec::new(), Mode::Own);
+    for c in (0..n - 1).filter(|&c| c != 50) {
+        arrive(&mut r, &data(c, n, 0, 10_000, Flags::default()), at(10));
+    }
+    let behind = Some(Behind { sent: 1000, seen: 960 });
+    let p = r.on_probe(&probe(n - 1, n, 1, 0, 10_000), at(20), grace, &est(), behind).unwrap();
+    assert_eq!(p.answer, Answer::Nothing, "closable, but the sender's data is still coming");
+    assert_eq!(r.on_timer(at(120), &retry(), 980), Fired::Nothing, "moved: wait");
+    assert_eq!(r.on_timer(at(220), &retry(), 990), Fired::Nothing, "moved: wait");
+    assert_eq!(
+        r.on_timer(at(320), &retry(), 990),
+        Fired::Close { deadline: false },
+        "stuck: the rest was lost"
+    );
     // No settling when the PROBE's last chunk is already here.
     let mut r = Receiver::new(3, Vec::new(), Mode::Own);
     arrive(&mut r, &data(2, 3, 0, 0, Flags::default()), at(0));
-    assert_eq!(r.on_probe(&probe(2, 3, 1, 0, 0), at(5), grace, &est()).unwrap().answer, Answer::Bitmap);
+    assert_eq!(r.on_probe(&probe(2, 3, 1, 0, 0), at(5), grace, &est(), None).unwrap().answer, Answer::Bitmap);
 }
 
 #[test]
@@ -351,7 +373,10 @@ fn an_all_gather_transfer_reports_to_the_owner_and_closes_on_the_agreed_mask() {
     let mut r = Receiver::new(n, Vec::new(), Mode::Agreed);
     arrive(&mut r, &data(0, n, 0, 0, Flags::default()), at(0));
     arrive(&mut r, &data(2, n, 0, 0, Flags::default()), at(0));
-    assert_eq!(r.on_probe(&probe(2, n, 1, 0, 0), at(10), us(0), &est()).unwrap().answer, Answer::Bitmap);
+    assert_eq!(
+        r.on_probe(&probe(2, n, 1, 0, 0), at(10), us(0), &est(), None).unwrap().answer,
+        Answer::Bitmap
+    );
     for (h, payload) in report(&r) {
         assert!(s.on_bitmap(&h, &payload, at(20), SEG).round);
     }
@@ -372,7 +397,7 @@ fn an_all_gather_transfer_reports_to_the_owner_and_closes_on_the_agreed_mask() {
     // Complete, waiting for the mask: the nudge re-sends the COMPLETE bitmap,
     // backing off (rto 1 ms, then 2 ms).
     assert_eq!(r.timers().collect::<Vec<_>>(), [at(1030)], "the nudge replaced the deadline");
-    assert_eq!(r.on_timer(at(1030), &retry()), Fired::Bitmap { deadline: false });
+    assert_eq!(r.on_timer(at(1030), &retry(), 0), Fired::Bitmap { deadline: false });
     assert_eq!(r.timers().collect::<Vec<_>>(), [at(3030)]);
     // The owner decided: nothing more to send; the mask closes the receiver.
     s.finish();

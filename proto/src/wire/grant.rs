@@ -1,8 +1,8 @@
-//! The payload of a GRANT (wire version 3): one cumulative count.
+//! The payload of a GRANT and of a PROBE (wire version 3): one cumulative count.
 //!
 //! | offset | size | field   | meaning                                                           |
 //! |-------:|-----:|---------|-------------------------------------------------------------------|
-//! | 0      | 8    | `count` | GRANT: the credit limit, DATA `dseq`s below it may be sent; with REQUEST: DATA datagrams the sender sent |
+//! | 0      | 8    | `count` | GRANT: the credit limit, DATA `dseq`s below it may be sent; with REQUEST, and in a PROBE: DATA datagrams the sender had sent to the receiver |
 //!
 //! Both are 64-bit counts of the DATA datagrams between the two ranks since
 //! either last restarted; DATA headers carry the low 32 bits of each

@@ -189,7 +189,7 @@ impl Header {
                 }
             }
             PacketType::Probe => {
-                if len != 0 {
+                if len != GRANT_LEN {
                     return Err(WireError::BadField("payload_len"));
                 }
                 if self.chunk_index >= self.chunk_count {

@@ -106,6 +106,7 @@ mod tests {
         let mut h = Header::new(PacketType::Probe, Class::CONTROL, Phase::Scatter);
         (h.job, h.src, h.dst, h.generation, h.session, h.packet) = (1, rank, 0, 5, session, packet);
         h.chunk_count = 1;
+        h.payload_len = crate::wire::GRANT_LEN as u16;
         let key = job.sender_key(h.sender());
         let mut out = vec![0u8; h.packet_len()];
         seal(&key, &h, &mut out, |_| {}).unwrap();

@@ -37,12 +37,14 @@
 //! | 59     | 5    | reserved       | must be zero                                                        |
 //! | 64     | 8    | `session`      | sender's session, random per endpoint incarnation                   |
 //! | 72     | 8    | `packet`       | sender's packet number, strictly increasing per datagram (the nonce) |
-//! | 80     | n    | payload        | DATA: elements, little-endian; BITMAP/DONE: bitmap segment; HELLO: [`Settings`]; GRANT: a count ([`GRANT_LEN`] bytes, `wire/grant.rs`) |
+//! | 80     | n    | payload        | DATA: elements, little-endian; BITMAP/DONE: bitmap segment; HELLO: [`Settings`]; GRANT and PROBE: a count ([`GRANT_LEN`] bytes, `wire/grant.rs`) |
 //! | 80 + n | 16   | tag            | GCM tag, payload as associated data, header as plaintext (absent if `auth` is 0) |
 //!
 //! Version 3 differs from version 2 only by flow control (issue 16): the
-//! GRANT type with its REQUEST flag, DATA's BACKLOG flag, and DATA's `seq`
-//! carrying `dseq` (0 in version 2). The key schedule and MAC are version 2's, unchanged (the
+//! GRANT type with its REQUEST flag, DATA's BACKLOG flag, DATA's `seq`
+//! carrying `dseq` (0 in version 2), and a PROBE's payload: how many DATA
+//! datagrams its sender had sent to the receiver (none in version 2), so a
+//! receiver waits for the data a PROBE overtook instead of guessing. The key schedule and MAC are version 2's, unchanged (the
 //! version byte is authenticated with the rest of the header). A version 2
 //! datagram is refused as `UnsupportedVersion(2)`.
 //!
@@ -95,8 +97,8 @@
 //!   payload it is `< chunk_count` and the segment ends at the byte holding bit
 //!   `chunk_count - 1` (`payload_len ≤ ⌈(chunk_count − chunk_index) / 8⌉`, which
 //!   is what [`crate::bitmap::Bitmap::write_segment`] produces);
-//! - PROBE: no payload; HELLO: a payload of exactly [`SETTINGS_LEN`] bytes;
-//!   GRANT: exactly [`GRANT_LEN`] bytes.
+//! - PROBE and GRANT: a payload of exactly [`GRANT_LEN`] bytes; HELLO:
+//!   exactly [`SETTINGS_LEN`] bytes.
 //!
 //! ## Canonical form
 //!

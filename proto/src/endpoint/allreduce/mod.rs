@@ -25,10 +25,10 @@ use crate::pool::BufferPool;
 use crate::priority::{ChunkTraits, ClassifierConfig, classify};
 use crate::time::{Duration, Instant};
 use crate::transfer::{
-    Answer, Arrived, Drained, Fired, Mode, Receiver, Refused, Sender, allowed_missing, fill_mask,
+    Answer, Arrived, Behind, Drained, Fired, Mode, Receiver, Refused, Sender, allowed_missing, fill_mask,
     select_repairs,
 };
-use crate::wire::{Flags, Header, PacketType, Phase};
+use crate::wire::{self, Flags, Header, PacketType, Phase};
 
 use accumulate::{Accumulator, Shard, read_f32s};
 pub(crate) use shard::Layout;
@@ -240,7 +240,7 @@ impl Op {
         }
         let handled = match (h.ty, h.phase) {
             (PacketType::Data, _) => self.on_data(now, key, h, payload, sh),
-            (PacketType::Probe, _) => self.on_probe(now, key, h, sh),
+            (PacketType::Probe, _) => self.on_probe(now, key, h, payload, sh),
             (PacketType::Bitmap, _) => self.on_bitmap(now, key, h, payload, sh),
             (PacketType::Done, Phase::Scatter) => self.on_done(now, h, sh),
             (PacketType::Done, _) => self.on_mask(now, h, payload, sh),
@@ -289,11 +289,16 @@ impl Op {
         Ok(())
     }
 
-    fn on_probe(&mut self, now: Instant, key: OpKey, h: &Header, sh: &mut Shared) -> Handled {
+    fn on_probe(&mut self, now: Instant, key: OpKey, h: &Header, payload: &[u8], sh: &mut Shared) -> Handled {
         let (phase, peer) = (h.phase, h.src);
         let grace = sh.close_grace();
+        // How many DATA datagrams the sender had sent this rank before the
+        // PROBE, and how many of them are here: the rest are in flight behind
+        // it (or lost).
+        let sent = wire::parse_grant(payload).map(|sent| Behind { sent, seen: sh.flow.high(peer) });
         let r = self.transfers.receiver_mut(phase, peer).ok_or(Refused::Mismatch)?;
-        let probed = r.on_probe(h, now, grace, &sh.deadlines[usize::from(phase == Phase::Gather)])?;
+        let est = &sh.deadlines[usize::from(phase == Phase::Gather)];
+        let probed = r.on_probe(h, now, grace, est, sent)?;
         if probed.progress {
             self.last_progress = now;
         }
@@ -520,7 +525,7 @@ impl Op {
         for &(side, j) in keys.iter().filter(|k| !k.0.is_send()) {
             let phase = side.phase();
             let Some(r) = self.transfers.receiver_mut(phase, j) else { continue };
-            let fired = r.on_timer(now, &retry);
+            let fired = r.on_timer(now, &retry, sh.flow.high(j));
             if matches!(fired, Fired::Close { deadline: true } | Fired::Bitmap { deadline: true }) {
                 sh.stats.deadlines_fired += 1;
             }

@@ -18,7 +18,8 @@ A datagram of `auth` 0 (packet_auth = "none") carries no tag.
 Version 3 adds flow control to version 2: type 6 GRANT (phase 0, class 7, an
 8-byte big-endian count as payload; flag bit 4 REQUEST), and DATA's `seq`
 carries the pair's data sequence number. The key schedule (salt, info) is
-version 2's, unchanged.
+version 2's, unchanged. A PROBE's payload is the same 8-byte count: how
+many DATA datagrams its sender had sent to the receiver.
 
 `proto/tests/wire_golden.rs` builds the same packets with `wire::encode` and
 compares byte for byte, both ways. The .hex files are committed: the tests do
@@ -119,7 +120,7 @@ VECTORS = {
     "data_auth_none": packet(F32_PAYLOAD, auth=AUTH_NONE, ty=DATA, flags=0, cls=3, phase=SCATTER,
                              dtype=F32, **COMMON, chunk_index=5, chunk_count=10, required=4,
                              budget_ppm=10_000, seq=0, packet=1),
-    "probe": packet(b"", ty=PROBE, flags=0, cls=7, phase=GATHER, dtype=F32, **COMMON,
+    "probe": packet(struct.pack(">Q", 4242), ty=PROBE, flags=0, cls=7, phase=GATHER, dtype=F32, **COMMON,
                     chunk_index=0, chunk_count=10, required=4, budget_ppm=10_000, seq=3, packet=2),
     "bitmap": packet(bytes([0xFF, 0x0F]), ty=BITMAP, flags=0, cls=7, phase=SCATTER, dtype=F32,
                      **COMMON, chunk_index=8, chunk_count=20, required=4, budget_ppm=10_000,

@@ -1,0 +1,82 @@
+//! Control packets as they are sent: a queued HELLO, PROBE, BITMAP, DONE or
+//! GRANT written, from the state of its transfer (or of the peer) at that
+//! moment, into the room a transmit batch gives it.
+
+use crate::class::Class;
+use crate::endpoint::Endpoint;
+use crate::endpoint::allreduce::Side;
+use crate::endpoint::batch::TxBatch;
+use crate::endpoint::tx::{TxItem, TxKind};
+use crate::time::Instant;
+use crate::transfer::{fill_done, fill_mask};
+use crate::wire::{self, PacketType, Phase, Settings};
+
+impl Endpoint {
+    /// Add control packet `item` to `batch` (header and payload; the tag is
+    /// computed with the batch's). False if it is no longer due.
+    pub(super) fn encode_control(&mut self, now: Instant, item: TxItem, batch: &mut TxBatch) -> bool {
+        let room = batch.inline_room(wire::OVERHEAD + self.sh.seg_bytes());
+        match self.write_control(now, item, room) {
+            Some(n) => {
+                batch.push_inline(item.peer, Class::CONTROL, n);
+                self.sh.count_transmit(item.peer, Class::CONTROL, n);
+                true
+            }
+            None => {
+                batch.drop_room();
+                false
+            }
+        }
+    }
+
+    /// Write control packet `item` (untagged) into `buf`; its length.
+    fn write_control(&mut self, now: Instant, item: TxItem, buf: &mut [u8]) -> Option<usize> {
+        let seg_bytes = self.sh.seg_bytes();
+        let mut h = self.sh.header(PacketType::Hello, Class::CONTROL, item.phase, item.op.id(), item.peer);
+        let (op, peer) = (self.ops.by_key_mut(item.op), item.peer);
+        match item.kind {
+            TxKind::Hello => {
+                h.op = 0;
+                h.tensor = 0;
+                h.seq = self.peers.hello_seq();
+                h.payload_len = wire::SETTINGS_LEN as u16;
+            }
+            TxKind::Probe => {
+                let st = op?.transfers_mut().sender_mut(item.phase, peer)?;
+                let at = st.fill_probe(&mut h, now, &self.sh.retry())?;
+                self.timers.insert(at, item.op.id(), Side::send(item.phase), peer);
+                self.sh.stats.probes_sent += 1;
+                // How many DATA datagrams went to the receiver before this
+                // PROBE: it waits for those it has not seen yet.
+                h.payload_len = wire::GRANT_LEN as u16;
+                let count = self.sh.flow.sent(peer);
+                return self.sh.seal(&h, buf, |p| wire::emit_grant(count, p));
+            }
+            TxKind::Bitmap { seg } => {
+                op?.transfers().receiver(item.phase, peer)?.fill_bitmap(&mut h, seg, seg_bytes, buf)?
+            }
+            TxKind::Done { seg } => match (op, self.history.lingering(&item.op.id())) {
+                (Some(op), _) => op.fill_done(item.phase, peer, seg, &mut h, buf, seg_bytes)?,
+                (None, Some(l)) if item.phase == Phase::Scatter => fill_done(&mut h, l.own_chunks, 0),
+                (None, Some(l)) => fill_mask(&mut h, &l.mask, seg, seg_bytes, buf)?,
+                (None, None) => return None,
+            },
+            TxKind::Grant { request } => {
+                let count = self.fill_grant(&mut h, peer, request);
+                return self.sh.seal(&h, buf, |p| wire::emit_grant(count, p));
+            }
+            TxKind::Data { .. } => return None,
+        }
+        self.sh.seal(&h, buf, |p| {
+            if h.ty == PacketType::Hello {
+                Settings {
+                    version: wire::VERSION,
+                    auth: h.auth,
+                    chunk_bytes: self.sh.cfg.chunk_bytes as u32,
+                    flow_window: self.sh.flow.config().wire_window(),
+                }
+                .emit(p)
+            }
+        })
+    }
+}

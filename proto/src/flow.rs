@@ -61,8 +61,8 @@
 //! This is a partial answer: a queue shared by many senders drops each
 //! sender's datagrams one here and one there, which a run signal misses, so
 //! a slow port still drops a share of what it receives (simulator, a port at
-//! a third of the rate behind 50 packets: 54% of arrivals dropped, against
-//! 80% without flow control; the emulated cluster, 8 hosts, a 500 Mbit/s
+//! a third of the rate behind 50 packets: 47% of arrivals dropped, against
+//! 74% without flow control; the emulated cluster, 8 hosts, a 500 Mbit/s
 //! port: 5–9% of the datagrams into it, against 55% with the window alone).
 //! A delay or rate signal at the receiver is the next step.
 

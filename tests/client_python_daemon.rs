@@ -11,29 +11,18 @@
 
 mod daemon_common;
 mod prereq;
+mod python_common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use daemon_common::*;
 use prereq::{Prereq, skip};
+use python_common::{PYTHON, client_lib};
 
-const PYTHON: &str = "/usr/bin/python3";
 const HOSTS: u32 = 2;
 const TRAINERS: u32 = 2;
 const STEPS: usize = 12;
-
-/// `libdlcp_client.so` of this test's profile, the newer of `target/<profile>/deps/`
-/// (what `cargo test` rebuilds) and `target/<profile>/` (what `cargo build` uplifts).
-fn client_lib() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let deps = exe.parent()?;
-    [deps.join("libdlcp_client.so"), deps.parent()?.join("libdlcp_client.so")]
-        .into_iter()
-        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-        .max()
-        .map(|(_, p)| p)
-}
 
 #[test]
 fn python_trainers_train_through_real_daemons_bit_identically() {

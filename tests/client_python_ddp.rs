@@ -13,6 +13,7 @@
 
 mod daemon_common;
 mod prereq;
+mod python_common;
 mod torch_common;
 
 use std::net::TcpListener;

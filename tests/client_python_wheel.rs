@@ -15,25 +15,14 @@
 
 mod daemon_common;
 mod prereq;
+mod python_common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use daemon_common::*;
 use prereq::{Prereq, skip};
-
-const PYTHON: &str = "/usr/bin/python3";
-
-/// `libdlcp_client.so` of this test's profile (the newer of deps/ and the uplifted one).
-fn client_lib() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let deps = exe.parent()?;
-    [deps.join("libdlcp_client.so"), deps.parent()?.join("libdlcp_client.so")]
-        .into_iter()
-        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-        .max()
-        .map(|(_, p)| p)
-}
+use python_common::{PYTHON, client_lib};
 
 fn text(o: &Output) -> String {
     format!("{}\n--- stderr ---\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))

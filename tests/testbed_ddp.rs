@@ -17,6 +17,7 @@
 //! `DLCP_CI=1` and is reported as skipped otherwise (see `tests/prereq`).
 
 mod prereq;
+mod python_common;
 mod testbed_common;
 mod torch_common;
 

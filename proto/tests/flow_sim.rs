@@ -6,12 +6,20 @@
 mod common;
 
 use common::*;
-use dlcp_proto::endpoint::{Endpoint, OpId};
+use dlcp_proto::endpoint::{Endpoint, EndpointConfig, OpId};
 use dlcp_proto::flow::FlowConfig;
 use dlcp_proto::sim::{NetConfig, NetStats};
 use dlcp_proto::time::Duration;
 
 const SECOND: Duration = Duration::from_secs(1);
+
+/// `world` ranks, every one with flow control `flow`, on network `net`.
+fn cluster(world: u32, flow: FlowConfig, net: NetConfig) -> Cluster {
+    Cluster::with_configs(
+        net,
+        (0..world).map(|r| EndpointConfig { flow, ..endpoint_config(r, world, 1) }).collect(),
+    )
+}
 
 /// `world` ranks with flow control `flow`, one allreduce of `len` elements
 /// at budget 0; the switch's drops and every rank's counters.
@@ -21,14 +29,7 @@ fn incast(
     net: NetConfig,
     len: usize,
 ) -> (NetStats, Vec<dlcp_proto::stats::Stats>) {
-    let cfgs = (0..world)
-        .map(|r| {
-            let mut c = endpoint_config(r, world, 1);
-            c.flow = flow;
-            c
-        })
-        .collect();
-    let mut c = Cluster::with_configs(net, cfgs);
+    let mut c = cluster(world, flow, net);
     let x = inputs(u64::from(world), world, len);
     let res = all_ok(c.allreduce(OpId { seq: 1, tensor: 1 }, &x, opts(0), SECOND * 5));
     let want = bits(&reference_sum(&x));
@@ -79,14 +80,7 @@ fn a_window_bounds_queues_without_slowing_a_clean_allreduce() {
     let net = NetConfig::default().with_seed(6).with_queue(1024);
     let len = 400_000;
     let run = |flow: FlowConfig| {
-        let cfgs = (0..world)
-            .map(|r| {
-                let mut c = endpoint_config(r, world, 1);
-                c.flow = flow;
-                c
-            })
-            .collect();
-        let mut c = Cluster::with_configs(net.clone(), cfgs);
+        let mut c = cluster(world, flow, net.clone());
         let x = inputs(7, world, len);
         let res = all_ok(c.allreduce(OpId { seq: 1, tensor: 1 }, &x, opts(0), SECOND * 5));
         let end = res.iter().map(|(_, r)| r.finished).max().unwrap();
@@ -112,14 +106,7 @@ fn a_window_bounds_queues_without_slowing_a_clean_allreduce() {
 fn lost_grants_and_lost_tails_cost_a_retry_not_a_stall() {
     let world = 4;
     let net = NetConfig::default().with_seed(8).with_loss(0.05);
-    let cfgs = (0..world)
-        .map(|r| {
-            let mut c = endpoint_config(r, world, 1);
-            c.flow = FlowConfig { window: 6, min_per_sender: 2 };
-            c
-        })
-        .collect();
-    let mut c = Cluster::with_configs(net, cfgs);
+    let mut c = cluster(world, FlowConfig { window: 6, min_per_sender: 2 }, net);
     for seq in 1..=5 {
         let x = inputs(seq, world, 20_000);
         let id = OpId { seq, tensor: 1 };
@@ -147,14 +134,7 @@ fn a_slow_port_shrinks_its_senders_windows() {
     let world = 8;
     let net = NetConfig::default().with_seed(9).with_queue(50).with_port_rate(0, 10_000_000_000 / 3);
     let run = |flow: FlowConfig| {
-        let cfgs = (0..world)
-            .map(|r| {
-                let mut c = endpoint_config(r, world, 1);
-                c.flow = flow;
-                c
-            })
-            .collect();
-        let mut c = Cluster::with_configs(net.clone(), cfgs);
+        let mut c = cluster(world, flow, net.clone());
         for seq in 1..=3 {
             let x = inputs(seq, world, 200_000);
             all_ok(c.allreduce(OpId { seq, tensor: 1 }, &x, opts(10_000), SECOND * 5));

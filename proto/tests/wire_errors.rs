@@ -89,14 +89,7 @@ fn set_u32(b: &mut [u8], off: usize, v: u32) {
     b[off..off + 4].copy_from_slice(&v.to_be_bytes());
 }
 
-const ALL_TYPES: [PacketType; 6] = [
-    PacketType::Data,
-    PacketType::Probe,
-    PacketType::Bitmap,
-    PacketType::Done,
-    PacketType::Hello,
-    PacketType::Grant,
-];
+const ALL_TYPES: [PacketType; 6] = PacketType::ALL;
 
 /// A GRANT's payload is exactly 8 bytes, and its phase is none.
 #[test]

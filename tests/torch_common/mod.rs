@@ -9,19 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::prereq::{Prereq, skip};
 
-pub const PYTHON: &str = "/usr/bin/python3";
-
-/// `libdlcp_client.so` of this test's profile, the newer of `target/<profile>/deps/`
-/// and `target/<profile>/`.
-pub fn client_lib() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let deps = exe.parent()?;
-    [deps.join("libdlcp_client.so"), deps.parent()?.join("libdlcp_client.so")]
-        .into_iter()
-        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-        .max()
-        .map(|(_, p)| p)
-}
+pub use super::python_common::{PYTHON, client_lib};
 
 /// The client library, if Python can import torch, sklearn and numpy; else
 /// `None` after `prereq::skip` (which fails the test instead under

@@ -23,6 +23,16 @@ pub enum PacketType {
 }
 
 impl PacketType {
+    /// Every packet type, in wire-value order.
+    pub const ALL: [PacketType; 6] = [
+        PacketType::Data,
+        PacketType::Probe,
+        PacketType::Bitmap,
+        PacketType::Done,
+        PacketType::Hello,
+        PacketType::Grant,
+    ];
+
     /// Parse the wire value.
     pub fn from_u8(v: u8) -> Result<PacketType, WireError> {
         Ok(match v {
@@ -126,5 +136,16 @@ impl Flags {
     /// Union of two flag sets.
     pub fn with(self, other: Flags) -> Flags {
         Flags(self.0 | other.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_lists_every_wire_value_once() {
+        let parsed: Vec<PacketType> = (0..=255u8).filter_map(|v| PacketType::from_u8(v).ok()).collect();
+        assert_eq!(parsed, PacketType::ALL);
     }
 }

@@ -313,7 +313,7 @@ impl Run<'_> {
     fn start_ops(&mut self, it: u32) -> io::Result<Vec<Batch>> {
         let mut batch = Vec::new();
         for l in 0..self.opts.layers {
-            let id = OpId { seq: u64::from(it), tensor: l };
+            let id = OpId { run: 1, seq: u64::from(it), tensor: l };
             let o = OpOptions {
                 layer: l,
                 layers: self.opts.layers,

@@ -168,7 +168,7 @@ impl Candidate for Dlcp {
 fn data_header(payload_len: usize) -> Header {
     let mut h = Header::new(PacketType::Data, Class::new(3).unwrap(), Phase::Scatter);
     h.job = 1;
-    h.generation = 1;
+    h.run = 1;
     h.src = 0;
     h.dst = 1;
     h.op = 77;

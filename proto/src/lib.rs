@@ -32,6 +32,7 @@ pub mod pool;
 pub mod priority;
 pub mod rate;
 pub mod rng;
+pub mod run;
 pub mod sim;
 pub mod stats;
 pub mod time;

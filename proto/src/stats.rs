@@ -324,8 +324,11 @@ crate::counters! {
         pub wrong_job: u64 => [dropped("rejected.wrong_job", "wrong_job")],
         /// Addressed to another rank, or from a rank outside the world.
         pub wrong_rank: u64 => [dropped("rejected.wrong_rank", "wrong_rank")],
-        /// From an older generation of the peer.
-        pub stale_generation: u64 => [dropped("rejected.stale_generation", "stale_generation")],
+        /// Of a session of the peer that is not its verified incarnation (an
+        /// earlier one, replayed, or a new one before the handshake).
+        pub unverified_session: u64 => [dropped("rejected.unverified_session", "unverified_session")],
+        /// For a run this daemon has not agreed: another run's, or replayed.
+        pub other_run: u64 => [dropped("rejected.other_run", "other_run")],
         /// For an op that already finished (and no longer lingers).
         pub stale_op: u64 => [dropped("rejected.stale_op", "stale_op")],
         /// Does not fit the op's layout (chunk count, length, dtype, phase, role).
@@ -364,7 +367,8 @@ impl RejectCounters {
             settings_mismatch,
             wrong_job,
             wrong_rank,
-            stale_generation,
+            unverified_session,
+            other_run,
             stale_op,
             mismatch,
             duplicate,
@@ -382,7 +386,8 @@ impl RejectCounters {
             + settings_mismatch
             + wrong_job
             + wrong_rank
-            + stale_generation
+            + unverified_session
+            + other_run
             + stale_op
             + mismatch
             + duplicate
@@ -706,9 +711,9 @@ mod tests {
         let mut in_debug = numbers(&format!("{s:?}"));
         in_debug.sort_unstable();
         assert_eq!(in_debug, given);
-        // 4×8 + 4×3 per class / per peer, 2×(8+1+3+1) dropped, 17 reasons,
+        // 4×8 + 4×3 per class / per peer, 2×(8+1+3+1) dropped, 18 reasons,
         // 2 + 4×8 + 2×2×3 repairs, 6 flow control, 10 others.
-        assert_eq!(given.len(), 32 + 12 + 26 + 17 + 2 + 32 + 12 + 6 + 10);
+        assert_eq!(given.len(), 32 + 12 + 26 + 18 + 2 + 32 + 12 + 6 + 10);
     }
 
     #[test]

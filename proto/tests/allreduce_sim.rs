@@ -18,7 +18,7 @@ fn lossless_is_bit_exact_for_2_4_8_33_ranks() {
         for budget in [0, 10_000] {
             let mut c = Cluster::new(world, NetConfig::default().with_seed(u64::from(world)));
             let x = inputs(u64::from(world), world, len);
-            let res = all_ok(c.allreduce(OpId { seq: 1, tensor: 3 }, &x, opts(budget), SECOND));
+            let res = all_ok(c.allreduce(OpId { run: 1, seq: 1, tensor: 3 }, &x, opts(budget), SECOND));
             let want = bits(&reference_sum(&x));
             for (r, (v, rep)) in res.iter().enumerate() {
                 assert!(bits(v) == want, "world {world} budget {budget}: rank {r} not bit-exact");
@@ -45,7 +45,7 @@ fn unauthenticated_packets_carry_no_tag_and_allreduce_the_same() {
             .collect();
         let mut c = Cluster::with_configs(NetConfig::default().with_seed(seed).with_loss(loss), cfgs);
         let x = inputs(seed, world, 5_000);
-        let id = OpId { seq: 9, tensor: 2 };
+        let id = OpId { run: 1, seq: 9, tensor: 2 };
         let res = all_ok(c.allreduce(id, &x, opts(budget), SECOND));
         if loss == 0.0 {
             let want = bits(&reference_sum(&x));
@@ -131,7 +131,7 @@ fn random_loss_up_to_5pct_within_budget_1pct() {
         let mut c = Cluster::new(world, net);
         let x = inputs(seed, world, 20_000);
         let o = opts(10_000);
-        let id = OpId { seq: 5, tensor: 1 };
+        let id = OpId { run: 1, seq: 5, tensor: 1 };
         let res = all_ok(c.allreduce(id, &x, o, SECOND));
         check_lossy(&c, id, &x, o, &res);
         let lost = dlcp_proto::sim::NetStats::total(&c.sim.stats().lost);
@@ -145,7 +145,7 @@ fn budget_zero_under_5pct_loss_is_bit_exact() {
     let net = NetConfig::default().with_seed(21).with_loss(0.05);
     let mut c = Cluster::new(world, net);
     let x = inputs(21, world, 30_011);
-    let res = all_ok(c.allreduce(OpId { seq: 9, tensor: 0 }, &x, opts(0), SECOND));
+    let res = all_ok(c.allreduce(OpId { run: 1, seq: 9, tensor: 0 }, &x, opts(0), SECOND));
     let want = bits(&reference_sum(&x));
     for (r, (v, rep)) in res.iter().enumerate() {
         assert!(bits(v) == want, "rank {r} not bit-exact");
@@ -199,7 +199,7 @@ fn gather_budget_uses_one_agreed_mask_and_replicas_stay_identical() {
             rescale,
             reduce,
         };
-        let id = OpId { seq: 1, tensor: 2 };
+        let id = OpId { run: 1, seq: 1, tensor: 2 };
         let res = all_ok(c.allreduce(id, &x, o, SECOND));
         check_lossy(&c, id, &x, o, &res);
         // Every receiver applied exactly the owner's mask.
@@ -232,7 +232,7 @@ fn reordering_duplication_and_corruption_are_absorbed() {
     let mut c = Cluster::new(world, net);
     let x = inputs(41, world, 25_000);
     let o = opts(10_000);
-    let id = OpId { seq: 3, tensor: 8 };
+    let id = OpId { run: 1, seq: 3, tensor: 8 };
     let res = all_ok(c.allreduce(id, &x, o, SECOND));
     check_lossy(&c, id, &x, o, &res);
     let st = c.sim.stats();
@@ -250,7 +250,7 @@ fn loss_within_budget_completes_without_a_deadline() {
         let net = NetConfig::default().with_seed(seed).with_loss(0.005);
         let mut c = Cluster::new(world, net);
         let x = inputs(seed, world, 50_000);
-        let id = OpId { seq: 1, tensor: 1 };
+        let id = OpId { run: 1, seq: 1, tensor: 1 };
         let res = all_ok(c.allreduce(id, &x, opts(50_000), SECOND));
         for (r, (_, rep)) in res.iter().enumerate() {
             assert!(
@@ -279,7 +279,7 @@ fn losing_one_copy_of_every_probe_costs_no_deadline_and_no_time() {
     let world = 4;
     let len = 60_000;
     let x = inputs(61, world, len);
-    let id = OpId { seq: 1, tensor: 1 };
+    let id = OpId { run: 1, seq: 1, tensor: 1 };
     // A lossy run (so transfers are incomplete and PROBEs decide when they
     // close), once as is and once with the first copy of every PROBE lost.
     let run = |drop_first_copy: bool| {
@@ -354,7 +354,7 @@ fn a_transfer_whose_probes_are_all_lost_closes_on_a_probe_not_by_its_deadline() 
         d.set(d.get() + u32::from(lost));
         lost
     })));
-    let res = all_ok(c.allreduce(OpId { seq: 1, tensor: 1 }, &x, opts(10_000), SECOND));
+    let res = all_ok(c.allreduce(OpId { run: 1, seq: 1, tensor: 1 }, &x, opts(10_000), SECOND));
     assert_identical(&res);
     assert!(dropped.get() > 0, "no PROBE was lost: the test proves nothing");
     let closable_without_probe: usize = res
@@ -380,7 +380,7 @@ fn silent_rank_yields_errors_within_the_hard_timeout() {
     // Rank 2 dies before the op; the others must not hang.
     c.sim.set_silent(2, true);
     let t0 = c.sim.now();
-    let out = c.allreduce(OpId { seq: 1, tensor: 0 }, &x, opts(10_000), SECOND * 5);
+    let out = c.allreduce(OpId { run: 1, seq: 1, tensor: 0 }, &x, opts(10_000), SECOND * 5);
     for r in [0u32, 1, 3] {
         match &out[r as usize] {
             Err(OpError::Timeout { waiting_on, .. }) => {
@@ -393,7 +393,7 @@ fn silent_rank_yields_errors_within_the_hard_timeout() {
     assert!(elapsed <= hard + Duration::from_millis(20), "errors took {elapsed:?}, hard timeout {hard:?}");
     // A rank dying mid-op (after the reduce-scatter started) also ends in errors.
     c.sim.set_silent(2, false);
-    let ops = [(OpId { seq: 2, tensor: 0 }, x.clone(), opts(10_000))];
+    let ops = [(OpId { run: 1, seq: 2, tensor: 0 }, x.clone(), opts(10_000))];
     let now = c.sim.now();
     for r in 0..world {
         c.sim.node_mut(r).start_allreduce(now, ops[0].0, x[r as usize].clone(), ops[0].2).unwrap();
@@ -450,7 +450,7 @@ fn priority_bottleneck_drops_low_classes_first_and_front_layers_finish_first() {
     let ops: Vec<_> = (0..layers)
         .map(|l| {
             let o = OpOptions { layer: l, layers, budget_ppm: 50_000, ..OpOptions::default() };
-            (OpId { seq: 1, tensor: l }, inputs(70 + u64::from(l), world, 30_000), o)
+            (OpId { run: 1, seq: 1, tensor: l }, inputs(70 + u64::from(l), world, 30_000), o)
         })
         .collect();
     let out = c.allreduce_many(&ops, SECOND * 2);
@@ -527,7 +527,7 @@ fn many_tensors_and_ops_in_flight_with_skewed_starts() {
         for t in 0..8u32 {
             let o = OpOptions { layer: t, layers: 8, budget_ppm: 10_000, ..OpOptions::default() };
             let len = 1 + (t as usize * 2_311 + seq as usize * 97) % 9_000;
-            ops.push((OpId { seq, tensor: t }, inputs(seq * 100 + u64::from(t), world, len), o));
+            ops.push((OpId { run: 1, seq, tensor: t }, inputs(seq * 100 + u64::from(t), world, len), o));
         }
     }
     // Rank r starts every op r × 300 µs late: its peers' data for ops it has not
@@ -571,9 +571,9 @@ fn restarted_peer_fails_live_ops_then_rejoins_with_new_generation() {
     let world = 4;
     let mut c = Cluster::new(world, NetConfig::default().with_seed(91));
     let x = inputs(91, world, 20_000);
-    all_ok(c.allreduce(OpId { seq: 1, tensor: 0 }, &x, opts(0), SECOND));
+    all_ok(c.allreduce(OpId { run: 1, seq: 1, tensor: 0 }, &x, opts(0), SECOND));
     // Op 2 starts everywhere; rank 3's daemon restarts mid-op with generation 2.
-    let id2 = OpId { seq: 2, tensor: 0 };
+    let id2 = OpId { run: 1, seq: 2, tensor: 0 };
     let now = c.sim.now();
     for r in 0..world {
         c.sim.node_mut(r).start_allreduce(now, id2, x[r as usize].clone(), opts(0)).unwrap();
@@ -599,8 +599,22 @@ fn restarted_peer_fails_live_ops_then_rejoins_with_new_generation() {
         assert!(saw.0 && saw.1, "rank {r}: restart of rank 3 not reported ({saw:?})");
         assert_eq!(c.sim.node(r).peer_generation(3), Some(2));
     }
-    // New ops include the new incarnation and succeed.
-    let id3 = OpId { seq: 3, tensor: 0 };
+    // The run that began before the restart cannot include the new
+    // incarnation: the trainers start a new run everywhere (epoch 2 on every
+    // rank, also on the restarted one), and its ops succeed.
+    let now = c.sim.now();
+    assert!(c.sim.node(0).run_waiting().contains(&dlcp_proto::run::Waiting::RestartedSinceRunBegan(3)));
+    for r in 0..world {
+        let e = c.sim.node_mut(r);
+        e.end_run(now);
+        if r == 3 {
+            e.begin_run(now);
+            e.end_run(now);
+        }
+        assert_eq!(e.begin_run(now), 2);
+    }
+    c.agree_run();
+    let id3 = OpId { run: 2, seq: 3, tensor: 0 };
     let res = all_ok(c.allreduce(id3, &x, opts(0), SECOND));
     let want = bits(&reference_sum(&x));
     assert!(res.iter().all(|(v, _)| bits(v) == want));
@@ -618,7 +632,7 @@ fn a_rank_dying_at_any_phase_ends_the_op_within_the_hard_timeout() {
     let x = inputs(63, world, 20_000);
     for kill_at_us in [10u64, 40, 70, 100, 130, 160, 190, 220] {
         let mut c = Cluster::new(world, NetConfig::default().with_seed(kill_at_us));
-        let id = OpId { seq: 1, tensor: 0 };
+        let id = OpId { run: 1, seq: 1, tensor: 0 };
         let now = c.sim.now();
         for r in 0..world {
             c.sim.node_mut(r).start_allreduce(now, id, x[r as usize].clone(), opts(0)).unwrap();

@@ -12,9 +12,9 @@ use dlcp_proto::time::Instant;
 use dlcp_proto::wire::{self, Header, JobKey, PacketType, Phase};
 
 fn live_endpoint() -> Endpoint {
-    let mut e = Endpoint::new(endpoint_config(0, 4, 1), Instant::ZERO);
+    let mut e = agreed_endpoints((0..4).map(|r| endpoint_config(r, 4, 1)).collect()).swap_remove(0);
     let x = inputs(1, 4, 3000);
-    e.start_allreduce(Instant::ZERO, OpId { seq: 1, tensor: 1 }, x[0].clone(), opts(10_000)).unwrap();
+    e.start_allreduce(Instant::ZERO, OpId { run: 1, seq: 1, tensor: 1 }, x[0].clone(), opts(10_000)).unwrap();
     e
 }
 
@@ -25,14 +25,16 @@ fn live_endpoint() -> Endpoint {
 #[test]
 fn batched_receive_matches_one_at_a_time() {
     let foreign = JobKey::new(b"another job's secret");
+    let e_run = live_endpoint().run().unwrap().1;
     let mut rng = Rng::stream(41, 3, 4);
     let mut datagrams: Vec<Vec<u8>> = Vec::new();
     let mut buf = vec![0u8; 4096];
     for i in 0..1500u32 {
         let mut h = Header::new(PacketType::Data, Class::new((i % 7) as u8).unwrap(), Phase::Scatter);
         h.job = 77;
-        h.generation = 1;
+        h.run = e_run;
         h.src = 1 + i % 3;
+        h.session = session(h.src, 1);
         h.dst = 0;
         h.op = 1;
         h.tensor = 1;
@@ -97,14 +99,18 @@ fn batched_receive_matches_one_at_a_time() {
 fn batched_transmit_matches_one_at_a_time() {
     for rate in [0u64, 50_000_000] {
         let make = || {
-            let mut cfg = endpoint_config(1, 4, 1);
-            cfg.pacing_rate = rate;
-            // One endpoint alone: no receiver grants it credit beyond the
-            // unscheduled window (flow control is not what this tests).
-            cfg.flow = dlcp_proto::flow::FlowConfig::OFF;
-            let mut e = Endpoint::new(cfg, Instant::ZERO);
+            let cfgs = (0..4).map(|r| {
+                let mut cfg = endpoint_config(r, 4, 1);
+                cfg.pacing_rate = rate;
+                // One endpoint alone: no receiver grants it credit beyond the
+                // unscheduled window (flow control is not what this tests).
+                cfg.flow = dlcp_proto::flow::FlowConfig::OFF;
+                cfg
+            });
+            let mut e = agreed_endpoints(cfgs.collect()).swap_remove(1);
             let x = inputs(3, 4, 200_000);
-            e.start_allreduce(Instant::ZERO, OpId { seq: 1, tensor: 1 }, x[1].clone(), opts(10_000)).unwrap();
+            e.start_allreduce(Instant::ZERO, OpId { run: 1, seq: 1, tensor: 1 }, x[1].clone(), opts(10_000))
+                .unwrap();
             e
         };
         let (mut one, mut many) = (make(), make());

@@ -32,19 +32,12 @@ fn arb_header() -> impl Strategy<Value = Header> {
         (any::<u32>(), 0u32..400, any::<u32>(), any::<u32>(), any::<u32>(), 0u32..3),
     )
         .prop_map(
-            |(
-                ty,
-                flags,
-                class,
-                phase,
-                (generation, src, dst, op, tensor),
-                (ci, cc, req, budget, seq, job),
-            )| {
+            |(ty, flags, class, phase, (run, src, dst, op, tensor), (ci, cc, req, budget, seq, job))| {
                 let mut h = Header::new(ty, Class::new(class).unwrap(), phase);
                 h.flags = Flags(flags);
                 h.dtype = DType::F32;
                 h.job = if job == 0 { 77 } else { job };
-                h.generation = generation;
+                h.run = if ty.is_phaseless() { 0 } else { u64::from(run) };
                 h.src = src;
                 h.dst = dst;
                 h.op = op;
@@ -60,9 +53,9 @@ fn arb_header() -> impl Strategy<Value = Header> {
 }
 
 fn live_endpoint() -> Endpoint {
-    let mut e = Endpoint::new(endpoint_config(0, 4, 1), Instant::ZERO);
+    let mut e = agreed_endpoints((0..4).map(|r| endpoint_config(r, 4, 1)).collect()).swap_remove(0);
     let x = inputs(1, 4, 3000);
-    e.start_allreduce(Instant::ZERO, OpId { seq: 1, tensor: 1 }, x[0].clone(), opts(10_000)).unwrap();
+    e.start_allreduce(Instant::ZERO, OpId { run: 1, seq: 1, tensor: 1 }, x[0].clone(), opts(10_000)).unwrap();
     e
 }
 
@@ -114,7 +107,7 @@ fn forged_and_foreign_packets_are_rejected_and_counted_and_service_continues() {
     for i in 0..3000u32 {
         let mut h = Header::new(PacketType::Data, Class::new(2).unwrap(), Phase::Scatter);
         h.job = 77;
-        h.generation = 1;
+        h.run = 1;
         h.src = 1 + i % 3;
         h.dst = 0;
         h.op = 1;
@@ -147,48 +140,57 @@ fn forged_and_foreign_packets_are_rejected_and_counted_and_service_continues() {
     assert!(r.bad_tag >= 1000);
     // The endpoint still reduces correctly.
     let x = inputs(7, world, 5000);
-    let res = all_ok(c.allreduce(OpId { seq: 1, tensor: 0 }, &x, opts(0), Duration::from_secs(1)));
+    let res = all_ok(c.allreduce(OpId { run: 1, seq: 1, tensor: 0 }, &x, opts(0), Duration::from_secs(1)));
     let want = bits(&reference_sum(&x));
     assert!(res.iter().all(|(v, _)| bits(v) == want));
 }
 
+/// After an op: DATA of that finished op, DATA of another run, DATA of an
+/// earlier incarnation of the peer (replayed), and a HELLO of that earlier
+/// incarnation are each counted, and none of them changes the peer's
+/// verified session (a replayed HELLO is challenged, never taken for a restart).
 #[test]
-fn stale_generation_and_finished_ops_are_counted() {
+fn stale_sessions_other_runs_and_finished_ops_are_counted() {
     let world = 2;
     let mut c = Cluster::new(world, NetConfig::default().with_seed(6));
     let x = inputs(8, world, 2000);
-    all_ok(c.allreduce(OpId { seq: 1, tensor: 0 }, &x, opts(0), Duration::from_secs(1)));
+    all_ok(c.allreduce(OpId { run: 1, seq: 1, tensor: 0 }, &x, opts(0), Duration::from_secs(1)));
+    let (_, run) = c.sim.node(0).run().unwrap();
+    let verified = c.sim.node(0).peer_session(1);
+    assert_eq!(verified, Some(session(1, 1)));
     let mut buf = vec![0u8; 2048];
     let now = c.sim.now();
-    // A DATA of the finished op, and a HELLO from an older generation of rank 1.
-    let mut h = Header::new(PacketType::Data, Class::new(1).unwrap(), Phase::Scatter);
-    h.job = 77;
-    h.generation = 1;
-    h.src = 1;
-    h.dst = 0;
-    h.op = 1;
-    h.chunk_count = 4;
-    let n = wire::encode(&key(), &h, &[0u8; 256], &mut buf).unwrap();
-    Node::handle_datagram(c.sim.node_mut(0), now, &buf[..n]);
+    let data = |run: u64, session: u64| {
+        let mut h = Header::new(PacketType::Data, Class::new(1).unwrap(), Phase::Scatter);
+        (h.job, h.run, h.src, h.dst, h.op, h.chunk_count, h.session) = (77, run, 1, 0, 1, 4, session);
+        h
+    };
+    for h in [data(run, session(1, 1)), data(run ^ 0x55, session(1, 1)), data(run, session(1, 0))] {
+        let n = wire::encode(&key(), &h, &[0u8; 256], &mut buf).unwrap();
+        Node::handle_datagram(c.sim.node_mut(0), now, &buf[..n]);
+    }
     let mut hello = Header::new(PacketType::Hello, Class::CONTROL, Phase::None);
-    hello.job = 77;
-    hello.generation = 0;
-    hello.src = 1;
-    hello.dst = 0;
+    (hello.job, hello.src, hello.dst, hello.session) = (77, 1, 0, session(1, 0));
     let mut settings = [0u8; wire::SETTINGS_LEN];
+    let digest = dlcp_proto::endpoint::settings_digest(c.sim.node(0).config());
     let auth = wire::PacketAuth::AesGmac;
-    wire::Settings {
+    let s = wire::Settings {
         version: wire::VERSION,
         auth,
         chunk_bytes: CHUNK_BYTES as u32,
         flow_window: FLOW_WINDOW,
-    }
-    .emit(&mut settings);
+        digest,
+        echo: 12345,
+        ..wire::Settings::default()
+    };
+    s.emit(&mut settings);
     let n = wire::encode(&key(), &hello, &settings, &mut buf).unwrap();
     Node::handle_datagram(c.sim.node_mut(0), now, &buf[..n]);
     let r = &c.sim.node(0).stats().rejected;
     assert_eq!(r.late + r.stale_op, 1, "{r:?}");
-    assert_eq!(r.stale_generation, 1, "{r:?}");
+    assert_eq!(r.other_run, 1, "{r:?}");
+    assert_eq!(r.unverified_session, 1, "{r:?}");
+    assert_eq!(c.sim.node(0).peer_session(1), verified, "a replayed HELLO is no restart");
 }
 
 /// Discarded datagrams are counted per class (from the header when readable)
@@ -204,7 +206,7 @@ fn discarded_datagrams_are_counted_per_class_and_per_peer() {
     let data = |class: u8, src: u32, op: u64| {
         let mut h = Header::new(PacketType::Data, Class::new(class).unwrap(), Phase::Scatter);
         h.job = 77;
-        h.generation = 1;
+        h.run = 1;
         h.src = src;
         h.dst = 0;
         h.op = op;
@@ -270,7 +272,7 @@ fn a_datagram_must_come_from_the_peer_it_claims() {
     let now = Instant::from_nanos(10);
     let mut buf = vec![0u8; 2048];
     let mut h = Header::new(PacketType::Data, Class::new(3).unwrap(), Phase::Scatter);
-    (h.job, h.generation, h.src, h.dst, h.op, h.tensor, h.chunk_count) = (77, 1, 1, 0, 1, 1, 12);
+    (h.job, h.run, h.src, h.dst, h.op, h.tensor, h.chunk_count) = (77, 1, 1, 0, 1, 1, 12);
     h.session = session(1, 1);
     let n = wire::encode(&key(), &h, &[0; 256], &mut buf).unwrap();
     e.handle_datagram_from(now, &buf[..n], Some(2));
@@ -303,7 +305,7 @@ fn incompatible_peers_are_refused_counted_and_reported() {
     let mut buf = vec![0u8; 2048];
     let data = |src: u32| {
         let mut h = Header::new(PacketType::Data, Class::new(3).unwrap(), Phase::Scatter);
-        (h.job, h.generation, h.src, h.dst, h.op, h.tensor, h.chunk_count) = (77, 1, src, 0, 1, 1, 12);
+        (h.job, h.run, h.src, h.dst, h.op, h.tensor, h.chunk_count) = (77, 1, src, 0, 1, 1, 12);
         h.session = session(src, 1);
         h
     };
@@ -351,10 +353,17 @@ fn incompatible_peers_are_refused_counted_and_reported() {
     // until a HELLO announces ours.
     let hello = |chunk_bytes: u32, buf: &mut [u8]| {
         let mut h = Header::new(PacketType::Hello, Class::CONTROL, Phase::None);
-        (h.job, h.generation, h.src, h.dst, h.session) = (77, 1, 1, 0, session(1, 1));
+        (h.job, h.src, h.dst, h.session) = (77, 1, 0, session(1, 1));
         let mut s = [0u8; wire::SETTINGS_LEN];
         let auth = wire::PacketAuth::AesGmac;
-        wire::Settings { version: wire::VERSION, auth, chunk_bytes, flow_window: FLOW_WINDOW }.emit(&mut s);
+        wire::Settings {
+            version: wire::VERSION,
+            auth,
+            chunk_bytes,
+            flow_window: FLOW_WINDOW,
+            ..Default::default()
+        }
+        .emit(&mut s);
         wire::encode(&key(), &h, &s, buf).unwrap()
     };
     let n = hello(1392, &mut buf);

@@ -31,7 +31,7 @@ fn incast(
 ) -> (NetStats, Vec<dlcp_proto::stats::Stats>) {
     let mut c = cluster(world, flow, net);
     let x = inputs(u64::from(world), world, len);
-    let res = all_ok(c.allreduce(OpId { seq: 1, tensor: 1 }, &x, opts(0), SECOND * 5));
+    let res = all_ok(c.allreduce(OpId { run: 1, seq: 1, tensor: 1 }, &x, opts(0), SECOND * 5));
     let want = bits(&reference_sum(&x));
     assert!(res.iter().all(|(v, _)| bits(v) == want), "not bit-exact");
     let stats = c.sim.nodes().iter().map(|n: &Endpoint| n.stats().clone()).collect();
@@ -82,7 +82,7 @@ fn a_window_bounds_queues_without_slowing_a_clean_allreduce() {
     let run = |flow: FlowConfig| {
         let mut c = cluster(world, flow, net.clone());
         let x = inputs(7, world, len);
-        let res = all_ok(c.allreduce(OpId { seq: 1, tensor: 1 }, &x, opts(0), SECOND * 5));
+        let res = all_ok(c.allreduce(OpId { run: 1, seq: 1, tensor: 1 }, &x, opts(0), SECOND * 5));
         let end = res.iter().map(|(_, r)| r.finished).max().unwrap();
         let deepest = c.sim.stats().ports.iter().map(|p| p.max_queue).max().unwrap();
         (end, deepest)
@@ -109,7 +109,7 @@ fn lost_grants_and_lost_tails_cost_a_retry_not_a_stall() {
     let mut c = cluster(world, FlowConfig { window: 6, min_per_sender: 2 }, net);
     for seq in 1..=5 {
         let x = inputs(seq, world, 20_000);
-        let id = OpId { seq, tensor: 1 };
+        let id = OpId { run: 1, seq, tensor: 1 };
         let res = all_ok(c.allreduce(id, &x, opts(10_000), SECOND));
         for (_, rep) in &res {
             assert!(rep.finished.as_nanos() > 0);
@@ -137,7 +137,7 @@ fn a_slow_port_shrinks_its_senders_windows() {
         let mut c = cluster(world, flow, net.clone());
         for seq in 1..=3 {
             let x = inputs(seq, world, 200_000);
-            all_ok(c.allreduce(OpId { seq, tensor: 1 }, &x, opts(10_000), SECOND * 5));
+            all_ok(c.allreduce(OpId { run: 1, seq, tensor: 1 }, &x, opts(10_000), SECOND * 5));
         }
         let port0 = c.sim.stats().ports[0].clone();
         let drops: u64 = port0.drops.iter().sum();

@@ -32,7 +32,7 @@ fn run_cell(loss: f64, budget_ppm: u32) -> String {
     let x = inputs(seed, WORLD, LEN);
     for seq in 0..OPS {
         let o = OpOptions { budget_ppm, ..OpOptions::default() };
-        let out = c.allreduce(OpId { seq, tensor: 0 }, &x, o, Duration::from_secs(10));
+        let out = c.allreduce(OpId { run: 1, seq, tensor: 0 }, &x, o, Duration::from_secs(10));
         for r in out {
             match r {
                 Ok((_, rep)) => {

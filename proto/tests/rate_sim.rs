@@ -30,7 +30,7 @@ fn run(net: NetConfig, max_bps: u64, adapt: bool, ops: u64) -> (u64, Vec<Option<
     for seq in 1..=ops {
         let x = inputs(900 + seq, world, 250_000);
         let o = opts(0);
-        let res = all_ok(c.allreduce(OpId { seq, tensor: 0 }, &x, o, SECOND * 5));
+        let res = all_ok(c.allreduce(OpId { run: 1, seq, tensor: 0 }, &x, o, SECOND * 5));
         assert_identical(&res);
         assert_eq!(bits(&res[0].0), bits(&reference_sum(&x)), "op {seq}: budget 0 must be exact");
     }

@@ -117,7 +117,7 @@ fn run(budget_ppm: u32, drop: BTreeSet<u32>, layer: u32) -> (Seen, u32) {
     for r in 0..world {
         sim.node_mut(r)
             .inner
-            .start_allreduce(Instant::ZERO, OpId { seq: 1, tensor: 1 }, x[r as usize].clone(), o)
+            .start_allreduce(Instant::ZERO, OpId { run: 1, seq: 1, tensor: 1 }, x[r as usize].clone(), o)
             .unwrap();
     }
     sim.run_until(Instant::ZERO + Duration::from_secs(1), |s| {

@@ -39,7 +39,7 @@ fn run(world: u32) -> (f64, f64, usize) {
     let mut rng = Rng::new(u64::from(world));
     let inputs: Vec<Vec<f32>> =
         (0..world).map(|_| (0..ELEMS).map(|_| (rng.next_f64() * 2.0 - 1.0) as f32).collect()).collect();
-    let id = OpId { seq: 1, tensor: 0 };
+    let id = OpId { run: 1, seq: 1, tensor: 0 };
     let o = OpOptions::default();
     for r in 0..world {
         sim.node_mut(r).start_allreduce(Instant::ZERO, id, inputs[r as usize].clone(), o).unwrap();

@@ -15,7 +15,7 @@ fn key() -> JobKey {
 fn data_packet() -> Vec<u8> {
     let mut h = Header::new(PacketType::Data, Class::new(2).unwrap(), Phase::Scatter);
     h.job = 11;
-    h.generation = 3;
+    h.run = 3;
     h.src = 4;
     h.dst = 5;
     h.op = 99;

@@ -18,12 +18,12 @@ fn key() -> JobKey {
 fn header(ty: PacketType) -> Header {
     let (class, phase) = match ty {
         PacketType::Data => (Class::new(4).unwrap(), Phase::Gather),
-        PacketType::Hello | PacketType::Grant => (Class::CONTROL, Phase::None),
+        PacketType::Hello | PacketType::Grant | PacketType::Goodbye => (Class::CONTROL, Phase::None),
         _ => (Class::CONTROL, Phase::Scatter),
     };
     let mut h = Header::new(ty, class, phase);
     h.job = 1;
-    h.generation = 1;
+    h.run = if ty.is_phaseless() { 0 } else { 1 };
     h.src = 0;
     h.dst = 1;
     h.op = 5;
@@ -43,13 +43,14 @@ fn payload_for(ty: PacketType) -> Vec<u8> {
         PacketType::Bitmap | PacketType::Done => vec![0xFF, 0x00],
         PacketType::Hello => settings(),
         PacketType::Grant | PacketType::Probe => vec![0, 0, 0, 0, 0, 0, 1, 0],
+        PacketType::Goodbye => vec![],
     }
 }
 
 /// A HELLO's valid settings.
 fn settings() -> Vec<u8> {
     let mut b = vec![0u8; SETTINGS_LEN];
-    Settings { version: wire::VERSION, auth: PacketAuth::AesGmac, chunk_bytes: 1376, flow_window: 0 }
+    Settings { version: wire::VERSION, auth: PacketAuth::AesGmac, chunk_bytes: 1376, ..Settings::default() }
         .emit(&mut b);
     b
 }
@@ -89,7 +90,7 @@ fn set_u32(b: &mut [u8], off: usize, v: u32) {
     b[off..off + 4].copy_from_slice(&v.to_be_bytes());
 }
 
-const ALL_TYPES: [PacketType; 6] = PacketType::ALL;
+const ALL_TYPES: [PacketType; 7] = PacketType::ALL;
 
 /// A GRANT's payload is exactly 8 bytes, and its phase is none.
 #[test]

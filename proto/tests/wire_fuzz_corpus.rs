@@ -86,7 +86,7 @@ fn seeds() -> Vec<(&'static str, Header, Vec<u8>)> {
     let base = |ty, class, phase| {
         let mut h = Header::new(ty, class, phase);
         h.job = 42;
-        h.generation = 7;
+        h.run = 7;
         h.src = 0;
         h.dst = 3;
         h.op = 1000;
@@ -136,26 +136,34 @@ fn seeds() -> Vec<(&'static str, Header, Vec<u8>)> {
 
     let mut h = Header::new(PacketType::Hello, Class::CONTROL, Phase::None);
     h.job = 42;
-    h.generation = 8;
     h.src = 3;
     h.dst = 0;
     h.seq = 9;
     h.session = 0xFEDC_BA98_7654_3210;
     let mut settings = vec![0u8; SETTINGS_LEN];
-    Settings { version: wire::VERSION, auth: PacketAuth::AesGmac, chunk_bytes: 1392, flow_window: 0 }
-        .emit(&mut settings);
+    Settings {
+        version: wire::VERSION,
+        auth: PacketAuth::AesGmac,
+        chunk_bytes: 1392,
+        flow_window: 0,
+        digest: 0x0123_4567_89AB_CDEF,
+        generation: 8,
+        run_flags: wire::RUN_FRESH,
+        run_nonce: 0x1111_2222_3333_4444,
+        challenge: 5,
+        echo: 6,
+    }
+    .emit(&mut settings);
     v.push(("seed-hello", h, settings));
 
     let mut h = Header::new(PacketType::Grant, Class::CONTROL, Phase::None);
     h.job = 42;
-    h.generation = 8;
     h.src = 3;
     h.dst = 0;
     v.push(("seed-grant", h, 1424u64.to_be_bytes().to_vec()));
     let mut h = Header::new(PacketType::Grant, Class::CONTROL, Phase::None);
     h.flags = Flags::REQUEST;
     h.job = 42;
-    h.generation = 8;
     h.src = 0;
     h.dst = 3;
     v.push(("seed-grant-request", h, 77u64.to_be_bytes().to_vec()));

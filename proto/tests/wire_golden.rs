@@ -1,7 +1,7 @@
 //! Golden byte vectors pinning the wire layout, one set per wire version.
 //!
-//! The version 3 vectors in `tests/golden/v3/*.hex` were produced by
-//! `tests/golden/v3/gen.py`, which writes each field at the offset given by
+//! The version 4 vectors in `tests/golden/v4/*.hex` were produced by
+//! `tests/golden/v4/gen.py`, which writes each field at the offset given by
 //! the layout table in the `wire` module docs and computes the tag with
 //! Python's `cryptography` (HKDF-SHA256, AES-128-GCM) — independently of the
 //! Rust encoder. Each vector is checked both ways: `encode(header, payload)
@@ -12,10 +12,12 @@
 //! generator would still be caught.
 //!
 //! The older versions' vectors are kept as they were: version 1
-//! (`tests/golden/v1/`, keyed BLAKE3, 64-byte header) and version 2
-//! (`tests/golden/v2/`, this layout and MAC without flow control). This build
-//! refuses every one of them with `UnsupportedVersion(1)` / `(2)`, and still
-//! reads the sender rank they claim.
+//! (`tests/golden/v1/`, keyed BLAKE3, 64-byte header), version 2
+//! (`tests/golden/v2/`, AES-GMAC without flow control) and version 3
+//! (`tests/golden/v3/`, flow control; a wall-clock generation in the header,
+//! no run). This build refuses every one of them with
+//! `UnsupportedVersion(1)` / `(2)` / `(3)`, and still reads the sender rank
+//! they claim.
 
 use dlcp_proto::class::Class;
 use dlcp_proto::wire::{
@@ -23,8 +25,8 @@ use dlcp_proto::wire::{
     PacketType, Phase, SETTINGS_LEN, SenderId, Settings, TAG_LEN, WireError,
 };
 
-/// The job secret every version 3 golden vector is tagged with (see `v3/gen.py`).
-const SECRET: &[u8] = b"dlcp golden secret v3";
+/// The job secret every version 4 golden vector is tagged with (see `v4/gen.py`).
+const SECRET: &[u8] = b"dlcp golden secret v4";
 
 fn key() -> JobKey {
     JobKey::new(SECRET)
@@ -47,9 +49,24 @@ const V2: [&str; 9] = [
     "hello",
 ];
 
+/// The version 3 vectors: version 2's and flow control's.
+const V3: [&str; 11] = [
+    "data",
+    "data_repair_bf16",
+    "data_auth_none",
+    "probe",
+    "bitmap",
+    "bitmap_complete",
+    "done",
+    "done_mask_empty",
+    "hello",
+    "grant",
+    "grant_request",
+];
+
 /// Parse a `.hex` golden file of this version: `#` comments and whitespace are ignored.
 fn golden(name: &str) -> Vec<u8> {
-    golden_of("v3", name)
+    golden_of("v4", name)
 }
 
 /// Parse the `.hex` golden file `name` of version directory `version`.
@@ -78,7 +95,7 @@ fn class(c: u8) -> Class {
 fn common(ty: PacketType, class: Class, phase: Phase) -> Header {
     let mut h = Header::new(ty, class, phase);
     h.job = 0x0102_0304;
-    h.generation = 0x0A0B_0C0D;
+    h.run = 0x0A0B_0C0D_0E0F_1011;
     h.src = 1;
     h.dst = 2;
     h.op = 0x1122_3344_5566_7788;
@@ -149,20 +166,29 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
 
     let mut h = Header::new(PacketType::Hello, Class::CONTROL, Phase::None);
     h.job = 0x0102_0304;
-    h.generation = 0xFFFF_FFFE;
     h.src = 3;
     h.dst = 0;
     h.seq = 77;
     h.session = 0xFEDC_BA98_7654_3210;
     h.packet = 7;
     let mut settings = vec![0u8; SETTINGS_LEN];
-    Settings { version: 3, auth: PacketAuth::AesGmac, chunk_bytes: 1376, flow_window: 256 }
-        .emit(&mut settings);
+    Settings {
+        version: 4,
+        auth: PacketAuth::AesGmac,
+        chunk_bytes: 1376,
+        flow_window: 256,
+        digest: 0x0123_4567_89AB_CDEF,
+        generation: 0xFFFF_FFFE,
+        run_flags: wire::RUN_FRESH,
+        run_nonce: 0x1122_3344_5566_7789,
+        challenge: 0xA1A2_A3A4_A5A6_A7A9,
+        echo: 0xB1B2_B3B4_B5B6_B7B9,
+    }
+    .emit(&mut settings);
     v.push(("hello", h, settings));
 
     let mut h = Header::new(PacketType::Grant, Class::CONTROL, Phase::None);
     h.job = 0x0102_0304;
-    h.generation = 0x0A0B_0C0D;
     h.src = 2;
     h.dst = 1;
     h.session = 0x5E55_20A0_B0C0_D0E0;
@@ -174,7 +200,6 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     let mut h = Header::new(PacketType::Grant, Class::CONTROL, Phase::None);
     h.flags = Flags::REQUEST;
     h.job = 0x0102_0304;
-    h.generation = 0x0A0B_0C0D;
     h.src = 1;
     h.dst = 2;
     h.session = 0x5E55_10A0_B0C0_D0E0;
@@ -182,6 +207,14 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     let mut count = vec![0u8; wire::GRANT_LEN];
     wire::emit_grant(1000, &mut count);
     v.push(("grant_request", h, count));
+
+    let mut h = Header::new(PacketType::Goodbye, Class::CONTROL, Phase::None);
+    h.job = 0x0102_0304;
+    h.src = 2;
+    h.dst = 0;
+    h.session = 0x5E55_20A0_B0C0_D0E0;
+    h.packet = 0xFFFF_FFFF_FFFF_FFF0;
+    v.push(("goodbye", h, vec![]));
 
     for (_, h, p) in &mut v {
         h.payload_len = p.len() as u16;
@@ -292,6 +325,42 @@ fn version_2_vectors_are_refused() {
     }
 }
 
+/// Every version 3 datagram (a wall-clock generation, no run) is refused as such.
+#[test]
+fn version_3_vectors_are_refused() {
+    for name in V3 {
+        let bytes = golden_of("v3", name);
+        assert_eq!(bytes[2], 3, "{name}: a version 3 vector");
+        for k in [key(), JobKey::new(b"dlcp golden secret v3"), JobKey::unauthenticated()] {
+            assert_eq!(wire::decode(&k, &bytes), Err(WireError::UnsupportedVersion(3)), "{name}");
+        }
+        assert_eq!(Packet::new_checked(&bytes[..]).unwrap_err(), WireError::UnsupportedVersion(3), "{name}");
+        let src = match name {
+            "hello" => 3,
+            "grant" => 2,
+            _ => 1,
+        };
+        assert_eq!(wire::peek_src(&bytes), Some(src), "{name}");
+    }
+}
+
+/// The HELLO payload reads back as gen.py wrote it.
+#[test]
+fn hello_settings_read_back() {
+    let bytes = golden("hello");
+    let (h, p) = wire::decode(&key(), &bytes).unwrap();
+    let s = Settings::parse(p).unwrap();
+    assert_eq!(
+        (h.ty, h.run, s.generation, s.run_flags),
+        (PacketType::Hello, 0, 0xFFFF_FFFE, wire::RUN_FRESH)
+    );
+    assert_eq!(
+        (s.run_nonce, s.challenge, s.echo),
+        (0x1122_3344_5566_7789, 0xA1A2_A3A4_A5A6_A7A9, 0xB1B2_B3B4_B5B6_B7B9)
+    );
+    assert_eq!(s.digest, 0x0123_4567_89AB_CDEF);
+}
+
 /// The GRANT payloads read back as the counts gen.py wrote.
 #[test]
 fn grant_counts_read_back() {
@@ -313,7 +382,7 @@ fn golden_rejected_under_another_key() {
                 WireError::AuthMismatch { ours: PacketAuth::AesGmac, theirs: PacketAuth::None }
             }
         };
-        assert_eq!(wire::decode(&JobKey::new(b"dlcp golden secret v2"), &bytes), Err(want), "{name}");
+        assert_eq!(wire::decode(&JobKey::new(b"dlcp golden secret v3"), &bytes), Err(want), "{name}");
     }
 }
 
@@ -323,14 +392,16 @@ fn probe_header_written_by_hand() {
     #[rustfmt::skip]
     let hand: [u8; HEADER_LEN] = [
         0xD1, 0xC9,             //  0 magic
-        0x03,                   //  2 version
+        0x04,                   //  2 version
         0x02,                   //  3 type = PROBE
         0x00,                   //  4 flags
         0x07,                   //  5 class = control
         0x02,                   //  6 phase = all-gather
         0x00,                   //  7 dtype = f32
         0x01, 0x02, 0x03, 0x04, //  8 job
-        0x0A, 0x0B, 0x0C, 0x0D, // 12 generation
+        0x00, 0x08,             // 12 payload_len = 8 (the DATA count)
+        0x01,                   // 14 auth = AES-128-GMAC
+        0x00,                   // 15 reserved
         0x00, 0x00, 0x00, 0x01, // 16 src
         0x00, 0x00, 0x00, 0x02, // 20 dst
         0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, // 24 op
@@ -340,9 +411,7 @@ fn probe_header_written_by_hand() {
         0x00, 0x00, 0x00, 0x04, // 44 required = 4
         0x00, 0x00, 0x27, 0x10, // 48 budget_ppm = 10 000
         0x00, 0x00, 0x00, 0x03, // 52 seq = 3
-        0x00, 0x08,             // 56 payload_len = 8 (the DATA count)
-        0x01,                   // 58 auth = AES-128-GMAC
-        0x00, 0x00, 0x00, 0x00, 0x00, // 59 reserved
+        0x0A, 0x0B, 0x0C, 0x0D, 0x0E, 0x0F, 0x10, 0x11, // 56 run
         0x5E, 0x55, 0x10, 0xA0, 0xB0, 0xC0, 0xD0, 0xE0, // 64 session
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, // 72 packet = 2
     ];
@@ -361,14 +430,14 @@ fn probe_header_written_by_hand() {
 #[test]
 fn data_packet_written_by_hand() {
     let mut hand = Vec::new();
-    hand.extend_from_slice(&[0xD1, 0xC9, 3, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
-    hand.extend_from_slice(&[1, 2, 3, 4, 0x0A, 0x0B, 0x0C, 0x0D]); // job generation
+    hand.extend_from_slice(&[0xD1, 0xC9, 4, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
+    hand.extend_from_slice(&[1, 2, 3, 4, 0, 8, 1, 0]); // job payload_len auth reserved
     hand.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 2]); // src dst
     hand.extend_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]); // op
     hand.extend_from_slice(&[0xCA, 0xFE, 0xBA, 0xBE, 0, 0, 0, 5]); // tensor chunk_index
     hand.extend_from_slice(&[0, 0, 0, 10, 0, 0, 0, 4]); // chunk_count required
     hand.extend_from_slice(&[0, 0, 0x27, 0x10, 0, 0, 0, 41]); // budget_ppm seq (dseq 41)
-    hand.extend_from_slice(&[0, 8, 1, 0, 0, 0, 0, 0]); // payload_len auth reserved
+    hand.extend_from_slice(&[0x0A, 0x0B, 0x0C, 0x0D, 0x0E, 0x0F, 0x10, 0x11]); // run
     hand.extend_from_slice(&[0x5E, 0x55, 0x10, 0xA0, 0xB0, 0xC0, 0xD0, 0xE0]); // session
     hand.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0]); // packet = 0
     hand.extend_from_slice(&[0x00, 0x00, 0x80, 0x3F, 0x00, 0x00, 0x20, 0xC0]); // 1.0f32, -2.5f32 LE
@@ -380,13 +449,13 @@ fn data_packet_written_by_hand() {
 /// The key schedule is pinned too: HKDF salt and info, then AES-128-GCM.
 #[test]
 fn key_schedule_is_pinned() {
-    assert_eq!(KEY_SALT, b"dlcp wire v2 packet authentication");
-    assert_eq!(KEY_INFO, b"dlcp v2 aes-128-gmac sender key");
+    assert_eq!(KEY_SALT, b"dlcp wire v4 packet authentication");
+    assert_eq!(KEY_INFO, b"dlcp v4 aes-128-gmac sender key");
     // The probe vector's tag, computed by gen.py with Python's cryptography.
     let g = golden("probe");
     let n = HEADER_LEN + wire::GRANT_LEN;
-    assert_eq!(hex(&g[n..]), "50cd6920a5b56c8274dbf183605ef600");
-    assert_eq!(hex(&key().tag(&g[..n])), "50cd6920a5b56c8274dbf183605ef600");
+    assert_eq!(hex(&g[n..]), "96753418395fa1e303af472c9b916357");
+    assert_eq!(hex(&key().tag(&g[..n])), "96753418395fa1e303af472c9b916357");
     assert_ne!(JobKey::new(b"").tag(&g[..n]), key().tag(&g[..n]));
 }
 

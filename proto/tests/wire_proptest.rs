@@ -20,7 +20,19 @@ fn key() -> JobKey {
 /// A valid HELLO payload announcing `chunk_bytes`.
 fn settings(chunk_bytes: u32) -> Vec<u8> {
     let mut b = vec![0u8; SETTINGS_LEN];
-    Settings { version: wire::VERSION, auth: PacketAuth::AesGmac, chunk_bytes, flow_window: 0 }.emit(&mut b);
+    Settings {
+        version: wire::VERSION,
+        auth: PacketAuth::AesGmac,
+        chunk_bytes,
+        flow_window: 0,
+        digest: u64::from(chunk_bytes).rotate_left(13),
+        generation: chunk_bytes ^ 0x55,
+        run_flags: (chunk_bytes & 1) as u8,
+        run_nonce: u64::from(chunk_bytes) * 3,
+        challenge: u64::from(chunk_bytes) * 5,
+        echo: u64::from(chunk_bytes) * 7,
+    }
+    .emit(&mut b);
     b
 }
 
@@ -64,7 +76,7 @@ fn valid_packet() -> impl Strategy<Value = (Header, Vec<u8>)> {
             let no_payload = flags.0 & 0x06 != 0;
             let min_count = if ty == PacketType::Hello { 0u32 } else { 1 };
             (
-                any::<[u32; 5]>(), // job, generation, src, tensor, seq
+                any::<[u32; 5]>(), // job, run (low bits), src, tensor, seq
                 1u32..=u32::MAX,   // dst = src ^ this, never equal to src
                 any::<u64>(),
                 prop_oneof![3 => min_count..=64u32, 1 => min_count..=u32::MAX], // chunk_count: small ones hit the edges
@@ -80,7 +92,7 @@ fn valid_packet() -> impl Strategy<Value = (Header, Vec<u8>)> {
                         h.flags = flags;
                         h.dtype = dtype;
                         h.job = w[0];
-                        h.generation = w[1];
+                        h.run = if ty.is_phaseless() { 0 } else { u64::from(w[1]) << 7 | 1 };
                         h.src = w[2];
                         h.dst = w[2] ^ dst_xor;
                         h.op = op;
@@ -264,8 +276,9 @@ proptest! {
         let mut h = Header::new(ty, Class::new(class).unwrap(), phase);
         h.dtype = dtype;
         h.flags = Flags(flags);
-        [h.job, h.generation, h.src, h.dst, h.tensor, h.chunk_index, h.chunk_count, h.required,
-         h.budget_ppm, h.seq] = [w[0], w[1], w[2], w[3] % 4, w[4], w[5] % 64, w[6] % 64, w[7] % 64,
+        h.run = u64::from(w[1]);
+        [h.job, h.src, h.dst, h.tensor, h.chunk_index, h.chunk_count, h.required,
+         h.budget_ppm, h.seq] = [w[0], w[2], w[3] % 4, w[4], w[5] % 64, w[6] % 64, w[7] % 64,
          w[8] % (2 * PPM), w[9]];
         h.op = op;
         h.payload_len = payload_len % 64;
@@ -298,7 +311,7 @@ fn check_decode(b: &[u8]) -> Result<(), TestCaseError> {
 
 fn exercise_view(p: &Packet<&[u8]>) {
     let _ = (p.raw_type(), p.flags(), p.raw_class(), p.raw_phase(), p.raw_dtype());
-    let _ = (p.job(), p.generation(), p.src(), p.dst(), p.op(), p.tensor());
+    let _ = (p.job(), p.run(), p.src(), p.dst(), p.op(), p.tensor());
     let _ = (p.chunk_index(), p.chunk_count(), p.required(), p.budget_ppm(), p.seq(), p.payload_len());
     let _ = (p.reserved(), p.payload(), p.authenticated(), p.tag());
 }

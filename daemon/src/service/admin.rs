@@ -430,7 +430,7 @@ pub fn report_from_json(v: &serde_json::Value) -> OpReport {
         b
     };
     OpReport {
-        id: OpId { seq: r.op, tensor: r.tensor },
+        id: OpId { run: 1, seq: r.op, tensor: r.tensor },
         started: Instant::ZERO,
         finished: Instant::ZERO,
         scatter: r
@@ -469,7 +469,7 @@ mod tests {
             ("stats\n", Request::Stats),
             (" status ", Request::Status),
             ("reload", Request::Reload),
-            ("report 5 6\n", Request::Report(OpId { seq: 5, tensor: 6 })),
+            ("report 5 6\n", Request::Report(OpId { run: 1, seq: 5, tensor: 6 })),
         ] {
             assert_eq!(Request::parse(line), want, "{line:?}");
         }
@@ -506,7 +506,7 @@ mod tests {
         let mut mask = Bitmap::new(10);
         mask.set(2);
         let r = OpReport {
-            id: OpId { seq: 9, tensor: 3 },
+            id: OpId { run: 1, seq: 9, tensor: 3 },
             started: Instant::from_nanos(1000),
             finished: Instant::from_nanos(5_001_000),
             scatter: vec![transfer(1, &delivered, None), transfer(2, &Bitmap::full(10), None)],

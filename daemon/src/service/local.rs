@@ -207,7 +207,7 @@ mod tests {
     use super::*;
 
     const SHAPE: Shape = Shape { len: 3, layer: 0, layers: 1 };
-    const ID: OpId = OpId { seq: 1, tensor: 7 };
+    const ID: OpId = OpId { run: 1, seq: 1, tensor: 7 };
 
     fn part(rank: u32) -> Contribution<u32> {
         Contribution { local_rank: rank, shape: SHAPE, ticket: 100 + rank }

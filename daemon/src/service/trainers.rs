@@ -275,7 +275,7 @@ impl Trainers {
             self.answer(slot, &sub, Status::Shutdown);
             return;
         }
-        let id = OpId { seq: sub.op_seq, tensor: sub.tensor_id };
+        let id = OpId { run: 1, seq: sub.op_seq, tensor: sub.tensor_id };
         let world = self.local_world.unwrap_or(1) as usize;
         // An op on the network already has all its contributions.
         if self.in_flight.contains_key(&id) {

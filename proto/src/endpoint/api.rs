@@ -9,9 +9,12 @@ use crate::time::{Duration, Instant};
 use crate::transfer::TransferReport;
 use crate::wire::{JobKey, PacketAuth, Phase};
 
-/// Identity of an op: matched across ranks by (job, `seq`, `tensor`).
+/// Identity of an op: matched across ranks by (job, run, `seq`, `tensor`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct OpId {
+    /// The local run's epoch ([`Endpoint::begin_run`](crate::endpoint::Endpoint::begin_run);
+    /// on the wire, the run id the job's daemons agreed for it, [`crate::run`]).
+    pub run: u64,
     /// Op sequence number (the trainer's collective-call counter).
     pub seq: u64,
     /// Tensor id (bucket or parameter index).
@@ -25,9 +28,10 @@ pub(crate) type Slot = u32;
 pub(crate) const NO_SLOT: Slot = u32::MAX;
 
 /// An op as queues refer to it: its id, and the slot it has while in flight
-/// (the id's fields side by side with the slot: 16 bytes, not 24).
+/// (the id's fields side by side with the slot: 24 bytes, not 32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct OpKey {
+    run: u64,
     seq: u64,
     tensor: u32,
     /// Its slot ([`NO_SLOT`]: not in flight).
@@ -37,7 +41,7 @@ pub(crate) struct OpKey {
 impl OpKey {
     /// Op `id` in `slot`.
     pub(crate) fn new(id: OpId, slot: Slot) -> OpKey {
-        OpKey { seq: id.seq, tensor: id.tensor, slot }
+        OpKey { run: id.run, seq: id.seq, tensor: id.tensor, slot }
     }
 
     /// An op that is not in the table (lingering, or none: a HELLO).
@@ -47,7 +51,7 @@ impl OpKey {
 
     /// The op.
     pub(crate) fn id(self) -> OpId {
-        OpId { seq: self.seq, tensor: self.tensor }
+        OpId { run: self.run, seq: self.seq, tensor: self.tensor }
     }
 }
 
@@ -159,7 +163,8 @@ pub struct EndpointConfig {
     pub world: u32,
     /// Job id (packets of other jobs are rejected).
     pub job: u32,
-    /// This incarnation's generation (must increase across restarts).
+    /// This incarnation's generation: a number for people (logs, status),
+    /// announced in HELLO; no peer orders incarnations by it (version 4).
     pub generation: u32,
     /// This incarnation's session: 64 random bits drawn from the operating
     /// system at every start (never reused: the packet key is derived from
@@ -212,6 +217,15 @@ impl EndpointConfig {
 /// Why an op could not be started.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StartError {
+    /// The op's run is not this daemon's current local run
+    /// ([`Endpoint::begin_run`](crate::endpoint::Endpoint::begin_run)).
+    #[error("op of run epoch {epoch}, but the current local run is {current:?}")]
+    NotCurrentRun {
+        /// The op's epoch.
+        epoch: u64,
+        /// The current local run's epoch, if any.
+        current: Option<u64>,
+    },
     /// An op with this id is running or finished recently.
     #[error("op {0:?} is already running or finished recently; use a new op sequence number")]
     Duplicate(OpId),
@@ -255,7 +269,7 @@ pub enum OpError {
         /// The hard timeout.
         timeout: Duration,
     },
-    /// A peer's daemon restarted (new generation) while the op was running.
+    /// A peer's daemon restarted (a new verified session) while the op was running.
     #[error("rank {rank} restarted (generation {old} -> {new}) during the op")]
     PeerRestarted {
         /// The rank.
@@ -264,6 +278,35 @@ pub enum OpError {
         old: u32,
         /// New generation.
         new: u32,
+    },
+    /// A peer's daemon announced its shutdown while the op was running.
+    #[error("rank {rank}'s daemon shut down during the op")]
+    PeerLeft {
+        /// The rank.
+        rank: u32,
+    },
+    /// A peer's settings disagree with ours: no op can run with it.
+    #[error("rank {rank} {mismatch}")]
+    PeerIncompatible {
+        /// The rank.
+        rank: u32,
+        /// What differs.
+        mismatch: Mismatch,
+    },
+    /// The job's daemons did not agree on a run for the op within the hard
+    /// timeout ([`crate::run`]): the reasons, by rank.
+    #[error("no run agreed within {timeout:?}: {}", waiting.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    NoRun {
+        /// Why, by rank.
+        waiting: Vec<crate::run::Waiting>,
+        /// The hard timeout.
+        timeout: Duration,
+    },
+    /// The op belongs to a local run that has ended.
+    #[error("the op's run (epoch {epoch}) has ended")]
+    RunEnded {
+        /// The run's epoch.
+        epoch: u64,
     },
 }
 
@@ -337,6 +380,11 @@ pub enum Event {
         /// New generation.
         new: u32,
     },
+    /// A peer's daemon announced its shutdown (GOODBYE).
+    PeerLeft {
+        /// Rank.
+        rank: u32,
+    },
     /// A peer has been silent for the peer timeout.
     PeerDown {
         /// Rank.
@@ -402,6 +450,19 @@ pub enum Mismatch {
         theirs: u16,
         /// Ours.
         ours: u16,
+    },
+    /// Another digest of the settings every host must share (class bands,
+    /// droppable classes, layer and magnitude levels, the budget cap; see
+    /// [`settings_digest`](crate::endpoint::settings_digest)).
+    #[error(
+        "has settings digest {theirs:016x}; this daemon has {ours:016x} \
+         (set [classes] and the budget cap the same on every daemon)"
+    )]
+    SettingsDigest {
+        /// The peer's.
+        theirs: u64,
+        /// Ours.
+        ours: u64,
     },
 }
 

@@ -35,6 +35,12 @@ impl Endpoint {
         let mut h = self.sh.header(PacketType::Hello, Class::CONTROL, item.phase, item.op.id(), item.peer);
         let (op, peer) = (self.ops.by_key_mut(item.op), item.peer);
         match item.kind {
+            TxKind::Goodbye => {
+                h.ty = PacketType::Goodbye;
+                h.op = 0;
+                h.tensor = 0;
+                h.payload_len = 0;
+            }
             TxKind::Hello => {
                 h.op = 0;
                 h.tensor = 0;
@@ -69,11 +75,19 @@ impl Endpoint {
         }
         self.sh.seal(&h, buf, |p| {
             if h.ty == PacketType::Hello {
+                let (run_nonce, fresh) = self.sh.runs.announce(peer);
+                let (challenge, echo) = self.peers.handshake(peer);
                 Settings {
                     version: wire::VERSION,
                     auth: h.auth,
                     chunk_bytes: self.sh.cfg.chunk_bytes as u32,
                     flow_window: self.sh.flow.config().wire_window(),
+                    digest: self.digest,
+                    generation: self.sh.cfg.generation,
+                    run_flags: if fresh { wire::RUN_FRESH } else { 0 },
+                    run_nonce,
+                    challenge,
+                    echo,
                 }
                 .emit(p)
             }

@@ -149,7 +149,7 @@ impl Endpoint {
 /// A queued GRANT (or credit request) to `peer`.
 fn grant_item(peer: u32, request: bool) -> TxItem {
     TxItem {
-        op: OpKey::outside(OpId { seq: 0, tensor: 0 }),
+        op: OpKey::outside(OpId { run: 0, seq: 0, tensor: 0 }),
         phase: Phase::None,
         peer,
         kind: TxKind::Grant { request },

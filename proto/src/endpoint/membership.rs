@@ -1,24 +1,45 @@
-//! Who is out there: every peer's generation and liveness, and the heartbeats.
+//! Who is out there: every peer's incarnation and liveness, and the heartbeats.
 //!
-//! Ops are matched across ranks by (job, op sequence, tensor id). Every
-//! packet carries its sender's generation; a higher generation means the
-//! peer's daemon restarted ([`Peers::note`] says so, and the endpoint fails
-//! the live ops). Packets of an older generation are dropped. A peer silent
-//! for the peer timeout is down until heard from again.
+//! Ops are matched across ranks by (job, run, op sequence, tensor id). Every
+//! packet carries its sender's session, 64 random bits per daemon start. A
+//! receiver takes a session as its peer's current incarnation only through
+//! the incarnation handshake: a HELLO of an unknown session is answered with
+//! a fresh challenge, and the session is verified when a HELLO of it echoes
+//! that challenge. Only then is it current; if it replaces a verified one,
+//! the peer restarted ([`Peers::on_hello`] says so, and the endpoint fails the
+//! live ops). Any other packet of a session that is not the verified one is
+//! dropped. So a replayed datagram of an earlier incarnation is never taken
+//! for a restart, and no clock or counter the sender announces decides
+//! anything (version 3 ordered incarnations by a wall-clock generation: a
+//! clock stepped back made a restarted daemon "stale" to every peer).
+//! A GOODBYE of the verified session retires it at once.
+//!
+//! A peer silent for the peer timeout is down until heard from again.
 //!
 //! A peer that cannot talk to this one (another wire version, packet
-//! authentication mode or chunk size: a [`Mismatch`]) is remembered until it
-//! sends a HELLO whose settings agree, and reported at most once per
-//! [`MISMATCH_REPORT_INTERVAL`].
+//! authentication mode, chunk size or settings digest: a [`Mismatch`]) is
+//! remembered until it sends a HELLO whose settings agree, and reported at
+//! most once per [`MISMATCH_REPORT_INTERVAL`].
 
 use std::collections::BTreeSet;
 
 use crate::endpoint::api::{MISMATCH_REPORT_INTERVAL, Mismatch};
+use crate::rng::Rng;
 use crate::time::{Duration, Instant};
+use crate::wire::Settings;
 
 #[derive(Debug, Clone, Default)]
 struct PeerState {
+    /// The verified session (the peer's current incarnation).
+    session: Option<u64>,
+    /// The generation its verified incarnation announced (for people).
     generation: Option<u32>,
+    /// An unverified session this rank challenged, and the challenge.
+    candidate: Option<(u64, u64)>,
+    /// The last challenge it sent this rank (echoed in HELLOs to it).
+    echo: u64,
+    /// It said goodbye since its last verified session.
+    left: bool,
     last_heard: Option<Instant>,
     up: bool,
     /// Why its datagrams were last refused, until its settings agree.
@@ -27,15 +48,20 @@ struct PeerState {
     reported: Option<Instant>,
 }
 
-/// What a packet's generation said about its sender ([`Peers::note`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Noted {
-    /// From an older generation: drop the packet.
-    Stale,
-    /// Current. `restarted`: the peer came back with this new generation
-    /// (the old one given); `came_up`: first contact, or contact again after
-    /// it was down.
-    Current { restarted: Option<u32>, came_up: bool },
+/// What a HELLO did to its sender's incarnation ([`Peers::on_hello`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Hello {
+    /// Of the verified session (before or by this HELLO).
+    pub current: bool,
+    /// This HELLO verified a new session that replaces another: the peer
+    /// restarted (the old incarnation's generation given).
+    pub restarted: Option<u32>,
+    /// This HELLO verified a session (first contact, restart or return).
+    pub verified: bool,
+    /// The peer came up: first contact, or contact again after it was down.
+    pub came_up: bool,
+    /// Send it a HELLO now: it was challenged, or it challenges this rank.
+    pub reply: bool,
 }
 
 /// Every peer's state, and the heartbeat schedule.
@@ -47,6 +73,8 @@ pub(crate) struct Peers {
     heard: BTreeSet<(Instant, u32)>,
     next_heartbeat: Option<Instant>,
     hello_seq: u32,
+    /// Source of challenges (seeded by this incarnation's session).
+    challenges: Rng,
     /// When a mismatch of a datagram from no known peer was last reported.
     unknown_reported: Option<Instant>,
 }
@@ -54,12 +82,13 @@ pub(crate) struct Peers {
 impl Peers {
     /// A world of `world` ranks, none heard from; heartbeats from `now` if
     /// `heartbeat` is not zero and there is someone to talk to.
-    pub(crate) fn new(world: u32, heartbeat: Duration, now: Instant) -> Peers {
+    pub(crate) fn new(world: u32, heartbeat: Duration, now: Instant, session: u64) -> Peers {
         Peers {
             peers: vec![PeerState::default(); world as usize],
             heard: BTreeSet::new(),
             next_heartbeat: (!heartbeat.is_zero() && world > 1).then_some(now),
             hello_seq: 0,
+            challenges: Rng::stream(session, 0xC4A1, u64::from(world)),
             unknown_reported: None,
         }
     }
@@ -69,7 +98,18 @@ impl Peers {
         self.peers.get(rank as usize).is_some_and(|p| p.up)
     }
 
-    /// The last generation seen from `rank`.
+    /// The verified session of `rank`.
+    pub(crate) fn session(&self, rank: u32) -> Option<u64> {
+        self.peers.get(rank as usize).and_then(|p| p.session)
+    }
+
+    /// What a HELLO to `rank` carries of the handshake: (the challenge for
+    /// its unverified session or 0, the last challenge it sent or 0).
+    pub(crate) fn handshake(&self, rank: u32) -> (u64, u64) {
+        self.peers.get(rank as usize).map_or((0, 0), |p| (p.candidate.map_or(0, |c| c.1), p.echo))
+    }
+
+    /// The generation the verified incarnation of `rank` announced.
     pub(crate) fn generation(&self, rank: u32) -> Option<u32> {
         self.peers.get(rank as usize).and_then(|p| p.generation)
     }
@@ -83,7 +123,7 @@ impl Peers {
     /// Whether `rank` announced settings (in HELLO) that disagree with ours:
     /// its other datagrams are refused until it announces ours.
     pub(crate) fn settings_refused(&self, rank: u32) -> bool {
-        matches!(self.mismatch(rank), Some(Mismatch::ChunkBytes { .. }))
+        matches!(self.mismatch(rank), Some(Mismatch::ChunkBytes { .. } | Mismatch::SettingsDigest { .. }))
     }
 
     /// A datagram from `rank` (`None`: from no known peer) was refused at
@@ -118,25 +158,65 @@ impl Peers {
         self.hello_seq
     }
 
-    /// A packet from `src` of `generation` arrived at `now`. O(1) for a peer
-    /// that is up: only its last-heard time changes; its entry in the timeout
-    /// order is brought up to date when it comes due ([`Peers::expire`]).
-    pub(crate) fn note(&mut self, now: Instant, src: u32, generation: u32) -> Noted {
+    /// A HELLO of `session` announcing `s` arrived from `src` at `now` (its
+    /// tag checked): run the incarnation handshake (see the module docs).
+    pub(crate) fn on_hello(&mut self, now: Instant, src: u32, session: u64, s: &Settings) -> Hello {
+        let fresh = self.challenges.next_u64() | 1;
         let p = &mut self.peers[src as usize];
-        let restarted = match p.generation {
-            Some(g) if generation < g => return Noted::Stale,
-            Some(g) if generation > g => Some(g),
-            Some(_) => None,
-            None => None,
-        };
-        p.generation = Some(generation);
+        let mut out = Hello { reply: s.challenge != 0 && s.challenge != p.echo, ..Hello::default() };
+        p.echo = s.challenge;
+        if p.session != Some(session) {
+            match p.candidate {
+                Some((c, challenge)) if c == session && s.echo == challenge => {
+                    out.restarted = (p.session.is_some() || p.left).then(|| p.generation.unwrap_or(0));
+                    out.verified = true;
+                    p.session = Some(session);
+                    p.candidate = None;
+                    p.left = false;
+                }
+                Some((c, _)) if c == session => return out,
+                _ => {
+                    p.candidate = Some((session, fresh));
+                    out.reply = true;
+                    return out;
+                }
+            }
+        }
+        p.generation = Some(s.generation);
+        out.current = true;
+        out.came_up = self.heard(now, src);
+        out
+    }
+
+    /// A packet other than HELLO of `session` arrived from `src` at `now`:
+    /// whether it is of the verified session (else drop it), and whether the
+    /// peer came up again. O(1) for a peer that is up: only its last-heard
+    /// time changes; its entry in the timeout order is brought up to date
+    /// when it comes due ([`Peers::expire`]).
+    pub(crate) fn note(&mut self, now: Instant, src: u32, session: u64) -> Option<bool> {
+        (self.peers[src as usize].session == Some(session)).then(|| self.heard(now, src))
+    }
+
+    /// `src`'s verified session said goodbye: it is down, and the session
+    /// retired (a restart is verified afresh). Whether it was up.
+    pub(crate) fn goodbye(&mut self, src: u32) -> bool {
+        let p = &mut self.peers[src as usize];
+        p.session = None;
+        p.candidate = None;
+        p.left = true;
+        std::mem::replace(&mut p.up, false)
+    }
+
+    /// `src` was heard at `now`; whether it came up.
+    fn heard(&mut self, now: Instant, src: u32) -> bool {
+        let p = &mut self.peers[src as usize];
         p.last_heard = Some(now);
         let came_up = !p.up;
         if came_up {
             self.heard.insert((now, src));
         }
         p.up = true;
-        Noted::Current { restarted, came_up }
+        came_up
     }
 
     /// Whether a round of HELLOs is due at `now` (then the next is scheduled).

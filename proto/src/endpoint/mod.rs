@@ -76,14 +76,17 @@ use crate::pacer::Pacer;
 use crate::pool::BufferPool;
 use crate::priority::ClassifierConfig;
 use crate::rate::{RateAdapter, RateConfig, SendTotals};
+use crate::run::Waiting;
 use crate::time::Instant;
-use crate::wire::{self, DType, Header, KeyCache, PacketType, Phase, Settings, WireError};
+use crate::wire::{self, DType, Header, KeyCache, PacketType, Phase, RUN_FRESH, Settings, WireError};
 
 pub(crate) mod allreduce;
 pub(crate) mod api;
 pub(crate) mod batch;
 mod control;
 mod credit;
+mod digest;
+mod held;
 pub(crate) mod history;
 pub(crate) mod membership;
 pub(crate) mod optable;
@@ -98,12 +101,14 @@ pub use api::{
     OpReport, ReduceOp, StartError, Timers,
 };
 pub use batch::{Datagram, TxBatch, TxView};
+pub use digest::settings_digest;
 pub use tx::Transmit;
 
 use allreduce::{Layout, Op, Side};
 use api::OpKey;
+use held::{Held, HeldOp};
 use history::{Early, History, Linger};
-use membership::{Noted, Peers};
+use membership::Peers;
 use optable::OpTable;
 use shared::Shared;
 use timers::{TimerEntry, TimerIndex};
@@ -131,7 +136,16 @@ pub struct Endpoint {
     keys: KeyCache,
     /// Loss-driven adaptation of the pacing rate, if configured.
     rate: Option<RateAdapter>,
+    /// Ops submitted before their run was agreed.
+    held: Held,
+    /// While the local run is not agreed: when to announce it again.
+    run_hello: Option<Instant>,
+    /// [`settings_digest`] of the configuration, announced in HELLO.
+    digest: u64,
 }
+
+/// How often a local run that is not agreed yet is announced again.
+const RUN_HELLO_INTERVAL: crate::time::Duration = crate::time::Duration::from_millis(20);
 
 impl Endpoint {
     /// A new endpoint at `now`.
@@ -153,7 +167,10 @@ impl Endpoint {
             ops: OpTable::default(),
             history: History::default(),
             pacer: Pacer::new(cfg.pacing_rate, cfg.pacing_burst, now),
-            peers: Peers::new(cfg.world, cfg.timers.heartbeat, now),
+            peers: Peers::new(cfg.world, cfg.timers.heartbeat, now, cfg.session),
+            held: Held::default(),
+            run_hello: None,
+            digest: settings_digest(&cfg),
             events: VecDeque::new(),
             now,
             pool: BufferPool::new(),
@@ -197,9 +214,63 @@ impl Endpoint {
         self.peers.mismatch(rank)
     }
 
-    /// The last generation seen from `rank`, if any.
+    /// The generation the verified incarnation of `rank` announced, if any.
     pub fn peer_generation(&self, rank: u32) -> Option<u32> {
         self.peers.generation(rank)
+    }
+
+    /// The verified session (incarnation) of `rank`, if any.
+    pub fn peer_session(&self, rank: u32) -> Option<u64> {
+        self.peers.session(rank)
+    }
+
+    /// A local run begins (the first trainer attached; see [`crate::run`]):
+    /// its epoch, the [`OpId::run`] of its ops. It is announced to every
+    /// peer at once. If a local run is going on, its epoch.
+    pub fn begin_run(&mut self, now: Instant) -> u64 {
+        self.now = now;
+        let running = self.sh.runs.epoch();
+        let epoch = self.sh.runs.begin();
+        if running.is_none() {
+            self.sh.tx.push_hellos(self.sh.cfg.world, self.sh.me());
+            self.run_hello = Some(now + RUN_HELLO_INTERVAL);
+        }
+        self.start_held(now);
+        epoch
+    }
+
+    /// The local run ended (the last trainer detached): ops still held for
+    /// it fail ([`OpError::RunEnded`]); ops in flight go on.
+    pub fn end_run(&mut self, now: Instant) {
+        self.now = now;
+        self.sh.runs.end();
+        self.run_hello = None;
+        self.fail_held(now);
+    }
+
+    /// The local run's epoch and its agreed run id (0 until agreed), if a
+    /// local run is going on.
+    pub fn run(&self) -> Option<(u64, u64)> {
+        self.sh.runs.epoch().map(|e| (e, self.sh.runs.agreed().unwrap_or(0)))
+    }
+
+    /// Why the local run is not agreed yet, by rank (empty once it is).
+    pub fn run_waiting(&self) -> Vec<Waiting> {
+        self.sh.runs.waiting()
+    }
+
+    /// Ops submitted but held until their run is agreed.
+    pub fn ops_held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Announce this daemon's shutdown to every peer (GOODBYE), so they
+    /// mark it down at once; the caller then sends what is queued.
+    pub fn goodbye(&mut self) {
+        let me = self.sh.me();
+        for peer in (0..self.sh.cfg.world).filter(|&j| j != me) {
+            self.sh.tx.push_phaseless(peer, TxKind::Goodbye);
+        }
     }
 
     /// How much memory this endpoint holds, and in how many open transfers.
@@ -219,7 +290,8 @@ impl Endpoint {
             + (stats.tx_packets_peer.capacity() + stats.rx_packets_peer.capacity()) * 8
             + self.timers.bytes()
             + self.keys.bytes()
-            + self.sh.flow.bytes();
+            + self.sh.flow.bytes()
+            + self.held.bytes();
         f.early_bytes = self.history.early_bytes();
         f.queued = self.queued();
         f
@@ -293,6 +365,7 @@ impl Endpoint {
             d.set_bounds(timers.deadline_min, timers.deadline_max);
         }
         self.peers.set_heartbeat(now, timers.heartbeat);
+        self.digest = settings_digest(&self.sh.cfg);
     }
 
     /// The next event, if any.
@@ -309,7 +382,7 @@ impl Endpoint {
         opts: OpOptions,
     ) -> Result<(), StartError> {
         self.now = now;
-        if self.ops.contains(&id) || self.history.knows(&id) {
+        if self.ops.contains(&id) || self.history.knows(&id) || self.held.contains(&id) {
             return Err(StartError::Duplicate(id));
         }
         if data.is_empty() {
@@ -328,18 +401,60 @@ impl Endpoint {
         if layout.too_large() {
             return Err(StartError::TooLarge);
         }
+        if self.sh.runs.epoch() != Some(id.run) {
+            return Err(StartError::NotCurrentRun { epoch: id.run, current: self.sh.runs.epoch() });
+        }
+        if self.sh.runs.agreed().is_none() {
+            self.held.push(HeldOp { id, data, opts, since: now });
+            return Ok(());
+        }
+        self.start_now(now, HeldOp { id, data, opts, since: now });
+        Ok(())
+    }
+
+    /// Start a validated op of the agreed run.
+    fn start_now(&mut self, now: Instant, h: HeldOp) {
+        let HeldOp { id, data, opts, .. } = h;
+        let layout = Layout::new(data.len(), self.sh.cfg.world, self.chunk_elems);
         let key = OpKey::new(id, self.ops.vacant());
         let mut op = Op::start(now, key, layout, data, opts, &mut self.pool, &mut self.sh);
         op.reduce(key, &mut self.sh);
         self.ops.insert(id, op);
-        // Replay datagrams that arrived before this rank started the op.
-        for d in self.history.take_early(&id) {
+        // Replay datagrams that arrived before this rank started the op
+        // (kept under the run id they carry).
+        let wire_id = OpId { run: self.sh.runs.id_of(id.run).unwrap_or(0), ..id };
+        for d in self.history.take_early(&wire_id) {
             self.history.replayed(d.len());
             self.handle_datagram_impl(now, &d, true, None);
         }
         self.check_complete(id);
         self.prune_timers();
-        Ok(())
+    }
+
+    /// Start the held ops if their run is agreed now.
+    fn start_held(&mut self, now: Instant) {
+        if self.sh.runs.agreed().is_none() {
+            return;
+        }
+        self.run_hello = None;
+        for h in self.held.take_all() {
+            self.start_now(now, h);
+        }
+    }
+
+    /// Fail the held ops that waited the hard timeout or whose run ended.
+    fn fail_held(&mut self, now: Instant) {
+        let timeout = self.sh.cfg.timers.hard_timeout;
+        for h in self.held.take_expired(now, timeout, self.sh.runs.epoch()) {
+            let error = if Some(h.id.run) == self.sh.runs.epoch() {
+                OpError::NoRun { waiting: self.sh.runs.waiting(), timeout }
+            } else {
+                OpError::RunEnded { epoch: h.id.run }
+            };
+            self.sh.stats.ops_failed += 1;
+            self.pool.put(now, h.data);
+            self.events.push_back(Event::OpFailed { id: h.id, error });
+        }
     }
 
     /// Process one received datagram. Never panics; every rejection is counted.
@@ -479,18 +594,33 @@ impl Endpoint {
             self.sh.stats.rejected.settings_mismatch += 1;
             return;
         }
-        if !self.note_generation(now, h.src, h.generation) {
-            self.sh.stats.rejected.stale_generation += 1;
-            return;
+        if h.ty == PacketType::Hello {
+            return self.on_hello(now, &h, payload, datagram.len());
+        }
+        match self.peers.note(now, h.src, h.session) {
+            None => {
+                self.sh.stats.rejected.unverified_session += 1;
+                return;
+            }
+            Some(true) => {
+                let generation = self.peers.generation(h.src).unwrap_or(0);
+                self.events.push_back(Event::PeerUp { rank: h.src, generation });
+            }
+            Some(false) => {}
         }
         if !replay {
             self.sh.stats.count_rx(h.src, h.class, datagram.len());
             self.flow_received(&h, payload);
         }
-        if matches!(h.ty, PacketType::Hello | PacketType::Grant) {
-            return;
+        match h.ty {
+            PacketType::Grant => return,
+            PacketType::Goodbye => return self.on_goodbye(h.src),
+            _ => {}
         }
-        let id = OpId { seq: h.op, tensor: h.tensor };
+        let Some(run) = self.sh.runs.epoch_of(h.run) else {
+            return self.other_run(now, &h, datagram);
+        };
+        let id = OpId { run, seq: h.op, tensor: h.tensor };
         if let Some(slot) = self.ops.slot(&id) {
             let key = OpKey::new(id, slot);
             let side = Side::of_packet(h.ty, h.phase);
@@ -516,7 +646,7 @@ impl Endpoint {
         } else if self.history.is_finished(&id) {
             self.sh.stats.rejected.stale_op += 1;
         } else if h.ty == PacketType::Data && h.phase == Phase::Scatter {
-            self.buffer_early(now, id, datagram);
+            self.buffer_early(now, OpId { run: h.run, ..id }, datagram);
         } else {
             // A control packet for an op not started here: the sender retries.
             self.sh.stats.rejected.stale_op += 1;
@@ -541,6 +671,14 @@ impl Endpoint {
                 self.refuse(now, Some(h.src), Mismatch::FlowWindow { theirs: s.flow_window, ours: window });
                 false
             }
+            Ok(s) if s.digest != self.digest => {
+                let mismatch = Mismatch::SettingsDigest { theirs: s.digest, ours: self.digest };
+                self.refuse(now, Some(h.src), mismatch);
+                for id in self.ops.ids().into_iter().filter(|id| id.run != 0) {
+                    self.fail(id, OpError::PeerIncompatible { rank: h.src, mismatch });
+                }
+                false
+            }
             _ => {
                 self.peers.settings_agree(h.src);
                 true
@@ -557,24 +695,65 @@ impl Endpoint {
         }
     }
 
-    /// Returns false if the packet is from an older generation of `src`.
-    fn note_generation(&mut self, now: Instant, src: u32, generation: u32) -> bool {
-        let Noted::Current { restarted, came_up } = self.peers.note(now, src, generation) else {
-            return false;
-        };
-        if let Some(old) = restarted {
-            self.events.push_back(Event::PeerRestarted { rank: src, old, new: generation });
-            // The restarted peer lost its state: every live op fails.
-            for id in self.ops.ids() {
-                self.fail(id, OpError::PeerRestarted { rank: src, old, new: generation });
-            }
-            self.history.forget_early_from(src);
-            self.flow_reset(src);
+    /// A HELLO (its settings agree) of `len` bytes: the incarnation
+    /// handshake, then the peer's run announcement (see `membership` and
+    /// [`crate::run`]).
+    fn on_hello(&mut self, now: Instant, h: &Header, payload: &[u8], len: usize) {
+        let Ok(s) = Settings::parse(payload) else { return };
+        let o = self.peers.on_hello(now, h.src, h.session, &s);
+        if o.reply || o.verified {
+            self.sh.tx.push_phaseless(h.src, TxKind::Hello);
         }
-        if came_up {
-            self.events.push_back(Event::PeerUp { rank: src, generation });
+        if !o.current {
+            return;
         }
-        true
+        self.sh.stats.count_rx(h.src, h.class, len);
+        if let Some(old) = o.restarted {
+            self.peer_restarted(h.src, old, s.generation);
+        }
+        if o.verified {
+            self.sh.runs.peer_verified(h.src, o.restarted.is_some());
+        }
+        if o.came_up {
+            self.events.push_back(Event::PeerUp { rank: h.src, generation: s.generation });
+        }
+        self.sh.runs.peer_announced(h.src, s.run_nonce, s.run_flags & RUN_FRESH != 0);
+        self.start_held(now);
+    }
+
+    /// `src` came back as a new incarnation: every live op fails (it lost
+    /// their state), and so does what was buffered or credited from it.
+    fn peer_restarted(&mut self, src: u32, old: u32, new: u32) {
+        self.events.push_back(Event::PeerRestarted { rank: src, old, new });
+        for id in self.ops.ids() {
+            self.fail(id, OpError::PeerRestarted { rank: src, old, new });
+        }
+        self.history.forget_early_from(src);
+        self.flow_reset(src);
+    }
+
+    /// `src`'s verified incarnation said goodbye: it is down now, its ops fail.
+    fn on_goodbye(&mut self, src: u32) {
+        self.peers.goodbye(src);
+        self.sh.runs.peer_left(src);
+        self.events.push_back(Event::PeerLeft { rank: src });
+        for id in self.ops.ids() {
+            self.fail(id, OpError::PeerLeft { rank: src });
+        }
+        self.history.forget_early_from(src);
+        self.flow_reset(src);
+    }
+
+    /// An op packet of a run this rank has not agreed (yet): DATA is kept
+    /// while the local run waits for agreement (it may be that run's), the
+    /// rest is counted and dropped (another run's, or replayed).
+    fn other_run(&mut self, now: Instant, h: &Header, datagram: &[u8]) {
+        let pending = self.sh.runs.epoch().is_some() && self.sh.runs.agreed().is_none();
+        if pending && h.ty == PacketType::Data && h.phase == Phase::Scatter && h.run != 0 {
+            self.buffer_early(now, OpId { run: h.run, seq: h.op, tensor: h.tensor }, datagram);
+        } else {
+            self.sh.stats.rejected.other_run += 1;
+        }
     }
 
     fn check_complete(&mut self, id: OpId) {
@@ -636,9 +815,17 @@ impl Endpoint {
         self.now = now;
         self.pool.expire(now);
         let t = self.sh.cfg.timers;
-        if self.peers.heartbeat_due(now, t.heartbeat) {
+        let announce = self.run_hello.is_some_and(|at| at <= now);
+        if self.peers.heartbeat_due(now, t.heartbeat) || announce {
             self.sh.tx.push_hellos(self.sh.cfg.world, self.sh.me());
         }
+        let pending = self.sh.runs.agreed().is_none() && self.sh.runs.epoch().is_some();
+        if pending && (announce || self.run_hello.is_none()) {
+            self.run_hello = Some(now + RUN_HELLO_INTERVAL);
+        } else if !pending {
+            self.run_hello = None;
+        }
+        self.fail_held(now);
         for rank in self.peers.expire(now, t.peer_timeout) {
             self.events.push_back(Event::PeerDown { rank });
         }
@@ -705,6 +892,8 @@ impl Endpoint {
                 .then(|| self.pacer.ready_at(self.now, self.sh.cfg.chunk_bytes + wire::OVERHEAD)),
             self.rate.as_ref().and_then(|a| a.next_timeout(self.send_totals())),
             self.sh.flow.next_timeout(),
+            self.run_hello,
+            self.held.next_deadline(t.hard_timeout),
         ];
         candidates.into_iter().flatten().min().filter(|&t| t != Instant::MAX)
     }

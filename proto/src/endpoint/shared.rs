@@ -10,6 +10,7 @@ use crate::endpoint::api::{EndpointConfig, OpId};
 use crate::endpoint::tx::TxQueues;
 use crate::estimator::{DeadlineEstimator, RttEstimator};
 use crate::flow::Flow;
+use crate::run::Runs;
 use crate::stats::Stats;
 use crate::time::Duration;
 use crate::transfer::Retry;
@@ -27,7 +28,7 @@ pub(crate) struct Shared {
     /// How far PROBEs were recently seen to overtake the chunk they name
     /// (see [`Shared::close_grace`]).
     pub overtake: Duration,
-    /// This incarnation's packet key (job, rank, generation, session).
+    /// This incarnation's packet key (job, rank, session).
     pub key: MacKey,
     /// The packet number (nonce) of the next datagram sealed: never repeats
     /// under `key` (see `wire::mac`).
@@ -35,6 +36,8 @@ pub(crate) struct Shared {
     /// Credit towards and from every peer, and how many DATA datagrams went
     /// each way ([`crate::flow`]): a PROBE names how many its sender sent.
     pub flow: Flow,
+    /// The job's runs: this daemon's, its peers', the agreed ones ([`crate::run`]).
+    pub runs: Runs,
 }
 
 impl Shared {
@@ -42,8 +45,7 @@ impl Shared {
     pub(crate) fn new(cfg: EndpointConfig) -> Shared {
         let t = cfg.timers;
         let deadline = || DeadlineEstimator::new(t.initial_per_chunk, t.deadline_min, t.deadline_max);
-        let me =
-            wire::SenderId { job: cfg.job, rank: cfg.rank, generation: cfg.generation, session: cfg.session };
+        let me = wire::SenderId { job: cfg.job, rank: cfg.rank, session: cfg.session };
         Shared {
             tx: TxQueues::default(),
             stats: Stats::new(cfg.world as usize),
@@ -53,6 +55,7 @@ impl Shared {
             key: cfg.key.sender_key(me),
             next_packet: Cell::new(0),
             flow: Flow::new(cfg.flow, cfg.world),
+            runs: Runs::new(cfg.rank, cfg.world, cfg.job, cfg.session),
             cfg,
         }
     }
@@ -102,9 +105,10 @@ impl Shared {
     pub(crate) fn header(&self, ty: PacketType, class: Class, phase: Phase, id: OpId, peer: u32) -> Header {
         let mut h = Header::new(ty, class, phase);
         h.job = self.cfg.job;
-        h.generation = self.cfg.generation;
         h.src = self.cfg.rank;
         h.dst = peer;
+        // An op's epoch as the run id its peers know (0: about no op).
+        h.run = if id.run == 0 { 0 } else { self.runs.id_of(id.run).unwrap_or(0) };
         h.op = id.seq;
         h.tensor = id.tensor;
         h.auth = self.key.auth();

@@ -38,8 +38,10 @@ pub(crate) enum TxKind {
     Bitmap { seg: u32 },
     /// A DONE (scatter: `seg` 0; gather: segment `seg` of the agreed mask).
     Done { seg: u32 },
-    /// A heartbeat.
+    /// A heartbeat (and the incarnation handshake and run announcement).
     Hello,
+    /// This daemon is shutting down.
+    Goodbye,
     /// Flow control: the credit limit granted to the peer, or (`request`) a
     /// request for credit naming the DATA datagrams sent to it.
     Grant { request: bool },
@@ -180,9 +182,14 @@ impl TxQueues {
     /// Queue a HELLO to every rank of `world` but `me`.
     pub(crate) fn push_hellos(&mut self, world: u32, me: u32) {
         for peer in (0..world).filter(|&j| j != me) {
-            let op = OpKey::outside(OpId { seq: 0, tensor: 0 });
-            self.push(TxItem { op, phase: Phase::None, peer, kind: TxKind::Hello });
+            self.push_phaseless(peer, TxKind::Hello);
         }
+    }
+
+    /// Queue a packet about no op (HELLO, GRANT, GOODBYE) to `peer`.
+    pub(crate) fn push_phaseless(&mut self, peer: u32, kind: TxKind) {
+        let op = OpKey::outside(OpId { run: 0, seq: 0, tensor: 0 });
+        self.push(TxItem { op, phase: Phase::None, peer, kind });
     }
 
     /// The next item to serve and its queue.

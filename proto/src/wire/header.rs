@@ -25,12 +25,13 @@ pub struct Header {
     pub dtype: DType,
     /// Job id.
     pub job: u32,
-    /// Sender's generation.
-    pub generation: u32,
     /// Sender rank.
     pub src: u32,
     /// Destination rank.
     pub dst: u32,
+    /// The run the op belongs to: agreed by the job's daemons for each run
+    /// of its trainers ([`crate::run`]); 0 on HELLO, GRANT and GOODBYE.
+    pub run: u64,
     /// Op sequence number.
     pub op: u64,
     /// Tensor id.
@@ -67,9 +68,9 @@ impl Header {
             phase,
             dtype: DType::F32,
             job: 0,
-            generation: 0,
             src: 0,
             dst: 0,
+            run: 0,
             op: 0,
             tensor: 0,
             chunk_index: 0,
@@ -104,9 +105,9 @@ impl Header {
             phase,
             dtype,
             job: p.job(),
-            generation: p.generation(),
             src: p.src(),
             dst: p.dst(),
+            run: p.run(),
             op: p.op(),
             tensor: p.tensor(),
             chunk_index: p.chunk_index(),
@@ -130,12 +131,15 @@ impl Header {
             PacketType::Bitmap => Flags::COMPLETE.0,
             PacketType::Done => Flags::MASK_EMPTY.0,
             PacketType::Grant => Flags::REQUEST.0,
-            PacketType::Probe | PacketType::Hello => 0,
+            PacketType::Probe | PacketType::Hello | PacketType::Goodbye => 0,
         };
         if self.flags.0 & !allowed_flags != 0 {
             return Err(WireError::BadFlags(self.flags.0));
         }
-        let phaseless = matches!(self.ty, PacketType::Hello | PacketType::Grant);
+        let phaseless = self.ty.is_phaseless();
+        if phaseless && self.run != 0 {
+            return Err(WireError::BadField("run"));
+        }
         match (phaseless, self.phase) {
             (true, Phase::None) => {}
             (true, p) | (_, p @ Phase::None) => {
@@ -206,13 +210,18 @@ impl Header {
                     return Err(WireError::BadField("payload_len"));
                 }
             }
+            PacketType::Goodbye => {
+                if len != 0 {
+                    return Err(WireError::BadField("payload_len"));
+                }
+            }
         }
         Ok(())
     }
 
     /// The sender this header names: whose packet key tags the datagram.
     pub fn sender(&self) -> SenderId {
-        SenderId { job: self.job, rank: self.src, generation: self.generation, session: self.session }
+        SenderId { job: self.job, rank: self.src, session: self.session }
     }
 
     /// Total datagram length for this header.
@@ -234,9 +243,9 @@ impl Header {
         buf[field::PHASE] = self.phase as u8;
         buf[field::DTYPE] = self.dtype as u8;
         buf[field::JOB].copy_from_slice(&self.job.to_be_bytes());
-        buf[field::GENERATION].copy_from_slice(&self.generation.to_be_bytes());
         buf[field::SRC].copy_from_slice(&self.src.to_be_bytes());
         buf[field::DST].copy_from_slice(&self.dst.to_be_bytes());
+        buf[field::RUN].copy_from_slice(&self.run.to_be_bytes());
         buf[field::OP].copy_from_slice(&self.op.to_be_bytes());
         buf[field::TENSOR].copy_from_slice(&self.tensor.to_be_bytes());
         buf[field::CHUNK_INDEX].copy_from_slice(&self.chunk_index.to_be_bytes());

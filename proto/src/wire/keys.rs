@@ -104,7 +104,7 @@ mod tests {
 
     fn datagram(job: &JobKey, rank: u32, session: u64, packet: u64) -> Vec<u8> {
         let mut h = Header::new(PacketType::Probe, Class::CONTROL, Phase::Scatter);
-        (h.job, h.src, h.dst, h.generation, h.session, h.packet) = (1, rank, 0, 5, session, packet);
+        (h.job, h.src, h.dst, h.run, h.session, h.packet) = (1, rank, 0, 5, session, packet);
         h.chunk_count = 1;
         h.payload_len = crate::wire::GRANT_LEN as u16;
         let key = job.sender_key(h.sender());

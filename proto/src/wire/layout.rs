@@ -5,7 +5,7 @@
 /// `0xD1C9`, the first two bytes of every dlcp datagram.
 pub const MAGIC: u16 = 0xD1C9;
 /// Wire version this crate speaks.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Length of the fixed header (a multiple of 16: one GCM block of plaintext per 16 bytes).
 pub const HEADER_LEN: usize = 80;
 /// Length of the authentication tag (absent under `packet_auth = "none"`).
@@ -32,7 +32,9 @@ pub(crate) mod field {
     pub const PHASE: usize = 6;
     pub const DTYPE: usize = 7;
     pub const JOB: Range<usize> = 8..12;
-    pub const GENERATION: Range<usize> = 12..16;
+    pub const PAYLOAD_LEN: Range<usize> = 12..14;
+    pub const AUTH: usize = 14;
+    pub const RESERVED: Range<usize> = 15..16;
     pub const SRC: Range<usize> = 16..20;
     pub const DST: Range<usize> = 20..24;
     pub const OP: Range<usize> = 24..32;
@@ -42,9 +44,7 @@ pub(crate) mod field {
     pub const REQUIRED: Range<usize> = 44..48;
     pub const BUDGET: Range<usize> = 48..52;
     pub const SEQ: Range<usize> = 52..56;
-    pub const PAYLOAD_LEN: Range<usize> = 56..58;
-    pub const AUTH: usize = 58;
-    pub const RESERVED: Range<usize> = 59..64;
+    pub const RUN: Range<usize> = 56..64;
     pub const SESSION: Range<usize> = 64..72;
     pub const PACKET: Range<usize> = 72..80;
 }

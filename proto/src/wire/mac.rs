@@ -41,22 +41,21 @@
 //!   IKM = secret)` (SHA-256), held by the [`JobKey`].
 //! - Every endpoint incarnation has a 64-bit random **session**, drawn from
 //!   the operating system when the daemon starts (tests fix it). Its packet
-//!   key is `K = HKDF-Expand(PRK, info = KEY_INFO ‖ job ‖ rank ‖ generation ‖
-//!   session, 16 bytes)` (integers big-endian: 4, 4, 4 and 8 bytes): a
-//!   different key per (job, sender rank, generation, session).
+//!   key is `K = HKDF-Expand(PRK, info = KEY_INFO ‖ job ‖ rank ‖ session,
+//!   16 bytes)` (integers big-endian: 4, 4 and 8 bytes): a different key per
+//!   (job, sender rank, session). (Version 2 and 3 also put the sender's
+//!   wall-clock generation in `info`; version 4 has no generation on the wire.)
 //! - Every datagram carries the session and a **packet number**, the nonce,
 //!   which the sender increments for every datagram it seals (a `u64`
 //!   starting at 0: it cannot wrap in the life of any process).
 //!
 //! So a (key, nonce) pair repeats only if one sender incarnation repeats a
 //! packet number — it never does — or if two incarnations of the same (job,
-//! rank, generation) draw the same session. Other ranks and other jobs have
-//! other keys by the derivation's input. A restarted daemon draws a new
-//! session even when `node.generation` is fixed in its configuration (the
-//! generation alone would survive a restart); two of `n` incarnations of one
-//! (job, rank, generation) share a session with probability below
-//! `n² / 2⁶⁵`. Receivers derive each sender's key from the header's fields
-//! (which the tag then covers) and keep a few per peer ([`KeyCache`]).
+//! rank) draw the same session. Other ranks and other jobs have other keys by
+//! the derivation's input. A restarted daemon draws a new session whatever its
+//! configuration says; two of `n` incarnations of one (job, rank) share a
+//! session with probability below `n² / 2⁶⁵`. Receivers derive each sender's
+//! key from the header's fields (which the tag then covers) and keep a few per peer ([`KeyCache`]).
 //!
 //! Under `packet_auth = "none"` ([`PacketAuth::None`]) there is no key and no
 //! tag: [`MacKey::tag_parts`] gives zeros, which are never sent.
@@ -72,9 +71,9 @@ use crate::wire::auth::PacketAuth;
 use crate::wire::layout::{HEADER_LEN, TAG_LEN, be32, be64, field};
 
 /// HKDF salt of the packet key schedule (public, fixed per wire version).
-pub const KEY_SALT: &[u8] = b"dlcp wire v2 packet authentication";
+pub const KEY_SALT: &[u8] = b"dlcp wire v4 packet authentication";
 /// Prefix of the HKDF info of a sender's packet key (see the module docs).
-pub const KEY_INFO: &[u8] = b"dlcp v2 aes-128-gmac sender key";
+pub const KEY_INFO: &[u8] = b"dlcp v4 aes-128-gmac sender key";
 
 /// Who sent a datagram: what a packet key is derived for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -83,8 +82,6 @@ pub struct SenderId {
     pub job: u32,
     /// Sender rank.
     pub rank: u32,
-    /// Sender generation.
-    pub generation: u32,
     /// Sender session (random per incarnation).
     pub session: u64,
 }
@@ -98,7 +95,6 @@ impl SenderId {
         SenderId {
             job: be32(header, field::JOB),
             rank: be32(header, field::SRC),
-            generation: be32(header, field::GENERATION),
             session: be64(header, field::SESSION),
         }
     }
@@ -138,13 +134,9 @@ impl JobKey {
     /// about a microsecond; receivers cache them, see [`crate::wire::KeyCache`]).
     pub fn sender_key(&self, id: SenderId) -> MacKey {
         let key = self.prk.as_ref().map(|prk| {
-            let (job, rank, generation, session) = (
-                id.job.to_be_bytes(),
-                id.rank.to_be_bytes(),
-                id.generation.to_be_bytes(),
-                id.session.to_be_bytes(),
-            );
-            let info: [&[u8]; 5] = [KEY_INFO, &job, &rank, &generation, &session];
+            let (job, rank, session) =
+                (id.job.to_be_bytes(), id.rank.to_be_bytes(), id.session.to_be_bytes());
+            let info: [&[u8]; 4] = [KEY_INFO, &job, &rank, &session];
             let okm =
                 prk.expand(&info, &aead::AES_128_GCM).expect("16 bytes is a valid HKDF-SHA256 output length");
             aead::LessSafeKey::new(aead::UnboundKey::from(okm))
@@ -263,7 +255,7 @@ mod tests {
     use super::*;
 
     fn id(session: u64) -> SenderId {
-        SenderId { job: 7, rank: 1, generation: 3, session }
+        SenderId { job: 7, rank: 1, session }
     }
 
     /// A header naming `id`, with packet number `packet`.
@@ -271,7 +263,6 @@ mod tests {
         let mut h = [0x5Au8; HEADER_LEN];
         h[field::JOB].copy_from_slice(&id.job.to_be_bytes());
         h[field::SRC].copy_from_slice(&id.rank.to_be_bytes());
-        h[field::GENERATION].copy_from_slice(&id.generation.to_be_bytes());
         h[field::SESSION].copy_from_slice(&id.session.to_be_bytes());
         h[field::PACKET].copy_from_slice(&packet.to_be_bytes());
         h
@@ -297,12 +288,8 @@ mod tests {
     fn every_input_of_the_key_and_the_nonce_changes_the_tag() {
         let jk = JobKey::new(b"inputs");
         let base = id(42);
-        let variants = [
-            SenderId { job: 8, ..base },
-            SenderId { rank: 2, ..base },
-            SenderId { generation: 4, ..base },
-            SenderId { session: 43, ..base },
-        ];
+        let variants =
+            [SenderId { job: 8, ..base }, SenderId { rank: 2, ..base }, SenderId { session: 43, ..base }];
         let h = header(base, 5);
         let t = jk.sender_key(base).tag_parts(&h, b"payload");
         for v in variants {

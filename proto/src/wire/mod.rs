@@ -181,7 +181,7 @@ pub use keys::{KEYS_PER_PEER, KeyCache};
 pub use layout::{HEADER_LEN, MAGIC, MAX_PAYLOAD, OVERHEAD, PPM, TAG_LEN, VERSION};
 pub use mac::{JobKey, KEY_INFO, KEY_SALT, MacKey, SenderId};
 pub use packet::Packet;
-pub use settings::{SETTINGS_LEN, Settings};
+pub use settings::{RUN_FRESH, SETTINGS_LEN, Settings};
 pub use types::{DType, Flags, PacketType, Phase};
 
 #[cfg(test)]
@@ -215,7 +215,7 @@ mod tests {
     fn data_header() -> Header {
         let mut h = Header::new(PacketType::Data, Class::new(3).unwrap(), Phase::Scatter);
         h.job = 7;
-        h.generation = 2;
+        h.run = 2;
         h.src = 1;
         h.dst = 2;
         h.op = 42;
@@ -265,9 +265,7 @@ mod tests {
         let own = key().sender_key(h.sender());
         let n = seal(&own, &h, &mut buf, |p| p.fill(3)).unwrap();
         assert!(decode(&key(), &buf[..n]).is_ok());
-        for other in
-            [Header { session: 1, ..h }, Header { generation: 3, ..h }, Header { src: 0, dst: 2, ..h }]
-        {
+        for other in [Header { session: 1, ..h }, Header { job: 9, ..h }, Header { src: 0, dst: 2, ..h }] {
             assert_eq!(seal(&own, &other, &mut buf, |_| {}), Err(WireError::KeyMismatch), "{other:?}");
         }
     }

@@ -77,9 +77,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn job(&self) -> u32 {
         be32(self.b(), field::JOB)
     }
-    /// Sender generation.
-    pub fn generation(&self) -> u32 {
-        be32(self.b(), field::GENERATION)
+    /// The job's run the op belongs to (0 on HELLO, GRANT and GOODBYE).
+    pub fn run(&self) -> u64 {
+        be64(self.b(), field::RUN)
     }
     /// Sender rank.
     pub fn src(&self) -> u32 {

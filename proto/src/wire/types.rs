@@ -14,23 +14,29 @@ pub enum PacketType {
     Bitmap = 3,
     /// Transfer closed (scatter: receiver to sender; gather: owner to receivers, with the agreed mask).
     Done = 4,
-    /// Announcement and heartbeat carrying the sender's generation.
+    /// Announcement and heartbeat: the sender's settings, its incarnation
+    /// challenge and echo, and its run ([`crate::wire::Settings`]).
     Hello = 5,
     /// Flow control (version 3): receiver to sender, the cumulative credit
     /// limit; with [`Flags::REQUEST`], sender to receiver, a request for
     /// credit naming how many DATA datagrams it sent ([`crate::flow`]).
     Grant = 6,
+    /// The sender's daemon is shutting down (version 4): mark it down now,
+    /// not after the peer timeout. Accepted only from the sender's current,
+    /// verified session and only if newer than anything else it sent.
+    Goodbye = 7,
 }
 
 impl PacketType {
     /// Every packet type, in wire-value order.
-    pub const ALL: [PacketType; 6] = [
+    pub const ALL: [PacketType; 7] = [
         PacketType::Data,
         PacketType::Probe,
         PacketType::Bitmap,
         PacketType::Done,
         PacketType::Hello,
         PacketType::Grant,
+        PacketType::Goodbye,
     ];
 
     /// Parse the wire value.
@@ -42,8 +48,14 @@ impl PacketType {
             4 => PacketType::Done,
             5 => PacketType::Hello,
             6 => PacketType::Grant,
+            7 => PacketType::Goodbye,
             _ => return Err(WireError::UnknownType(v)),
         })
+    }
+
+    /// True for packets about no op (HELLO, GRANT, GOODBYE): phase 0, run 0.
+    pub fn is_phaseless(self) -> bool {
+        matches!(self, PacketType::Hello | PacketType::Grant | PacketType::Goodbye)
     }
 
     /// True for packets that are not tensor data.

@@ -97,7 +97,14 @@ impl Cluster {
 
     pub fn with_configs(net: NetConfig, cfgs: Vec<EndpointConfig>) -> Cluster {
         let world = cfgs.len() as u32;
-        let nodes = cfgs.into_iter().map(|c| Endpoint::new(c, Instant::ZERO)).collect();
+        let nodes = cfgs
+            .into_iter()
+            .map(|c| {
+                let mut e = Endpoint::new(c, Instant::ZERO);
+                assert_eq!(e.begin_run(Instant::ZERO), 1, "the first local run is epoch 1");
+                e
+            })
+            .collect();
         let mut sim = Sim::new(net, nodes);
         let trace = Rc::new(RefCell::new(Trace::default()));
         let t = trace.clone();
@@ -121,7 +128,19 @@ impl Cluster {
                 t.borrow_mut().required_sent.insert((p.dst(), key));
             }
         })));
-        Cluster { sim, world, trace }
+        let mut c = Cluster { sim, world, trace };
+        c.agree_run();
+        c
+    }
+
+    /// Run until every live rank has agreed on the run (the HELLO handshake
+    /// and run announcement), at most 100 ms of virtual time.
+    pub fn agree_run(&mut self) {
+        let until = self.sim.now() + Duration::from_millis(100);
+        self.sim.run_until(until, |s| {
+            (0..s.node_count() as u32)
+                .all(|r| s.is_silent(r) || s.node(r).run().is_some_and(|(_, id)| id != 0))
+        });
     }
 
     /// Start `id` on every rank with `inputs[rank]`, run until every rank has
@@ -190,7 +209,8 @@ impl Cluster {
     pub fn run(&mut self, limit: Duration) {
         let until = self.sim.now() + limit;
         self.sim.run_until(until, |s| {
-            (0..s.node_count() as u32).all(|r| s.is_silent(r) || s.node(r).ops_in_flight() == 0)
+            (0..s.node_count() as u32)
+                .all(|r| s.is_silent(r) || (s.node(r).ops_in_flight() == 0 && s.node(r).ops_held() == 0))
         });
     }
 }
@@ -280,4 +300,33 @@ pub fn opts(budget_ppm: u32) -> OpOptions {
 pub fn inputs(seed: u64, world: u32, len: usize) -> Vec<Vec<f32>> {
     let mut rng = Rng::stream(seed, 0xDA7A, len as u64);
     (0..world).map(|_| random_tensor(&mut rng, len)).collect()
+}
+
+/// Endpoints for `cfgs` (one world) that have verified each other and agreed
+/// on their first run (epoch 1), by passing every datagram straight to its
+/// destination: for tests that drive one endpoint by hand.
+pub fn agreed_endpoints(cfgs: Vec<EndpointConfig>) -> Vec<Endpoint> {
+    let mut nodes: Vec<Endpoint> = cfgs.into_iter().map(|c| Endpoint::new(c, Instant::ZERO)).collect();
+    let mut now = Instant::ZERO;
+    for e in &mut nodes {
+        assert_eq!(e.begin_run(now), 1);
+    }
+    let mut buf = vec![0u8; 4096];
+    for _ in 0..100 {
+        if nodes.iter().all(|e| e.run().is_some_and(|(_, id)| id != 0)) {
+            for e in &mut nodes {
+                while e.poll_event().is_some() {}
+            }
+            return nodes;
+        }
+        for i in 0..nodes.len() {
+            nodes[i].handle_timeout(now);
+            while let Some(t) = nodes[i].poll_transmit(now, &mut buf) {
+                let d = buf[..t.len].to_vec();
+                nodes[t.dst as usize].handle_datagram(now, &d);
+            }
+        }
+        now = now + Duration::from_millis(1);
+    }
+    panic!("the endpoints did not agree on a run");
 }

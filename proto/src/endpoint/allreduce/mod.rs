@@ -55,7 +55,7 @@ pub(crate) struct Op {
     /// The agreed mask of own shard, once decided.
     gmask: Option<Bitmap>,
     repairs_sent: u32,
-    peer_gen: Vec<Option<u32>>,
+    peer_gen: Vec<Option<u64>>,
     /// The classifier when the op started (a reload changes only new ops).
     classifier: ClassifierConfig,
 }
@@ -231,9 +231,9 @@ impl Op {
     ) {
         let src = h.src as usize;
         match self.peer_gen[src] {
-            None => self.peer_gen[src] = Some(h.generation),
-            Some(g) if g != h.generation => {
-                sh.stats.rejected.stale_generation += 1;
+            None => self.peer_gen[src] = Some(h.session),
+            Some(g) if g != h.session => {
+                sh.stats.rejected.unverified_session += 1;
                 return;
             }
             _ => {}
@@ -244,7 +244,7 @@ impl Op {
             (PacketType::Bitmap, _) => self.on_bitmap(now, key, h, payload, sh),
             (PacketType::Done, Phase::Scatter) => self.on_done(now, h, sh),
             (PacketType::Done, _) => self.on_mask(now, h, payload, sh),
-            (PacketType::Hello | PacketType::Grant, _) => Err(Refused::Mismatch),
+            (PacketType::Hello | PacketType::Grant | PacketType::Goodbye, _) => Err(Refused::Mismatch),
         };
         if let Err(r) = handled {
             refused(sh, r);
@@ -643,7 +643,7 @@ impl Op {
             + size_of::<Op>()
             + self.classes.iter().map(|c| c.capacity() + size_of::<Vec<Class>>()).sum::<usize>()
             + self.gclasses.capacity()
-            + self.peer_gen.capacity() * size_of::<Option<u32>>()
+            + self.peer_gen.capacity() * size_of::<Option<u64>>()
             + self.acc.bytes()
             + self.gmask.as_ref().map_or(0, Bitmap::heap_bytes);
         (state, tensor + (self.input.capacity() + self.result.capacity()) * 4, open)

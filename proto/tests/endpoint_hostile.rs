@@ -203,10 +203,12 @@ fn discarded_datagrams_are_counted_per_class_and_per_peer() {
     let now = Instant::from_nanos(10);
     let foreign = JobKey::new(b"another job's secret");
     let mut buf = vec![0u8; 2048];
+    let run = e.run().unwrap().1;
     let data = |class: u8, src: u32, op: u64| {
         let mut h = Header::new(PacketType::Data, Class::new(class).unwrap(), Phase::Scatter);
         h.job = 77;
-        h.run = 1;
+        h.run = run;
+        h.session = session(src, 1);
         h.src = src;
         h.dst = 0;
         h.op = op;
@@ -272,7 +274,7 @@ fn a_datagram_must_come_from_the_peer_it_claims() {
     let now = Instant::from_nanos(10);
     let mut buf = vec![0u8; 2048];
     let mut h = Header::new(PacketType::Data, Class::new(3).unwrap(), Phase::Scatter);
-    (h.job, h.run, h.src, h.dst, h.op, h.tensor, h.chunk_count) = (77, 1, 1, 0, 1, 1, 12);
+    (h.job, h.run, h.src, h.dst, h.op, h.tensor, h.chunk_count) = (77, e.run().unwrap().1, 1, 0, 1, 1, 12);
     h.session = session(1, 1);
     let n = wire::encode(&key(), &h, &[0; 256], &mut buf).unwrap();
     e.handle_datagram_from(now, &buf[..n], Some(2));
@@ -303,9 +305,10 @@ fn incompatible_peers_are_refused_counted_and_reported() {
     let mut e = live_endpoint();
     let mut now = Instant::from_nanos(10);
     let mut buf = vec![0u8; 2048];
+    let run = e.run().unwrap().1;
     let data = |src: u32| {
         let mut h = Header::new(PacketType::Data, Class::new(3).unwrap(), Phase::Scatter);
-        (h.job, h.run, h.src, h.dst, h.op, h.tensor, h.chunk_count) = (77, 1, src, 0, 1, 1, 12);
+        (h.job, h.run, h.src, h.dst, h.op, h.tensor, h.chunk_count) = (77, run, src, 0, 1, 1, 12);
         h.session = session(src, 1);
         h
     };
@@ -325,7 +328,7 @@ fn incompatible_peers_are_refused_counted_and_reported() {
     e.handle_datagram_from(now, &buf[..n], Some(3));
     let v1 = Mismatch::WireVersion { theirs: 1, ours: wire::VERSION };
     assert_eq!(events(&mut e), [(Some(3), v1)]);
-    assert_eq!(v1.to_string(), "speaks dlcp wire version 1; this daemon speaks version 3");
+    assert_eq!(v1.to_string(), "speaks dlcp wire version 1; this daemon speaks version 4");
     assert_eq!(e.stats().rejected.version_mismatch, 2);
     assert_eq!(e.peer_mismatch(3), Some(v1));
     // From no known address: reported without a rank, nothing remembered.

@@ -68,9 +68,9 @@ fn expected(i: usize, flipped: &[u8]) -> WireError {
         0 | 1 => WireError::BadMagic(u16::from_be_bytes([flipped[0], flipped[1]])),
         2 => WireError::UnsupportedVersion(flipped[2]),
         // auth 1 → 0 drops the tag from the expected length; anything else is no mode.
-        58 if flipped[58] > 1 => WireError::UnknownAuth(flipped[58]),
-        56..=58 => WireError::LengthMismatch {
-            declared: usize::from(u16::from_be_bytes([flipped[56], flipped[57]])),
+        14 if flipped[14] > 1 => WireError::UnknownAuth(flipped[14]),
+        12..=14 => WireError::LengthMismatch {
+            declared: usize::from(u16::from_be_bytes([flipped[12], flipped[13]])),
             actual: flipped.len(),
         },
         _ => WireError::BadTag,

@@ -204,6 +204,8 @@ fn discarded_datagrams_are_counted_per_class_and_per_peer() {
     let foreign = JobKey::new(b"another job's secret");
     let mut buf = vec![0u8; 2048];
     let run = e.run().unwrap().1;
+    // What the run agreement left in the counters (its HELLOs).
+    let (rx0, rx1) = (e.stats().rx_packets.iter().sum::<u64>(), e.stats().rx_bytes_peer[1]);
     let data = |class: u8, src: u32, op: u64| {
         let mut h = Header::new(PacketType::Data, Class::new(class).unwrap(), Phase::Scatter);
         h.job = 77;
@@ -259,8 +261,8 @@ fn discarded_datagrams_are_counted_per_class_and_per_peer() {
     assert_eq!(d.peer, vec![count(0, 0), count(2, forged + dup), count(1, 30), count(1, bad_version)]);
     assert_eq!(d.unknown_peer, count(2, forged + own));
     // Every datagram accepted or buffered is in rx_packets; the dropped are not.
-    assert_eq!(s.rx_packets.iter().sum::<u64>(), 3);
-    assert_eq!(s.rx_bytes_peer[1], 2 * dup as u64);
+    assert_eq!(s.rx_packets.iter().sum::<u64>(), rx0 + 3);
+    assert_eq!(s.rx_bytes_peer[1], rx1 + 2 * dup as u64);
 }
 
 /// The source check: a datagram claiming rank `j` is taken only from rank
@@ -276,12 +278,13 @@ fn a_datagram_must_come_from_the_peer_it_claims() {
     let mut h = Header::new(PacketType::Data, Class::new(3).unwrap(), Phase::Scatter);
     (h.job, h.run, h.src, h.dst, h.op, h.tensor, h.chunk_count) = (77, e.run().unwrap().1, 1, 0, 1, 1, 12);
     h.session = session(1, 1);
+    let rx0: u64 = e.stats().rx_packets.iter().sum();
     let n = wire::encode(&key(), &h, &[0; 256], &mut buf).unwrap();
     e.handle_datagram_from(now, &buf[..n], Some(2));
     e.handle_datagram_from(now, &buf[..n], None);
     let r = e.stats().rejected.clone();
     assert_eq!((r.wrong_source, r.unknown_source, r.discarded_on_arrival()), (1, 1, 2), "{r:?}");
-    assert_eq!(e.stats().rx_packets.iter().sum::<u64>(), 0, "nothing was processed");
+    assert_eq!(e.stats().rx_packets.iter().sum::<u64>(), rx0, "nothing was processed");
     let d = &e.stats().rx_dropped;
     assert_eq!((d.peer[2].packets, d.unknown_peer.packets, d.class[3].packets), (1, 1, 2));
     // From its own address the very datagram is accepted (not a duplicate).
@@ -306,6 +309,8 @@ fn incompatible_peers_are_refused_counted_and_reported() {
     let mut now = Instant::from_nanos(10);
     let mut buf = vec![0u8; 2048];
     let run = e.run().unwrap().1;
+    let digest = dlcp_proto::endpoint::settings_digest(e.config());
+    let rx1 = e.stats().rx_packets_peer[1];
     let data = |src: u32| {
         let mut h = Header::new(PacketType::Data, Class::new(3).unwrap(), Phase::Scatter);
         (h.job, h.run, h.src, h.dst, h.op, h.tensor, h.chunk_count) = (77, run, src, 0, 1, 1, 12);
@@ -364,6 +369,7 @@ fn incompatible_peers_are_refused_counted_and_reported() {
             auth,
             chunk_bytes,
             flow_window: FLOW_WINDOW,
+            digest,
             ..Default::default()
         }
         .emit(&mut s);
@@ -377,7 +383,7 @@ fn incompatible_peers_are_refused_counted_and_reported() {
     let n = wire::encode(&key(), &data(1), &[0; 256], &mut buf).unwrap();
     e.handle_datagram_from(now, &buf[..n], Some(1));
     assert_eq!(e.stats().rejected.settings_mismatch, 2);
-    assert_eq!(e.stats().rx_packets_peer[1], 0);
+    assert_eq!(e.stats().rx_packets_peer[1], rx1);
     assert_eq!(e.peer_mismatch(1), Some(chunk));
     let n = hello(CHUNK_BYTES as u32, &mut buf);
     e.handle_datagram_from(now, &buf[..n], Some(1));
@@ -385,6 +391,6 @@ fn incompatible_peers_are_refused_counted_and_reported() {
     let n = wire::encode(&key(), &data(1), &[0; 256], &mut buf).unwrap();
     e.handle_datagram_from(now, &buf[..n], Some(1));
     assert_eq!(e.stats().rejected.settings_mismatch, 2);
-    assert_eq!(e.stats().rx_packets_peer[1], 2, "the agreeing HELLO and the DATA");
+    assert_eq!(e.stats().rx_packets_peer[1], rx1 + 2, "the agreeing HELLO and the DATA");
     assert!(events(&mut e).is_empty());
 }

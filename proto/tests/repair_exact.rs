@@ -115,14 +115,19 @@ fn run(budget_ppm: u32, drop: BTreeSet<u32>, layer: u32) -> (Seen, u32) {
     let x = inputs(17, world, 40_000);
     let o = OpOptions { layer, layers: 4, budget_ppm, ..OpOptions::default() };
     for r in 0..world {
+        sim.node_mut(r).inner.begin_run(Instant::ZERO);
+    }
+    sim.run_until(Instant::ZERO + Duration::from_millis(100), |s| {
+        (0..world).all(|r| s.node(r).inner.run().is_some_and(|(_, id)| id != 0))
+    });
+    let now = sim.now();
+    for r in 0..world {
         sim.node_mut(r)
             .inner
-            .start_allreduce(Instant::ZERO, OpId { run: 1, seq: 1, tensor: 1 }, x[r as usize].clone(), o)
+            .start_allreduce(now, OpId { run: 1, seq: 1, tensor: 1 }, x[r as usize].clone(), o)
             .unwrap();
     }
-    sim.run_until(Instant::ZERO + Duration::from_secs(1), |s| {
-        (0..world).all(|r| s.node(r).inner.ops_in_flight() == 0)
-    });
+    sim.run_until(now + Duration::from_secs(1), |s| (0..world).all(|r| s.node(r).inner.ops_in_flight() == 0));
     let n = seen.borrow().first.len() as u32;
     drop_unused(&mut sim);
     (std::mem::take(&mut *seen.borrow_mut()), n)

@@ -41,12 +41,22 @@ fn run(world: u32) -> (f64, f64, usize) {
         (0..world).map(|_| (0..ELEMS).map(|_| (rng.next_f64() * 2.0 - 1.0) as f32).collect()).collect();
     let id = OpId { run: 1, seq: 1, tensor: 0 };
     let o = OpOptions::default();
+    // The daemons agree on the run first (HELLOs, not counted below).
     for r in 0..world {
-        sim.node_mut(r).start_allreduce(Instant::ZERO, id, inputs[r as usize].clone(), o).unwrap();
+        sim.node_mut(r).begin_run(Instant::ZERO);
+    }
+    let agreed = sim.run_until(Instant::ZERO + Duration::from_secs(1), |s| {
+        (0..world).all(|r| s.node(r).run().is_some_and(|(_, id)| id != 0))
+    });
+    assert!(agreed, "{world} ranks did not agree on a run");
+    *sent.borrow_mut() = [0; 7];
+    let now = sim.now();
+    for r in 0..world {
+        sim.node_mut(r).start_allreduce(now, id, inputs[r as usize].clone(), o).unwrap();
     }
     let mut peak = 0usize;
     let mut steps = 0u64;
-    let finished = sim.run_until(Instant::ZERO + Duration::from_secs(5), |s| {
+    let finished = sim.run_until(now + Duration::from_secs(5), |s| {
         steps += 1;
         if steps % 64 == 0 {
             peak = peak.max(s.node((steps / 64 % u64::from(world)) as u32).footprint().state_bytes);

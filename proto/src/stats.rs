@@ -329,6 +329,9 @@ crate::counters! {
         pub unverified_session: u64 => [dropped("rejected.unverified_session", "unverified_session")],
         /// For a run this daemon has not agreed: another run's, or replayed.
         pub other_run: u64 => [dropped("rejected.other_run", "other_run")],
+        /// A PROBE, BITMAP, DONE or GRANT no newer than the last one taken
+        /// from its sender: replayed or duplicated (so it starts no repair).
+        pub stale_control: u64 => [dropped("rejected.stale_control", "stale_control")],
         /// For an op that already finished (and no longer lingers).
         pub stale_op: u64 => [dropped("rejected.stale_op", "stale_op")],
         /// Does not fit the op's layout (chunk count, length, dtype, phase, role).
@@ -369,6 +372,7 @@ impl RejectCounters {
             wrong_rank,
             unverified_session,
             other_run,
+            stale_control,
             stale_op,
             mismatch,
             duplicate,
@@ -388,6 +392,7 @@ impl RejectCounters {
             + wrong_rank
             + unverified_session
             + other_run
+            + stale_control
             + stale_op
             + mismatch
             + duplicate
@@ -711,9 +716,9 @@ mod tests {
         let mut in_debug = numbers(&format!("{s:?}"));
         in_debug.sort_unstable();
         assert_eq!(in_debug, given);
-        // 4×8 + 4×3 per class / per peer, 2×(8+1+3+1) dropped, 18 reasons,
+        // 4×8 + 4×3 per class / per peer, 2×(8+1+3+1) dropped, 19 reasons,
         // 2 + 4×8 + 2×2×3 repairs, 6 flow control, 10 others.
-        assert_eq!(given.len(), 32 + 12 + 26 + 18 + 2 + 32 + 12 + 6 + 10);
+        assert_eq!(given.len(), 32 + 12 + 26 + 19 + 2 + 32 + 12 + 6 + 10);
     }
 
     #[test]

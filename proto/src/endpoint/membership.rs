@@ -40,6 +40,10 @@ struct PeerState {
     echo: u64,
     /// It said goodbye since its last verified session.
     left: bool,
+    /// The packet number of the last PROBE, BITMAP, DONE or GRANT of its
+    /// verified session taken (control packets travel in order, in one
+    /// class queue; an older one is a replay or a duplicate).
+    control_pn: Option<u64>,
     last_heard: Option<Instant>,
     up: bool,
     /// Why its datagrams were last refused, until its settings agree.
@@ -173,6 +177,7 @@ impl Peers {
                     p.session = Some(session);
                     p.candidate = None;
                     p.left = false;
+                    p.control_pn = None;
                 }
                 Some((c, _)) if c == session => return out,
                 _ => {
@@ -195,6 +200,18 @@ impl Peers {
     /// when it comes due ([`Peers::expire`]).
     pub(crate) fn note(&mut self, now: Instant, src: u32, session: u64) -> Option<bool> {
         (self.peers[src as usize].session == Some(session)).then(|| self.heard(now, src))
+    }
+
+    /// Whether a control packet (PROBE, BITMAP, DONE, GRANT) numbered
+    /// `packet` of `src`'s verified session is fresh: newer than the last
+    /// taken (which it then becomes). A replayed or duplicated one is not.
+    pub(crate) fn fresh_control(&mut self, src: u32, packet: u64) -> bool {
+        let p = &mut self.peers[src as usize];
+        if p.control_pn.is_some_and(|last| packet <= last) {
+            return false;
+        }
+        p.control_pn = Some(packet);
+        true
     }
 
     /// `src`'s verified session said goodbye: it is down, and the session

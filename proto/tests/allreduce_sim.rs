@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use dlcp_proto::endpoint::OpId;
+use dlcp_proto::endpoint::{Event, OpId};
 use dlcp_proto::sim::NetConfig;
 use dlcp_proto::time::Duration;
 use dlcp_proto::wire;
@@ -652,4 +652,41 @@ fn a_rank_dying_at_any_phase_ends_the_op_within_the_hard_timeout() {
         let took = c.sim.now() - t1;
         assert!(took <= hard + Duration::from_millis(20), "killed at {kill_at_us} µs: ended after {took:?}");
     }
+}
+
+/// Receivers take the lower of their own and the sender's budget: with
+/// configs drifted (rank 0's trainer asks for budget 0, the others for 5%)
+/// under 3% loss, every transfer into rank 0 closes complete, while the
+/// others' close within their 5%.
+#[test]
+fn a_receiver_never_takes_a_larger_budget_than_its_own() {
+    let world = 3;
+    let net = NetConfig::default().with_seed(77).with_loss(0.03);
+    let mut c = Cluster::new(world, net);
+    let x = inputs(77, world, 60_000);
+    let id = OpId { run: 1, seq: 1, tensor: 0 };
+    let now = c.sim.now();
+    for r in 0..world {
+        let o = if r == 0 { opts(0) } else { opts(50_000) };
+        c.sim.node_mut(r).start_allreduce(now, id, x[r as usize].clone(), o).unwrap();
+    }
+    c.run(SECOND * 5);
+    let mut lossy = 0;
+    for r in 0..world {
+        let report = std::iter::from_fn(|| c.sim.node_mut(r).poll_event())
+            .find_map(|e| match e {
+                Event::OpComplete { report, .. } => Some(report),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("rank {r} did not complete"));
+        for t in &report.scatter {
+            if r == 0 {
+                assert_eq!(t.delivered_fraction(), 1.0, "into rank 0 from {}: {t:?}", t.peer);
+            } else {
+                assert!(t.delivered_fraction() >= 0.95, "into rank {r} from {}: {t:?}", t.peer);
+                lossy += usize::from(t.delivered_fraction() < 1.0);
+            }
+        }
+    }
+    assert!(lossy > 0, "no transfer into ranks 1-2 closed lossy: the test proves nothing");
 }

@@ -63,6 +63,10 @@ pub(crate) struct Receiver {
     mode: Mode,
     required: Option<u32>,
     budget_ppm: u32,
+    /// This rank's own budget for the transfer: a sender's larger one is
+    /// not taken (a drifted config closes no transfer more lossily than the
+    /// receiver allows).
+    cap_ppm: u32,
     got: Bitmap,
     got_required: u32,
     /// Reduce-scatter: the received contributions (contents unspecified:
@@ -177,6 +181,12 @@ pub(crate) enum Fired {
 }
 
 impl Receiver {
+    /// The same receiver, taking at most budget `cap_ppm` from its sender.
+    pub(crate) fn capped(mut self, cap_ppm: u32) -> Receiver {
+        self.cap_ppm = cap_ppm.min(MAX_BUDGET_PPM);
+        self
+    }
+
     /// A transfer of `n` chunks, receiving into `buf` (see the field).
     pub(crate) fn new(n: u32, buf: Vec<f32>, mode: Mode) -> Receiver {
         Receiver {
@@ -184,6 +194,7 @@ impl Receiver {
             mode,
             required: None,
             budget_ppm: 0,
+            cap_ppm: MAX_BUDGET_PPM,
             got: Bitmap::new(n),
             got_required: 0,
             buf,
@@ -300,7 +311,7 @@ impl Receiver {
         rto: Duration,
     ) -> DataIn {
         self.required = Some(h.required);
-        self.budget_ppm = h.budget_ppm.min(MAX_BUDGET_PPM);
+        self.budget_ppm = h.budget_ppm.min(self.cap_ppm);
         if h.flags.contains(Flags::REQUIRED) {
             self.got_required += 1;
         }
@@ -356,7 +367,7 @@ impl Receiver {
             // Only a receiver that closes on its own needs the budget before
             // its first chunk (an all-gather receiver takes it from DATA).
             self.required = Some(h.required);
-            self.budget_ppm = h.budget_ppm.min(MAX_BUDGET_PPM);
+            self.budget_ppm = h.budget_ppm.min(self.cap_ppm);
         }
         self.probe_seq = self.probe_seq.max(h.seq);
         self.probe_sent = behind.map(|b| b.sent);
@@ -572,6 +583,9 @@ impl Receiver {
         h.ty = PacketType::Bitmap;
         h.chunk_count = self.n;
         h.required = self.required.unwrap_or(0).min(self.n);
+        // The budget this receiver holds the transfer to (its own until it
+        // has heard the sender's): the sender repairs to it.
+        h.budget_ppm = if self.required.is_some() { self.budget_ppm } else { self.cap_ppm };
         h.seq = self.probe_seq;
         if self.got.is_full() {
             if seg != 0 {

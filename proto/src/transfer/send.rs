@@ -187,6 +187,11 @@ impl Sender {
     /// A BITMAP segment (or a COMPLETE bitmap) from the receiver. The caller
     /// checked that it names this transfer's chunk count.
     pub(crate) fn on_bitmap(&mut self, h: &Header, payload: &[u8], now: Instant, seg_bytes: usize) -> Heard {
+        // A BITMAP names the budget its receiver holds the transfer to (the
+        // lower of its own and ours): repair to that.
+        if self.mode == Mode::Own {
+            self.budget_ppm = self.budget_ppm.min(h.budget_ppm);
+        }
         let rtt = self.answered(h.seq, now);
         if rtt.is_some() {
             self.probe_sent = None;

@@ -136,7 +136,11 @@ impl Op {
             }
             if own_chunks > 0 {
                 let buf = pool.take(layout.shard(me).len());
-                op.transfers.set_receiver(Phase::Scatter, j, Receiver::new(own_chunks, buf, Mode::Own));
+                op.transfers.set_receiver(
+                    Phase::Scatter,
+                    j,
+                    Receiver::new(own_chunks, buf, Mode::Own).capped(opts.budget_ppm),
+                );
             }
             if n > 0 {
                 op.transfers.set_receiver(Phase::Gather, j, Receiver::new(n, Vec::new(), Mode::Agreed));

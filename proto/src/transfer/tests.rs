@@ -210,7 +210,8 @@ fn the_sender_repairs_exactly_enough_highest_class_first() {
     }
     let mut h = header(PacketType::Hello, n, 0);
     s.fill_probe(&mut h, at(60), &retry()).unwrap();
-    for (h, payload) in report(&r) {
+    for (mut h, payload) in report(&r) {
+        h.budget_ppm = budget;
         assert!(s.on_bitmap(&h, &payload, at(70), SEG).round);
     }
     assert!(s.decide_alone(at(70), class_of, droppable).is_empty());

@@ -123,7 +123,7 @@ fn failed_ops_timeouts_and_rejected_descriptors_are_errors() {
     assert_eq!(e.code(), ErrorCode::OpFailed);
     assert!(e.to_string().contains("peer_down"), "{e}");
     match e {
-        Error::OpFailed { completion } => assert_eq!(completion.status, Status::PeerDown),
+        Error::OpFailed { completion, .. } => assert_eq!(completion.status, Status::PeerDown),
         other => panic!("{other:?}"),
     }
     assert_eq!(c.read(t).unwrap(), x);

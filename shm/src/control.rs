@@ -33,11 +33,21 @@
 //! | 56 | 8 | completion ring capacity |
 //! | 64 | 8 | arena offset |
 //! | 72 | 8 | arena size |
-//! | 80 | 48 | reserved, zero |
+//! | 80 | 4 | the daemon's rank in its job (`node.rank`), accepted only |
+//! | 84 | 4 | the job's number of daemons (its `[[peers]]`), accepted only; 0 = not told |
+//! | 88 | 40 | reserved, zero |
+//!
+//! Bytes 80..88 were reserved (zero) before they carried the daemon's place in
+//! its job ([`JobPlace`]): a trainer reading zero daemons from an older daemon
+//! knows it was not told. The protocol version stays 1.
 //!
 //! A rejection's details (zero unless said): job mismatch (6) — the daemon's
 //! job id, then the one the trainer registered; too many attachments (7) —
 //! the limit, then 1 if it is the per-user one.
+//!
+//! After the reply, the daemon writes only notes on the socket (the trainer
+//! writes nothing more): why an op failed ([`crate::notes`]), each sent just
+//! before the op's failed completion is posted.
 
 use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::mem::MaybeUninit;
@@ -252,6 +262,24 @@ impl RejectReason {
     }
 }
 
+/// Where the daemon stands in its job: its rank among the job's daemons and
+/// how many there are (told in the accepted reply, see the module's table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobPlace {
+    /// The daemon's rank (`node.rank`), `0..nodes`.
+    pub node_rank: u32,
+    /// The job's number of daemons (its `[[peers]]`); 0 from a daemon that
+    /// predates this field (it does not say).
+    pub nodes: u32,
+}
+
+impl Default for JobPlace {
+    /// A daemon alone in its job: rank 0 of 1.
+    fn default() -> Self {
+        JobPlace { node_rank: 0, nodes: 1 }
+    }
+}
+
 /// The daemon's reply, without the fds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reply {
@@ -261,6 +289,8 @@ pub enum Reply {
         attachment_id: u64,
         /// Segment geometry.
         geometry: Geometry,
+        /// The daemon's place in its job.
+        place: JobPlace,
     },
     /// Refused.
     Rejected(RejectReason),
@@ -278,7 +308,7 @@ impl Reply {
         b[0..4].copy_from_slice(&REPLY_MAGIC);
         b[4..6].copy_from_slice(&CONTROL_VERSION.to_le_bytes());
         match self {
-            Reply::Accepted { attachment_id, geometry: g } => {
+            Reply::Accepted { attachment_id, geometry: g, place } => {
                 b[6..8].copy_from_slice(&KIND_ACCEPTED.to_le_bytes());
                 b[12..16].copy_from_slice(&(REPLY_FDS as u32).to_le_bytes());
                 let words = [
@@ -294,6 +324,8 @@ impl Reply {
                 for (i, w) in words.iter().enumerate() {
                     b[16 + 8 * i..24 + 8 * i].copy_from_slice(&w.to_le_bytes());
                 }
+                b[80..84].copy_from_slice(&place.node_rank.to_le_bytes());
+                b[84..88].copy_from_slice(&place.nodes.to_le_bytes());
             }
             Reply::Rejected(r) => {
                 b[6..8].copy_from_slice(&KIND_REJECTED.to_le_bytes());
@@ -324,7 +356,12 @@ impl Reply {
                 if claimed != [g.total_size, g.sq_offset, g.cq_offset, g.arena_offset] {
                     return Err(BadReply("geometry offsets disagree with capacities"));
                 }
-                Ok(Reply::Accepted { attachment_id: u64_at(0), geometry: g })
+                let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+                let place = JobPlace { node_rank: u32_at(80), nodes: u32_at(84) };
+                if place.nodes != 0 && place.node_rank >= place.nodes {
+                    return Err(BadReply("the daemon's rank is not below its job's number of daemons"));
+                }
+                Ok(Reply::Accepted { attachment_id: u64_at(0), geometry: g, place })
             }
             KIND_REJECTED => Ok(Reply::Rejected(RejectReason::from_wire(
                 u32::from_le_bytes(b[8..12].try_into().expect("4")),
@@ -526,8 +563,15 @@ mod tests {
     #[test]
     fn reply_round_trip_and_rejections() {
         let g = Geometry::new(16, 32, 1 << 16).unwrap();
-        let a = Reply::Accepted { attachment_id: 5, geometry: g };
+        let a = Reply::Accepted { attachment_id: 5, geometry: g, place: JobPlace { node_rank: 2, nodes: 3 } };
         assert_eq!(Reply::decode(&a.encode()), Ok(a));
+        let mut old = a.encode();
+        old[80..88].fill(0); // an older daemon: reserved bytes
+        let Ok(Reply::Accepted { place, .. }) = Reply::decode(&old) else { panic!("an old reply decodes") };
+        assert_eq!(place, JobPlace { node_rank: 0, nodes: 0 });
+        let mut wild = a.encode();
+        wild[80] = 3; // rank 3 of 3
+        assert!(Reply::decode(&wild).is_err());
         for r in [
             RejectReason::PolicyDenied,
             RejectReason::BadRequest,

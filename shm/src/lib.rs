@@ -127,11 +127,12 @@ pub mod handshake;
 pub mod layout;
 #[allow(unsafe_code)]
 pub mod mapping;
+pub mod notes;
 pub mod ring;
 pub mod server;
 pub mod trainer;
 
-pub use control::{PeerCred, PeerPolicy, Registration, RejectReason};
+pub use control::{JobPlace, PeerCred, PeerPolicy, Registration, RejectReason};
 pub use handshake::Handshake;
 pub use layout::{CompletionDesc, DescError, ElemType, Geometry, Limits, Status, Submission, SubmitDesc};
 pub use ring::RingError;

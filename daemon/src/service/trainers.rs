@@ -142,6 +142,11 @@ impl Trainers {
         self.slots.iter().flatten().map(|a| a.stats().rejected()).sum()
     }
 
+    /// Failure reasons the attached trainers' control sockets could not take (dropped).
+    pub(super) fn reasons_dropped(&self) -> u64 {
+        self.slots.iter().flatten().map(|a| a.stats().reasons_dropped).sum()
+    }
+
     /// Submission-ring entries used, completion-ring entries used, and ring
     /// capacity, summed over the attached trainers.
     pub(super) fn ring_occupancy(&self) -> (u64, u64, u64) {

@@ -244,7 +244,10 @@ fn a_trainer_that_never_reads_its_reasons_costs_the_daemon_a_bounded_outbox() {
     assert_eq!(bad.failure_reason(FLOOD, 3), None, "the last ones were dropped");
     let kept: Vec<String> = (1..FLOOD).filter_map(|seq| bad.failure_reason(seq, 3)).collect();
     assert!(!kept.is_empty() && kept.len() <= dlcp::shm::notes::INBOX_NOTES, "{}", kept.len());
-    assert!(kept.iter().all(|r| r == "rejected descriptor: field layers: layer count 0 is not in 1..=65536"), "{kept:?}");
+    assert!(
+        kept.iter().all(|r| r == "rejected descriptor: field layers: layer count 0 is not in 1..=65536"),
+        "{kept:?}"
+    );
     // And the daemon still reduces correctly once the flooder is gone.
     drop(bad);
     let t0 = Instant::now();

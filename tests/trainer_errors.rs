@@ -125,7 +125,10 @@ fn line<'a>(out: &'a str, prefix: &str) -> &'a str {
 fn failures_reach_python_and_c_trainers_with_their_reasons() {
     let numpy = Command::new(PYTHON).args(["-c", "import numpy"]).output().is_ok_and(|o| o.status.success());
     if !numpy {
-        return skip(Prereq::Python, &format!("{PYTHON} cannot import numpy (apt-get install -y python3-numpy)"));
+        return skip(
+            Prereq::Python,
+            &format!("{PYTHON} cannot import numpy (apt-get install -y python3-numpy)"),
+        );
     }
     let Some(lib) = client_lib() else {
         return skip(

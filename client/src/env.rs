@@ -116,10 +116,7 @@ mod tests {
     #[test]
     fn defaults_then_the_environment_then_explicit_arguments() {
         let none = AttachArgs::from_env().resolve_with(env(&[])).unwrap();
-        assert_eq!(
-            none,
-            Resolved { socket: DEFAULT_SOCKET.into(), job: 0, local_rank: 0, local_world: 1 }
-        );
+        assert_eq!(none, Resolved { socket: DEFAULT_SOCKET.into(), job: 0, local_rank: 0, local_world: 1 });
         let vars = env(&[
             ("DLCP_SOCKET", "/tmp/d.sock"),
             ("DLCP_JOB", "0x10b"),
@@ -127,7 +124,10 @@ mod tests {
             ("LOCAL_WORLD_SIZE", " 4 "),
         ]);
         let from_env = AttachArgs::from_env().resolve_with(&vars).unwrap();
-        assert_eq!(from_env, Resolved { socket: "/tmp/d.sock".into(), job: 0x10b, local_rank: 2, local_world: 4 });
+        assert_eq!(
+            from_env,
+            Resolved { socket: "/tmp/d.sock".into(), job: 0x10b, local_rank: 2, local_world: 4 }
+        );
         let explicit = AttachArgs {
             socket: Some("/x.sock".into()),
             job: Some(7),

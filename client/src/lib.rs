@@ -64,8 +64,8 @@ use std::time::{Duration, Instant};
 
 pub use dlcp_shm::layout::{FLAG_FILL_LOCAL, FLAG_RESCALE, KNOWN_FLAGS};
 pub use dlcp_shm::{AttachError, Completion, Geometry, Status, Tensor, TensorId, TrainerError};
-pub use env::{AttachArgs, DEFAULT_SOCKET, EnvError};
 use dlcp_shm::{SubmitOptions, TrainerChannel};
+pub use env::{AttachArgs, DEFAULT_SOCKET, EnvError};
 use thiserror::Error;
 
 /// Longest single wait handed to the channel (its deadline arithmetic must not overflow).

@@ -131,7 +131,11 @@ fn failed_ops_timeouts_and_rejected_descriptors_are_errors() {
     let e = c.allreduce(t, Options::layer(0, 1 << 20), WAIT).unwrap_err();
     assert!(e.to_string().contains("invalid_descriptor (detail 10: layer count out of range)"), "{e}");
     // ... and says why, naming the descriptor field and the values.
-    assert!(e.to_string().ends_with(": rejected descriptor: field layers: layer count 1048576 is not in 1..=65536"), "{e}");
+    assert!(
+        e.to_string()
+            .ends_with(": rejected descriptor: field layers: layer count 1048576 is not in 1..=65536"),
+        "{e}"
+    );
     match &e {
         Error::OpFailed { reason, .. } => assert!(reason.as_deref().unwrap().contains("layers")),
         other => panic!("{other:?}"),
@@ -141,7 +145,10 @@ fn failed_ops_timeouts_and_rejected_descriptors_are_errors() {
     let done = c.wait_for(seq, WAIT).unwrap();
     assert_eq!(done.status, Status::InvalidDescriptor);
     let why = c.failure_reason(&done).unwrap();
-    assert_eq!(why, "rejected descriptor: field budget_ppm: loss budget 250000 ppm exceeds the cap 100000 ppm");
+    assert_eq!(
+        why,
+        "rejected descriptor: field budget_ppm: loss budget 250000 ppm exceeds the cap 100000 ppm"
+    );
     assert_eq!(c.failure_reason(&done), None, "taken once");
     // Never completed: a timeout, and the tensor stays busy.
     let e = c

@@ -1,6 +1,6 @@
 //! Why an op failed, told on the control socket: the daemon's reason text for
 //! a failed completion (a completion itself carries only a status and a
-//! number), so a trainer can say "waiting on ranks [1]" where the daemon's log
+//! number), so a trainer can say `waiting on ranks [1]` where the daemon's log
 //! does.
 //!
 //! After the attach reply the daemon writes these notes on the control socket,

@@ -618,7 +618,9 @@ mod tests {
         // Every column ends where its header ends (right-aligned), counted in characters.
         let ends = |l: &str| -> Vec<usize> {
             let chars: Vec<char> = l.chars().collect();
-            (0..chars.len()).filter(|&i| chars[i] != ' ' && chars.get(i + 1).is_none_or(|c| *c == ' ')).collect()
+            (0..chars.len())
+                .filter(|&i| chars[i] != ' ' && chars.get(i + 1).is_none_or(|c| *c == ' '))
+                .collect()
         };
         let header = ends(&lines[1].replace("time (µs)", "time_(µs)"));
         assert_eq!(header.len(), 6, "{w}");

@@ -225,7 +225,9 @@ impl Trainers {
         // Local ops not started yet that hold the gone trainer's contribution, or
         // still wait for its local rank, can never start: fail them for the other
         // local trainers. (A replacement trainer continues with new ops.)
-        let why = format!("local rank {rank} of this job on this host (attachment {id}) detached before the op started");
+        let why = format!(
+            "local rank {rank} of this job on this host (attachment {id}) detached before the op started"
+        );
         for (_, tickets) in self.reducer.abandon_rank(rank, |t| t.attachment == id) {
             ctx.counters.ops_failed += 1;
             self.post(&tickets, Completion::failed(Status::PeerDown, StdDuration::ZERO, &why), ctx.counters);

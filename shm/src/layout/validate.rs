@@ -34,7 +34,8 @@ impl Default for Limits {
 }
 
 /// Why a submission descriptor was rejected. One variant per rule; the check order
-/// is the variant order.
+/// is the variant order. Each message starts with the descriptor field(s) it is
+/// about (`budget_ppm: ...`): the trainer receives it as the op's failure reason.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum DescError {
     /// The reserved bytes are not zero (a newer client, or garbage).
@@ -67,7 +68,9 @@ pub enum DescError {
         offset: u64,
     },
     /// The tensor does not lie inside the arena.
-    #[error("arena_offset, len_elems: tensor bytes {offset}..{end} lie outside the arena of {arena_size} bytes")]
+    #[error(
+        "arena_offset, len_elems: tensor bytes {offset}..{end} lie outside the arena of {arena_size} bytes"
+    )]
     OutOfArena {
         /// Start offset.
         offset: u64,

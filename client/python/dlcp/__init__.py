@@ -34,6 +34,12 @@ Budgets are fractions of a tensor that may be lost (``0.01`` = 1%, ``0`` =
 exact); the string ``"1%"`` means the same. The default of :meth:`Client.allreduce`
 is ``0.01``: lossy unless you pass ``budget=0``.
 
+The daemon tells each trainer where it stands: :attr:`Client.rank` and
+:attr:`Client.world_size` (and :attr:`Client.world`). A failed op says why in
+the daemon's words: :class:`OpFailedError`'s message ends with it (the ranks a
+timeout waited on, the descriptor field the daemon rejected, ...), and a failed
+:class:`Completion` from :meth:`Client.wait` has it in ``reason``.
+
 Rules: do not read or write a tensor between :meth:`Client.submit` and the
 receipt of its completion (``allreduce`` does both for you); allocate tensors in
 the same order on every rank (their ids go on the wire). Errors raise

@@ -41,9 +41,11 @@
 //! its job ([`JobPlace`]): a trainer reading zero daemons from an older daemon
 //! knows it was not told. The protocol version stays 1.
 //!
-//! A rejection's details (zero unless said): job mismatch (6) — the daemon's
-//! job id, then the one the trainer registered; too many attachments (7) —
-//! the limit, then 1 if it is the per-user one.
+//! A rejection's details (zero unless said): rank in use (4) — the local rank;
+//! world mismatch (5) — the job's local world size, then the one the trainer
+//! registered; job mismatch (6) — the daemon's job id, then the one the trainer
+//! registered; too many attachments (7) — the limit, then 1 if it is the
+//! per-user one. (Daemons before the rank and world details sent zeros there.)
 //!
 //! After the reply, the daemon writes only notes on the socket (the trainer
 //! writes nothing more): why an op failed ([`crate::notes`]), each sent just
@@ -167,11 +169,19 @@ pub enum RejectReason {
     Resources,
     /// Another live trainer of this job already holds this local rank. Use another
     /// rank, or wait until the daemon has reclaimed the old trainer.
-    #[error("this job's local rank is already attached (another live trainer holds it)")]
-    RankInUse,
+    #[error("this job's local rank {local_rank} is already attached (another live trainer holds it)")]
+    RankInUse {
+        /// The rank asked for.
+        local_rank: u32,
+    },
     /// Trainers of this job already attached with a different local world size.
-    #[error("local world size differs from the one this job's other trainers registered")]
-    WorldMismatch,
+    #[error("{}", world_text(*.job_world, *.trainer_world))]
+    WorldMismatch {
+        /// The local world size this job's trainers on this host registered (0: not told).
+        job_world: u32,
+        /// The one this trainer registered (0: not told).
+        trainer_world: u32,
+    },
     /// The trainer registered for a job this daemon does not serve (checked
     /// before any segment is created).
     #[error(
@@ -204,6 +214,16 @@ pub enum RejectReason {
     Unknown(u32),
 }
 
+fn world_text(job_world: u32, trainer_world: u32) -> String {
+    if job_world == 0 {
+        return "local world size differs from the one this job's other trainers registered".to_owned();
+    }
+    format!(
+        "the trainer registered a local world size of {trainer_world} but this job's other trainers on this \
+         host registered {job_world} (LOCAL_WORLD_SIZE): every trainer of a host gives the same one"
+    )
+}
+
 fn too_many_text(limit: u32, per_user: bool) -> String {
     if per_user {
         format!(
@@ -225,8 +245,8 @@ impl RejectReason {
             RejectReason::PolicyDenied => 1,
             RejectReason::BadRequest => 2,
             RejectReason::Resources => 3,
-            RejectReason::RankInUse => 4,
-            RejectReason::WorldMismatch => 5,
+            RejectReason::RankInUse { .. } => 4,
+            RejectReason::WorldMismatch { .. } => 5,
             RejectReason::JobMismatch { .. } => 6,
             RejectReason::TooManyAttachments { .. } => 7,
             RejectReason::Busy => 8,
@@ -237,6 +257,10 @@ impl RejectReason {
     /// The two detail words sent with the code (see the module's table).
     pub fn details(self) -> [u64; 2] {
         match self {
+            RejectReason::RankInUse { local_rank } => [u64::from(local_rank), 0],
+            RejectReason::WorldMismatch { job_world, trainer_world } => {
+                [u64::from(job_world), u64::from(trainer_world)]
+            }
             RejectReason::JobMismatch { daemon_job, trainer_job } => [daemon_job, trainer_job],
             RejectReason::TooManyAttachments { limit, per_user } => [u64::from(limit), u64::from(per_user)],
             _ => [0, 0],
@@ -245,17 +269,17 @@ impl RejectReason {
 
     /// From a wire code and its two detail words.
     pub fn from_wire(c: u32, details: [u64; 2]) -> RejectReason {
+        let small = |d: u64| u32::try_from(d).unwrap_or(u32::MAX);
         match c {
             1 => RejectReason::PolicyDenied,
             2 => RejectReason::BadRequest,
             3 => RejectReason::Resources,
-            4 => RejectReason::RankInUse,
-            5 => RejectReason::WorldMismatch,
+            4 => RejectReason::RankInUse { local_rank: small(details[0]) },
+            5 => {
+                RejectReason::WorldMismatch { job_world: small(details[0]), trainer_world: small(details[1]) }
+            }
             6 => RejectReason::JobMismatch { daemon_job: details[0], trainer_job: details[1] },
-            7 => RejectReason::TooManyAttachments {
-                limit: u32::try_from(details[0]).unwrap_or(u32::MAX),
-                per_user: details[1] != 0,
-            },
+            7 => RejectReason::TooManyAttachments { limit: small(details[0]), per_user: details[1] != 0 },
             8 => RejectReason::Busy,
             c => RejectReason::Unknown(c),
         }
@@ -576,8 +600,8 @@ mod tests {
             RejectReason::PolicyDenied,
             RejectReason::BadRequest,
             RejectReason::Resources,
-            RejectReason::RankInUse,
-            RejectReason::WorldMismatch,
+            RejectReason::RankInUse { local_rank: 3 },
+            RejectReason::WorldMismatch { job_world: 2, trainer_world: 4 },
             RejectReason::JobMismatch { daemon_job: 7, trainer_job: 0x1_0000_0009 },
             RejectReason::TooManyAttachments { limit: 64, per_user: false },
             RejectReason::TooManyAttachments { limit: 3, per_user: true },
@@ -585,6 +609,10 @@ mod tests {
         ] {
             assert_eq!(Reply::decode(&Reply::Rejected(r).encode()), Ok(Reply::Rejected(r)));
         }
+        let world = RejectReason::WorldMismatch { job_world: 2, trainer_world: 4 }.to_string();
+        assert!(
+            world.contains("local world size of 4 but this job's other trainers on this host registered 2")
+        );
         let job = RejectReason::JobMismatch { daemon_job: 7, trainer_job: 9 }.to_string();
         assert!(job.contains("registered for job 9 but this daemon serves job 7"), "{job}");
         let cap = RejectReason::TooManyAttachments { limit: 64, per_user: false }.to_string();

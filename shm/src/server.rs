@@ -125,7 +125,7 @@ pub enum AcceptError {
     Conflict {
         /// Peer.
         peer: PeerCred,
-        /// [`RejectReason::RankInUse`] or [`RejectReason::WorldMismatch`].
+        /// [`RejectReason::RankInUse`] or [`RejectReason::WorldMismatch`] (with their values).
         reason: RejectReason,
         /// Job id.
         job: u64,

@@ -161,6 +161,11 @@ class ErrorTest(unittest.TestCase):
             with self.assertRaises(dlcp.RejectedError) as e:
                 dlcp.attach(SOCKET, job, 0, 2)
             self.assertIn("already attached", e.exception.reason)
+            self.assertIn("local rank 0", e.exception.reason)
+            # Another local world size than the job's trainers on this host: both named.
+            with self.assertRaises(dlcp.RejectedError) as e:
+                dlcp.attach(SOCKET, job, 1, 3)
+            self.assertIn("local world size of 3 but this job's other trainers on this host registered 2", str(e.exception))
         with self.assertRaises(dlcp.InvalidArgumentError):
             dlcp.attach(SOCKET, job, 3, 2)
 

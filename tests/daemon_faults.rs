@@ -97,6 +97,9 @@ fn killed_trainer_fails_its_ops_cleanly_and_a_new_trainer_can_attach() {
     let started = Instant::now();
     let done = t0.wait_completion(Duration::from_secs(30)).expect("completion after the other trainer died");
     assert_eq!(done.status, Status::PeerDown, "{done:?}");
+    // Why, as the daemon tells the trainer.
+    let why = t0.failure_reason(done.op_seq, done.tensor_id).unwrap_or_default();
+    assert!(why.starts_with("local rank 1 of this job on this host") && why.contains("detached"), "{why}");
     assert!(started.elapsed() < Duration::from_secs(2), "failure took {:?}", started.elapsed());
     t0.free("op1").unwrap();
     // A replacement trainer attaches as local rank 1; op 2 succeeds everywhere.

@@ -16,10 +16,12 @@ if ! cargo deb --version >/dev/null 2>&1; then
 fi
 cargo deb --version
 cargo build --release --locked -p dlcp -p dlcp-client
-rm -f target/debian/dlcp_*.deb
+# cargo and cargo-deb put their output under $CARGO_TARGET_DIR when it is set.
+tdir=${CARGO_TARGET_DIR:-target}
+rm -f "$tdir"/debian/dlcp_*.deb
 # --strip: release builds keep debug info (profile.release debug = 1); the package does not.
 cargo deb -p dlcp --no-build --strip
-deb=$(ls target/debian/dlcp_*.deb)
+deb=$(ls "$tdir"/debian/dlcp_*.deb)
 echo "deb: built $deb ($(du -h "$deb" | cut -f1))"
 dpkg-deb --info "$deb" | sed -n '/Package:/,/Description:/p'
 dpkg-deb --contents "$deb" | awk '{print "  " $6}'
@@ -30,7 +32,8 @@ cleanup() { $SUDO apt-get purge -y -qq dlcp >/dev/null 2>&1 || true; [ -n "${pid
 trap cleanup EXIT
 
 echo "deb: apt install ./$deb"
-$SUDO apt-get install -y -qq --no-install-recommends "./$deb"
+case "$deb" in /*) ;; *) deb="./$deb" ;; esac
+$SUDO apt-get install -y -qq --no-install-recommends "$deb"
 dlcpd --version
 dlcpctl --version
 dpkg-query -W -f='${Conffiles}\n' dlcp | grep -q '/etc/dlcp/dlcp.toml' || { echo "dlcp.toml is not a conffile" >&2; exit 1; }
@@ -44,6 +47,17 @@ out=$(/var/lib/dpkg/info/dlcp.postinst configure 0.0.9 2>&1)
 grep -q "now dlcp:dlcp 0600" <<<"$out" || { echo "deb: postinst did not fix the secret: $out" >&2; exit 1; }
 test "$(stat -c '%U:%G %a' /etc/dlcp/job.secret)" = "dlcp:dlcp 600"
 echo "deb: /etc/dlcp/job.secret dlcp:dlcp 0600 (fixed from an earlier package's root:dlcp 0640)"
+# The Python client: the package and its PyTorch hook, next to the library.
+for f in __init__.py torch.py libdlcp_client.so; do
+  test -f "/usr/lib/python3/dist-packages/dlcp/$f" || { echo "deb: dlcp/$f is not installed" >&2; exit 1; }
+done
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  (cd / && env -u PYTHONPATH /usr/bin/python3 -c \
+    "import dlcp.torch; assert dlcp.torch.__file__ == '/usr/lib/python3/dist-packages/dlcp/torch.py', dlcp.torch.__file__")
+  echo "deb: import dlcp.torch (the DDP hook) from the installed package"
+else
+  echo "deb: dlcp/torch.py installed (python3-torch absent: not imported)"
+fi
 echo "deb: dlcpd check-config /etc/dlcp/dlcp.toml"
 cfg_out=$(dlcpd check-config /etc/dlcp/dlcp.toml)
 head -3 <<<"$cfg_out"
@@ -108,6 +122,7 @@ import numpy as np
 import dlcp
 assert dlcp.__file__.startswith("/usr/lib/python3/dist-packages/"), dlcp.__file__
 with dlcp.attach(sys.argv[1], 7, 0, 1) as c:
+    assert (c.rank, c.world_size) == (0, 1), c.world
     g = c.tensor("grad", 1000)
     g[:] = np.arange(1000, dtype=np.float32)
     r = c.allreduce(g, budget=0)
@@ -124,5 +139,5 @@ $SUDO apt-get purge -y -qq dlcp >/dev/null
 test ! -e /etc/dlcp/dlcp.toml && test ! -e /etc/dlcp/job.secret
 
 echo "deb: Kubernetes manifest (offline checks; no cluster here)"
-/usr/bin/python3 deploy/k8s/check.py target/release/dlcpd
+/usr/bin/python3 deploy/k8s/check.py "$tdir/release/dlcpd"
 echo "deb: OK"

@@ -97,6 +97,9 @@ fn killed_trainer_fails_its_ops_cleanly_and_a_new_trainer_can_attach() {
     let started = Instant::now();
     let done = t0.wait_completion(Duration::from_secs(30)).expect("completion after the other trainer died");
     assert_eq!(done.status, Status::PeerDown, "{done:?}");
+    // Why, as the daemon tells the trainer.
+    let why = t0.failure_reason(done.op_seq, done.tensor_id).unwrap_or_default();
+    assert!(why.starts_with("local rank 1 of this job on this host") && why.contains("detached"), "{why}");
     assert!(started.elapsed() < Duration::from_secs(2), "failure took {:?}", started.elapsed());
     t0.free("op1").unwrap();
     // A replacement trainer attaches as local rank 1; op 2 succeeds everywhere.
@@ -192,6 +195,77 @@ fn garbage_descriptors_and_random_datagrams_are_counted_and_service_continues() 
             std::thread::spawn(move || {
                 let mut cl = TrainerChannel::attach(&sock, u64::from(JOB), 0, 1).unwrap();
                 submit_and_wait(&mut cl, 1, 3, &x, Duration::from_secs(30))
+            })
+        })
+        .collect();
+    for h in hs {
+        let (st, out) = h.join().unwrap();
+        assert_eq!(st, Status::Ok);
+        assert!(out.iter().zip(&x).all(|(a, b)| a.to_bits() == (b + b).to_bits()));
+    }
+}
+
+/// A trainer that floods rejected descriptors and never reads its control
+/// socket: the daemon tells it why each failed until the socket is full, then
+/// keeps a few notes, drops and counts the rest, and serves on unhindered.
+#[test]
+fn a_trainer_that_never_reads_its_reasons_costs_the_daemon_a_bounded_outbox() {
+    let c = Cluster::start(&Options { hosts: 2, ..Options::default() });
+    let mut bad = TrainerChannel::attach(&c.daemons[0].socket, u64::from(JOB), 0, 1).unwrap();
+    const FLOOD: u64 = 3000;
+    for seq in 1..=FLOOD {
+        let d = dlcp::shm::SubmitDesc {
+            op_seq: seq,
+            cookie: 0,
+            arena_offset: 0,
+            len_elems: 16,
+            tensor_id: 3,
+            layer: 0,
+            layers: 0, // refused: "field layers: layer count 0 is not in 1..=65536"
+            budget_ppm: 0,
+            flags: 0,
+            dtype: dlcp::shm::ElemType::F32 as u16,
+            opcode: 1,
+            reserved: [0; 8],
+        };
+        bad.debug_submit_raw(&d).unwrap();
+        // Only the completion ring is read (try_completion never reads the socket).
+        let t0 = Instant::now();
+        let done = loop {
+            if let Some(done) = bad.try_completion().unwrap() {
+                break done;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "op {seq}: no completion (daemon stuck?)");
+            std::thread::yield_now();
+        };
+        assert_eq!((done.op_seq, done.status), (seq, Status::InvalidDescriptor));
+    }
+    let s = c.stats(0).unwrap();
+    let dropped = s["shm"]["reasons_dropped"].as_u64().unwrap();
+    assert!(dropped > 0 && dropped < FLOOD, "{s}");
+    // The reasons that did fit are there (the trainer keeps the last 64 it read).
+    assert_eq!(bad.failure_reason(FLOOD, 3), None, "the last ones were dropped");
+    let kept: Vec<String> = (1..FLOOD).filter_map(|seq| bad.failure_reason(seq, 3)).collect();
+    assert!(!kept.is_empty() && kept.len() <= dlcp::shm::notes::INBOX_NOTES, "{}", kept.len());
+    assert!(
+        kept.iter().all(|r| r == "rejected descriptor: field layers: layer count 0 is not in 1..=65536"),
+        "{kept:?}"
+    );
+    // And the daemon still reduces correctly once the flooder is gone.
+    drop(bad);
+    let t0 = Instant::now();
+    while c.stats(0).unwrap()["trainers"] != 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the flooder's detach was not noticed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let x = data(11, N);
+    let hs: Vec<_> = (0..2)
+        .map(|h| {
+            let sock = c.daemons[h].socket.clone();
+            let x = x.clone();
+            std::thread::spawn(move || {
+                let mut cl = TrainerChannel::attach(&sock, u64::from(JOB), 0, 1).unwrap();
+                submit_and_wait(&mut cl, 1, 4, &x, Duration::from_secs(30))
             })
         })
         .collect();

@@ -210,6 +210,13 @@ fn counters_move_after_an_allreduce_and_parse_as_prometheus_text() {
             > get(&before, "dlcp_peer_rx_packets_total", &[("peer", "1")])
     );
     assert_eq!(get(&after, "dlcp_peer_up", &[("peer", "1")]), 1.0);
+    let has = |name: &str, k: &str, v: &str| {
+        after.iter().any(|(n, l, _)| n == name && l.get(k).map(String::as_str) == Some(v))
+    };
+    assert!(!has("dlcp_peer_up", "peer", "0"), "daemon 0 is not its own peer");
+    // A reload the daemon refuses is "rejected" in the metrics, as dlcpctl says.
+    assert_eq!(get(&after, "dlcp_config_reloads_total", &[("result", "rejected")]), 0.0);
+    assert!(!has("dlcp_config_reloads_total", "result", "failed"));
     assert_eq!(get(&after, "dlcp_op_duration_seconds_count", &[]), 1.0);
     assert!(get(&after, "dlcp_op_duration_seconds_sum", &[]) > 0.0);
     assert_eq!(get(&after, "dlcp_op_delivered_fraction_count", &[]), 1.0);

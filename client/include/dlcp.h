@@ -99,11 +99,41 @@ typedef struct dlcp_completion {
     uint32_t reserved;      /* zero */
 } dlcp_completion;
 
+/* Where a trainer stands in its job (dlcp_get_world), 24 bytes. The daemon knows
+ * its rank and the number of daemons; every host is taken to run local_world
+ * trainers (as torchrun's --nproc-per-node): rank = node_rank * local_world +
+ * local_rank, size = nodes * local_world. */
+typedef struct dlcp_world {
+    uint32_t rank;        /* this trainer's global rank */
+    uint32_t size;        /* the job's trainers on all hosts */
+    uint32_t node_rank;   /* the daemon's rank among the job's daemons (node.rank) */
+    uint32_t nodes;       /* the job's number of daemons (hosts) */
+    uint32_t local_rank;  /* this trainer's rank on this host */
+    uint32_t local_world; /* the job's trainers on this host */
+} dlcp_world;
+
+/* dlcp_attach_env: take this argument from the environment. */
+#define DLCP_FROM_ENV UINT32_MAX         /* local_rank / local_world */
+#define DLCP_JOB_FROM_ENV UINT64_MAX     /* job_id */
+
 /* Attach as local rank `local_rank` of `local_world` trainers of job `job_id`.
  * On success *out is a new handle; on failure *out is NULL (if out is not NULL)
  * and dlcp_last_error(NULL) says why. Waits at most 5 s for the daemon. */
 int dlcp_attach(const char *socket_path, uint64_t job_id, uint32_t local_rank, uint32_t local_world,
                 dlcp_client **out);
+
+/* dlcp_attach with defaults from the environment, as the Python client's attach():
+ * socket_path NULL -> $DLCP_SOCKET (else /run/dlcp/dlcpd.sock), job_id
+ * DLCP_JOB_FROM_ENV -> $DLCP_JOB (decimal or 0x hex, else 0), local_rank
+ * DLCP_FROM_ENV -> $LOCAL_RANK (else 0), local_world DLCP_FROM_ENV ->
+ * $LOCAL_WORLD_SIZE (else 1). Any other value is used as given (it wins).
+ * A variable that is not a number gives DLCP_ERR_INVALID_ARG naming it. */
+int dlcp_attach_env(const char *socket_path, uint64_t job_id, uint32_t local_rank, uint32_t local_world,
+                    dlcp_client **out);
+
+/* Where this trainer stands in its job: global rank, world size, the daemon's
+ * rank and number of daemons. DLCP_ERR_PROTOCOL from a daemon too old to say. */
+int dlcp_get_world(dlcp_client *c, dlcp_world *out);
 
 /* Detach: the daemon reclaims the segment and every dlcp_tensor_data pointer
  * becomes invalid. NULL is a no-op (DLCP_OK); a dead handle gives DLCP_ERR_BAD_HANDLE. */
@@ -128,7 +158,8 @@ int dlcp_submit(dlcp_client *c, dlcp_tensor tensor, uint32_t layer, uint32_t lay
                 uint32_t flags, uint64_t *out_op_seq);
 
 /* Wait for the next completion of any op. timeout_ms < 0: no limit; 0: poll.
- * DLCP_OK means *out holds a completion: check out->status. */
+ * DLCP_OK means *out holds a completion: check out->status. A completion whose
+ * status is not DLCP_STATUS_OK also sets dlcp_last_error(c) to why it failed. */
 int dlcp_wait(dlcp_client *c, int64_t timeout_ms, dlcp_completion *out);
 
 /* Wait for the completion of op `op_seq`; completions of other ops that arrive
@@ -136,7 +167,9 @@ int dlcp_wait(dlcp_client *c, int64_t timeout_ms, dlcp_completion *out);
 int dlcp_wait_op(dlcp_client *c, uint64_t op_seq, int64_t timeout_ms, dlcp_completion *out);
 
 /* Submit + wait. DLCP_OK only if the op completed with DLCP_STATUS_OK;
- * DLCP_ERR_OP_FAILED if it completed otherwise. *out (optional) gets the completion. */
+ * DLCP_ERR_OP_FAILED if it completed otherwise, dlcp_last_error(c) then giving
+ * the daemon's reason (the ranks a timeout waited on, the descriptor field it
+ * rejected, ...). *out (optional) gets the completion. */
 int dlcp_allreduce(dlcp_client *c, dlcp_tensor tensor, uint32_t layer, uint32_t layers, uint32_t budget_ppm,
                    uint32_t flags, int64_t timeout_ms, dlcp_completion *out);
 

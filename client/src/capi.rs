@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::{Client, Completion, Error, ErrorCode, Options, TensorId};
+use crate::{AttachArgs, Client, Completion, Error, ErrorCode, Options, TensorId};
 
 /// Opaque client handle (`dlcp_client` in C). Never dereferenced by the library.
 #[allow(non_camel_case_types)]
@@ -79,8 +79,31 @@ impl From<Completion> for dlcp_completion {
     }
 }
 
+/// Where a trainer stands in its job (`dlcp_world` in C), 24 bytes: see [`crate::World`].
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct dlcp_world {
+    /// This trainer's global rank, `node_rank * local_world + local_rank`.
+    pub rank: u32,
+    /// The job's trainers on all hosts, `nodes * local_world`.
+    pub size: u32,
+    /// The daemon's rank among the job's daemons.
+    pub node_rank: u32,
+    /// The job's number of daemons (hosts).
+    pub nodes: u32,
+    /// This trainer's rank among the job's trainers on this host.
+    pub local_rank: u32,
+    /// The job's trainers on this host.
+    pub local_world: u32,
+}
+
 /// Success.
 pub const DLCP_OK: c_int = 0;
+/// `dlcp_attach_env`: take this rank or world size from the environment.
+pub const DLCP_FROM_ENV: u32 = u32::MAX;
+/// `dlcp_attach_env`: take the job id from `$DLCP_JOB`.
+pub const DLCP_JOB_FROM_ENV: u64 = u64::MAX;
 
 struct Slot {
     client: Client,
@@ -237,11 +260,69 @@ pub extern "C" fn dlcp_attach(
         check_out(out, "out (dlcp_client**)")?;
         store(out, core::ptr::null_mut());
         let path = OsStr::from_bytes(c_bytes(socket_path, "socket_path")?);
-        let client = Client::attach(path, job_id, local_rank, local_world)?;
-        let id = NEXT_HANDLE.fetch_add(16, Ordering::Relaxed);
-        let slot = Slot { client, last_error: CString::default() };
-        registry().insert(id, Arc::new(Mutex::new(slot)));
-        store(out, core::ptr::without_provenance_mut(id));
+        register(Client::attach(path, job_id, local_rank, local_world)?, out);
+        Ok(())
+    }))
+}
+
+/// [`dlcp_attach`] with defaults from the environment, as the Python client's
+/// `attach()`: a NULL `socket_path` is `$DLCP_SOCKET` (else the default
+/// socket), `job_id == DLCP_JOB_FROM_ENV` is `$DLCP_JOB` (else 0),
+/// `local_rank == DLCP_FROM_ENV` is `$LOCAL_RANK` (else 0) and
+/// `local_world == DLCP_FROM_ENV` is `$LOCAL_WORLD_SIZE` (else 1). Any other
+/// value is used as given.
+#[unsafe(no_mangle)]
+pub extern "C" fn dlcp_attach_env(
+    socket_path: *const c_char,
+    job_id: u64,
+    local_rank: u32,
+    local_world: u32,
+    out: *mut *mut dlcp_client,
+) -> c_int {
+    code_of(guard("dlcp_attach_env", core::ptr::null_mut(), || {
+        check_out(out, "out (dlcp_client**)")?;
+        store(out, core::ptr::null_mut());
+        let socket = match socket_path.is_null() {
+            true => None,
+            false => Some(OsStr::from_bytes(c_bytes(socket_path, "socket_path")?).into()),
+        };
+        let args = AttachArgs {
+            socket,
+            job: (job_id != DLCP_JOB_FROM_ENV).then_some(job_id),
+            local_rank: (local_rank != DLCP_FROM_ENV).then_some(local_rank),
+            local_world: (local_world != DLCP_FROM_ENV).then_some(local_world),
+        };
+        register(Client::attach_env(&args)?, out);
+        Ok(())
+    }))
+}
+
+fn register(client: Client, out: *mut *mut dlcp_client) {
+    let id = NEXT_HANDLE.fetch_add(16, Ordering::Relaxed);
+    let slot = Slot { client, last_error: CString::default() };
+    registry().insert(id, Arc::new(Mutex::new(slot)));
+    store(out, core::ptr::without_provenance_mut(id));
+}
+
+/// Stores where the trainer stands in its job in `*out`: its global rank, the
+/// job's world size, the daemon's rank and number of daemons, its local rank
+/// and local world. `DLCP_ERR_PROTOCOL` from a daemon too old to say.
+#[unsafe(no_mangle)]
+pub extern "C" fn dlcp_get_world(c: *mut dlcp_client, out: *mut dlcp_world) -> c_int {
+    code_of(guard("dlcp_get_world", c, || {
+        check_out(out, "out (dlcp_world*)")?;
+        let w = with_client(c, |cl| Ok(cl.world()?))?;
+        store(
+            out,
+            dlcp_world {
+                rank: w.rank(),
+                size: w.size(),
+                node_rank: w.node_rank,
+                nodes: w.nodes,
+                local_rank: w.local_rank,
+                local_world: w.local_world,
+            },
+        );
         Ok(())
     }))
 }
@@ -340,14 +421,27 @@ pub extern "C" fn dlcp_submit(
     }))
 }
 
+/// What a completion just received reports as a failure, with the daemon's
+/// reason (`None` if it is OK): the C wrappers make it the handle's last error.
+fn failure_of(cl: &mut Client, done: Completion) -> Option<Failure> {
+    cl.check(TensorId(done.tensor_id), done).err().map(Failure::from)
+}
+
 /// Waits for the next completion of any op: `timeout_ms < 0` waits indefinitely,
-/// `0` only polls. `DLCP_OK` means `*out` holds a completion — check its status.
+/// `0` only polls. `DLCP_OK` means `*out` holds a completion — check its status;
+/// a failed one also sets `dlcp_last_error(c)` to why it failed.
 #[unsafe(no_mangle)]
 pub extern "C" fn dlcp_wait(c: *mut dlcp_client, timeout_ms: i64, out: *mut dlcp_completion) -> c_int {
     code_of(guard("dlcp_wait", c, || {
         check_out(out, "out_completion")?;
-        let done = with_client(c, |cl| Ok(cl.wait(timeout(timeout_ms))?))?;
+        let (done, failed) = with_client(c, |cl| {
+            let done = cl.wait(timeout(timeout_ms))?;
+            Ok((done, failure_of(cl, done)))
+        })?;
         store(out, done.into());
+        if let Some(f) = failed {
+            record("dlcp_wait", c, &f);
+        }
         Ok(())
     }))
 }
@@ -363,8 +457,14 @@ pub extern "C" fn dlcp_wait_op(
 ) -> c_int {
     code_of(guard("dlcp_wait_op", c, || {
         check_out(out, "out_completion")?;
-        let done = with_client(c, |cl| Ok(cl.wait_for(op_seq, timeout(timeout_ms))?))?;
+        let (done, failed) = with_client(c, |cl| {
+            let done = cl.wait_for(op_seq, timeout(timeout_ms))?;
+            Ok((done, failure_of(cl, done)))
+        })?;
         store(out, done.into());
+        if let Some(f) = failed {
+            record("dlcp_wait_op", c, &f);
+        }
         Ok(())
     }))
 }
@@ -387,12 +487,13 @@ pub extern "C" fn dlcp_allreduce(
         if !out.is_null() {
             check_out(out, "out_completion")?;
         }
-        let done = with_client(c, |cl| {
+        let (done, checked) = with_client(c, |cl| {
             let seq = cl.submit(TensorId(tensor), options(layer, layers, budget_ppm, flags))?;
-            Ok(cl.wait_for(seq, timeout(timeout_ms))?)
+            let done = cl.wait_for(seq, timeout(timeout_ms))?;
+            Ok((done, cl.check(TensorId(tensor), done)))
         })?;
         store(out, done.into());
-        crate::report(TensorId(tensor), done).map(|_| ()).map_err(Failure::from)
+        checked.map(|_| ()).map_err(Failure::from)
     }))
 }
 

@@ -54,6 +54,7 @@
 
 #[allow(unsafe_code)]
 pub mod capi;
+pub mod env;
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CStr;
@@ -64,6 +65,7 @@ use std::time::{Duration, Instant};
 pub use dlcp_shm::layout::{FLAG_FILL_LOCAL, FLAG_RESCALE, KNOWN_FLAGS};
 pub use dlcp_shm::{AttachError, Completion, Geometry, Status, Tensor, TensorId, TrainerError};
 use dlcp_shm::{SubmitOptions, TrainerChannel};
+pub use env::{AttachArgs, DEFAULT_SOCKET, EnvError};
 use thiserror::Error;
 
 /// Longest single wait handed to the channel (its deadline arithmetic must not overflow).
@@ -125,6 +127,39 @@ pub struct Report {
     pub repairs: u32,
     /// Time the daemon spent on it.
     pub duration: Duration,
+}
+
+/// Where a trainer stands in its job, from the daemon's attach reply.
+///
+/// The daemon knows its own rank and the number of daemons (its
+/// configuration); every host is taken to run as many trainers as this one
+/// (`local_world`, as torchrun's `--nproc-per-node`), so the trainer's global
+/// rank is `node_rank * local_world + local_rank` of `nodes * local_world`.
+/// (Each daemon sums its host's trainers first, so a job whose hosts run
+/// different numbers of trainers still reduces correctly; only these two
+/// numbers would then be wrong.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct World {
+    /// The daemon's rank among the job's daemons (`node.rank`).
+    pub node_rank: u32,
+    /// The job's number of daemons (hosts).
+    pub nodes: u32,
+    /// This trainer's rank among the job's trainers on this host.
+    pub local_rank: u32,
+    /// The job's trainers on this host.
+    pub local_world: u32,
+}
+
+impl World {
+    /// This trainer's global rank: `node_rank * local_world + local_rank`.
+    pub fn rank(&self) -> u32 {
+        self.node_rank.saturating_mul(self.local_world).saturating_add(self.local_rank)
+    }
+
+    /// The job's trainers on all hosts: `nodes * local_world`.
+    pub fn size(&self) -> u32 {
+        self.nodes.saturating_mul(self.local_world)
+    }
 }
 
 /// Stable numeric error codes, shared by the Rust [`Error::code`], the C ABI
@@ -263,11 +298,26 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     /// The op completed, but not with [`Status::Ok`].
-    #[error("op {} on tensor {} completed with status {}", .completion.op_seq, .completion.tensor_id, describe_status(.completion))]
+    #[error(
+        "op {} on tensor {} completed with status {}{}",
+        .completion.op_seq,
+        .completion.tensor_id,
+        describe_status(.completion),
+        .reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default()
+    )]
     OpFailed {
         /// The completion (status, detail).
         completion: Completion,
+        /// Why, as the daemon said it (the ranks a timeout waited on, the
+        /// descriptor field it rejected, ...); `None` if it did not say.
+        reason: Option<String>,
     },
+    /// An attach argument's environment variable is invalid.
+    #[error("invalid argument: {0}")]
+    Env(#[from] EnvError),
+    /// The daemon did not tell its place in the job (it is older than this client).
+    #[error("the daemon did not say its place in the job (world size, rank): it is older than this client")]
+    NoWorld,
 }
 
 impl Error {
@@ -290,7 +340,8 @@ impl Error {
                 TrainerError::DaemonGone => ErrorCode::DaemonGone,
                 TrainerError::Io(_) => ErrorCode::Io,
             },
-            Error::UnknownTensor(_) | Error::InvalidArgument(_) => ErrorCode::InvalidArg,
+            Error::UnknownTensor(_) | Error::InvalidArgument(_) | Error::Env(_) => ErrorCode::InvalidArg,
+            Error::NoWorld => ErrorCode::Protocol,
             Error::TensorBusy { .. } => ErrorCode::TensorBusy,
             Error::OpFailed { .. } => ErrorCode::OpFailed,
         }
@@ -352,6 +403,8 @@ pub struct Client {
     ops: HashMap<u64, TensorId>,
     /// Completions received while waiting for another op.
     ready: VecDeque<Completion>,
+    /// As registered: local rank, local world.
+    local: (u32, u32),
 }
 
 impl Client {
@@ -370,7 +423,44 @@ impl Client {
             )));
         }
         let channel = TrainerChannel::attach(socket_path, job_id, local_rank, local_world)?;
-        Ok(Client { channel, ops: HashMap::new(), ready: VecDeque::new() })
+        Ok(Client { channel, ops: HashMap::new(), ready: VecDeque::new(), local: (local_rank, local_world) })
+    }
+
+    /// [`Client::attach`] with each argument `args` leaves out taken from the
+    /// environment: `DLCP_SOCKET`, `DLCP_JOB`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`
+    /// (see [`AttachArgs`]), as the Python client and the PyTorch hook do.
+    pub fn attach_env(args: &AttachArgs) -> Result<Client, Error> {
+        let r = args.resolve()?;
+        Client::attach(r.socket, r.job, r.local_rank, r.local_world)
+    }
+
+    /// Where this trainer stands in its job: its global rank and the job's
+    /// world size (see [`World`]). [`Error::NoWorld`] from a daemon older
+    /// than this client, which does not say.
+    pub fn world(&self) -> Result<World, Error> {
+        let place = self.channel.place();
+        if place.nodes == 0 {
+            return Err(Error::NoWorld);
+        }
+        let (local_rank, local_world) = self.local;
+        Ok(World { node_rank: place.node_rank, nodes: place.nodes, local_rank, local_world })
+    }
+
+    /// The daemon's reason for a failed completion `c` (the ranks a timeout
+    /// waited on, the descriptor field it rejected, ...), taken once; `None`
+    /// for an OK completion or if the daemon did not say.
+    pub fn failure_reason(&mut self, c: &Completion) -> Option<String> {
+        if c.status == Status::Ok {
+            return None;
+        }
+        self.channel.failure_reason(c.op_seq, c.tensor_id)
+    }
+
+    /// The report of completion `c` of tensor `id`, or [`Error::OpFailed`]
+    /// with the daemon's reason if its status is not OK.
+    pub fn check(&mut self, id: TensorId, c: Completion) -> Result<Report, Error> {
+        let reason = self.failure_reason(&c);
+        report(id, c).map_err(|_| Error::OpFailed { completion: c, reason })
     }
 
     /// The segment geometry (ring capacities, arena size).
@@ -560,14 +650,15 @@ impl Client {
     pub fn allreduce(&mut self, id: TensorId, o: Options, timeout: Duration) -> Result<Report, Error> {
         let op_seq = self.submit(id, o)?;
         let c = self.wait_for(op_seq, timeout)?;
-        report(id, c)
+        self.check(id, c)
     }
 }
 
-/// The report of a completion, or [`Error::OpFailed`] if its status is not OK.
+/// The report of a completion, or [`Error::OpFailed`] (without the daemon's
+/// reason: [`Client::check`] adds it) if its status is not OK.
 pub fn report(id: TensorId, c: Completion) -> Result<Report, Error> {
     if c.status != Status::Ok {
-        return Err(Error::OpFailed { completion: c });
+        return Err(Error::OpFailed { completion: c, reason: None });
     }
     Ok(Report {
         op_seq: c.op_seq,

@@ -98,6 +98,10 @@ fn null_pointers_give_null_arg_with_a_message() {
     assert_eq!(dlcp_next_op_seq(null_mut(), &mut n), E_NULL);
     assert_eq!(dlcp_set_next_op_seq(null_mut(), 5), E_NULL);
     assert_eq!(dlcp_next_op_seq(c, null_mut()), E_NULL);
+    let mut w = dlcp_world::default();
+    assert_eq!(dlcp_get_world(null_mut(), &mut w), E_NULL);
+    assert_eq!(dlcp_get_world(c, null_mut()), E_NULL);
+    assert_eq!(dlcp_attach_env(null(), 1, 0, 1, null_mut()), E_NULL);
     assert_eq!(dlcp_detach(null_mut()), DLCP_OK, "detach(NULL) is a no-op like free(NULL)");
     // NULL arguments on a live handle: refused before anything happens.
     assert_eq!(dlcp_alloc(c, null(), 4, &mut t), E_NULL);
@@ -137,6 +141,7 @@ fn garbage_and_detached_handles_give_bad_handle() {
         assert_eq!(dlcp_allreduce(h, 0, 0, 1, 0, 0, 0, null_mut()), E_HANDLE);
         assert_eq!(dlcp_next_op_seq(h, &mut n), E_HANDLE);
         assert_eq!(dlcp_set_next_op_seq(h, 5), E_HANDLE);
+        assert_eq!(dlcp_get_world(h, &mut dlcp_world::default()), E_HANDLE);
         assert_eq!(dlcp_detach(h), E_HANDLE);
     }
     // A new attachment gets a new handle value, never the detached one.
@@ -176,6 +181,10 @@ fn bad_arguments_and_failed_ops_give_their_codes_and_messages() {
     assert_eq!(done.status, 3);
     assert_eq!(s(dlcp_status_str(done.status)), "peer_down");
     assert!(last(c).contains("peer_down"), "{}", last(c));
+    // A descriptor the daemon rejects: the message names the field.
+    let rc = dlcp_allreduce(c, t, 0, 1, 150_000, 0, 10_000, &mut done);
+    assert_eq!((rc, done.status), (ErrorCode::OpFailed as c_int, 1));
+    assert!(last(c).contains("field budget_ppm: loss budget 150000 ppm exceeds the cap"), "{}", last(c));
     // An op that never completes: TIMEOUT, then the tensor is busy.
     let rc = dlcp_allreduce(c, t, 0, 1, HOLD_BUDGET_PPM, 0, 30, &mut done);
     assert_eq!(rc, ErrorCode::Timeout as c_int);
@@ -200,6 +209,20 @@ fn bad_arguments_and_failed_ops_give_their_codes_and_messages() {
         last(null_mut())
     );
     assert_eq!(dlcp_attach(c"/x".as_ptr(), 1, 2, 2, &mut h), E_ARG);
+}
+
+#[test]
+fn get_world_tells_rank_and_size() {
+    let fake = FakeReducer::start();
+    let p = CString::new(fake.socket().to_str().unwrap()).unwrap();
+    let mut c = null_mut();
+    assert_eq!(dlcp_attach_env(p.as_ptr(), 6, 2, 3, &mut c), DLCP_OK, "{}", last(null_mut()));
+    let mut w = dlcp_world::default();
+    assert_eq!(dlcp_get_world(c, &mut w), DLCP_OK);
+    let want = dlcp_world { rank: 2, size: 3, node_rank: 0, nodes: 1, local_rank: 2, local_world: 3 };
+    assert_eq!(w, want);
+    assert_eq!(size_of::<dlcp_world>(), 24);
+    assert_eq!(dlcp_detach(c), DLCP_OK);
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use common::{
     FAKE_DELIVERED_PPM, FAKE_REPAIRS, FakeReducer, HOLD_BUDGET_PPM, PEER_DOWN_BUDGET_PPM, WAIT, data,
 };
-use dlcp_client::{Client, Error, ErrorCode, Options, Status, TensorId, TrainerError};
+use dlcp_client::{AttachArgs, Client, Error, ErrorCode, Options, Status, TensorId, TrainerError};
 
 #[test]
 fn allreduce_writes_the_result_back_and_reports() {
@@ -123,13 +123,33 @@ fn failed_ops_timeouts_and_rejected_descriptors_are_errors() {
     assert_eq!(e.code(), ErrorCode::OpFailed);
     assert!(e.to_string().contains("peer_down"), "{e}");
     match e {
-        Error::OpFailed { completion } => assert_eq!(completion.status, Status::PeerDown),
+        Error::OpFailed { completion, .. } => assert_eq!(completion.status, Status::PeerDown),
         other => panic!("{other:?}"),
     }
     assert_eq!(c.read(t).unwrap(), x);
     // The daemon rejects a descriptor the client cannot judge (layer count above its limit).
     let e = c.allreduce(t, Options::layer(0, 1 << 20), WAIT).unwrap_err();
     assert!(e.to_string().contains("invalid_descriptor (detail 10: layer count out of range)"), "{e}");
+    // ... and says why, naming the descriptor field and the values.
+    assert!(
+        e.to_string()
+            .ends_with(": rejected descriptor: field layers: layer count 1048576 is not in 1..=65536"),
+        "{e}"
+    );
+    match &e {
+        Error::OpFailed { reason, .. } => assert!(reason.as_deref().unwrap().contains("layers")),
+        other => panic!("{other:?}"),
+    }
+    // Through submit + wait: the completion comes back, its reason once on asking.
+    let seq = c.submit(t, Options::default().budget_ppm(250_000)).unwrap();
+    let done = c.wait_for(seq, WAIT).unwrap();
+    assert_eq!(done.status, Status::InvalidDescriptor);
+    let why = c.failure_reason(&done).unwrap();
+    assert_eq!(
+        why,
+        "rejected descriptor: field budget_ppm: loss budget 250000 ppm exceeds the cap 100000 ppm"
+    );
+    assert_eq!(c.failure_reason(&done), None, "taken once");
     // Never completed: a timeout, and the tensor stays busy.
     let e = c
         .allreduce(t, Options::default().budget_ppm(HOLD_BUDGET_PPM), Duration::from_millis(50))
@@ -201,4 +221,23 @@ fn op_seq_can_be_set_but_never_onto_an_op_in_flight() {
     }
     c.set_next_op_seq(60).unwrap();
     assert_eq!(c.allreduce(u, Options::default(), WAIT).unwrap().op_seq, 60);
+}
+
+#[test]
+fn world_and_rank_come_from_the_daemon_and_attach_env_takes_explicit_arguments_first() {
+    let fake = FakeReducer::start();
+    let args = AttachArgs {
+        socket: Some(fake.socket().to_path_buf()),
+        job: Some(21),
+        local_rank: Some(1),
+        local_world: Some(2),
+    };
+    // Explicit arguments: whatever the environment of this test process holds.
+    let c = Client::attach_env(&args).unwrap();
+    let w = c.world().unwrap();
+    // The fake reducer is rank 0 of 1 daemon (ServerConfig's default place).
+    assert_eq!((w.node_rank, w.nodes, w.local_rank, w.local_world), (0, 1, 1, 2));
+    assert_eq!((w.rank(), w.size()), (1, 2));
+    let bad = AttachArgs { socket: Some("/nonexistent/dlcpd.sock".into()), ..args };
+    assert_eq!(Client::attach_env(&bad).unwrap_err().code(), ErrorCode::Connect);
 }

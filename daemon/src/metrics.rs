@@ -63,6 +63,15 @@ pub struct Metrics {
     last_delivered: Fraction,
     budget_violations: Counter,
     last_counts: Arc<std::sync::Mutex<Vec<u64>>>,
+    /// This daemon's rank (not exported as its own peer).
+    rank: u32,
+}
+
+/// Whether value `label` of counter `d` is exported by the daemon of `rank`:
+/// all are but `dlcp_peer_up{peer=<rank>}` (a daemon is not its own peer, so
+/// `sum(dlcp_peer_up)` counts the peers up).
+fn exported(d: &Desc, label: Label, rank: u32) -> bool {
+    !(d.metric == Some("peer_up") && label == Label::Peer(Some(rank)))
 }
 
 fn set(c: &Counter, v: u64) {
@@ -117,7 +126,7 @@ impl Metrics {
         let mut counters = HashMap::new();
         let mut gauges = HashMap::new();
         each(&mut |d, label, _| {
-            let Some(name) = d.metric else { return };
+            let Some(name) = d.metric.filter(|_| exported(d, label, rank)) else { return };
             let key = labels(d, label);
             match d.kind {
                 Kind::Counter => {
@@ -150,6 +159,7 @@ impl Metrics {
             last_delivered: Fraction::default(),
             budget_violations: Counter::default(),
             last_counts: Arc::new(std::sync::Mutex::new(vec![0; world as usize])),
+            rank,
         };
         r.register(
             "peer_last_arrival",
@@ -193,7 +203,7 @@ impl Metrics {
     /// start is set, any other is skipped).
     pub fn update(&self, each: EachCounter<'_>) {
         each(&mut |d, label, v| {
-            let Some(name) = d.metric else { return };
+            let Some(name) = d.metric.filter(|_| exported(d, label, self.rank)) else { return };
             match d.kind {
                 Kind::Counter => {
                     if let Some(f) = self.counters.get(name) {

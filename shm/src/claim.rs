@@ -26,10 +26,10 @@ impl RankTable {
         }
         let (world, ranks) = self.jobs.entry(r.job_id).or_insert_with(|| (r.local_world, HashSet::new()));
         if *world != r.local_world {
-            return Err(RejectReason::WorldMismatch);
+            return Err(RejectReason::WorldMismatch { job_world: *world, trainer_world: r.local_world });
         }
         if !ranks.insert(r.local_rank) {
-            return Err(RejectReason::RankInUse);
+            return Err(RejectReason::RankInUse { local_rank: r.local_rank });
         }
         *self.users.entry(uid).or_default() += 1;
         Ok(())

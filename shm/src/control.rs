@@ -33,11 +33,23 @@
 //! | 56 | 8 | completion ring capacity |
 //! | 64 | 8 | arena offset |
 //! | 72 | 8 | arena size |
-//! | 80 | 48 | reserved, zero |
+//! | 80 | 4 | the daemon's rank in its job (`node.rank`), accepted only |
+//! | 84 | 4 | the job's number of daemons (its `[[peers]]`), accepted only; 0 = not told |
+//! | 88 | 40 | reserved, zero |
 //!
-//! A rejection's details (zero unless said): job mismatch (6) — the daemon's
-//! job id, then the one the trainer registered; too many attachments (7) —
-//! the limit, then 1 if it is the per-user one.
+//! Bytes 80..88 were reserved (zero) before they carried the daemon's place in
+//! its job ([`JobPlace`]): a trainer reading zero daemons from an older daemon
+//! knows it was not told. The protocol version stays 1.
+//!
+//! A rejection's details (zero unless said): rank in use (4) — the local rank;
+//! world mismatch (5) — the job's local world size, then the one the trainer
+//! registered; job mismatch (6) — the daemon's job id, then the one the trainer
+//! registered; too many attachments (7) — the limit, then 1 if it is the
+//! per-user one. (Daemons before the rank and world details sent zeros there.)
+//!
+//! After the reply, the daemon writes only notes on the socket (the trainer
+//! writes nothing more): why an op failed ([`crate::notes`]), each sent just
+//! before the op's failed completion is posted.
 
 use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::mem::MaybeUninit;
@@ -157,11 +169,19 @@ pub enum RejectReason {
     Resources,
     /// Another live trainer of this job already holds this local rank. Use another
     /// rank, or wait until the daemon has reclaimed the old trainer.
-    #[error("this job's local rank is already attached (another live trainer holds it)")]
-    RankInUse,
+    #[error("this job's local rank {local_rank} is already attached (another live trainer holds it)")]
+    RankInUse {
+        /// The rank asked for.
+        local_rank: u32,
+    },
     /// Trainers of this job already attached with a different local world size.
-    #[error("local world size differs from the one this job's other trainers registered")]
-    WorldMismatch,
+    #[error("{}", world_text(*.job_world, *.trainer_world))]
+    WorldMismatch {
+        /// The local world size this job's trainers on this host registered (0: not told).
+        job_world: u32,
+        /// The one this trainer registered (0: not told).
+        trainer_world: u32,
+    },
     /// The trainer registered for a job this daemon does not serve (checked
     /// before any segment is created).
     #[error(
@@ -194,6 +214,16 @@ pub enum RejectReason {
     Unknown(u32),
 }
 
+fn world_text(job_world: u32, trainer_world: u32) -> String {
+    if job_world == 0 {
+        return "local world size differs from the one this job's other trainers registered".to_owned();
+    }
+    format!(
+        "the trainer registered a local world size of {trainer_world} but this job's other trainers on this \
+         host registered {job_world} (LOCAL_WORLD_SIZE): every trainer of a host gives the same one"
+    )
+}
+
 fn too_many_text(limit: u32, per_user: bool) -> String {
     if per_user {
         format!(
@@ -215,8 +245,8 @@ impl RejectReason {
             RejectReason::PolicyDenied => 1,
             RejectReason::BadRequest => 2,
             RejectReason::Resources => 3,
-            RejectReason::RankInUse => 4,
-            RejectReason::WorldMismatch => 5,
+            RejectReason::RankInUse { .. } => 4,
+            RejectReason::WorldMismatch { .. } => 5,
             RejectReason::JobMismatch { .. } => 6,
             RejectReason::TooManyAttachments { .. } => 7,
             RejectReason::Busy => 8,
@@ -227,6 +257,10 @@ impl RejectReason {
     /// The two detail words sent with the code (see the module's table).
     pub fn details(self) -> [u64; 2] {
         match self {
+            RejectReason::RankInUse { local_rank } => [u64::from(local_rank), 0],
+            RejectReason::WorldMismatch { job_world, trainer_world } => {
+                [u64::from(job_world), u64::from(trainer_world)]
+            }
             RejectReason::JobMismatch { daemon_job, trainer_job } => [daemon_job, trainer_job],
             RejectReason::TooManyAttachments { limit, per_user } => [u64::from(limit), u64::from(per_user)],
             _ => [0, 0],
@@ -235,20 +269,38 @@ impl RejectReason {
 
     /// From a wire code and its two detail words.
     pub fn from_wire(c: u32, details: [u64; 2]) -> RejectReason {
+        let small = |d: u64| u32::try_from(d).unwrap_or(u32::MAX);
         match c {
             1 => RejectReason::PolicyDenied,
             2 => RejectReason::BadRequest,
             3 => RejectReason::Resources,
-            4 => RejectReason::RankInUse,
-            5 => RejectReason::WorldMismatch,
+            4 => RejectReason::RankInUse { local_rank: small(details[0]) },
+            5 => {
+                RejectReason::WorldMismatch { job_world: small(details[0]), trainer_world: small(details[1]) }
+            }
             6 => RejectReason::JobMismatch { daemon_job: details[0], trainer_job: details[1] },
-            7 => RejectReason::TooManyAttachments {
-                limit: u32::try_from(details[0]).unwrap_or(u32::MAX),
-                per_user: details[1] != 0,
-            },
+            7 => RejectReason::TooManyAttachments { limit: small(details[0]), per_user: details[1] != 0 },
             8 => RejectReason::Busy,
             c => RejectReason::Unknown(c),
         }
+    }
+}
+
+/// Where the daemon stands in its job: its rank among the job's daemons and
+/// how many there are (told in the accepted reply, see the module's table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobPlace {
+    /// The daemon's rank (`node.rank`), `0..nodes`.
+    pub node_rank: u32,
+    /// The job's number of daemons (its `[[peers]]`); 0 from a daemon that
+    /// predates this field (it does not say).
+    pub nodes: u32,
+}
+
+impl Default for JobPlace {
+    /// A daemon alone in its job: rank 0 of 1.
+    fn default() -> Self {
+        JobPlace { node_rank: 0, nodes: 1 }
     }
 }
 
@@ -261,6 +313,8 @@ pub enum Reply {
         attachment_id: u64,
         /// Segment geometry.
         geometry: Geometry,
+        /// The daemon's place in its job.
+        place: JobPlace,
     },
     /// Refused.
     Rejected(RejectReason),
@@ -278,7 +332,7 @@ impl Reply {
         b[0..4].copy_from_slice(&REPLY_MAGIC);
         b[4..6].copy_from_slice(&CONTROL_VERSION.to_le_bytes());
         match self {
-            Reply::Accepted { attachment_id, geometry: g } => {
+            Reply::Accepted { attachment_id, geometry: g, place } => {
                 b[6..8].copy_from_slice(&KIND_ACCEPTED.to_le_bytes());
                 b[12..16].copy_from_slice(&(REPLY_FDS as u32).to_le_bytes());
                 let words = [
@@ -294,6 +348,8 @@ impl Reply {
                 for (i, w) in words.iter().enumerate() {
                     b[16 + 8 * i..24 + 8 * i].copy_from_slice(&w.to_le_bytes());
                 }
+                b[80..84].copy_from_slice(&place.node_rank.to_le_bytes());
+                b[84..88].copy_from_slice(&place.nodes.to_le_bytes());
             }
             Reply::Rejected(r) => {
                 b[6..8].copy_from_slice(&KIND_REJECTED.to_le_bytes());
@@ -324,7 +380,12 @@ impl Reply {
                 if claimed != [g.total_size, g.sq_offset, g.cq_offset, g.arena_offset] {
                     return Err(BadReply("geometry offsets disagree with capacities"));
                 }
-                Ok(Reply::Accepted { attachment_id: u64_at(0), geometry: g })
+                let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+                let place = JobPlace { node_rank: u32_at(80), nodes: u32_at(84) };
+                if place.nodes != 0 && place.node_rank >= place.nodes {
+                    return Err(BadReply("the daemon's rank is not below its job's number of daemons"));
+                }
+                Ok(Reply::Accepted { attachment_id: u64_at(0), geometry: g, place })
             }
             KIND_REJECTED => Ok(Reply::Rejected(RejectReason::from_wire(
                 u32::from_le_bytes(b[8..12].try_into().expect("4")),
@@ -526,14 +587,21 @@ mod tests {
     #[test]
     fn reply_round_trip_and_rejections() {
         let g = Geometry::new(16, 32, 1 << 16).unwrap();
-        let a = Reply::Accepted { attachment_id: 5, geometry: g };
+        let a = Reply::Accepted { attachment_id: 5, geometry: g, place: JobPlace { node_rank: 2, nodes: 3 } };
         assert_eq!(Reply::decode(&a.encode()), Ok(a));
+        let mut old = a.encode();
+        old[80..88].fill(0); // an older daemon: reserved bytes
+        let Ok(Reply::Accepted { place, .. }) = Reply::decode(&old) else { panic!("an old reply decodes") };
+        assert_eq!(place, JobPlace { node_rank: 0, nodes: 0 });
+        let mut wild = a.encode();
+        wild[80] = 3; // rank 3 of 3
+        assert!(Reply::decode(&wild).is_err());
         for r in [
             RejectReason::PolicyDenied,
             RejectReason::BadRequest,
             RejectReason::Resources,
-            RejectReason::RankInUse,
-            RejectReason::WorldMismatch,
+            RejectReason::RankInUse { local_rank: 3 },
+            RejectReason::WorldMismatch { job_world: 2, trainer_world: 4 },
             RejectReason::JobMismatch { daemon_job: 7, trainer_job: 0x1_0000_0009 },
             RejectReason::TooManyAttachments { limit: 64, per_user: false },
             RejectReason::TooManyAttachments { limit: 3, per_user: true },
@@ -541,6 +609,10 @@ mod tests {
         ] {
             assert_eq!(Reply::decode(&Reply::Rejected(r).encode()), Ok(Reply::Rejected(r)));
         }
+        let world = RejectReason::WorldMismatch { job_world: 2, trainer_world: 4 }.to_string();
+        assert!(
+            world.contains("local world size of 4 but this job's other trainers on this host registered 2")
+        );
         let job = RejectReason::JobMismatch { daemon_job: 7, trainer_job: 9 }.to_string();
         assert!(job.contains("registered for job 9 but this daemon serves job 7"), "{job}");
         let cap = RejectReason::TooManyAttachments { limit: 64, per_user: false }.to_string();

@@ -45,7 +45,18 @@
 //!   bounds check ([`Attachment::copy_from_arena`] / [`Attachment::copy_to_arena`]);
 //!   no `&[f32]` / `&mut [f32]` is ever formed over shared memory;
 //! - every rejection is counted ([`AttachmentStats`]) and answered with an
-//!   [`Status::InvalidDescriptor`] completion carrying the error code.
+//!   [`Status::InvalidDescriptor`] completion carrying the error code, and the
+//!   rule's text as the op's failure reason ([`notes`]).
+//!
+//! ## Failure reasons
+//!
+//! A completion carries a status and a number; why an op failed (the ranks a
+//! timeout waited on, the descriptor field rejected) travels as a note on the
+//! control socket, written just before the failed completion is posted
+//! ([`Attachment::send_reason`]) and read by the trainer without blocking when it
+//! sees that completion ([`TrainerChannel::failure_reason`]). The daemon never
+//! blocks on it: a few notes wait for a full socket, more are dropped and
+//! counted (see [`notes`]).
 //!
 //! All `unsafe` is in [`mapping`], each block with a `SAFETY:` comment.
 //!
@@ -55,6 +66,10 @@
 //! eventfd; the consumer drains the eventfd, re-checks the ring, and only then
 //! sleeps in `poll` (see [`doorbell`]). The daemon can register
 //! [`Attachment::doorbell_fd`] and [`Attachment::control_fd`] with mio.
+//!
+//! The accepted attach reply also tells the trainer where the daemon stands in
+//! its job ([`JobPlace`]: its rank and the number of daemons), from which the
+//! client derives the trainer's global rank and world size.
 //!
 //! ## Server model
 //!
@@ -127,11 +142,12 @@ pub mod handshake;
 pub mod layout;
 #[allow(unsafe_code)]
 pub mod mapping;
+pub mod notes;
 pub mod ring;
 pub mod server;
 pub mod trainer;
 
-pub use control::{PeerCred, PeerPolicy, Registration, RejectReason};
+pub use control::{JobPlace, PeerCred, PeerPolicy, Registration, RejectReason};
 pub use handshake::Handshake;
 pub use layout::{CompletionDesc, DescError, ElemType, Geometry, Limits, Status, Submission, SubmitDesc};
 pub use ring::RingError;

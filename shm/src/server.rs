@@ -12,13 +12,14 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use super::claim::{Claim, RankTable};
-use super::control::{self, PeerCred, PeerPolicy, Registration, RejectReason, Reply};
+use super::control::{self, JobPlace, PeerCred, PeerPolicy, Registration, RejectReason, Reply};
 use super::doorbell::{Doorbell, poll_readable};
 use super::handshake::Handshake;
 use super::layout::{
     CompletionDesc, DESC_WORDS, DescError, Geometry, Limits, Status, Submission, SubmitDesc,
 };
 use super::mapping::{self, Mapping};
+use super::notes::{OpFailedNote, Outbox};
 use super::ring::{Consumer, Producer, RingError, RingLayout};
 
 /// How the server is set up. The daemon fills it from `control.socket_path` /
@@ -44,11 +45,13 @@ pub struct ServerConfig {
     pub max_attachments: usize,
     /// Attachments one uid may hold at once (0: no per-user limit).
     pub max_attachments_per_user: usize,
+    /// The daemon's place in its job, told to every trainer it accepts.
+    pub place: JobPlace,
 }
 
 impl ServerConfig {
     /// Defaults: 256-slot rings, a 64 MiB arena, same-user policy, 2 s
-    /// handshake, any job, at most 64 attachments, no per-user limit.
+    /// handshake, any job, at most 64 attachments, no per-user limit, rank 0 of 1.
     pub fn new(socket_path: impl Into<PathBuf>, socket_mode: u32) -> ServerConfig {
         ServerConfig {
             socket_path: socket_path.into(),
@@ -60,6 +63,7 @@ impl ServerConfig {
             job_id: None,
             max_attachments: 64,
             max_attachments_per_user: 0,
+            place: JobPlace::default(),
         }
     }
 }
@@ -121,7 +125,7 @@ pub enum AcceptError {
     Conflict {
         /// Peer.
         peer: PeerCred,
-        /// [`RejectReason::RankInUse`] or [`RejectReason::WorldMismatch`].
+        /// [`RejectReason::RankInUse`] or [`RejectReason::WorldMismatch`] (with their values).
         reason: RejectReason,
         /// Job id.
         job: u64,
@@ -432,10 +436,10 @@ impl ShmServer {
                 return Err(seg(e));
             }
         };
-        let reply = Reply::Accepted { attachment_id: id, geometry: self.cfg.geometry }.encode();
+        let reply = Reply::Accepted { attachment_id: id, geometry: self.cfg.geometry, place: self.cfg.place };
         control::send_with_fds(
             stream.as_fd(),
-            &reply,
+            &reply.encode(),
             &[att.memfd.as_fd(), att.submit_bell.as_fd(), att.complete_bell.as_fd()],
         )
         .map_err(seg)?;
@@ -530,6 +534,8 @@ pub struct AttachmentStats {
     /// because the trainer had as many ops outstanding as its completion ring
     /// has room for, or a whole arena's bytes.
     pub throttled: u64,
+    /// Failure reasons not told to the trainer (its control socket was full).
+    pub reasons_dropped: u64,
 }
 
 impl AttachmentStats {
@@ -568,6 +574,8 @@ pub struct Attachment {
     stats: AttachmentStats,
     created: Instant,
     claim: Option<Claim>,
+    /// Failure reasons the control socket could not take yet.
+    notes: Outbox,
     /// Submissions taken off the ring and not completed yet, and their bytes.
     outstanding: u32,
     outstanding_bytes: u64,
@@ -602,6 +610,7 @@ impl Attachment {
             stats: AttachmentStats::default(),
             created: Instant::now(),
             claim: None,
+            notes: Outbox::default(),
             outstanding: 0,
             outstanding_bytes: 0,
         })
@@ -629,7 +638,15 @@ impl Attachment {
 
     /// Counters.
     pub fn stats(&self) -> AttachmentStats {
-        self.stats
+        AttachmentStats { reasons_dropped: self.notes.dropped(), ..self.stats }
+    }
+
+    /// Tells the trainer why op (`op_seq`, `tensor_id`) failed (a note on the
+    /// control socket, see [`crate::notes`]); call it just before posting the
+    /// failed completion. Never blocks: false if the note was dropped.
+    pub fn send_reason(&mut self, op_seq: u64, tensor_id: u32, reason: &str) -> bool {
+        let note = OpFailedNote { op_seq, tensor_id, reason: reason.to_owned() };
+        self.notes.send(self.stream.as_fd(), &note)
     }
 
     /// Ring occupancy now, for metrics: (submissions waiting, completions the
@@ -743,6 +760,7 @@ impl Attachment {
             Err(error) => {
                 self.stats.rejected_by_code[error.code() as usize] += 1;
                 log::warn!("attachment {} (pid {}): rejected descriptor: {error}", self.id, self.peer.pid);
+                self.send_reason(desc.op_seq, desc.tensor_id, &format!("rejected descriptor: field {error}"));
                 let c = CompletionDesc {
                     cookie: desc.cookie,
                     op_seq: desc.op_seq,

@@ -35,12 +35,13 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use super::alloc::ArenaAllocator;
-use super::control::{self, BadReply, REPLY_FDS, REPLY_LEN, Registration, RejectReason, Reply};
+use super::control::{self, BadReply, JobPlace, REPLY_FDS, REPLY_LEN, Registration, RejectReason, Reply};
 use super::doorbell::{Doorbell, poll_readable};
 use super::layout::{
     CompletionDesc, DESC_WORDS, ElemType, Geometry, GeometryError, Opcode, SegmentHeader, Status, SubmitDesc,
 };
 use super::mapping::Mapping;
+use super::notes::Inbox;
 use super::ring::{Consumer, Producer, RingError, RingLayout};
 
 /// Attaching to the daemon failed.
@@ -225,6 +226,9 @@ pub struct TrainerChannel {
     map: Mapping,
     geometry: Geometry,
     attachment_id: u64,
+    place: JobPlace,
+    /// Failure reasons the daemon sent on the control socket.
+    inbox: Inbox,
     sq: Producer,
     cq: Consumer,
     submit_bell: Doorbell,
@@ -259,8 +263,8 @@ impl TrainerChannel {
             Ok(fds) => fds,
             Err(e) => return Err(AttachError::Io(sent.err().unwrap_or(e))),
         };
-        let (attachment_id, geometry) = match Reply::decode(&buf)? {
-            Reply::Accepted { attachment_id, geometry } => (attachment_id, geometry),
+        let (attachment_id, geometry, place) = match Reply::decode(&buf)? {
+            Reply::Accepted { attachment_id, geometry, place } => (attachment_id, geometry, place),
             Reply::Rejected(why) => return Err(AttachError::Rejected(why)),
         };
         let n = fds.len();
@@ -297,6 +301,8 @@ impl TrainerChannel {
             map,
             geometry,
             attachment_id,
+            place,
+            inbox: Inbox::default(),
             sq: Producer::new(RingLayout { ctl: geometry.sq_offset, capacity: geometry.sq_capacity }),
             cq: Consumer::new(RingLayout { ctl: geometry.cq_offset, capacity: geometry.cq_capacity }),
             submit_bell: Doorbell::from_fd(submit),
@@ -317,6 +323,21 @@ impl TrainerChannel {
     /// The daemon's id for this attachment.
     pub fn attachment_id(&self) -> u64 {
         self.attachment_id
+    }
+
+    /// The daemon's place in its job (rank and number of daemons; `nodes` 0
+    /// from a daemon that does not say).
+    pub fn place(&self) -> JobPlace {
+        self.place
+    }
+
+    /// The daemon's reason for the failed op (`op_seq`, `tensor_id`), taken once:
+    /// reads the notes waiting on the control socket without blocking (the
+    /// daemon sends one just before the failed completion). `None` if it sent
+    /// none (or had to drop it).
+    pub fn failure_reason(&mut self, op_seq: u64, tensor_id: u32) -> Option<String> {
+        self.inbox.read(self.stream.as_fd());
+        self.inbox.take(op_seq, tensor_id)
     }
 
     /// Operations submitted and not yet completed.
@@ -496,13 +517,9 @@ impl TrainerChannel {
         }
     }
 
-    fn daemon_gone(&self) -> bool {
-        let mut b = [0u8; 64];
-        match io::Read::read(&mut &self.stream, &mut b) {
-            Ok(0) => true,
-            Ok(_) => false,
-            Err(e) => e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted,
-        }
+    /// Reads the control socket (keeping the notes on it): true once the daemon closed it.
+    fn daemon_gone(&mut self) -> bool {
+        self.inbox.read(self.stream.as_fd())
     }
 }
 

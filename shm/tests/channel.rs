@@ -304,11 +304,11 @@ fn a_local_rank_is_held_until_its_trainer_is_reclaimed() {
         _ => None,
     });
     match TrainerChannel::attach(&d.path, 7, 0, 2) {
-        Err(AttachError::Rejected(RejectReason::RankInUse)) => {}
+        Err(AttachError::Rejected(RejectReason::RankInUse { local_rank: 0 })) => {}
         other => panic!("same rank twice: {other:?}"),
     }
     match TrainerChannel::attach(&d.path, 7, 1, 3) {
-        Err(AttachError::Rejected(RejectReason::WorldMismatch)) => {}
+        Err(AttachError::Rejected(RejectReason::WorldMismatch { job_world: 2, trainer_world: 3 })) => {}
         other => panic!("other world size: {other:?}"),
     }
     // Another job may use rank 0 and any world size.

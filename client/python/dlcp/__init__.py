@@ -34,6 +34,12 @@ Budgets are fractions of a tensor that may be lost (``0.01`` = 1%, ``0`` =
 exact); the string ``"1%"`` means the same. The default of :meth:`Client.allreduce`
 is ``0.01``: lossy unless you pass ``budget=0``.
 
+The daemon tells each trainer where it stands: :attr:`Client.rank` and
+:attr:`Client.world_size` (and :attr:`Client.world`). A failed op says why in
+the daemon's words: :class:`OpFailedError`'s message ends with it (the ranks a
+timeout waited on, the descriptor field the daemon rejected, ...), and a failed
+:class:`Completion` from :meth:`Client.wait` has it in ``reason``.
+
 Rules: do not read or write a tensor between :meth:`Client.submit` and the
 receipt of its completion (``allreduce`` does both for you); allocate tensors in
 the same order on every rank (their ids go on the wire). Errors raise
@@ -58,6 +64,7 @@ __all__ = [
     "Client",
     "Report",
     "Completion",
+    "World",
     "DlcpError",
     "InvalidArgumentError",
     "ClosedError",
@@ -164,7 +171,10 @@ class DaemonGoneError(DlcpError, ConnectionError):
 class OpFailedError(DlcpError):
     """The operation completed with a status other than ``"ok"``.
 
-    ``completion`` holds the :class:`Completion` (``status``, ``detail``).
+    ``completion`` holds the :class:`Completion` (``status``, ``detail``); the
+    message (``reason``) ends with the daemon's own reason: the ranks a
+    timeout waited on, the descriptor field it rejected, the local trainer
+    that left, ...
     """
 
     def __init__(self, op: str, code: int, reason: str, completion: "Completion"):
@@ -225,6 +235,15 @@ class _CCompletion(ctypes.Structure):
 
 assert ctypes.sizeof(_CCompletion) == 48
 
+
+class _CWorld(ctypes.Structure):
+    """``dlcp_world`` (24 bytes)."""
+
+    _fields_ = [(name, ctypes.c_uint32) for name in ("rank", "size", "node_rank", "nodes", "local_rank", "local_world")]
+
+
+assert ctypes.sizeof(_CWorld) == 24
+
 _lib: Optional[ctypes.CDLL] = None
 
 
@@ -275,6 +294,7 @@ def load_library(path: Union[str, os.PathLike, None] = None) -> ctypes.CDLL:
         "dlcp_allreduce": (c_int, [h, u32, u32, u32, u32, u32, i64, ctypes.POINTER(_CCompletion)]),
         "dlcp_next_op_seq": (c_int, [h, ctypes.POINTER(u64)]),
         "dlcp_set_next_op_seq": (c_int, [h, u64]),
+        "dlcp_get_world": (c_int, [h, ctypes.POINTER(_CWorld)]),
         "dlcp_strerror": (ctypes.c_char_p, [c_int]),
         "dlcp_status_str": (ctypes.c_char_p, [u32]),
         "dlcp_last_error": (ctypes.c_char_p, [h]),
@@ -366,11 +386,30 @@ class Completion:
     delivered_ppm: int
     repairs: int
     duration: float  #: seconds the daemon spent
+    #: why it failed, with the daemon's reason ("" if it is ok)
+    reason: str = ""
 
     @property
     def ok(self) -> bool:
         """True if the result is in the tensor."""
         return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class World:
+    """Where a trainer stands in its job (:attr:`Client.world`).
+
+    The daemon knows its rank and the number of daemons (``[[peers]]``); every
+    host is taken to run ``local_world`` trainers (as torchrun's
+    ``--nproc-per-node``), so ``rank = node_rank * local_world + local_rank``
+    of ``size = nodes * local_world``."""
+
+    rank: int  #: this trainer's global rank
+    size: int  #: the job's trainers on all hosts (the world size)
+    node_rank: int  #: the daemon's rank among the job's daemons
+    nodes: int  #: the job's number of daemons (hosts)
+    local_rank: int  #: this trainer's rank on this host
+    local_world: int  #: the job's trainers on this host
 
 
 @dataclass(frozen=True)
@@ -479,6 +518,25 @@ class Client:
             _raise(self._lib, self._ptr(op), op, rc)
 
     @property
+    def world(self) -> World:
+        """Where this trainer stands in its job (global rank, world size), as
+        the daemon told it at attach. Raises :class:`ProtocolError` from a
+        daemon too old to say."""
+        out = _CWorld()
+        self._check("world", self._lib.dlcp_get_world(self._ptr("world"), ctypes.byref(out)))
+        return World(*(getattr(out, f) for f, _ in _CWorld._fields_))
+
+    @property
+    def rank(self) -> int:
+        """This trainer's global rank (:attr:`world`)."""
+        return self.world.rank
+
+    @property
+    def world_size(self) -> int:
+        """The job's trainers on all hosts (:attr:`world`)."""
+        return self.world.size
+
+    @property
     def next_op_seq(self) -> int:
         """The op sequence number the next submit uses (1 after attach).
 
@@ -548,7 +606,7 @@ class Client:
             )
         return t
 
-    def _completion(self, c: _CCompletion) -> Completion:
+    def _completion(self, c: _CCompletion, reason: str = "") -> Completion:
         t = self._by_id.get(c.tensor)
         return Completion(
             op_seq=c.op_seq,
@@ -558,6 +616,7 @@ class Client:
             delivered_ppm=c.delivered_ppm,
             repairs=c.repairs,
             duration=c.duration_ns / 1e9,
+            reason=reason,
         )
 
     def submit(
@@ -577,8 +636,8 @@ class Client:
     def wait(self, op_seq: Optional[int] = None, timeout: Optional[float] = 60.0) -> Completion:
         """Waits for the completion of op ``op_seq`` (or of any op if None) for at
         most ``timeout`` seconds (None: no limit; 0: poll). Returns the
-        :class:`Completion`, whatever its status; raises
-        :class:`DlcpTimeoutError` or :class:`DaemonGoneError`."""
+        :class:`Completion`, whatever its status (a failed one says why in
+        ``reason``); raises :class:`DlcpTimeoutError` or :class:`DaemonGoneError`."""
         ptr = self._ptr("wait")
         c = _CCompletion()
         if op_seq is None:
@@ -586,7 +645,8 @@ class Client:
         else:
             rc = self._lib.dlcp_wait_op(ptr, op_seq, _timeout_ms(timeout), ctypes.byref(c))
         self._check("wait", rc)
-        return self._completion(c)
+        # A failed completion leaves its reason as the handle's last error.
+        return self._completion(c, "" if c.status == 0 else _last_error(self._lib, ptr))
 
     def allreduce(
         self,
@@ -615,7 +675,8 @@ class Client:
             ptr, t.tid, layer, layers, _budget_ppm(budget), flags, _timeout_ms(timeout), ctypes.byref(c)
         )
         if rc != 0:
-            _raise(self._lib, ptr, "allreduce", rc, self._completion(c) if rc == -13 else None)
+            done = self._completion(c, _last_error(self._lib, ptr)) if rc == -13 else None
+            _raise(self._lib, ptr, "allreduce", rc, done)
         return Report(
             op_seq=c.op_seq,
             tensor=t.name,

@@ -137,6 +137,17 @@ class AttachEnvTest(unittest.TestCase):
         self.assertIn("$LOCAL_RANK is 'one'", e.exception.reason)
 
 
+class WorldTest(unittest.TestCase):
+    def test_world_size_and_global_rank_come_from_the_daemon(self):
+        # The fake reducer is rank 0 of 1 daemon.
+        with fresh(local_rank=1, local_world=3) as c:
+            want = dlcp.World(rank=1, size=3, node_rank=0, nodes=1, local_rank=1, local_world=3)
+            self.assertEqual(c.world, want)
+            self.assertEqual((c.rank, c.world_size), (1, 3))
+        with self.assertRaises(dlcp.ClosedError):
+            c.world
+
+
 class ErrorTest(unittest.TestCase):
     def test_attach_errors(self):
         with self.assertRaises(dlcp.ConnectError) as e:
@@ -150,6 +161,11 @@ class ErrorTest(unittest.TestCase):
             with self.assertRaises(dlcp.RejectedError) as e:
                 dlcp.attach(SOCKET, job, 0, 2)
             self.assertIn("already attached", e.exception.reason)
+            self.assertIn("local rank 0", e.exception.reason)
+            # Another local world size than the job's trainers on this host: both named.
+            with self.assertRaises(dlcp.RejectedError) as e:
+                dlcp.attach(SOCKET, job, 1, 3)
+            self.assertIn("local world size of 3 but this job's other trainers on this host registered 2", str(e.exception))
         with self.assertRaises(dlcp.InvalidArgumentError):
             dlcp.attach(SOCKET, job, 3, 2)
 
@@ -192,6 +208,16 @@ class ErrorTest(unittest.TestCase):
             self.assertEqual(e.exception.completion.tensor, "g")
             self.assertIn("peer_down", str(e.exception))
             np.testing.assert_array_equal(g, x)  # untouched
+            # The daemon rejects a descriptor the client cannot judge, saying
+            # which field and why; the completion carries the same text.
+            with self.assertRaises(dlcp.OpFailedError) as e:
+                c.allreduce(g, layers=1 << 20)
+            self.assertEqual(e.exception.status, "invalid_descriptor")
+            self.assertIn("field layers: layer count 1048576 is not in 1..=65536", str(e.exception))
+            self.assertEqual(e.exception.completion.reason, e.exception.reason)
+            done = c.wait(c.submit(g, layers=1 << 17))
+            self.assertFalse(done.ok)
+            self.assertIn("field layers: layer count 131072", done.reason)
             with self.assertRaises(dlcp.DlcpTimeoutError) as e:
                 c.allreduce(g, budget=HOLD, timeout=0.05)
             self.assertIsInstance(e.exception, TimeoutError)

@@ -5,8 +5,10 @@
  * Usage: abi_test SOCKET [JOB7_SOCKET], JOB7_SOCKET a server that serves job 7
  * only: attaching there for job 999 is refused naming both job ids.
  */
+#define _POSIX_C_SOURCE 200112L /* setenv */
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dlcp.h"
@@ -22,6 +24,8 @@ _Static_assert(offsetof(dlcp_completion, delivered_ppm) == 36, "delivered_ppm");
 _Static_assert(offsetof(dlcp_completion, repairs) == 40, "repairs");
 _Static_assert(offsetof(dlcp_completion, reserved) == 44, "reserved");
 _Static_assert(sizeof(dlcp_tensor) == 4, "dlcp_tensor");
+_Static_assert(sizeof(dlcp_world) == 24, "dlcp_world is 24 bytes");
+_Static_assert(offsetof(dlcp_world, nodes) == 12, "nodes");
 
 static int failures = 0;
 #define CHECK(cond)                                                                  \
@@ -57,6 +61,35 @@ int main(int argc, char **argv) {
         if (!strstr(why, "job 999")) fprintf(stderr, "dlcp_last_error: %s\n", why);
     }
     CHECK(dlcp_attach(argv[1], 42, 0, 1, NULL) == DLCP_ERR_NULL_ARG);
+
+    /* Defaults from the environment; an explicit argument wins. */
+    setenv("DLCP_SOCKET", argv[1], 1);
+    setenv("DLCP_JOB", "0x2d", 1); /* job 45 */
+    setenv("LOCAL_RANK", "0", 1);
+    setenv("LOCAL_WORLD_SIZE", "1", 1);
+    dlcp_client *e = NULL;
+    CHECK(dlcp_attach_env(NULL, DLCP_JOB_FROM_ENV, DLCP_FROM_ENV, DLCP_FROM_ENV, &e) == DLCP_OK);
+    dlcp_world w;
+    memset(&w, 0xff, sizeof w);
+    CHECK(dlcp_get_world(e, &w) == DLCP_OK);
+    /* The fake reducer is rank 0 of 1 daemon; one trainer on it. */
+    CHECK(w.rank == 0 && w.size == 1 && w.node_rank == 0 && w.nodes == 1 && w.local_rank == 0 && w.local_world == 1);
+    CHECK(dlcp_get_world(e, NULL) == DLCP_ERR_NULL_ARG);
+    CHECK(dlcp_detach(e) == DLCP_OK);
+    setenv("DLCP_SOCKET", "/nonexistent/env.sock", 1);
+    CHECK(dlcp_attach_env(NULL, 43, 0, 1, &e) == DLCP_ERR_CONNECT);
+    CHECK(strstr(dlcp_last_error(NULL), "cannot connect") != NULL);
+    CHECK(dlcp_attach_env(argv[1], 43, 0, 1, &e) == DLCP_OK); /* the explicit socket wins */
+    CHECK(dlcp_detach(e) == DLCP_OK);
+    if (argc == 3) {
+        setenv("DLCP_JOB", "999", 1); /* the job comes from the environment */
+        CHECK(dlcp_attach_env(argv[2], DLCP_JOB_FROM_ENV, 0, 1, &e) == DLCP_ERR_REJECTED);
+        CHECK(strstr(dlcp_last_error(NULL), "registered for job 999 but this daemon serves job 7") != NULL);
+    }
+    setenv("LOCAL_RANK", "one", 1);
+    CHECK(dlcp_attach_env(argv[1], 44, DLCP_FROM_ENV, 1, &e) == DLCP_ERR_INVALID_ARG);
+    CHECK(strstr(dlcp_last_error(NULL), "$LOCAL_RANK is \"one\"") != NULL);
+
     CHECK(dlcp_attach(argv[1], 42, 0, 1, &c) == DLCP_OK);
     if (!c) return 1;
 
@@ -92,8 +125,20 @@ int main(int argc, char **argv) {
     CHECK(strstr(dlcp_last_error(c), "layer 2 is not below the layer count 2") != NULL);
     CHECK(dlcp_wait(c, 0, &done) == DLCP_ERR_TIMEOUT);
 
+    /* A descriptor the daemon rejects: the reason names the field and values. */
+    CHECK(dlcp_allreduce(c, t, 0, 1, 200000, 0, 10000, &done) == DLCP_ERR_OP_FAILED);
+    CHECK(done.status == DLCP_STATUS_INVALID_DESCRIPTOR);
+    const char *why = dlcp_last_error(c);
+    CHECK(strstr(why, "budget_ppm: loss budget 200000 ppm exceeds the cap 100000 ppm") != NULL);
+    if (!strstr(why, "budget_ppm")) fprintf(stderr, "dlcp_last_error: %s\n", why);
+    /* The same through submit + wait: the call succeeds, the reason is the last error. */
+    uint64_t rseq = 0;
+    CHECK(dlcp_submit(c, t, 0, 1, 300000, 0, &rseq) == DLCP_OK);
+    CHECK(dlcp_wait_op(c, rseq, 10000, &done) == DLCP_OK && done.status == DLCP_STATUS_INVALID_DESCRIPTOR);
+    CHECK(strstr(dlcp_last_error(c), "loss budget 300000 ppm") != NULL);
+
     uint64_t next = 0;
-    CHECK(dlcp_next_op_seq(c, &next) == DLCP_OK && next == 3);
+    CHECK(dlcp_next_op_seq(c, &next) == DLCP_OK && next == 5);
     CHECK(dlcp_set_next_op_seq(c, 100) == DLCP_OK);
     CHECK(dlcp_allreduce(c, t, 0, 1, 0, 0, 10000, &done) == DLCP_OK && done.op_seq == 100);
     CHECK(dlcp_next_op_seq(c, NULL) == DLCP_ERR_NULL_ARG);

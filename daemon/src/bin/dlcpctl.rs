@@ -416,17 +416,17 @@ fn print_recent_ops(w: &mut String, v: &Value) {
             "repairs"
         );
         for r in recent.iter().take(10) {
+            // Numbers as u64: a JSON value's own Display ignores the width.
+            let (op, tensor) = (u(&r["op"]), u(&r["tensor"]));
             match r["error"].as_str() {
-                Some(e) => outln!(w, "{:>8} {:>7}  FAILED: {e}", r["op"], r["tensor"]),
+                Some(e) => outln!(w, "{op:>8} {tensor:>7}  FAILED: {e}"),
                 None => outln!(
                     w,
-                    "{:>8} {:>7} {:>10} {:>11} {:>9.4}% {:>8}",
-                    r["op"],
-                    r["tensor"],
-                    r["len"],
-                    r["duration_us"],
+                    "{op:>8} {tensor:>7} {:>10} {:>11} {:>9.4}% {:>8}",
+                    u(&r["len"]),
+                    u(&r["duration_us"]),
                     r["min_delivered"].as_f64().unwrap_or(0.0) * 100.0,
-                    r["repairs_sent"]
+                    u(&r["repairs_sent"])
                 ),
             }
         }
@@ -594,5 +594,40 @@ fn main() -> ExitCode {
             eprintln!("dlcpctl: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recent_ops_table_is_aligned() {
+        let v: Value = serde_json::from_str(
+            r#"{"recent_ops": [
+                {"op": 12345, "tensor": 7, "len": 1048576, "duration_us": 98765, "min_delivered": 0.99875, "repairs_sent": 12},
+                {"op": 3, "tensor": 0, "len": 16, "duration_us": 5, "min_delivered": 1.0, "repairs_sent": 0},
+                {"op": 2, "tensor": 1, "error": "no progress for 1s; waiting on ranks [1]"}
+            ]}"#,
+        )
+        .unwrap();
+        let mut w = String::new();
+        print_recent_ops(&mut w, &v);
+        let lines: Vec<&str> = w.lines().filter(|l| !l.is_empty()).collect();
+        assert_eq!(lines.len(), 5, "{w}");
+        // Every column ends where its header ends (right-aligned), counted in characters.
+        let ends = |l: &str| -> Vec<usize> {
+            let chars: Vec<char> = l.chars().collect();
+            (0..chars.len())
+                .filter(|&i| chars[i] != ' ' && chars.get(i + 1).is_none_or(|c| *c == ' '))
+                .collect()
+        };
+        let header = ends(&lines[1].replace("time (µs)", "time_(µs)"));
+        assert_eq!(header.len(), 6, "{w}");
+        for row in &lines[2..4] {
+            assert_eq!(ends(row), header, "misaligned row:\n{w}");
+        }
+        assert_eq!(&ends(lines[4])[..2], &header[..2], "op and tensor of a failed op:\n{w}");
+        assert!(lines[2].contains(" 99.8750% "), "{w}");
     }
 }

@@ -100,7 +100,7 @@ dlcp_proto::counters! {
         pub reloads_ok: u64 => [Desc::new("reloads_ok", "config_reloads", RELOADS).fixed(&[("result", "ok")])],
         /// Configuration reloads rejected (the file did not load; old config kept).
         pub reloads_failed: u64 => [Desc::new("reloads_failed", "config_reloads", RELOADS)
-            .fixed(&[("result", "failed")])],
+            .fixed(&[("result", "rejected")])],
     }
 }
 
@@ -126,11 +126,12 @@ dlcp_proto::counters! {
             "Current pacing rate (0 = unpaced)",
         )
         .gauge()],
-        /// Per peer rank: 1 if heard from within the peer timeout (this rank: 1).
+        /// Per peer rank: 1 if heard from within the peer timeout (this rank: 1
+        /// in JSON; not exported as a metric, a daemon is not its own peer).
         pub peer_up: Vec<u64> => [Desc::new(
             "peer_up",
             "peer_up",
-            "1 if the peer was heard from within the peer timeout",
+            "1 if the peer was heard from within the peer timeout (one series per other rank)",
         )
         .gauge()
         .by(By::Peer)],
@@ -176,6 +177,13 @@ dlcp_proto::counters! {
             "shm.rejected_descriptors",
             "shm_rejected_descriptors",
             "Submission descriptors the channel rejected, summed over attached trainers",
+        )
+        .gauge()],
+        /// Failure reasons not told to trainers (their control socket was full).
+        pub reasons_dropped: u64 => [Desc::new(
+            "shm.reasons_dropped",
+            "shm_failure_reasons_dropped",
+            "Reasons for failed ops not told to the trainer (its control socket was full), summed over attached trainers",
         )
         .gauge()],
     }

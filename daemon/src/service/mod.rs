@@ -404,6 +404,7 @@ impl Service {
                         repairs: report.repairs_sent,
                         duration: op.first_at.elapsed(),
                         result: Some(&result),
+                        reason: None,
                     };
                     self.admin.record(OpRecord {
                         op: id.seq,
@@ -438,7 +439,8 @@ impl Service {
                         error: Some(error.to_string()),
                     });
                     if let Some(op) = self.trainers.finish(id) {
-                        let done = Completion::failed(status, op.first_at.elapsed());
+                        let why = error.to_string();
+                        let done = Completion::failed(status, op.first_at.elapsed(), &why);
                         self.trainers.complete(&op, done, &mut self.counters);
                     }
                 }

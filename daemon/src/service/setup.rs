@@ -143,6 +143,8 @@ pub(super) fn shm_server(cfg: &Config, group: Option<u32>) -> Result<ShmServer, 
     sc.max_attachments = cfg.shm.max_attachments as usize;
     sc.max_attachments_per_user = cfg.shm.max_attachments_per_user as usize;
     sc.handshake_timeout = cfg.control.request_timeout();
+    // Told to every trainer in the attach reply (its world size and global rank).
+    sc.place = crate::shm::JobPlace { node_rank: cfg.rank(), nodes: cfg.world_size() };
     // Enforced on every submission (the trainer's completion says which rule).
     sc.limits.max_tensor_bytes = cfg.shm.max_tensor_bytes;
     ShmServer::bind(sc)

@@ -59,12 +59,14 @@ pub(super) struct Completion<'a> {
     pub(super) duration: StdDuration,
     /// The reduced tensor, copied into each trainer's buffer.
     pub(super) result: Option<&'a [f32]>,
+    /// Why the op failed, told to each trainer before its completion.
+    pub(super) reason: Option<&'a str>,
 }
 
 impl Completion<'_> {
-    /// An op that ended without a result after `duration`.
-    pub(super) fn failed(status: Status, duration: StdDuration) -> Completion<'static> {
-        Completion { status, delivered_ppm: 0, repairs: 0, duration, result: None }
+    /// An op that ended without a result after `duration`, for `reason`.
+    pub(super) fn failed(status: Status, duration: StdDuration, reason: &str) -> Completion<'_> {
+        Completion { status, delivered_ppm: 0, repairs: 0, duration, result: None, reason: Some(reason) }
     }
 }
 
@@ -138,6 +140,11 @@ impl Trainers {
     /// Descriptors the attached trainers' channels rejected.
     pub(super) fn rejected_descriptors(&self) -> u64 {
         self.slots.iter().flatten().map(|a| a.stats().rejected()).sum()
+    }
+
+    /// Failure reasons the attached trainers' control sockets could not take (dropped).
+    pub(super) fn reasons_dropped(&self) -> u64 {
+        self.slots.iter().flatten().map(|a| a.stats().reasons_dropped).sum()
     }
 
     /// Submission-ring entries used, completion-ring entries used, and ring
@@ -218,9 +225,12 @@ impl Trainers {
         // Local ops not started yet that hold the gone trainer's contribution, or
         // still wait for its local rank, can never start: fail them for the other
         // local trainers. (A replacement trainer continues with new ops.)
+        let why = format!(
+            "local rank {rank} of this job on this host (attachment {id}) detached before the op started"
+        );
         for (_, tickets) in self.reducer.abandon_rank(rank, |t| t.attachment == id) {
             ctx.counters.ops_failed += 1;
-            self.post(&tickets, Completion::failed(Status::PeerDown, StdDuration::ZERO), ctx.counters);
+            self.post(&tickets, Completion::failed(Status::PeerDown, StdDuration::ZERO, &why), ctx.counters);
         }
     }
 
@@ -255,9 +265,10 @@ impl Trainers {
         }
     }
 
-    /// Post a completion for `sub` to the trainer in `slot` (if still there).
-    fn answer(&mut self, slot: usize, sub: &Submission, status: Status) {
+    /// Post a failed completion for `sub`, and why, to the trainer in `slot` (if still there).
+    fn answer(&mut self, slot: usize, sub: &Submission, status: Status, reason: &str) {
         if let Some(att) = self.slots[slot].as_mut() {
+            att.send_reason(sub.op_seq, sub.tensor_id, reason);
             let _ = att.complete_submission(sub, status, 0, 0, StdDuration::ZERO);
         }
     }
@@ -272,7 +283,7 @@ impl Trainers {
         now: Instant,
     ) {
         if ctx.draining {
-            self.answer(slot, &sub, Status::Shutdown);
+            self.answer(slot, &sub, Status::Shutdown, "the daemon is shutting down: it takes no new ops");
             return;
         }
         let id = OpId { run: 1, seq: sub.op_seq, tensor: sub.tensor_id };
@@ -292,8 +303,8 @@ impl Trainers {
             Added::Duplicate(_) => self.refuse_duplicate(slot, att_id, id, &sub, ctx),
             Added::Mismatch { first, ticket, others } => {
                 ctx.counters.local_mismatch += 1;
-                log::warn!(
-                    "op {}/{}: local trainers disagree (len {} vs {}, layer {}/{} vs {}/{})",
+                let why = format!(
+                    "the local trainers disagree on op {}/{}: length {} vs {}, layer {}/{} vs {}/{}",
                     id.seq,
                     id.tensor,
                     first.len,
@@ -303,13 +314,11 @@ impl Trainers {
                     ticket.sub.layer,
                     ticket.sub.layers
                 );
+                log::warn!("{why}");
                 ctx.counters.ops_failed += 1;
-                self.post(
-                    &others,
-                    Completion::failed(Status::InvalidDescriptor, StdDuration::ZERO),
-                    ctx.counters,
-                );
-                self.answer(slot, &ticket.sub, Status::InvalidDescriptor);
+                let done = Completion::failed(Status::InvalidDescriptor, StdDuration::ZERO, &why);
+                self.post(&others, done, ctx.counters);
+                self.answer(slot, &ticket.sub, Status::InvalidDescriptor, &why);
             }
         }
     }
@@ -318,7 +327,8 @@ impl Trainers {
     fn refuse_duplicate(&mut self, slot: usize, att_id: u64, id: OpId, sub: &Submission, ctx: &mut Ctx<'_>) {
         ctx.counters.local_mismatch += 1;
         log::warn!("attachment {att_id}: duplicate submission of op {}/{}", id.seq, id.tensor);
-        self.answer(slot, sub, Status::InvalidDescriptor);
+        let why = format!("op {}/{} was already submitted by this trainer's local rank", id.seq, id.tensor);
+        self.answer(slot, sub, Status::InvalidDescriptor, &why);
     }
 
     /// All K contributions of `id` are in: sum them out of the trainers'
@@ -341,14 +351,12 @@ impl Trainers {
             None => Err("a contributing trainer is gone".to_string()),
         };
         if let Err(e) = summed {
-            log::warn!("op {}/{}: cannot read the local contributions: {e}", id.seq, id.tensor);
+            let why = format!("cannot read the local contributions: {e}");
+            log::warn!("op {}/{}: {why}", id.seq, id.tensor);
             ctx.endpoint.recycle(sum);
             ctx.counters.ops_failed += 1;
-            self.post(
-                &r.tickets,
-                Completion::failed(Status::InvalidDescriptor, StdDuration::ZERO),
-                ctx.counters,
-            );
+            let done = Completion::failed(Status::InvalidDescriptor, StdDuration::ZERO, &why);
+            self.post(&r.tickets, done, ctx.counters);
             return;
         }
         // loss.budget is the operator's cap on what trainers may ask for.
@@ -376,11 +384,12 @@ impl Trainers {
                     .insert(id, InFlight { tickets: r.tickets, first_at: r.first_at, budget_ppm: budget });
             }
             Err(e) => {
-                log::warn!("op {}/{} could not start: {e}", id.seq, id.tensor);
+                let why = format!("the op could not start: {e}");
+                log::warn!("op {}/{}: {why}", id.seq, id.tensor);
                 // Every start error is the descriptor's (duplicate id, empty,
                 // too large, budget, layer).
                 ctx.counters.ops_failed += 1;
-                let done = Completion::failed(Status::InvalidDescriptor, StdDuration::ZERO);
+                let done = Completion::failed(Status::InvalidDescriptor, StdDuration::ZERO, &why);
                 self.post(&r.tickets, done, ctx.counters);
             }
         }
@@ -403,12 +412,16 @@ impl Trainers {
         for c in tickets {
             let Some(slot) = self.slot_of(c.attachment) else { continue };
             let Some(att) = self.slots[slot].as_mut() else { continue };
-            let mut st = done.status;
+            let (mut st, mut why) = (done.status, done.reason.map(str::to_owned));
             if let Some(r) = done.result
                 && let Err(e) = att.copy_to_arena(c.sub.span.offset, r)
             {
                 log::warn!("attachment {}: cannot write result: {e}", c.attachment);
                 st = Status::InvalidDescriptor;
+                why = Some(format!("cannot write the result into the tensor: {e}"));
+            }
+            if let Some(why) = &why {
+                att.send_reason(c.sub.op_seq, c.sub.tensor_id, why);
             }
             if att.complete_submission(&c.sub, st, done.delivered_ppm, done.repairs, done.duration).is_err() {
                 counters.completions_dropped += 1;

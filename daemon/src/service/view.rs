@@ -55,6 +55,7 @@ impl View<'_> {
             admin_connections: self.admin_connections as u64,
             attach_handshakes: self.attach.pending() as u64,
             rejected_descriptors: self.trainers.rejected_descriptors(),
+            reasons_dropped: self.trainers.reasons_dropped(),
         }
     }
 

@@ -34,26 +34,27 @@ impl Default for Limits {
 }
 
 /// Why a submission descriptor was rejected. One variant per rule; the check order
-/// is the variant order.
+/// is the variant order. Each message starts with the descriptor field(s) it is
+/// about (`budget_ppm: ...`): the trainer receives it as the op's failure reason.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum DescError {
     /// The reserved bytes are not zero (a newer client, or garbage).
-    #[error("reserved descriptor bytes are not zero")]
+    #[error("reserved: reserved descriptor bytes are not zero")]
     ReservedNonZero,
     /// Unknown opcode.
-    #[error("unknown opcode {0}")]
+    #[error("opcode: unknown opcode {0}")]
     UnknownOpcode(u16),
     /// Unknown dtype.
-    #[error("unknown dtype {0}")]
+    #[error("dtype: unknown dtype {0}")]
     UnknownDtype(u16),
     /// A flag bit this version does not know.
-    #[error("unknown flag bits {0:#x}")]
+    #[error("flags: unknown flag bits {0:#x}")]
     UnknownFlags(u32),
     /// Zero-length tensor.
-    #[error("tensor length is zero")]
+    #[error("len_elems: tensor length is zero")]
     EmptyTensor,
     /// `len_elems * dtype size` or `offset + bytes` overflows u64.
-    #[error("tensor of {len_elems} elements at offset {offset} overflows")]
+    #[error("len_elems: tensor of {len_elems} elements at offset {offset} overflows")]
     LengthOverflow {
         /// Offset in the descriptor.
         offset: u64,
@@ -61,13 +62,15 @@ pub enum DescError {
         len_elems: u64,
     },
     /// The tensor's arena offset is not a multiple of [`ARENA_ALIGN`].
-    #[error("arena offset {offset} is not a multiple of {ARENA_ALIGN}")]
+    #[error("arena_offset: arena offset {offset} is not a multiple of {ARENA_ALIGN}")]
     Misaligned {
         /// Offset in the descriptor.
         offset: u64,
     },
     /// The tensor does not lie inside the arena.
-    #[error("tensor bytes {offset}..{end} lie outside the arena of {arena_size} bytes")]
+    #[error(
+        "arena_offset, len_elems: tensor bytes {offset}..{end} lie outside the arena of {arena_size} bytes"
+    )]
     OutOfArena {
         /// Start offset.
         offset: u64,
@@ -77,7 +80,7 @@ pub enum DescError {
         arena_size: u64,
     },
     /// Tensor id at or above the limit.
-    #[error("tensor id {id} is not below {max}")]
+    #[error("tensor_id: tensor id {id} is not below {max}")]
     TensorIdOutOfRange {
         /// Id in the descriptor.
         id: u32,
@@ -85,7 +88,7 @@ pub enum DescError {
         max: u32,
     },
     /// `layers` is zero or above the limit.
-    #[error("layer count {layers} is not in 1..={max}")]
+    #[error("layers: layer count {layers} is not in 1..={max}")]
     BadLayerCount {
         /// Layer count in the descriptor.
         layers: u32,
@@ -93,7 +96,7 @@ pub enum DescError {
         max: u32,
     },
     /// `layer >= layers`.
-    #[error("layer {layer} is not below the layer count {layers}")]
+    #[error("layer: layer {layer} is not below the layer count {layers}")]
     LayerOutOfRange {
         /// Layer in the descriptor.
         layer: u32,
@@ -101,7 +104,7 @@ pub enum DescError {
         layers: u32,
     },
     /// Budget above the cap.
-    #[error("loss budget {ppm} ppm exceeds the cap {max} ppm")]
+    #[error("budget_ppm: loss budget {ppm} ppm exceeds the cap {max} ppm")]
     BudgetOutOfRange {
         /// Budget in the descriptor.
         ppm: u32,
@@ -109,7 +112,7 @@ pub enum DescError {
         max: u32,
     },
     /// The tensor is larger than the daemon allows (`shm.max_tensor_bytes`).
-    #[error("tensor of {bytes} bytes exceeds the daemon's limit shm.max_tensor_bytes = {max}")]
+    #[error("len_elems: tensor of {bytes} bytes exceeds the daemon's limit shm.max_tensor_bytes = {max}")]
     TensorTooLarge {
         /// The tensor's bytes.
         bytes: u64,

@@ -361,7 +361,7 @@ fn dropped_datagrams_are_counted_per_class_and_per_peer() {
     let packet = |class: u8| {
         let mut h = Header::new(PacketType::Data, Class::new(class).unwrap(), Phase::Scatter);
         h.job = JOB;
-        h.generation = 1;
+        h.run = 1;
         h.src = 1; // always claims to be rank 1
         h.dst = 0;
         h.op = 1;

@@ -86,7 +86,7 @@ fn rate(dur: Duration, batch: u64, mut f: impl FnMut()) -> f64 {
 fn data_header(payload_len: usize) -> Header {
     let mut h = Header::new(PacketType::Data, Class::new(3).expect("class 3"), Phase::Scatter);
     h.job = 1;
-    h.generation = 1;
+    h.run = 1;
     h.src = 0;
     h.dst = 1;
     h.op = 77;

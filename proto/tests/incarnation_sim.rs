@@ -18,6 +18,9 @@ use dlcp_proto::time::Duration;
 
 const SECOND: Duration = Duration::from_secs(1);
 
+/// A datagram seen on the wire: (source rank, destination rank, bytes).
+type Captured = (u32, u32, Vec<u8>);
+
 /// End every rank's local run and begin the next (its trainers re-attached).
 fn rerun(c: &mut Cluster) -> u64 {
     let now = c.sim.now();
@@ -62,7 +65,7 @@ fn a_rerun_reuses_op_ids_without_colliding() {
 fn a_captured_run_replayed_into_the_next_changes_nothing() {
     let world = 3;
     let mut c = Cluster::new(world, NetConfig::default().with_seed(12));
-    let captured: Rc<RefCell<Vec<(u32, u32, Vec<u8>)>>> = Rc::default();
+    let captured: Rc<RefCell<Vec<Captured>>> = Rc::default();
     let cap = Rc::clone(&captured);
     c.sim.set_trace(Some(Box::new(move |rec| {
         if rec.event == TraceEvent::Sent {

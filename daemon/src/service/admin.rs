@@ -267,7 +267,8 @@ impl Request {
             ["status"] => Request::Status,
             ["reload"] => Request::Reload,
             ["report", op, tensor] => match (op.parse(), tensor.parse()) {
-                (Ok(seq), Ok(tensor)) => Request::Report(OpId { seq, tensor }),
+                // The latest run's op of that sequence and tensor (run 0: any).
+                (Ok(seq), Ok(tensor)) => Request::Report(OpId { run: 0, seq, tensor }),
                 _ => Request::Invalid(ErrorReply { error: "usage: report OP TENSOR".to_owned() }),
             },
             _ => Request::Invalid(ErrorReply {
@@ -310,7 +311,9 @@ impl Admin {
     /// sender the missing chunks of this rank's shard, per gather owner the
     /// agreed mask, and this rank's own mask.
     pub(super) fn report(&self, id: OpId, rank: u32) -> Result<ReportReply, ErrorReply> {
-        match self.reports.get(&id) {
+        let latest = self.reports.iter().rev().find(|(k, _)| k.seq == id.seq && k.tensor == id.tensor);
+        let found = if id.run == 0 { latest.map(|(_, r)| r) } else { self.reports.get(&id) };
+        match found {
             Some(r) => Ok(ReportReply::new(r, rank)),
             None => Err(ErrorReply {
                 error: format!(
@@ -469,7 +472,7 @@ mod tests {
             ("stats\n", Request::Stats),
             (" status ", Request::Status),
             ("reload", Request::Reload),
-            ("report 5 6\n", Request::Report(OpId { run: 1, seq: 5, tensor: 6 })),
+            ("report 5 6\n", Request::Report(OpId { run: 0, seq: 5, tensor: 6 })),
         ] {
             assert_eq!(Request::parse(line), want, "{line:?}");
         }

@@ -337,7 +337,7 @@ mod tests {
     fn a_gone_trainer_fails_the_ops_that_wait_for_it_or_hold_its_contribution() {
         let mut red = LocalReducer::new();
         let t0 = Instant::now();
-        let op = |seq| OpId { seq, tensor: 0 };
+        let op = |seq| OpId { run: 1, seq, tensor: 0 };
         // Op 1 holds the gone trainer's contribution (ticket 101, rank 1); op 2
         // waits for rank 1; op 3 holds a contribution of an earlier trainer of
         // rank 1 (ticket 7); op 4 (of 3 trainers) holds ranks 0 and 2 and waits

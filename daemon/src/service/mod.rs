@@ -250,9 +250,21 @@ impl Service {
                 let idle = self.endpoint.ops_in_flight() == 0 && self.trainers.ops() == 0;
                 if idle || since.elapsed() > self.cfg.loss.hard_timeout() {
                     log::info!("drained ({} ops left in flight); exiting", self.endpoint.ops_in_flight());
+                    self.say_goodbye();
                     return Ok(());
                 }
             }
+        }
+    }
+
+    /// Tell every peer this daemon is going (GOODBYE), so they mark it down
+    /// at once instead of after the peer timeout.
+    fn say_goodbye(&mut self) {
+        self.endpoint.goodbye();
+        let now = self.now();
+        self.pump.transmit(&mut self.endpoint, now);
+        if let Err(e) = self.pump.datapath_mut().flush() {
+            log::warn!("datapath flush at exit: {e}");
         }
     }
 
@@ -425,8 +437,11 @@ impl Service {
                     self.counters.ops_failed += 1;
                     log::warn!("op {}/{} failed: {error}", id.seq, id.tensor);
                     let status = match error {
-                        OpError::Timeout { .. } => Status::Timeout,
-                        OpError::PeerRestarted { .. } => Status::PeerDown,
+                        OpError::Timeout { .. } | OpError::NoRun { .. } => Status::Timeout,
+                        OpError::PeerRestarted { .. }
+                        | OpError::PeerLeft { .. }
+                        | OpError::PeerIncompatible { .. } => Status::PeerDown,
+                        OpError::RunEnded { .. } => Status::Shutdown,
                     };
                     self.admin.record(OpRecord {
                         op: id.seq,
@@ -446,6 +461,9 @@ impl Service {
                 }
                 Event::PeerUp { rank, generation } => log::info!("peer {rank} up (generation {generation})"),
                 Event::PeerDown { rank } => log::warn!("peer {rank} silent: marked down"),
+                Event::PeerLeft { rank } => {
+                    log::warn!("peer {rank} announced its shutdown: marked down; its in-flight ops failed")
+                }
                 Event::PeerRestarted { rank, old, new } => {
                     log::warn!("peer {rank} restarted (generation {old} -> {new}); its in-flight ops failed")
                 }

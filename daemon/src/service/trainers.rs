@@ -109,6 +109,8 @@ pub(super) struct InFlight {
 /// The attached trainers and their local ops.
 pub(super) struct Trainers {
     slots: Vec<Option<Attachment>>,
+    /// The local run each slot's trainer attached in (its ops' `OpId::run`).
+    epochs: Vec<u64>,
     local_world: Option<u32>,
     /// Local ops collecting their K contributions.
     reducer: LocalReducer<Ticket>,
@@ -121,6 +123,7 @@ impl Trainers {
     pub(super) fn new() -> Trainers {
         Trainers {
             slots: Vec::new(),
+            epochs: Vec::new(),
             local_world: None,
             reducer: LocalReducer::new(),
             in_flight: BTreeMap::new(),
@@ -176,6 +179,7 @@ impl Trainers {
         self.local_world = Some(att.registration().local_world);
         let i = self.slots.iter().position(Option::is_none).unwrap_or_else(|| {
             self.slots.push(None);
+            self.epochs.push(0);
             self.slots.len() - 1
         });
         let reg_result = ctx
@@ -197,6 +201,14 @@ impl Trainers {
             return;
         }
         ctx.counters.trainers_attached += 1;
+        // The first trainer of a job's run begins a local run: the daemons
+        // agree on its run id before its first op goes out (`dlcp_proto::run`).
+        let now = setup::since(ctx.start);
+        let first = self.count() == 0;
+        self.epochs[i] = ctx.endpoint.begin_run(now);
+        if first {
+            log::info!("local run {} begins (first trainer attached)", self.epochs[i]);
+        }
         self.slots[i] = Some(att);
         // Submissions may already be waiting.
         self.drain_submissions(i, ctx, setup::since(ctx.start));
@@ -231,6 +243,10 @@ impl Trainers {
         for (_, tickets) in self.reducer.abandon_rank(rank, |t| t.attachment == id) {
             ctx.counters.ops_failed += 1;
             self.post(&tickets, Completion::failed(Status::PeerDown, StdDuration::ZERO, &why), ctx.counters);
+        }
+        if self.count() == 0 {
+            log::info!("local run {} ends (last trainer detached)", self.epochs[slot]);
+            ctx.endpoint.end_run(setup::since(ctx.start));
         }
     }
 
@@ -286,7 +302,7 @@ impl Trainers {
             self.answer(slot, &sub, Status::Shutdown, "the daemon is shutting down: it takes no new ops");
             return;
         }
-        let id = OpId { run: 1, seq: sub.op_seq, tensor: sub.tensor_id };
+        let id = OpId { run: self.epochs[slot], seq: sub.op_seq, tensor: sub.tensor_id };
         let world = self.local_world.unwrap_or(1) as usize;
         // An op on the network already has all its contributions.
         if self.in_flight.contains_key(&id) {

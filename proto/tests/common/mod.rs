@@ -326,7 +326,7 @@ pub fn agreed_endpoints(cfgs: Vec<EndpointConfig>) -> Vec<Endpoint> {
                 nodes[t.dst as usize].handle_datagram(now, &d);
             }
         }
-        now = now + Duration::from_millis(1);
+        now += Duration::from_millis(1);
     }
     panic!("the endpoints did not agree on a run");
 }

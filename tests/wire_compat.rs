@@ -121,7 +121,7 @@ fn a_version_2_datagram_is_counted_and_reported_naming_both_versions() {
         std::thread::sleep(Duration::from_millis(5));
     }
     let want =
-        format!("rank 1 (127.0.0.1:{}) speaks dlcp wire version 2; this daemon speaks version 3", c.ports[1]);
+        format!("rank 1 (127.0.0.1:{}) speaks dlcp wire version 2; this daemon speaks version 4", c.ports[1]);
     let log = wait_log(&c, 0, "version report", |l| l.contains("wire version 2"));
     assert!(log.contains(&want), "{log}");
     let t0 = Instant::now();

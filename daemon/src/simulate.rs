@@ -210,7 +210,10 @@ pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
             // A fixed session per rank: the simulation is deterministic.
             let mut c = EndpointConfig::new(r, world, 1, 1, u64::from(r) + 1, key.clone());
             c.chunk_bytes = CHUNK_BYTES;
-            Endpoint::new(c, Instant::ZERO)
+            let mut e = Endpoint::new(c, Instant::ZERO);
+            // Every simulated host's trainers attach at once: one local run.
+            e.begin_run(Instant::ZERO);
+            e
         })
         .collect();
     let net = NetConfig::default()
@@ -218,6 +221,11 @@ pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
         .with_link_rate((opts.link_gbps * 1e9) as u64)
         .with_loss(opts.loss_pct / 100.0);
     let mut sim = Sim::new(net, nodes);
+    // The hosts verify each other and agree on the run before the first op
+    // (not counted in the per-op figures below).
+    sim.run_until(Instant::ZERO + Duration::from_secs(5), |s| {
+        (0..world).all(|r| s.node(r).run().is_some_and(|(_, id)| id != 0))
+    });
     // Datagrams handed to the network, by packet type (index = wire type value).
     let sent_by_type = Rc::new(RefCell::new([0u64; 6]));
     let counter = Rc::clone(&sent_by_type);

@@ -18,8 +18,10 @@
 //!   session" (so a run that began before a peer restarted never counts for
 //!   the peer's new incarnation).
 //! - A daemon agrees on a run when, for every other rank, it holds a nonce
-//!   flagged fresh that it has not used in an earlier agreed run, and its
-//!   own run is fresh for every peer. The run id is then
+//!   flagged fresh that it has not used in an earlier agreed run, announced
+//!   in a HELLO that echoes this daemon's own current nonce (so every
+//!   announcement it agrees on was made knowing its run: two daemons never
+//!   agree on different sets), and its own run is fresh for every peer. The run id is then
 //!   SHA-256(job ‖ every rank's nonce, in rank order), truncated to 64 bits;
 //!   every daemon computes the same one from the same nonces.
 //! - Ops submitted before agreement wait (the endpoint holds them) and fail
@@ -47,6 +49,8 @@ struct PeerRun {
     nonce: u64,
     /// It flags that nonce fresh for this rank's current session.
     fresh: bool,
+    /// This rank's run nonce as it last heard it (its echo).
+    echo: u64,
     /// The nonce of it this rank used in its last agreed run.
     used: u64,
     /// When (in [`Runs`]' event ticks) its current session replaced an
@@ -73,9 +77,21 @@ pub enum Waiting {
     /// The peer announced no run this rank has not already used: its
     /// trainers have not started this run.
     NotStarted(u32),
+    /// The peer has not yet confirmed it heard this rank's run.
+    Unconfirmed(u32),
     /// The peer restarted after this rank's run began: this run cannot
     /// include it; the job's trainers must start a new run.
     RestartedSinceRunBegan(u32),
+}
+
+impl Waiting {
+    /// The rank waited on (none for [`Waiting::NoLocalRun`]).
+    pub fn rank(&self) -> Option<u32> {
+        match *self {
+            Waiting::NoLocalRun => None,
+            Waiting::NotStarted(r) | Waiting::Unconfirmed(r) | Waiting::RestartedSinceRunBegan(r) => Some(r),
+        }
+    }
 }
 
 impl core::fmt::Display for Waiting {
@@ -86,6 +102,7 @@ impl core::fmt::Display for Waiting {
                 f,
                 "rank {r} has not started this run (its trainers are not attached yet, or still in the previous run)"
             ),
+            Waiting::Unconfirmed(r) => write!(f, "rank {r} has not confirmed this run yet"),
             Waiting::RestartedSinceRunBegan(r) => {
                 write!(f, "rank {r}'s daemon restarted after this run began: restart the job's trainers")
             }
@@ -199,21 +216,29 @@ impl Runs {
         }
     }
 
-    /// `peer` announced its run (in a HELLO of its verified session).
-    pub fn peer_announced(&mut self, peer: u32, nonce: u64, fresh: bool) {
-        if let Some(p) = self.peers.get_mut(peer as usize) {
-            p.nonce = nonce;
-            p.fresh = fresh;
-            self.try_agree();
-        }
+    /// `peer` announced its run `nonce` (in a HELLO of its verified
+    /// session), flagged `fresh` for this rank, echoing `echo` as this
+    /// rank's nonce. Returns whether the peer should hear from this rank
+    /// now: its nonce changed (so our echo did), or it echoes a stale nonce
+    /// of ours.
+    pub fn peer_announced(&mut self, peer: u32, nonce: u64, fresh: bool, echo: u64) -> bool {
+        let ours = self.local.map_or(0, |l| l.nonce);
+        let Some(p) = self.peers.get_mut(peer as usize) else { return false };
+        let changed = p.nonce != nonce;
+        (p.nonce, p.fresh, p.echo) = (nonce, fresh, echo);
+        self.try_agree();
+        changed || echo != ours
     }
 
-    /// What a HELLO to `peer` announces: (nonce or 0, fresh for it).
-    pub fn announce(&self, peer: u32) -> (u64, bool) {
-        match (self.local, self.peers.get(peer as usize).and_then(|p| p.verified)) {
-            (Some(l), Some(v)) => (l.nonce, l.began > v),
-            (Some(l), None) => (l.nonce, false),
-            (None, _) => (0, false),
+    /// What a HELLO to `peer` announces: (our nonce or 0, fresh for it,
+    /// its nonce as we heard it).
+    pub fn announce(&self, peer: u32) -> (u64, bool, u64) {
+        let p = self.peers.get(peer as usize);
+        let echo = p.map_or(0, |p| p.nonce);
+        match (self.local, p.and_then(|p| p.verified)) {
+            (Some(l), Some(v)) => (l.nonce, l.began > v, echo),
+            (Some(l), None) => (l.nonce, false, echo),
+            (None, _) => (0, false, echo),
         }
     }
 
@@ -230,6 +255,8 @@ impl Runs {
                 w.push(Waiting::RestartedSinceRunBegan(r));
             } else if p.verified.is_none() || p.nonce == 0 || !p.fresh || p.nonce == p.used {
                 w.push(Waiting::NotStarted(r));
+            } else if p.echo != l.nonce {
+                w.push(Waiting::Unconfirmed(r));
             }
         }
         w
@@ -281,8 +308,8 @@ mod tests {
         for _ in 0..2 {
             for a in 0..d.len() {
                 for b in (0..d.len()).filter(|&b| b != a) {
-                    let (n, f) = d[a].announce(b as u32);
-                    d[b].peer_announced(a as u32, n, f);
+                    let (n, f, e) = d[a].announce(b as u32);
+                    d[b].peer_announced(a as u32, n, f, e);
                 }
             }
         }
@@ -325,6 +352,28 @@ mod tests {
         // The first run's ops still map back to its epoch.
         assert_eq!(d[1].epoch_of(first), Some(1));
         assert_eq!(d[1].id_of(1), Some(first));
+    }
+
+    /// A daemon's nonce heard before it heard ours is not agreed on: a
+    /// peer that ended its run (and began another) since would otherwise be
+    /// agreed with on a nonce it no longer has.
+    #[test]
+    fn only_announcements_that_echo_our_run_are_agreed_on() {
+        let mut d = cluster(2);
+        d[0].begin();
+        // Rank 1 has no trainers: it hears rank 0's first run (A1).
+        let (n, f, e) = d[0].announce(1);
+        d[1].peer_announced(0, n, f, e);
+        // Rank 0's run ends and another begins (A2) before rank 1 hears of it;
+        // rank 1's trainers attach now.
+        d[0].end();
+        d[0].begin();
+        d[1].begin();
+        assert_eq!(d[1].waiting(), vec![Waiting::Unconfirmed(0)], "A1 never echoed rank 1's run");
+        exchange(&mut d);
+        let id = d[0].agreed().expect("agreed on A2");
+        assert_eq!(d[1].agreed(), Some(id));
+        assert_eq!(d[0].epoch(), Some(2));
     }
 
     #[test]

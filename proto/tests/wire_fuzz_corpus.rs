@@ -150,6 +150,7 @@ fn seeds() -> Vec<(&'static str, Header, Vec<u8>)> {
         generation: 8,
         run_flags: wire::RUN_FRESH,
         run_nonce: 0x1111_2222_3333_4444,
+        run_echo: 0x5555_6666_7777_8888,
         challenge: 5,
         echo: 6,
     }

@@ -181,6 +181,7 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
         generation: 0xFFFF_FFFE,
         run_flags: wire::RUN_FRESH,
         run_nonce: 0x1122_3344_5566_7789,
+        run_echo: 0xC1C2_C3C4_C5C6_C7C9,
         challenge: 0xA1A2_A3A4_A5A6_A7A9,
         echo: 0xB1B2_B3B4_B5B6_B7B9,
     }

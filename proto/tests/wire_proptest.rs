@@ -29,6 +29,7 @@ fn settings(chunk_bytes: u32) -> Vec<u8> {
         generation: chunk_bytes ^ 0x55,
         run_flags: (chunk_bytes & 1) as u8,
         run_nonce: u64::from(chunk_bytes) * 3,
+        run_echo: u64::from(chunk_bytes) * 11,
         challenge: u64::from(chunk_bytes) * 5,
         echo: u64::from(chunk_bytes) * 7,
     }

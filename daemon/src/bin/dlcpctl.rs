@@ -183,7 +183,23 @@ fn print_status(w: &mut String, v: &Value) {
         Some(n) => outln!(w, "  flow control: receive window {n} datagrams, shared by the senders"),
         None => {}
     }
-    outln!(w, "  trainers attached: {}, ops in flight: {}", v["trainers"], v["ops_in_flight"]);
+    outln!(
+        w,
+        "  trainers attached: {}, ops in flight: {}, waiting for their run: {}",
+        v["trainers"],
+        v["ops_in_flight"],
+        v["ops_held"]
+    );
+    let run = &v["run"];
+    match (run["epoch"].as_u64(), run["id"].as_str()) {
+        (Some(e), Some(id)) => outln!(w, "  run: local run {e}, agreed with every peer as {id}"),
+        (Some(e), None) => {
+            let why: Vec<&str> =
+                run["waiting"].as_array().into_iter().flatten().filter_map(|s| s.as_str()).collect();
+            outln!(w, "  run: local run {e}, NOT agreed yet: {}", why.join("; "))
+        }
+        _ => outln!(w, "  run: none (no trainer attached)"),
+    }
     if let Some(f) = o["config_file"].as_str() {
         outln!(
             w,

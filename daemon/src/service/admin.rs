@@ -75,12 +75,31 @@ pub struct StatusReply {
     pub trainers: usize,
     /// Ops in flight on the network.
     pub ops_in_flight: usize,
+    /// Ops submitted but waiting for the job's daemons to agree on their run.
+    #[serde(default)]
+    pub ops_held: usize,
+    /// The trainers' current run, if any are attached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunStatus>,
     /// True after SIGTERM/SIGINT, while ops in flight drain.
     pub draining: bool,
     /// Every rank, this one included.
     pub peers: Vec<PeerStatus>,
     /// The operations part: configuration file, metrics, reloads, systemd.
     pub ops: OperationsStatus,
+}
+
+/// The trainers' current run in [`StatusReply::run`] (see `dlcp_proto::run`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunStatus {
+    /// This daemon's local run number (1, 2, ... since it started).
+    pub epoch: u64,
+    /// The run id the job's daemons agreed on (hex), once agreed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Until agreed: why not, by rank.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<String>,
 }
 
 /// One rank in [`StatusReply::peers`].
@@ -92,6 +111,9 @@ pub struct PeerStatus {
     pub address: String,
     /// The generation it announced, if it was heard.
     pub generation: Option<u32>,
+    /// Its verified session (incarnation), hex, if verified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
     /// True if it is up (this rank always is).
     pub up: bool,
     /// True for this daemon's own rank.
@@ -383,6 +405,7 @@ pub(super) fn status(v: &View<'_>, ops: OperationsStatus) -> StatusReply {
             rank: r,
             address: v.peers[r as usize].to_string(),
             generation: v.endpoint.peer_generation(r),
+            session: v.endpoint.peer_session(r).map(|s| format!("{s:016x}")),
             up: r == v.cfg.rank() || v.endpoint.peer_up(r),
             is_self: r == v.cfg.rank(),
             refused: v.endpoint.peer_mismatch(r).map(|m| m.to_string()),
@@ -399,6 +422,12 @@ pub(super) fn status(v: &View<'_>, ops: OperationsStatus) -> StatusReply {
         flow_window: v.endpoint.config().flow.window,
         trainers: v.trainers.count(),
         ops_in_flight: v.endpoint.ops_in_flight(),
+        ops_held: v.endpoint.ops_held(),
+        run: v.endpoint.run().map(|(epoch, id)| RunStatus {
+            epoch,
+            id: (id != 0).then(|| format!("{id:016x}")),
+            waiting: v.endpoint.run_waiting().iter().map(ToString::to_string).collect(),
+        }),
         draining: v.draining,
         peers,
         ops,
@@ -552,20 +581,28 @@ mod tests {
             flow_window: 1424,
             trainers: 2,
             ops_in_flight: 0,
+            ops_held: 1,
+            run: Some(RunStatus {
+                epoch: 3,
+                id: None,
+                waiting: vec!["rank 0 has not started this run".into()],
+            }),
             draining: false,
             peers: vec![
                 PeerStatus {
                     rank: 0,
                     address: "a".into(),
                     generation: None,
+                    session: None,
                     up: false,
                     is_self: false,
-                    refused: Some("speaks dlcp wire version 1; this daemon speaks version 3".into()),
+                    refused: Some("speaks dlcp wire version 1; this daemon speaks version 4".into()),
                 },
                 PeerStatus {
                     rank: 1,
                     address: "b".into(),
                     generation: Some(8),
+                    session: Some("00000000000000ab".into()),
                     up: true,
                     is_self: true,
                     refused: None,
@@ -596,11 +633,13 @@ mod tests {
                 + r#""config_file":"c","datapath_kind":"auto","last_reload":{"outcome":{"applied":[],"error":"e","#
                 + r#""file":"f","needs_restart":[],"not_applied":[],"ok":false},"seconds_ago":3},"log_level":"info","#
                 + r#""metrics":{"address":null,"enabled":true,"error":"x"},"reloads_failed":2,"reloads_ok":1,"#
-                + r#""systemd":{"notify":false,"watchdog_ms":7},"uptime_s":5},"ops_in_flight":0,"#
+                + r#""systemd":{"notify":false,"watchdog_ms":7},"uptime_s":5},"ops_held":1,"ops_in_flight":0,"#
                 + r#""packet_auth":"aes-128-gmac","peers":[{"address":"a","generation":null,"rank":0,"#
-                + r#""refused":"speaks dlcp wire version 1; this daemon speaks version 3","self":false,"up":false},"#
+                + r#""refused":"speaks dlcp wire version 1; this daemon speaks version 4","self":false,"up":false},"#
                 + r#"{"address":"b","#
-                + r#""generation":8,"rank":1,"self":true,"up":true}],"rank":1,"trainers":2,"version":"v","world":2}"#
+                + r#""generation":8,"rank":1,"self":true,"session":"00000000000000ab","up":true}],"rank":1,"#
+                + r#""run":{"epoch":3,"waiting":["rank 0 has not started this run"]},"#
+                + r#""trainers":2,"version":"v","world":2}"#
         );
         assert_eq!(serde_json::from_value::<StatusReply>(json).unwrap(), st);
     }

@@ -119,6 +119,13 @@ dlcp_proto::counters! {
             "Allreduce ops in flight",
         )
         .gauge()],
+        /// Ops submitted but waiting for the job's daemons to agree on their run.
+        pub ops_held: u64 => [Desc::new(
+            "protocol.ops_held",
+            "ops_held",
+            "Allreduce ops waiting for the job's daemons to agree on their run",
+        )
+        .gauge()],
         /// Current pacing rate, bytes per second (0 = unpaced).
         pub pacing_rate: u64 => [Desc::new(
             "pacing_rate_bytes_per_sec",

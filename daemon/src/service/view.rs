@@ -46,6 +46,7 @@ impl View<'_> {
         Snapshot {
             trainers: self.trainers.count() as u64,
             ops_in_flight: self.endpoint.ops_in_flight() as u64,
+            ops_held: self.endpoint.ops_held() as u64,
             pacing_rate: self.endpoint.pacing_rate(),
             peer_up: (0..world).map(|p| u64::from(p == me || self.endpoint.peer_up(p))).collect(),
             sq_used,

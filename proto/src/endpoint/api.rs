@@ -295,7 +295,11 @@ pub enum OpError {
     },
     /// The job's daemons did not agree on a run for the op within the hard
     /// timeout ([`crate::run`]): the reasons, by rank.
-    #[error("no run agreed within {timeout:?}: {}", waiting.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    #[error(
+        "no run agreed within {timeout:?}; waiting on ranks {:?}: {}",
+        waiting.iter().filter_map(crate::run::Waiting::rank).collect::<Vec<_>>(),
+        waiting.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    )]
     NoRun {
         /// Why, by rank.
         waiting: Vec<crate::run::Waiting>,

@@ -75,7 +75,7 @@ impl Endpoint {
         }
         self.sh.seal(&h, buf, |p| {
             if h.ty == PacketType::Hello {
-                let (run_nonce, fresh) = self.sh.runs.announce(peer);
+                let (run_nonce, fresh, run_echo) = self.sh.runs.announce(peer);
                 let (challenge, echo) = self.peers.handshake(peer);
                 Settings {
                     version: wire::VERSION,
@@ -86,6 +86,7 @@ impl Endpoint {
                     generation: self.sh.cfg.generation,
                     run_flags: if fresh { wire::RUN_FRESH } else { 0 },
                     run_nonce,
+                    run_echo,
                     challenge,
                     echo,
                 }

@@ -29,9 +29,14 @@ impl Endpoint {
     /// it fail ([`OpError::RunEnded`]); ops in flight go on.
     pub fn end_run(&mut self, now: Instant) {
         self.now = now;
+        let was = self.sh.runs.epoch();
         self.sh.runs.end();
         self.run_hello = None;
         self.fail_held(now);
+        if was.is_some() {
+            // The peers learn at once that this run is over.
+            self.sh.tx.push_hellos(self.sh.cfg.world, self.sh.me());
+        }
     }
 
     /// The local run's epoch and its agreed run id (0 until agreed), if a
@@ -107,7 +112,10 @@ impl Endpoint {
         if o.came_up {
             self.events.push_back(Event::PeerUp { rank: h.src, generation: s.generation });
         }
-        self.sh.runs.peer_announced(h.src, s.run_nonce, s.run_flags & RUN_FRESH != 0);
+        let fresh = s.run_flags & RUN_FRESH != 0;
+        if self.sh.runs.peer_announced(h.src, s.run_nonce, fresh, s.run_echo) && !(o.reply || o.verified) {
+            self.sh.tx.push_phaseless(h.src, TxKind::Hello);
+        }
         self.start_held(now);
     }
 

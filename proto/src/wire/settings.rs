@@ -14,8 +14,9 @@
 //! | 20     | 1    | `run_flags`   | bit 0 FRESH: its run began after it verified the receiver's current session; others 0 |
 //! | 21     | 3    | reserved      | zero                                                  |
 //! | 24     | 8    | `run_nonce`   | its trainers' current run (random per run, 0 = none)  |
-//! | 32     | 8    | `challenge`   | its challenge to the receiver (0 = none)              |
-//! | 40     | 8    | `echo`        | the last challenge it received from the receiver (0 = none) |
+//! | 32     | 8    | `run_echo`    | the receiver's run nonce as it last heard it (0 = none) |
+//! | 40     | 8    | `challenge`   | its challenge to the receiver (0 = none)              |
+//! | 48     | 8    | `echo`        | the last challenge it received from the receiver (0 = none) |
 //!
 //! The incarnation handshake ([`crate::endpoint`]'s membership): a receiver
 //! accepts a sender's new session only from a HELLO of that session echoing
@@ -32,7 +33,7 @@ use crate::wire::error::WireError;
 use crate::wire::layout::{be32, be64};
 
 /// Length of a HELLO's payload.
-pub const SETTINGS_LEN: usize = 48;
+pub const SETTINGS_LEN: usize = 56;
 
 /// [`Settings::run_flags`]: the sender's run began after it verified the
 /// receiver's current session.
@@ -59,6 +60,8 @@ pub struct Settings {
     pub run_flags: u8,
     /// The sender's current run nonce (0: no run).
     pub run_nonce: u64,
+    /// The receiver's run nonce as the sender last heard it (0: none).
+    pub run_echo: u64,
     /// The sender's challenge to the receiver (0: none).
     pub challenge: u64,
     /// The receiver's last challenge the sender received (0: none).
@@ -80,8 +83,9 @@ impl Settings {
         out[20] = self.run_flags;
         out[21..24].fill(0);
         out[24..32].copy_from_slice(&self.run_nonce.to_be_bytes());
-        out[32..40].copy_from_slice(&self.challenge.to_be_bytes());
-        out[40..48].copy_from_slice(&self.echo.to_be_bytes());
+        out[32..40].copy_from_slice(&self.run_echo.to_be_bytes());
+        out[40..48].copy_from_slice(&self.challenge.to_be_bytes());
+        out[48..56].copy_from_slice(&self.echo.to_be_bytes());
     }
 
     /// Parse a HELLO payload: exactly [`SETTINGS_LEN`] bytes, a known `auth`
@@ -106,8 +110,9 @@ impl Settings {
             generation: be32(payload, 16..20),
             run_flags: payload[20],
             run_nonce: be64(payload, 24..32),
-            challenge: be64(payload, 32..40),
-            echo: be64(payload, 40..48),
+            run_echo: be64(payload, 32..40),
+            challenge: be64(payload, 40..48),
+            echo: be64(payload, 48..56),
         })
     }
 }

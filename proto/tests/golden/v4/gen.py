@@ -21,7 +21,7 @@ challenge); `payload_len` and `auth` move to offsets 12 and 14 (15 reserved);
 a 64-bit `run` at offset 56 (the run id the job's daemons agreed; 0 on HELLO,
 GRANT and GOODBYE); type 7 GOODBYE (phase 0, class 7, no payload); a 48-byte
 HELLO payload (settings, settings digest, generation for people, run flags
-and nonce, challenge and echo); the key schedule without the generation and
+and nonce, the receiver's nonce echoed, challenge and echo); the key schedule without the generation and
 with version 4 salt and info strings.
 
 `proto/tests/wire_golden.rs` builds the same packets with `wire::encode` and
@@ -104,9 +104,9 @@ def packet(payload, auth=AUTH_GMAC, **fields):
 
 
 def settings(version, auth, chunk_bytes, flow_window, digest, generation, run_flags, run_nonce,
-             challenge, echo):
-    return struct.pack(">BBHIQIB3xQQQ", version, auth, flow_window, chunk_bytes, digest, generation,
-                       run_flags, run_nonce, challenge, echo)
+             run_echo, challenge, echo):
+    return struct.pack(">BBHIQIB3xQQQQ", version, auth, flow_window, chunk_bytes, digest, generation,
+                       run_flags, run_nonce, run_echo, challenge, echo)
 
 
 COMMON = dict(job=0x01020304, run=0x0A0B0C0D0E0F1011, src=1, dst=2, op=0x1122334455667788,
@@ -140,7 +140,8 @@ VECTORS = {
                               **COMMON, chunk_index=0, chunk_count=10, required=4,
                               budget_ppm=10_000, seq=6, packet=6),
     "hello": packet(settings(VERSION, AUTH_GMAC, 1376, 256, 0x0123456789ABCDEF, 0xFFFFFFFE, 1,
-                             0x1122334455667789, 0xA1A2A3A4A5A6A7A9, 0xB1B2B3B4B5B6B7B9),
+                             0x1122334455667789, 0xC1C2C3C4C5C6C7C9, 0xA1A2A3A4A5A6A7A9,
+                             0xB1B2B3B4B5B6B7B9),
                     ty=HELLO, flags=0, cls=7, phase=NONE, dtype=F32, job=0x01020304, run=0, src=3, dst=0, op=0, tensor=0,
                     chunk_index=0, chunk_count=0, required=0, budget_ppm=0, seq=77,
                     session=0xFEDCBA9876543210, packet=7),

@@ -86,8 +86,10 @@ pub struct Node {
     /// access (any of the mode bits 0077) is refused: keep it 0600 or 0400.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_secret_file: Option<PathBuf>,
-    /// Generation announced to peers (packets of stale generations are dropped);
-    /// `"auto"` (default) derives a fresh one at every start.
+    /// Generation announced to peers, for people (logs, `dlcpctl status`):
+    /// peers do not order incarnations by it (each start draws a random
+    /// session, verified by a HELLO challenge); `"auto"` (default) derives
+    /// one from the clock at every start.
     #[serde(default)]
     pub generation: Generation,
 }

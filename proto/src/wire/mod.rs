@@ -7,22 +7,24 @@
 //! is sound and why its nonces never repeat are in the docs of
 //! `proto/src/wire/mac.rs`. Under `packet_auth = "none"` (the `auth` byte
 //! is 0) the tag is absent. Every packet is placeable on its own: it names its
-//! job, the sender's generation and session, the op, tensor, phase and chunk
+//! job, the sender's session, the run, op, tensor, phase and chunk
 //! it belongs to.
 //!
-//! ## Header layout (version 3)
+//! ## Header layout (version 4)
 //!
 //! | offset | size | field          | meaning                                                             |
 //! |-------:|-----:|----------------|---------------------------------------------------------------------|
 //! | 0      | 2    | `magic`        | `0xD1C9`                                                            |
-//! | 2      | 1    | `version`      | `3`                                                                 |
-//! | 3      | 1    | `type`         | 1 DATA, 2 PROBE, 3 BITMAP, 4 DONE, 5 HELLO, 6 GRANT                 |
+//! | 2      | 1    | `version`      | `4`                                                                 |
+//! | 3      | 1    | `type`         | 1 DATA, 2 PROBE, 3 BITMAP, 4 DONE, 5 HELLO, 6 GRANT, 7 GOODBYE      |
 //! | 4      | 1    | `flags`        | bit 0 REPAIR, bit 1 COMPLETE, bit 2 MASK_EMPTY, bit 3 REQUIRED, bit 4 REQUEST, bit 5 BACKLOG; others 0 |
 //! | 5      | 1    | `class`        | priority class 0–7 (7 = control)                                    |
-//! | 6      | 1    | `phase`        | 0 none (HELLO, GRANT), 1 reduce-scatter, 2 all-gather               |
+//! | 6      | 1    | `phase`        | 0 none (HELLO, GRANT, GOODBYE), 1 reduce-scatter, 2 all-gather      |
 //! | 7      | 1    | `dtype`        | 0 f32, 1 f16, 2 bf16 (element type of DATA payloads; any known value on control packets) |
 //! | 8      | 4    | `job`          | job id                                                              |
-//! | 12     | 4    | `generation`   | sender's generation (changes when its daemon restarts)              |
+//! | 12     | 2    | `payload_len`  | bytes of payload that follow the header                             |
+//! | 14     | 1    | `auth`         | packet authentication: 0 none (no tag), 1 AES-128-GMAC (16-byte tag) |
+//! | 15     | 1    | reserved       | must be zero                                                        |
 //! | 16     | 4    | `src`          | sender rank                                                         |
 //! | 20     | 4    | `dst`          | destination rank                                                    |
 //! | 24     | 8    | `op`           | op sequence number                                                  |
@@ -30,27 +32,32 @@
 //! | 36     | 4    | `chunk_index`  | DATA: chunk; PROBE: last chunk sent before it; BITMAP/DONE: first bit of the segment |
 //! | 40     | 4    | `chunk_count`  | chunks in the transfer                                              |
 //! | 44     | 4    | `required`     | chunks of non-droppable classes in the transfer                     |
-//! | 48     | 4    | `budget_ppm`   | loss budget of the transfer, parts per million (≤ 1 000 000)        |
-//! | 52     | 4    | `seq`          | DATA: the pair's data sequence number `dseq` (low 32 bits, [`crate::flow`]); PROBE/BITMAP/DONE round number; HELLO: heartbeat counter; GRANT 0 |
-//! | 56     | 2    | `payload_len`  | bytes of payload that follow the header                             |
-//! | 58     | 1    | `auth`         | packet authentication: 0 none (no tag), 1 AES-128-GMAC (16-byte tag) |
-//! | 59     | 5    | reserved       | must be zero                                                        |
+//! | 48     | 4    | `budget_ppm`   | loss budget of the transfer, parts per million (≤ 1 000 000); on a BITMAP, the budget its receiver holds the transfer to |
+//! | 52     | 4    | `seq`          | DATA: the pair's data sequence number `dseq` (low 32 bits, [`crate::flow`]); PROBE/BITMAP/DONE round number; HELLO: heartbeat counter; GRANT, GOODBYE 0 |
+//! | 56     | 8    | `run`          | the run the op belongs to, agreed by the job's daemons ([`crate::run`]); 0 on HELLO, GRANT, GOODBYE |
 //! | 64     | 8    | `session`      | sender's session, random per endpoint incarnation                   |
 //! | 72     | 8    | `packet`       | sender's packet number, strictly increasing per datagram (the nonce) |
-//! | 80     | n    | payload        | DATA: elements, little-endian; BITMAP/DONE: bitmap segment; HELLO: [`Settings`]; GRANT and PROBE: a count ([`GRANT_LEN`] bytes, `wire/grant.rs`) |
+//! | 80     | n    | payload        | DATA: elements, little-endian; BITMAP/DONE: bitmap segment; HELLO: [`Settings`]; GRANT and PROBE: a count ([`GRANT_LEN`] bytes, `wire/grant.rs`); GOODBYE: none |
 //! | 80 + n | 16   | tag            | GCM tag, payload as associated data, header as plaintext (absent if `auth` is 0) |
 //!
-//! Version 3 differs from version 2 only by flow control (issue 16): the
-//! GRANT type with its REQUEST flag, DATA's BACKLOG flag, DATA's `seq`
-//! carrying `dseq` (0 in version 2), and a PROBE's payload: how many DATA
-//! datagrams its sender had sent to the receiver (none in version 2), so a
-//! receiver waits for the data a PROBE overtook instead of guessing. The key schedule and MAC are version 2's, unchanged (the
-//! version byte is authenticated with the rest of the header). A version 2
-//! datagram is refused as `UnsupportedVersion(2)`.
+//! Version 4 differs from version 3 by op identity (issue 15): the sender's
+//! wall-clock `generation` (offset 12 in versions 2–3) is gone — an
+//! incarnation is its random session, verified by a HELLO challenge — so
+//! `payload_len` and `auth` move to offsets 12 and 14 and a 64-bit `run` takes
+//! offsets 56–63; type 7 GOODBYE announces a shutdown; the HELLO payload grows
+//! to 56 bytes (settings digest, generation for people, run announcement and
+//! echo, incarnation challenge and echo; [`Settings`]); a BITMAP's
+//! `budget_ppm` is the budget its receiver applies; the key schedule drops the
+//! generation and names version 4 ([`KEY_SALT`], [`KEY_INFO`]). Version 3
+//! datagrams are refused as `UnsupportedVersion(3)`.
 //!
-//! Offsets 0–57 are those of version 1 (whose header ended with 6 reserved
-//! bytes at 58), so a version 1 datagram is recognised, attributed to its
-//! sender ([`peek_src`]) and refused with [`WireError::UnsupportedVersion`]`(1)`.
+//! Version 3 added flow control to version 2 (issue 16): the GRANT type with
+//! its REQUEST flag, DATA's BACKLOG flag and `dseq`, a PROBE's count of the
+//! DATA its sender sent.
+//!
+//! Offsets 0–11 and 16–23 are those of every earlier version, so a datagram
+//! of any version is recognised, attributed to its sender ([`peek_src`]) and
+//! refused with [`WireError::UnsupportedVersion`].
 //!
 //! Payload elements are little-endian IEEE 754 (the byte order of every host dlcp
 //! targets, so a receive is a plain copy); header fields are big-endian.
@@ -86,10 +93,10 @@
 //!
 //! - `src != dst`; `budget_ppm ≤ 1 000 000`;
 //! - class 7 exactly for control packets, 0–6 for DATA;
-//! - phase 0 exactly for HELLO and GRANT, 1 or 2 for every other type;
+//! - phase 0 and run 0 exactly for HELLO, GRANT and GOODBYE, phase 1 or 2 for every other type;
 //! - flags: DATA may carry REPAIR, REQUIRED and BACKLOG, BITMAP COMPLETE, DONE MASK_EMPTY,
-//!   GRANT REQUEST, PROBE and HELLO none;
-//! - every type but HELLO and GRANT: `chunk_count ≥ 1`, `required ≤ chunk_count`;
+//!   GRANT REQUEST, PROBE, HELLO and GOODBYE none;
+//! - every type but HELLO, GRANT and GOODBYE: `chunk_count ≥ 1`, `required ≤ chunk_count`;
 //! - DATA: `chunk_index < chunk_count`, payload non-empty and a whole number of
 //!   `dtype` elements;
 //! - BITMAP/DONE: a payload iff neither COMPLETE nor MASK_EMPTY is set;
@@ -98,7 +105,7 @@
 //!   `chunk_count - 1` (`payload_len ≤ ⌈(chunk_count − chunk_index) / 8⌉`, which
 //!   is what [`crate::bitmap::Bitmap::write_segment`] produces);
 //! - PROBE and GRANT: a payload of exactly [`GRANT_LEN`] bytes; HELLO:
-//!   exactly [`SETTINGS_LEN`] bytes.
+//!   exactly [`SETTINGS_LEN`] bytes; GOODBYE: none.
 //!
 //! ## Canonical form
 //!
@@ -108,12 +115,12 @@
 //!
 //! ## How the format is pinned
 //!
-//! - `proto/tests/wire_golden.rs` + `proto/tests/golden/v3/*.hex`: exact bytes
+//! - `proto/tests/wire_golden.rs` + `proto/tests/golden/v4/*.hex`: exact bytes
 //!   for every packet type and flag and both `auth` modes, generated
-//!   independently of this encoder (`golden/v3/gen.py`: Python's `cryptography`
+//!   independently of this encoder (`golden/v4/gen.py`: Python's `cryptography`
 //!   HKDF and AES-GCM) and one header written out by hand;
-//!   `golden/v1/*.hex` and `golden/v2/*.hex`, the older versions' vectors, are
-//!   refused with `UnsupportedVersion(1)` and `(2)`;
+//!   `golden/v1/`, `golden/v2/` and `golden/v3/`, the older versions' vectors,
+//!   are refused with `UnsupportedVersion(1)`, `(2)` and `(3)`;
 //! - `proto/tests/wire_bitflip.rs`: every single-bit flip is rejected;
 //! - `proto/tests/wire_errors.rs`: the input that produces each [`WireError`];
 //! - `proto/tests/wire_proptest.rs`: round trip and never-panic properties;

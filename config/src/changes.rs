@@ -86,6 +86,7 @@ pub const SETTINGS: &[(&str, Reload)] = &[
     ("shm.early_buffer_bytes", Restart),
     ("shm.max_attachments", Restart),
     ("shm.max_attachments_per_user", Restart),
+    ("shm.max_ops_in_flight", Restart),
     ("control.socket_path", Restart),
     ("control.socket_mode", Restart),
     ("control.socket_group", Restart),

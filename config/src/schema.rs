@@ -657,7 +657,8 @@ impl Pacing {
 #[serde(deny_unknown_fields, default)]
 pub struct Shm {
     /// Tensor arena per attached trainer, bytes: a multiple of 4096 in
-    /// 1 MiB ..= 1 TiB. Default 256 MiB.
+    /// 1 MiB ..= [`MAX_ARENA_BYTES`] (16 GiB, the shared-memory layout's
+    /// limit). Default 256 MiB.
     pub arena_bytes: u64,
     /// Entries of each submission/completion ring, a power of two in 2 ..= 65536.
     /// Default 256.
@@ -675,7 +676,17 @@ pub struct Shm {
     /// Attachments one user (uid) may hold at once, 0 ..= `max_attachments`;
     /// 0 sets no per-user cap (only `max_attachments`). Default 0.
     pub max_attachments_per_user: u32,
+    /// Local ops the daemon holds at once, over all its trainers (collecting
+    /// contributions, waiting for their run, or in flight), 1 ..= 65536.
+    /// Beyond it, further descriptors stay on the trainers' submission rings
+    /// until ops finish: back-pressure, nothing is dropped. (Each trainer is
+    /// also held to as many ops as its completion ring has room for.)
+    /// Default 256.
+    pub max_ops_in_flight: u32,
 }
+
+/// Largest `shm.arena_bytes` accepted: the shared-memory layout's limit.
+pub const MAX_ARENA_BYTES: u64 = 16 << 30;
 
 /// Largest `shm.max_attachments` accepted.
 pub const MAX_ATTACHMENTS: u32 = 4096;
@@ -689,6 +700,7 @@ impl Default for Shm {
             early_buffer_bytes: 16 << 20,
             max_attachments: 64,
             max_attachments_per_user: 0,
+            max_ops_in_flight: 256,
         }
     }
 }

@@ -448,7 +448,7 @@ fn pacing(p: &Pacing, mtu: u32) -> R {
 }
 
 fn shm(s: &Shm) -> R {
-    in_range("shm.arena_bytes", s.arena_bytes, 1 << 20, 1 << 40)?;
+    in_range("shm.arena_bytes", s.arena_bytes, 1 << 20, MAX_ARENA_BYTES)?;
     if s.arena_bytes % 4096 != 0 {
         return Err(Bad::new(
             "shm.arena_bytes",
@@ -461,6 +461,7 @@ fn shm(s: &Shm) -> R {
     in_range("shm.early_buffer_bytes", s.early_buffer_bytes, 0, s.arena_bytes)
         .map_err(|b| Bad::new(b.path, format!("{} (at most shm.arena_bytes)", b.message)))?;
     in_range("shm.max_attachments", s.max_attachments, 1, MAX_ATTACHMENTS)?;
+    in_range("shm.max_ops_in_flight", s.max_ops_in_flight, 1, 65_536)?;
     in_range("shm.max_attachments_per_user", s.max_attachments_per_user, 0, s.max_attachments).map_err(|b| {
         Bad::new(b.path, format!("{} (0 = no per-user cap; at most shm.max_attachments)", b.message))
     })

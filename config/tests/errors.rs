@@ -747,7 +747,20 @@ fn pacing_rules() {
 #[test]
 fn shm_rules() {
     let s = |v: &str| with(&format!("[shm]\n{v}\n"));
-    check(&s("arena_bytes = 1000"), "shm.arena_bytes", "arena_bytes", "(allowed: 1048576 ..= 1099511627776)");
+    check(&s("arena_bytes = 1000"), "shm.arena_bytes", "arena_bytes", "(allowed: 1048576 ..= 17179869184)");
+    // Above the shared-memory layout's limit: refused when the file is read, not at start-up.
+    check(
+        &s("arena_bytes = 1099511627776"),
+        "shm.arena_bytes",
+        "arena_bytes",
+        "(allowed: 1048576 ..= 17179869184)",
+    );
+    check(
+        &s("max_ops_in_flight = 0"),
+        "shm.max_ops_in_flight",
+        "max_ops_in_flight",
+        "(allowed: 1 ..= 65536)",
+    );
     check(
         &s("arena_bytes = 1048577"),
         "shm.arena_bytes",

@@ -43,6 +43,13 @@ dlcp_proto::counters! {
             "submissions_rejected",
             "Submissions rejected (descriptor validation, arena copy)",
         )],
+        /// Times the daemon left descriptors on a submission ring because it
+        /// held `shm.max_ops_in_flight` local ops (back-pressure).
+        pub ops_throttled: u64 => [Desc::new(
+            "ops_throttled",
+            "ops_throttled",
+            "Times descriptors were left on a submission ring because the daemon held shm.max_ops_in_flight ops",
+        )],
         /// Local ops whose trainers disagreed (length, layer, tensor).
         pub local_mismatch: u64 => [Desc::new(
             "local_mismatch",
@@ -112,6 +119,13 @@ dlcp_proto::counters! {
     pub struct Snapshot {
         /// Trainers attached now.
         pub trainers: u64 => [Desc::new("trainers", "trainers", "Trainers attached").gauge()],
+        /// Local ops held (collecting contributions, waiting for their run, or in flight).
+        pub local_ops: u64 => [Desc::new(
+            "local_ops",
+            "local_ops",
+            "Local ops held (collecting contributions, waiting for their run, or in flight)",
+        )
+        .gauge()],
         /// Ops in flight on the network.
         pub ops_in_flight: u64 => [Desc::new(
             "protocol.ops_in_flight",

@@ -231,6 +231,8 @@ impl Service {
             self.pump.receive(&mut self.endpoint, &mut self.counters, now);
             self.endpoint.handle_timeout(now);
             self.deliver_events();
+            let (trainers, mut ctx) = self.trainers_ctx();
+            trainers.resume(&mut ctx, now);
             self.pump.transmit(&mut self.endpoint, now);
             self.sweep();
             self.operations.notifier.ping_watchdog();

@@ -255,10 +255,19 @@ impl Trainers {
     }
 
     fn drain_submissions(&mut self, slot: usize, ctx: &mut Ctx<'_>, now: Instant) {
+        // The daemon-wide cap (`shm.max_ops_in_flight`): what is over it
+        // stays on the ring until ops finish (`resume`).
+        let room = (ctx.cfg.shm.max_ops_in_flight as usize).saturating_sub(self.ops());
         let Some(att) = self.slots.get_mut(slot).and_then(Option::as_mut) else { return };
         let _ = att.wait(Some(StdDuration::ZERO));
         let mut subs = Vec::new();
         loop {
+            if subs.len() >= room {
+                if att.ring_occupancy().0 > 0 {
+                    ctx.counters.ops_throttled += 1;
+                }
+                break;
+            }
             match att.next_submission() {
                 Ok(Some(sub)) => subs.push(sub),
                 Ok(None) => break,
@@ -278,6 +287,18 @@ impl Trainers {
         for sub in subs {
             ctx.counters.submissions += 1;
             self.on_submission(slot, att_id, local_rank, sub, ctx, now);
+        }
+    }
+
+    /// Take what waits on the submission rings again (each loop turn): ops
+    /// may have finished since a ring was left with descriptors on it (the
+    /// daemon-wide cap, or a trainer's completion ring that was full).
+    pub(super) fn resume(&mut self, ctx: &mut Ctx<'_>, now: Instant) {
+        for slot in 0..self.slots.len() {
+            let waiting = self.slots[slot].as_ref().is_some_and(|a| a.ring_occupancy().0 > 0);
+            if waiting && self.ops() < ctx.cfg.shm.max_ops_in_flight as usize {
+                self.drain_submissions(slot, ctx, now);
+            }
         }
     }
 

@@ -45,6 +45,7 @@ impl View<'_> {
         let (me, world) = (self.cfg.rank(), self.cfg.world_size());
         Snapshot {
             trainers: self.trainers.count() as u64,
+            local_ops: self.trainers.ops() as u64,
             ops_in_flight: self.endpoint.ops_in_flight() as u64,
             ops_held: self.endpoint.ops_held() as u64,
             pacing_rate: self.endpoint.pacing_rate(),

@@ -329,8 +329,9 @@ crate::counters! {
         pub unverified_session: u64 => [dropped("rejected.unverified_session", "unverified_session")],
         /// For a run this daemon has not agreed: another run's, or replayed.
         pub other_run: u64 => [dropped("rejected.other_run", "other_run")],
-        /// A PROBE, BITMAP, DONE or GRANT no newer than the last one taken
-        /// from its sender: replayed or duplicated (so it starts no repair).
+        /// A PROBE, BITMAP, DONE, GRANT or HELLO no newer than the last one
+        /// of its kind taken from its sender: replayed or duplicated (so it
+        /// starts no repair and changes no peer state).
         pub stale_control: u64 => [dropped("rejected.stale_control", "stale_control")],
         /// For an op that already finished (and no longer lingers).
         pub stale_op: u64 => [dropped("rejected.stale_op", "stale_op")],

@@ -359,9 +359,13 @@ fn incompatible_peers_are_refused_counted_and_reported() {
 
     // Another chunk size in rank 1's HELLO: refused, and so is its DATA,
     // until a HELLO announces ours.
+    // Newer packet numbers than any HELLO rank 1 sent so far (a HELLO no
+    // newer than the last one taken is a replay).
+    let next_pn = std::cell::Cell::new(1u64 << 40);
     let hello = |chunk_bytes: u32, buf: &mut [u8]| {
         let mut h = Header::new(PacketType::Hello, Class::CONTROL, Phase::None);
         (h.job, h.src, h.dst, h.session) = (77, 1, 0, session(1, 1));
+        h.packet = next_pn.replace(next_pn.get() + 1);
         let mut s = [0u8; wire::SETTINGS_LEN];
         let auth = wire::PacketAuth::AesGmac;
         wire::Settings {

@@ -95,7 +95,11 @@ impl Endpoint {
     /// [`crate::run`]).
     pub(super) fn on_hello(&mut self, now: Instant, h: &Header, payload: &[u8], len: usize) {
         let Ok(s) = Settings::parse(payload) else { return };
-        let o = self.peers.on_hello(now, h.src, h.session, &s);
+        let o = self.peers.on_hello(now, h.src, h.session, h.packet, &s);
+        if o.stale {
+            self.sh.stats.rejected.stale_control += 1;
+            return;
+        }
         if o.reply || o.verified {
             self.sh.tx.push_phaseless(h.src, TxKind::Hello);
         }

@@ -44,6 +44,8 @@ struct PeerState {
     /// verified session taken (control packets travel in order, in one
     /// class queue; an older one is a replay or a duplicate).
     control_pn: Option<u64>,
+    /// The packet number of the last HELLO of its verified session taken.
+    hello_pn: Option<u64>,
     last_heard: Option<Instant>,
     up: bool,
     /// Why its datagrams were last refused, until its settings agree.
@@ -66,6 +68,9 @@ pub(crate) struct Hello {
     pub came_up: bool,
     /// Send it a HELLO now: it was challenged, or it challenges this rank.
     pub reply: bool,
+    /// Of the verified session but no newer than its last HELLO taken: a
+    /// replay (or a duplicate); nothing in it was taken.
+    pub stale: bool,
 }
 
 /// Every peer's state, and the heartbeat schedule.
@@ -164,9 +169,19 @@ impl Peers {
 
     /// A HELLO of `session` announcing `s` arrived from `src` at `now` (its
     /// tag checked): run the incarnation handshake (see the module docs).
-    pub(crate) fn on_hello(&mut self, now: Instant, src: u32, session: u64, s: &Settings) -> Hello {
+    pub(crate) fn on_hello(
+        &mut self,
+        now: Instant,
+        src: u32,
+        session: u64,
+        packet: u64,
+        s: &Settings,
+    ) -> Hello {
         let fresh = self.challenges.next_u64() | 1;
         let p = &mut self.peers[src as usize];
+        if p.session == Some(session) && p.hello_pn.is_some_and(|last| packet <= last) {
+            return Hello { stale: true, ..Hello::default() };
+        }
         let mut out = Hello { reply: s.challenge != 0 && s.challenge != p.echo, ..Hello::default() };
         p.echo = s.challenge;
         if p.session != Some(session) {
@@ -178,6 +193,7 @@ impl Peers {
                     p.candidate = None;
                     p.left = false;
                     p.control_pn = None;
+                    p.hello_pn = None;
                 }
                 Some((c, _)) if c == session => return out,
                 _ => {
@@ -188,6 +204,7 @@ impl Peers {
             }
         }
         p.generation = Some(s.generation);
+        p.hello_pn = Some(packet);
         out.current = true;
         out.came_up = self.heard(now, src);
         out

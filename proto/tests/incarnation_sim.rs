@@ -254,3 +254,39 @@ fn a_peer_with_other_class_bands_is_refused_naming_both_digests() {
     );
     assert_eq!(c.sim.node(0).run().map(|r| r.1), Some(0), "no run agreed with it");
 }
+
+/// Ranks out of step in one run (rank 0 in op 5, rank 1 in op 6): each
+/// fails at the hard timeout naming the rank it waited on and the op that
+/// rank was last heard in.
+#[test]
+fn ranks_out_of_step_are_named_with_the_op_each_used() {
+    let world = 2;
+    let mut c = Cluster::new(world, NetConfig::default().with_seed(17));
+    let x = inputs(61, world, 4000);
+    let now = c.sim.now();
+    let ids = [OpId { run: 1, seq: 5, tensor: 0 }, OpId { run: 1, seq: 6, tensor: 0 }];
+    for r in 0..world {
+        c.sim.node_mut(r).start_allreduce(now, ids[r as usize], x[r as usize].clone(), opts(0)).unwrap();
+    }
+    c.run(SECOND);
+    for r in 0..world {
+        let other = 1 - r;
+        let err = events(c.sim.node_mut(r))
+            .into_iter()
+            .find_map(|e| match e {
+                Event::OpFailed { error, .. } => Some(error),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("rank {r} did not fail"));
+        match &err {
+            OpError::Timeout { waiting_on, elsewhere, .. } => {
+                assert_eq!(waiting_on, &vec![other]);
+                assert_eq!(elsewhere, &vec![(other, ids[other as usize].seq, 0)]);
+            }
+            other => panic!("{other:?}"),
+        }
+        let text = err.to_string();
+        let want = format!("rank {other} last sent op {} tensor 0", ids[other as usize].seq);
+        assert!(text.contains(&want) && text.contains(&format!("waiting on ranks [{other}]")), "{text}");
+    }
+}

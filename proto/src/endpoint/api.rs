@@ -260,7 +260,10 @@ pub enum StartError {
 pub enum OpError {
     /// No progress for the hard timeout; `waiting_on` lists the ranks still owing
     /// something (data, a bitmap or a DONE).
-    #[error("no progress for {timeout:?} in the {phase:?} phase; waiting on ranks {waiting_on:?}")]
+    #[error(
+        "no progress for {timeout:?} in the {phase:?} phase; waiting on ranks {waiting_on:?}{}",
+        OutOfStep(elsewhere)
+    )]
     Timeout {
         /// Phase the op was in.
         phase: Phase,
@@ -268,6 +271,10 @@ pub enum OpError {
         waiting_on: Vec<u32>,
         /// The hard timeout.
         timeout: Duration,
+        /// Of the ranks waited on, those whose last op packet to this rank
+        /// (in the same run) was of another op: `(rank, op sequence,
+        /// tensor)` — the ranks may be out of step.
+        elsewhere: Vec<(u32, u64, u32)>,
     },
     /// A peer's daemon restarted (a new verified session) while the op was running.
     #[error("rank {rank} restarted (generation {old} -> {new}) during the op")]
@@ -312,6 +319,20 @@ pub enum OpError {
         /// The run's epoch.
         epoch: u64,
     },
+}
+
+/// Renders [`OpError::Timeout::elsewhere`]: nothing, or which op each rank
+/// waited on was last heard in.
+struct OutOfStep<'a>(&'a [(u32, u64, u32)]);
+
+impl core::fmt::Display for OutOfStep<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        for (i, (rank, seq, tensor)) in self.0.iter().enumerate() {
+            let sep = if i == 0 { "; heard in other ops (out of step?): " } else { ", " };
+            write!(f, "{sep}rank {rank} last sent op {seq} tensor {tensor}")?;
+        }
+        Ok(())
+    }
 }
 
 /// What a completed op delivered: what arrived from whom.

@@ -23,7 +23,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::endpoint::api::{MISMATCH_REPORT_INTERVAL, Mismatch};
+use crate::endpoint::api::{MISMATCH_REPORT_INTERVAL, Mismatch, OpId};
 use crate::rng::Rng;
 use crate::time::{Duration, Instant};
 use crate::wire::Settings;
@@ -46,6 +46,8 @@ struct PeerState {
     control_pn: Option<u64>,
     /// The packet number of the last HELLO of its verified session taken.
     hello_pn: Option<u64>,
+    /// The op of the last op packet taken from it.
+    last_op: Option<OpId>,
     last_heard: Option<Instant>,
     up: bool,
     /// Why its datagrams were last refused, until its settings agree.
@@ -229,6 +231,18 @@ impl Peers {
         }
         p.control_pn = Some(packet);
         true
+    }
+
+    /// An op packet of op `id` was taken from `src`.
+    pub(crate) fn saw_op(&mut self, src: u32, id: OpId) {
+        if let Some(p) = self.peers.get_mut(src as usize) {
+            p.last_op = Some(id);
+        }
+    }
+
+    /// The op of the last op packet taken from `rank`.
+    pub(crate) fn last_op(&self, rank: u32) -> Option<OpId> {
+        self.peers.get(rank as usize).and_then(|p| p.last_op)
     }
 
     /// `src`'s verified session said goodbye: it is down, and the session

@@ -550,6 +550,7 @@ impl Endpoint {
             return self.other_run(now, &h, datagram);
         };
         let id = OpId { run, seq: h.op, tensor: h.tensor };
+        self.peers.saw_op(h.src, id);
         if let Some(slot) = self.ops.slot(&id) {
             let key = OpKey::new(id, slot);
             let side = Side::of_packet(h.ty, h.phase);
@@ -692,8 +693,14 @@ impl Endpoint {
         let Some(op) = self.ops.at_mut(slot, &id) else { return };
         if op.stalls_at(t.hard_timeout) <= now {
             let (phase, waiting_on) = (op.phase(), op.waiting_on(self.sh.me()));
+            let elsewhere = waiting_on
+                .iter()
+                .filter_map(|&r| Some((r, self.peers.last_op(r)?)))
+                .filter(|&(_, o)| o.run == id.run && o != id)
+                .map(|(r, o)| (r, o.seq, o.tensor))
+                .collect();
             self.sh.stats.hard_timeouts += 1;
-            self.fail(id, OpError::Timeout { phase, waiting_on, timeout: t.hard_timeout });
+            self.fail(id, OpError::Timeout { phase, waiting_on, timeout: t.hard_timeout, elsewhere });
             return;
         }
         op.on_timers(now, OpKey::new(id, slot), keys, &mut self.sh);

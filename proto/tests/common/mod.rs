@@ -197,6 +197,7 @@ impl Cluster {
                                 phase: Phase::None,
                                 waiting_on: vec![r as u32],
                                 timeout: Duration::ZERO,
+                                elsewhere: Vec::new(),
                             })
                         })
                     })

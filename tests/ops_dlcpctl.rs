@@ -41,7 +41,7 @@ fn status_peers_and_stats_against_a_running_daemon() {
     assert!(out.contains("rank 0 of 3, job 7"), "{out}");
     assert!(out.contains("datapath: socket (udp 127.0.0.1:"), "{out}");
     assert!(out.contains("configured kind: auto — datapaths: socket (always)"), "{out}");
-    assert!(out.contains(&format!("peers: 2/3 up; down: 2 (127.0.0.1:{})", c.ports[2])), "{out}");
+    assert!(out.contains(&format!("peers: 1/2 up; down: 2 (127.0.0.1:{})", c.ports[2])), "{out}");
     assert!(out.contains("trainers attached: 0"), "{out}");
     assert!(out.contains("metrics: http://127.0.0.1:"), "{out}");
     assert!(out.contains("reloads: 0 ok, 0 rejected"), "{out}");

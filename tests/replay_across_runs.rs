@@ -196,13 +196,15 @@ fn a_captured_run_replayed_into_the_next_is_rejected_and_counted() {
     });
     let after = rejected(&c, 0) + rejected(&c, 1);
     assert!(replayed > 3 * OPS, "captured {replayed} datagrams");
+    // Every replayed datagram is rejected and counted (the daemons' own late
+    // traffic of run 1, lingering, may add a few rejections of its own).
     assert!(
         after - before >= replayed as u64,
-        "{} of {replayed} replayed datagrams rejected",
+        "{} rejections for {replayed} replayed datagrams",
         after - before
     );
-    for h in 0..2 {
-        for (i, out) in second[h].iter().enumerate() {
+    for (h, outs) in second.iter().enumerate() {
+        for (i, out) in outs.iter().enumerate() {
             let k = i as f32 + 1.0;
             assert!(
                 out.iter()

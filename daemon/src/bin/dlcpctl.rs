@@ -149,7 +149,9 @@ fn print_status(w: &mut String, v: &Value) {
         o["datapath_kind"].as_str().unwrap_or("?"),
         o["build"].as_str().unwrap_or("")
     );
-    let peers = v["peers"].as_array().cloned().unwrap_or_default();
+    // Every rank but this daemon's own.
+    let peers: Vec<serde_json::Value> =
+        v["peers"].as_array().into_iter().flatten().filter(|p| p["self"] != true).cloned().collect();
     let up = peers.iter().filter(|p| p["up"].as_bool() == Some(true)).count();
     let down: Vec<String> = peers
         .iter()

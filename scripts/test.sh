@@ -142,6 +142,9 @@ stage e2e e2e_tests
 # The emulated cluster: namespaces, a bridge switch with DSCP priority queues,
 # loss (as root; skipped loudly otherwise, a failure under CI).
 stage testbed logged testbed ./scripts/testbed_test.sh
+# Soak and chaos on the emulated cluster, 2 minutes (scripts/soak.sh --minutes M
+# for long runs).
+stage soak logged testbed ./scripts/soak.sh --minutes 2
 stage no-dpdk no_dpdk
 # The Debian package: cargo-deb (installed if missing), apt install, check-config,
 # the installed daemon + Python client, remove, purge; the k8s manifest offline.

@@ -666,8 +666,8 @@ pub struct Shm {
     /// Largest tensor one op may carry, bytes, 1 ..= `arena_bytes`. Default 64 MiB.
     pub max_tensor_bytes: u64,
     /// Cap on bytes buffered for ops a peer started before this node did (beyond
-    /// it, such packets are dropped and repaired later). 0 ..= `arena_bytes`.
-    /// Default 16 MiB.
+    /// it, such packets are dropped and repaired later; each datagram counts
+    /// with 64 bytes of bookkeeping). 0 ..= `arena_bytes`. Default 16 MiB.
     pub early_buffer_bytes: u64,
     /// Trainers attached at once (each holds a segment of `arena_bytes`), 1 ..=
     /// [`MAX_ATTACHMENTS`]; an attach beyond it is refused with a reason naming

@@ -4,7 +4,7 @@
 //! while ([`Linger`]), and datagrams that arrived for ops this rank has not
 //! started yet (bounded, replayed when it starts them).
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 
 use crate::bitmap::Bitmap;
 use crate::endpoint::api::OpId;
@@ -25,13 +25,28 @@ pub(crate) struct Linger {
 /// Bound on remembered finished op ids (older ones count as stale by age).
 const FINISHED_CAP: usize = 1 << 16;
 
+/// What one buffered datagram costs beyond its bytes (its `Vec`, the
+/// allocator's header, its share of the map entry): the early buffer's cap
+/// counts it, so many tiny datagrams cannot hold more memory than the cap.
+pub(crate) const EARLY_OVERHEAD: usize = 64;
+
+/// What a buffered datagram of `len` bytes counts against the cap.
+fn cost(len: usize) -> usize {
+    len + EARLY_OVERHEAD
+}
+
 /// See the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct History {
     lingering: BTreeMap<OpId, Linger>,
+    /// `(until, id)` of every lingering op: the next to end first.
+    linger_order: BTreeSet<(Instant, OpId)>,
     finished: VecDeque<(Instant, OpId)>,
     finished_set: HashSet<OpId>,
     early: BTreeMap<OpId, (Instant, Vec<Vec<u8>>)>,
+    /// `(first buffered, id)` of every op with buffered datagrams.
+    early_order: BTreeSet<(Instant, OpId)>,
+    /// What the buffered datagrams count against the cap ([`EARLY_OVERHEAD`] each included).
     early_bytes: usize,
 }
 
@@ -62,7 +77,10 @@ impl History {
 
     /// Op `id` completed at `now`: it lingers as `linger`.
     pub(crate) fn completed(&mut self, now: Instant, id: OpId, linger: Linger) {
-        self.lingering.insert(id, linger);
+        self.linger_order.insert((linger.until, id));
+        if let Some(old) = self.lingering.insert(id, linger) {
+            self.linger_order.remove(&(old.until, id));
+        }
         self.finished(now, id);
     }
 
@@ -80,23 +98,30 @@ impl History {
 
     /// Keep a DATA datagram for op `id`, not started here yet, within `cap` bytes in all.
     pub(crate) fn buffer(&mut self, now: Instant, id: OpId, datagram: &[u8], cap: usize) -> Early {
-        if self.early_bytes + datagram.len() > cap {
+        if self.early_bytes + cost(datagram.len()) > cap {
             return Early::Dropped;
         }
-        self.early_bytes += datagram.len();
-        self.early.entry(id).or_insert_with(|| (now, Vec::new())).1.push(datagram.to_vec());
+        self.early_bytes += cost(datagram.len());
+        let order = &mut self.early_order;
+        let entry = self.early.entry(id).or_insert_with(|| {
+            order.insert((now, id));
+            (now, Vec::new())
+        });
+        entry.1.push(datagram.to_vec());
         Early::Buffered
     }
 
     /// The datagrams buffered for op `id`, now starting: each leaves the
     /// buffer's count when [`History::replayed`] says so.
     pub(crate) fn take_early(&mut self, id: &OpId) -> Vec<Vec<u8>> {
-        self.early.remove(id).map(|(_, v)| v).unwrap_or_default()
+        let Some((at, v)) = self.early.remove(id) else { return Vec::new() };
+        self.early_order.remove(&(at, *id));
+        v
     }
 
     /// A datagram of `len` bytes from [`History::take_early`] is being replayed.
     pub(crate) fn replayed(&mut self, len: usize) {
-        self.early_bytes -= len;
+        self.early_bytes -= cost(len);
     }
 
     /// Drop every buffered datagram from rank `src` (it restarted).
@@ -105,14 +130,21 @@ impl History {
             v.retain(|d| wire::Packet::new_checked(&d[..]).map(|p| p.src() != src).unwrap_or(false));
             !v.is_empty()
         });
-        self.early_bytes = self.early.values().flat_map(|(_, v)| v).map(Vec::len).sum();
+        self.early_bytes = self.early.values().flat_map(|(_, v)| v).map(|d| cost(d.len())).sum();
+        self.early_order = self.early.iter().map(|(id, (at, _))| (*at, *id)).collect();
     }
 
     /// Age out at `now`: lingering ops, finished ids older than `linger +
     /// hard_timeout`, and buffered datagrams older than `hard_timeout`.
     /// Returns how many buffered datagrams expired.
     pub(crate) fn expire(&mut self, now: Instant, linger: Duration, hard_timeout: Duration) -> u64 {
-        self.lingering.retain(|_, l| l.until > now);
+        while let Some(&(until, id)) = self.linger_order.first() {
+            if until > now {
+                break;
+            }
+            self.linger_order.pop_first();
+            self.lingering.remove(&id);
+        }
         while let Some(&(at, id)) = self.finished.front() {
             if at + linger + hard_timeout > now {
                 break;
@@ -120,29 +152,27 @@ impl History {
             self.finished.pop_front();
             self.finished_set.remove(&id);
         }
-        let before = self.early.len();
-        let mut expired_bytes = 0;
         let mut expired = 0;
-        self.early.retain(|_, (at, v)| {
-            let keep = *at + hard_timeout > now;
-            if !keep {
-                expired += v.len() as u64;
-                expired_bytes += v.iter().map(Vec::len).sum::<usize>();
+        while let Some(&(at, id)) = self.early_order.first() {
+            if at + hard_timeout > now {
+                break;
             }
-            keep
-        });
-        if self.early.len() != before {
-            self.early_bytes -= expired_bytes;
+            self.early_order.pop_first();
+            if let Some((_, v)) = self.early.remove(&id) {
+                expired += v.len() as u64;
+                self.early_bytes -= v.iter().map(|d| cost(d.len())).sum::<usize>();
+            }
         }
         expired
     }
 
-    /// When [`History::expire`] has something to do next.
+    /// When [`History::expire`] has something to do next. O(1): the
+    /// endpoint asks on every turn of the event loop.
     pub(crate) fn next_timeout(&self, linger: Duration, hard_timeout: Duration) -> Option<Instant> {
         [
-            self.lingering.values().map(|l| l.until).min(),
+            self.linger_order.first().map(|&(until, _)| until),
             self.finished.front().map(|(at, _)| *at + linger + hard_timeout),
-            self.early.values().map(|(at, _)| *at + hard_timeout).min(),
+            self.early_order.first().map(|&(at, _)| at + hard_timeout),
         ]
         .into_iter()
         .flatten()
@@ -159,5 +189,49 @@ impl History {
         self.lingering.values().map(|l| size_of::<Linger>() + l.mask.heap_bytes()).sum::<usize>()
             + self.finished.capacity() * size_of::<(Instant, OpId)>()
             + self.finished_set.capacity() * size_of::<OpId>()
+            + (self.linger_order.len() + self.early_order.len()) * size_of::<(Instant, OpId)>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(seq: u64) -> OpId {
+        OpId { run: 1, seq, tensor: 0 }
+    }
+
+    #[test]
+    fn the_early_cap_counts_each_datagram_with_its_overhead() {
+        let mut h = History::default();
+        let t = Instant::ZERO;
+        // A 4 KiB cap holds 4000 bytes of one datagram, but not 100 of 40-byte ones.
+        let mut kept = 0;
+        for i in 0..100 {
+            kept += usize::from(h.buffer(t, id(i), &[0u8; 40], 4096) == Early::Buffered);
+        }
+        assert_eq!(kept, 4096 / cost(40));
+        assert_eq!(h.early_bytes(), kept * cost(40));
+        for i in 0..kept as u64 {
+            for d in h.take_early(&id(i)) {
+                h.replayed(d.len());
+            }
+        }
+        assert_eq!(h.early_bytes(), 0);
+    }
+
+    #[test]
+    fn expiry_follows_the_order_of_deadlines() {
+        let (mut h, t, ms) = (History::default(), Instant::ZERO, Duration::from_millis);
+        let linger = |until| Linger { until, own_chunks: 1, mask: Bitmap::new(1) };
+        h.completed(t, id(1), linger(t + ms(30)));
+        h.completed(t, id(2), linger(t + ms(10)));
+        h.buffer(t + ms(5), id(7), &[1, 2, 3], 1 << 20);
+        assert_eq!(h.next_timeout(ms(1000), ms(1000)), Some(t + ms(10)));
+        assert_eq!(h.expire(t + ms(10), ms(1000), ms(1000)), 0);
+        assert!(h.lingering(&id(2)).is_none() && h.lingering(&id(1)).is_some());
+        assert_eq!(h.next_timeout(ms(1000), ms(20)), Some(t + ms(25)), "the early datagram, at 5 + 20 ms");
+        assert_eq!(h.expire(t + ms(25), ms(1000), ms(20)), 1);
+        assert_eq!((h.early_bytes(), h.next_timeout(ms(1000), ms(20))), (0, Some(t + ms(30))));
     }
 }

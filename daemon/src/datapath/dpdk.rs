@@ -28,6 +28,7 @@ use dlcp_proto::class::Class;
 
 use super::api::{Datapath, DatapathStats, Outgoing, SendOutcome};
 use super::frame::{self, Arp, ArpOp, Checksum, Ignore, Mac, Parsed, UdpFrame};
+use super::neigh::Neighbours;
 
 /// Datagrams kept per unresolved neighbour while ARP asks for it.
 const ARP_PENDING_MAX: usize = 256;
@@ -142,6 +143,9 @@ pub struct DpdkStats {
     pub arp_received: u64,
     /// Neighbours known now.
     pub neighbours: usize,
+    /// ARP replies or datagrams that named another MAC for a static
+    /// neighbour (ignored: static entries are never replaced).
+    pub arp_static_conflicts: u64,
     /// Datagrams dropped because their neighbour never answered ARP or the wait
     /// queue was full.
     pub tx_unresolved_dropped: u64,
@@ -178,7 +182,7 @@ pub struct DpdkDatapath {
     staged: Vec<Vec<Mbuf>>,
     /// TX queues in service order (the one with the highest class first).
     queue_order: Vec<u16>,
-    neighbours: HashMap<Ipv4Addr, Mac>,
+    neighbours: Neighbours,
     pending: HashMap<Ipv4Addr, Pending>,
     /// Lent datagrams copied because the mbuf pool was empty (or earlier
     /// ones waited), staged first when mbufs are free again.
@@ -278,7 +282,7 @@ impl DpdkDatapath {
         Ok(DpdkDatapath {
             staged: (0..cfg.tx_queues).map(|_| Vec::with_capacity(usize::from(cfg.tx_burst))).collect(),
             queue_order,
-            neighbours: cfg.neighbours.iter().copied().collect(),
+            neighbours: Neighbours::new(&cfg.neighbours, NEIGHBOURS_MAX),
             pending: HashMap::new(),
             unsent: VecDeque::new(),
             rx_buf: Vec::with_capacity(usize::from(cfg.rx_burst)),
@@ -303,6 +307,7 @@ impl DpdkDatapath {
             st.staged = self.staged[q].len();
         }
         s.neighbours = self.neighbours.len();
+        s.arp_static_conflicts = self.neighbours.static_conflicts;
         s
     }
 
@@ -313,7 +318,7 @@ impl DpdkDatapath {
 
     /// Add a static neighbour entry (no ARP needed for `ip`).
     pub fn add_neighbour(&mut self, ip: Ipv4Addr, mac: Mac) {
-        self.neighbours.insert(ip, mac);
+        self.neighbours.add_static(ip, mac);
     }
 
     /// Build one UDP frame for `dst_mac` in a fresh mbuf and stage it on
@@ -428,7 +433,7 @@ impl DpdkDatapath {
         if self.staged[q].len() >= usize::from(self.cfg.tx_burst) {
             self.push_queue(q as u16);
         }
-        match self.neighbours.get(dst.ip()).copied() {
+        match self.neighbours.get(dst.ip()) {
             Some(mac) if self.unsent.is_empty() => {
                 if !self.stage_udp(mac, dst, d.class, &d.parts) {
                     self.unsent.push_back((d.class, dst, d.to_vec()));
@@ -443,7 +448,7 @@ impl DpdkDatapath {
     /// the pool has mbufs.
     fn stage_unsent(&mut self) {
         while let Some((class, dst, d)) = self.unsent.pop_front() {
-            let Some(mac) = self.neighbours.get(dst.ip()).copied() else {
+            let Some(mac) = self.neighbours.get(dst.ip()) else {
                 self.wait_for_neighbour(Instant::now(), class, dst, d);
                 continue;
             };
@@ -483,9 +488,8 @@ impl DpdkDatapath {
         if a.target_ip != *self.cfg.local.ip() || a.sender_ip.is_unspecified() {
             return;
         }
-        if self.neighbours.len() < NEIGHBOURS_MAX || self.neighbours.contains_key(&a.sender_ip) {
-            self.neighbours.insert(a.sender_ip, a.sender_mac);
-        }
+        // Static entries stay: a forged or stale reply cannot redirect a peer.
+        self.neighbours.learn(a.sender_ip, a.sender_mac, true);
         if a.op == ArpOp::Request {
             self.extra.arp_replies_sent += 1;
             let reply = Arp {
@@ -564,7 +568,7 @@ impl Datapath for DpdkDatapath {
                 return Ok(SendOutcome::WouldBlock);
             }
         }
-        if let Some(&mac) = self.neighbours.get(dst.ip()) {
+        if let Some(mac) = self.neighbours.get(dst.ip()) {
             if !self.stage_udp(mac, dst, class, &[datagram]) {
                 self.push();
                 self.blocked = true;
@@ -626,10 +630,7 @@ impl Datapath for DpdkDatapath {
                             continue;
                         }
                         // A datagram from a neighbour also tells us its MAC.
-                        if !self.neighbours.contains_key(u.src.ip()) && self.neighbours.len() < NEIGHBOURS_MAX
-                        {
-                            self.neighbours.insert(*u.src.ip(), u.src_mac);
-                        }
+                        self.neighbours.learn(*u.src.ip(), u.src_mac, false);
                         let p = &m.data()[u.payload];
                         self.stats.rx_packets += 1;
                         self.stats.rx_bytes += p.len() as u64;

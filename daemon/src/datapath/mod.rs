@@ -19,5 +19,6 @@ mod api;
 pub mod dpdk;
 pub mod fault;
 pub mod frame;
+pub mod neigh;
 mod open;
 pub mod socket;

@@ -74,6 +74,7 @@ pub const SETTINGS: &[(&str, Reload)] = &[
     ("loss.deadline_min_ms", Runtime),
     ("loss.deadline_max_ms", Runtime),
     ("loss.hard_timeout_ms", Runtime),
+    ("loss.op_deadline_ms", Runtime),
     ("loss.probe_timeout_min_ms", Runtime),
     ("loss.probe_timeout_max_ms", Runtime),
     ("loss.initial_per_chunk_us", Runtime),

@@ -530,6 +530,10 @@ pub struct Loss {
     /// trainer, never a hang), ms (≥ `deadline_max_ms` and ≥ `probe_timeout_max_ms`).
     /// Default 10000.
     pub hard_timeout_ms: u32,
+    /// An op still unfinished this long after it started fails, however it is
+    /// progressing (a peer that trickles data cannot hold it forever), ms: 0
+    /// (none) or `hard_timeout_ms` ..= 86400000. Default 120000.
+    pub op_deadline_ms: u32,
     /// Lower bound of the probe (repair request) timeout, ms (≥ 1). Default 1.
     pub probe_timeout_min_ms: u32,
     /// Upper bound of the probe timeout, ms (≥ `probe_timeout_min_ms`). Default 200.
@@ -549,6 +553,7 @@ impl Default for Loss {
             deadline_min_ms: 1,
             deadline_max_ms: 250,
             hard_timeout_ms: 10_000,
+            op_deadline_ms: 120_000,
             probe_timeout_min_ms: 1,
             probe_timeout_max_ms: 200,
             initial_per_chunk_us: 10,
@@ -588,6 +593,11 @@ impl Loss {
     /// Hard timeout.
     pub fn hard_timeout(&self) -> Duration {
         Duration::from_millis(self.hard_timeout_ms.into())
+    }
+
+    /// The absolute op deadline (zero: none).
+    pub fn op_deadline(&self) -> Duration {
+        Duration::from_millis(self.op_deadline_ms.into())
     }
 
     /// Probe timeout lower bound.

@@ -424,6 +424,11 @@ fn loss(l: &Loss) -> R {
     in_range("loss.hard_timeout_ms", l.hard_timeout_ms, floor, 3_600_000).map_err(|b| {
         Bad::new(b.path, format!("{} (at least deadline_max_ms and probe_timeout_max_ms)", b.message))
     })?;
+    if l.op_deadline_ms != 0 {
+        in_range("loss.op_deadline_ms", l.op_deadline_ms, l.hard_timeout_ms, 86_400_000).map_err(|b| {
+            Bad::new(b.path, format!("{} (0 = none; else at least hard_timeout_ms)", b.message))
+        })?;
+    }
     in_range("loss.initial_per_chunk_us", l.initial_per_chunk_us, 1, 1_000_000)
 }
 

@@ -888,3 +888,19 @@ fn security_rules() {
     }
     check(&s("auth = \"none\""), "security.auth", "auth", "allowed: packet_auth");
 }
+
+#[test]
+fn op_deadline_rules() {
+    let s = |v: &str| with(&format!("[loss]\n{v}\n"));
+    check(
+        &s("op_deadline_ms = 5000"),
+        "loss.op_deadline_ms",
+        "op_deadline_ms",
+        "(0 = none; else at least hard_timeout_ms)",
+    );
+    assert_eq!(load(&s("op_deadline_ms = 0")).unwrap().loss.op_deadline_ms, 0);
+    assert_eq!(
+        load(&s("op_deadline_ms = 10000")).unwrap().loss.op_deadline(),
+        std::time::Duration::from_secs(10)
+    );
+}

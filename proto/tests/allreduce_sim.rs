@@ -690,3 +690,36 @@ fn a_receiver_never_takes_a_larger_budget_than_its_own() {
     }
     assert!(lossy > 0, "no transfer into ranks 1-2 closed lossy: the test proves nothing");
 }
+
+/// The absolute op deadline: an op that keeps progressing, only slowly (a
+/// 20 Mbit/s network for 2 MB), fails at its deadline on every rank, long
+/// before the no-progress timeout would end it.
+#[test]
+fn a_progressing_op_fails_at_its_absolute_deadline() {
+    use dlcp_proto::endpoint::OpError;
+    let world = 3;
+    let cfgs = (0..world)
+        .map(|r| {
+            let mut c = endpoint_config(r, world, 1);
+            c.timers.hard_timeout = Duration::from_secs(5);
+            c.timers.op_deadline = Duration::from_millis(100);
+            c
+        })
+        .collect();
+    let net = NetConfig::default().with_seed(88).with_link_rate(20_000_000);
+    let mut c = Cluster::with_configs(net, cfgs);
+    let x = inputs(88, world, 500_000);
+    let t0 = c.sim.now();
+    let out = c.allreduce(OpId { run: 1, seq: 1, tensor: 0 }, &x, opts(0), SECOND * 10);
+    let took = c.sim.now() - t0;
+    for (r, o) in out.iter().enumerate() {
+        match o {
+            Err(e @ OpError::Deadline { deadline, .. }) => {
+                assert_eq!(*deadline, Duration::from_millis(100));
+                assert!(e.to_string().contains("not finished within its deadline of 100ms"), "{e}");
+            }
+            other => panic!("rank {r}: {other:?}"),
+        }
+    }
+    assert!(took < Duration::from_millis(200), "ended after {took:?}");
+}

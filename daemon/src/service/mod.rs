@@ -439,7 +439,9 @@ impl Service {
                     self.counters.ops_failed += 1;
                     log::warn!("op {}/{} failed: {error}", id.seq, id.tensor);
                     let status = match error {
-                        OpError::Timeout { .. } | OpError::NoRun { .. } => Status::Timeout,
+                        OpError::Timeout { .. } | OpError::NoRun { .. } | OpError::Deadline { .. } => {
+                            Status::Timeout
+                        }
                         OpError::PeerRestarted { .. }
                         | OpError::PeerLeft { .. }
                         | OpError::PeerIncompatible { .. } => Status::PeerDown,

@@ -110,6 +110,7 @@ pub fn timers(cfg: &Config) -> Timers {
     let t = Timers::default();
     Timers {
         hard_timeout: l.hard_timeout(),
+        op_deadline: l.op_deadline(),
         deadline_min: l.deadline_min(),
         deadline_max: l.deadline_max(),
         initial_per_chunk: l.initial_per_chunk(),

@@ -111,6 +111,9 @@ impl Default for OpOptions {
 pub struct Timers {
     /// An op that makes no progress for this long fails.
     pub hard_timeout: Duration,
+    /// An op still unfinished this long after it started fails, progress or
+    /// not (zero: no such deadline).
+    pub op_deadline: Duration,
     /// Lower bound of the adaptive receive deadline (also its re-arm interval).
     pub deadline_min: Duration,
     /// Upper bound of the adaptive receive deadline.
@@ -140,6 +143,7 @@ impl Default for Timers {
         let ms = Duration::from_millis;
         Timers {
             hard_timeout: ms(10_000),
+            op_deadline: Duration::ZERO,
             deadline_min: ms(2),
             deadline_max: ms(2_000),
             initial_per_chunk: Duration::from_micros(50),
@@ -312,6 +316,19 @@ pub enum OpError {
         waiting: Vec<crate::run::Waiting>,
         /// The hard timeout.
         timeout: Duration,
+    },
+    /// The op was still unfinished at its absolute deadline
+    /// ([`Timers::op_deadline`]), progressing or not.
+    #[error(
+        "not finished within its deadline of {deadline:?} in the {phase:?} phase; waiting on ranks {waiting_on:?}"
+    )]
+    Deadline {
+        /// Phase the op was in.
+        phase: Phase,
+        /// Ranks it was waiting on.
+        waiting_on: Vec<u32>,
+        /// The deadline.
+        deadline: Duration,
     },
     /// The op belongs to a local run that has ended.
     #[error("the op's run (epoch {epoch}) has ended")]

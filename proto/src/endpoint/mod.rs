@@ -691,6 +691,12 @@ impl Endpoint {
         let t = self.sh.cfg.timers;
         let Some(slot) = self.ops.slot(&id) else { return };
         let Some(op) = self.ops.at_mut(slot, &id) else { return };
+        if op.deadline_at(t.op_deadline) <= now {
+            let (phase, waiting_on) = (op.phase(), op.waiting_on(self.sh.me()));
+            self.sh.stats.hard_timeouts += 1;
+            self.fail(id, OpError::Deadline { phase, waiting_on, deadline: t.op_deadline });
+            return;
+        }
         if op.stalls_at(t.hard_timeout) <= now {
             let (phase, waiting_on) = (op.phase(), op.waiting_on(self.sh.me()));
             let elsewhere = waiting_on
@@ -728,7 +734,7 @@ impl Endpoint {
         let candidates = [
             self.peers.next_timeout(t.peer_timeout),
             self.history.next_timeout(t.linger, t.hard_timeout),
-            self.ops.values().map(|op| op.stalls_at(t.hard_timeout)).min(),
+            self.ops.values().map(|op| op.stalls_at(t.hard_timeout).min(op.deadline_at(t.op_deadline))).min(),
             self.timers.first_live(|e| timer_live(ops, e)),
             (!self.sh.tx.is_empty() && self.pacer.rate() > 0)
                 .then(|| self.pacer.ready_at(self.now, self.sh.cfg.chunk_bytes + wire::OVERHEAD)),

@@ -32,6 +32,7 @@ pub fn timers() -> Timers {
     let ms = Duration::from_millis;
     Timers {
         hard_timeout: ms(200),
+        op_deadline: Duration::ZERO,
         deadline_min: ms(1),
         deadline_max: ms(100),
         initial_per_chunk: Duration::from_micros(20),

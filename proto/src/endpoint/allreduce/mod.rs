@@ -477,6 +477,11 @@ impl Op {
         self.last_progress + timeout
     }
 
+    /// When the op fails for its absolute `deadline` (zero: never).
+    pub(crate) fn deadline_at(&self, deadline: Duration) -> Instant {
+        if deadline.is_zero() { Instant::MAX } else { self.started + deadline }
+    }
+
     /// The phase the op is in.
     pub(crate) fn phase(&self) -> Phase {
         if self.reduced { Phase::Gather } else { Phase::Scatter }

@@ -34,7 +34,15 @@
 //! trainer's memory:
 //! - the memfd is sealed `F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL` (and its pages
 //!   allocated up front), so no truncation can SIGBUS the daemon and no later seal
-//!   can make the daemon's writes fail;
+//!   can make the daemon's writes fail. `F_SEAL_WRITE` is *not* set and cannot
+//!   be: the trainer writes its tensors into the arena. The risk that remains is
+//!   the trainer's own memory: it can rewrite or punch holes into its segment
+//!   (`fallocate(PUNCH_HOLE)`; holes read back as zeros, never a SIGBUS on
+//!   shmem) at any time, which changes only what its own ops contribute. The
+//!   daemon reads a contribution once into memory it owns before anything of
+//!   it goes on the wire (the gather phase is sent from daemon memory only),
+//!   so replicas never diverge and no repair loop follows
+//!   (`tests/daemon_concurrent_writer.rs`);
 //! - each descriptor is copied out of its slot once (eight relaxed `AtomicU64`
 //!   loads) and only the private copy is validated ([`layout::SubmitDesc::validate`],
 //!   one [`DescError`] variant per rule) and used;

@@ -98,7 +98,8 @@ fn prerequisites() -> Option<PathBuf> {
 #[test]
 fn a_job_reruns_at_once_and_after_a_trainer_was_killed_mid_training() {
     let Some(lib) = prerequisites() else { return };
-    let cluster = Cluster::start(&Options { hosts: HOSTS, ..Options::default() });
+    // The default hard timeout, so ops linger (and their ids are remembered) as long as in production.
+    let cluster = Cluster::start(&Options { hosts: HOSTS, hard_timeout_ms: 10_000, ..Options::default() });
 
     let first = run_job(&cluster, &lib);
     assert!(first.iter().all(|d| *d == first[0]), "replicas drifted apart: {first:?}");

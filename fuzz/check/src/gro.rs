@@ -82,6 +82,6 @@ fn check_split(len: usize, segment: usize) {
         assert_eq!(w[0].end, w[1].start, "split of {len} at {segment}: {split:?}");
         assert_eq!(w[0].len(), step, "range {i}");
     }
-    assert!(split.iter().all(|r| r.len() <= step.max(1) && (r.len() > 0 || len == 0)));
+    assert!(split.iter().all(|r| r.len() <= step.max(1) && (!r.is_empty() || len == 0)));
     assert_eq!(split.len(), if len == 0 { 1 } else { len.div_ceil(step) });
 }

@@ -28,9 +28,12 @@ pub mod gro;
 pub mod requests;
 pub mod ring;
 
+/// A target's check: runs one input, panics if dlcp breaks a property.
+pub type Check = fn(&[u8]);
+
 /// Every fuzz target, by name (the corpus folder `fuzz/corpus/<name>/`), with
 /// its check.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Check)] = &[
     ("endpoint", endpoint::check),
     ("frame", frame::check),
     ("gro", gro::check),

@@ -29,8 +29,9 @@ targets() { cargo fuzz list; }
 
 # run TARGET SECONDS
 run() {
-  local target=$1 seconds=$2 scratch log rc
-  targets | grep -qx "$target" || { echo "unknown target '$target'; targets: $(targets | tr '\n' ' ')" >&2; exit 2; }
+  local target=$1 seconds=$2 scratch log rc list
+  list=$(targets)
+  grep -qx "$target" <<<"$list" || { echo "unknown target '$target'; targets:" $list >&2; exit 2; }
   scratch=$(mktemp -d "/tmp/dlcp-fuzz-$target.XXXXXX")
   log=$scratch.log
   mkdir -p "corpus/$target" "artifacts/$target"
@@ -43,11 +44,12 @@ run() {
     | grep --line-buffered -E '(INITED|pulse|DONE|ERROR|panicked|SUMMARY|Test unit written)'
   rc=${PIPESTATUS[0]}
   set -e
-  local last execs rate
+  local last execs rate secs
   last=$(grep -E '^#[0-9]+' "$log" | tail -1 || true)
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")
-  echo "--- fuzz $target: ${execs:-?} execs in ${seconds}s (${rate:-?}/s); last status: ${last:-none}"
+  secs=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$log")
+  echo "--- fuzz $target: ${execs:-?} execs in ${secs:-<$seconds}s (${rate:-?}/s); last status: ${last:-none}"
   echo "--- $(grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[0-9a-zA-Z]+' <<<"$last" || echo 'no coverage line')"
   echo "--- new inputs: $(find "$scratch" -type f | wc -l) in $scratch (log: $log)"
   if [ "$rc" -ne 0 ]; then

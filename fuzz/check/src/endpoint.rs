@@ -122,6 +122,10 @@ struct Net {
     allow_insider: bool,
     /// A correctly tagged forgery was delivered: results are no longer the oracle's.
     insider: bool,
+    /// Datagrams delivered so far.
+    delivered: u64,
+    /// Datagrams delivered so far by packet type (see [`Summary::settle_types`]).
+    types: [u64; 8],
 }
 
 impl Net {
@@ -146,6 +150,8 @@ impl Net {
             buf: vec![0u8; 70_000],
             allow_insider,
             insider: false,
+            delivered: 0,
+            types: [0; 8],
         }
     }
 
@@ -188,6 +194,9 @@ impl Net {
 
     /// Hand `data` to rank `dst` as if it came from `from`'s address.
     fn deliver(&mut self, dst: usize, data: &[u8], from: Option<u32>) {
+        self.delivered += 1;
+        let ty = wire::Packet::new_checked(data).map_or(0, |p| usize::from(p.raw_type()).min(7));
+        self.types[ty] += 1;
         self.eps[dst].handle_datagram_from(self.now, data, from);
         self.pump(dst);
     }
@@ -347,6 +356,11 @@ pub struct Summary {
     pub checked: usize,
     /// An insider datagram (correctly tagged forgery) was delivered.
     pub insider: bool,
+    /// Datagrams delivered, and virtual time, after the script.
+    pub settle: (u64, Duration),
+    /// Of the datagrams delivered after the script, how many of each packet
+    /// type (index: the type's wire value; 0: not a packet).
+    pub settle_types: [u64; 8],
 }
 
 /// Run one input.
@@ -368,7 +382,9 @@ pub fn run(data: &[u8]) -> Summary {
         }
         step(&mut net, &mut input);
     }
+    let (before, start, types) = (net.delivered, net.now, net.types);
     net.settle();
+    let settle = (net.delivered - before, net.now.saturating_duration_since(start));
     let completed = (0..net.ops.len())
         .filter(|&i| (0..net.world()).all(|r| net.ended[r][&net.ops[i].id].is_ok()))
         .count();
@@ -383,6 +399,8 @@ pub fn run(data: &[u8]) -> Summary {
         completed,
         checked: if net.insider { 0 } else { completed },
         insider: net.insider,
+        settle,
+        settle_types: std::array::from_fn(|i| net.types[i] - types[i]),
     }
 }
 

@@ -86,6 +86,19 @@ fn every_target_is_replayed() {
     }
 }
 
+/// The committed corpora stay small (minimise with `cargo fuzz cmin`).
+#[test]
+fn corpora_stay_small() {
+    let root = corpus_dir("");
+    let mut total = 0;
+    for dir in std::fs::read_dir(&root).unwrap() {
+        let dir = dir.unwrap().path();
+        let bytes: usize = files(&dir.file_name().unwrap().to_string_lossy()).iter().map(|f| f.1.len()).sum();
+        total += bytes;
+    }
+    assert!(total < 400 << 10, "fuzz corpora hold {total} bytes: minimise them");
+}
+
 /// Deterministic filler bytes (xorshift).
 fn noise(seed: u64, n: usize) -> Vec<u8> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

@@ -15,7 +15,7 @@
 use dlcp_config::Config;
 use dlcp_config::schema::REDACTED;
 
-use crate::{Input, mutate};
+use crate::input::{Input, mutate};
 
 /// The tables and keys edits choose from (`peers` is the array of tables).
 const KEYS: &[(&str, &[&str])] = &[

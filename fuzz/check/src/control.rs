@@ -16,7 +16,7 @@
 use dlcp_shm::control::{MAX_LOCAL_WORLD, REGISTER_LEN, REPLY_LEN, Reply};
 use dlcp_shm::{Geometry, Registration, RejectReason};
 
-use crate::Input;
+use crate::input::Input;
 
 /// Overwrite or flip up to 4 bytes of `b` in place.
 fn edit(input: &mut Input<'_>, b: &mut [u8]) {

@@ -34,7 +34,7 @@ use dlcp_proto::oracle;
 use dlcp_proto::time::{Duration, Instant};
 use dlcp_proto::wire::{self, JobKey};
 
-use crate::Input;
+use crate::input::Input;
 
 /// Payload bytes per chunk: small, so that small tensors have many chunks.
 const CHUNK_BYTES: usize = 64;

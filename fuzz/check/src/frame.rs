@@ -16,7 +16,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use dlcp::datapath::frame::{self, Arp, ArpOp, Checksum, Mac, Parsed, UdpFrame};
 
-use crate::{Input, mutate};
+use crate::input::{Input, mutate};
 
 fn mac(input: &mut Input<'_>) -> Mac {
     let mut m = [0u8; 6];

@@ -15,7 +15,7 @@
 
 use dlcp::datapath::socket::fuzzing::{gro_segments, gso_plan};
 
-use crate::Input;
+use crate::input::Input;
 
 /// Run one input.
 pub fn check(data: &[u8]) {

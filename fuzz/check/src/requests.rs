@@ -19,7 +19,7 @@ use dlcp::metrics::{Route, route};
 use dlcp::proto::endpoint::OpId;
 use dlcp::service::fuzzing::AdminRequest;
 
-use crate::Input;
+use crate::input::Input;
 
 const ADMIN_WORDS: &[&str] = &[
     "stats",

@@ -33,7 +33,7 @@ use dlcp_shm::{
     Submission, SubmitDesc,
 };
 
-use crate::Input;
+use crate::input::Input;
 
 /// A valid descriptor for `len_elems` f32 at `offset`.
 fn good(offset: u64, len_elems: u64) -> SubmitDesc {

@@ -14,9 +14,10 @@
 # size at the end. A crash fails the script and names the input under
 # fuzz/artifacts/TARGET/. DLCP_FUZZ_TARGET overrides --ci's choice.
 set -euo pipefail
-cd "$(dirname "$0")/../fuzz"
+SELF=$(realpath "$0")
+cd "$(dirname "$SELF")/../fuzz"
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,15p' "$SELF" | sed 's/^# \{0,1\}//'; exit 2; }
 
 ensure_cargo_fuzz() {
   if ! cargo fuzz --version >/dev/null 2>&1; then

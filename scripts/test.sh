@@ -151,6 +151,10 @@ stage no-dpdk no_dpdk
 stage deb ./scripts/deb_test.sh
 stage demo demo
 stage bench-smoke bench_smoke
+# One fuzz target for about a minute, a different one each day (scripts/fuzz.sh
+# --ci: installs cargo-fuzz if missing; the first build of fuzz/ takes minutes).
+# The corpora themselves are replayed by the test stage (fuzz/check).
+stage fuzz ./scripts/fuzz.sh --ci 60
 
 echo
 echo "=== stage times ==="

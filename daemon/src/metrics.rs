@@ -375,6 +375,34 @@ fn write_by(s: &mut TcpStream, mut bytes: &[u8], deadline: Instant) -> std::io::
     Ok(())
 }
 
+/// What a scrape request asks for. (Public only for the fuzz targets in `fuzz/`.)
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// `GET` or `HEAD` of `/metrics` or `/` (any query): the exposition.
+    Metrics,
+    /// `GET` or `HEAD` of another path: 404.
+    NotFound,
+    /// Another method: 405.
+    NotAllowed,
+}
+
+/// Route a request from the bytes read of it (request line first, any bytes,
+/// not necessarily UTF-8); the flag is true for `HEAD` (no body in the answer).
+/// (Public only for the fuzz targets in `fuzz/`.)
+#[doc(hidden)]
+pub fn route(req: &[u8]) -> (Route, bool) {
+    let line = String::from_utf8_lossy(req);
+    let mut words = line.split_whitespace();
+    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let route = match (method, path.split('?').next().unwrap_or("")) {
+        ("GET" | "HEAD", "/metrics" | "/") => Route::Metrics,
+        ("GET" | "HEAD", _) => Route::NotFound,
+        _ => Route::NotAllowed,
+    };
+    (route, method == "HEAD")
+}
+
 /// One request: `GET /metrics` (or `/`) gets the exposition, anything else a
 /// 404/405; all of it, reading and writing, before `deadline`.
 fn serve(mut s: TcpStream, metrics: &Metrics, deadline: Instant) -> std::io::Result<()> {
@@ -388,20 +416,18 @@ fn serve(mut s: TcpStream, metrics: &Metrics, deadline: Instant) -> std::io::Res
         }
         req.extend_from_slice(&buf[..n]);
     }
-    let line = String::from_utf8_lossy(&req);
-    let mut words = line.split_whitespace();
-    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-    let (status, ctype, body) = match (method, path.split('?').next().unwrap_or("")) {
-        ("GET" | "HEAD", "/metrics" | "/") => ("200 OK", prometheus_text::CONTENT_TYPE, metrics.encode()),
-        ("GET" | "HEAD", _) => ("404 Not Found", "text/plain", "not found: try /metrics\n".to_owned()),
-        _ => ("405 Method Not Allowed", "text/plain", "only GET\n".to_owned()),
+    let (route, head) = route(&req);
+    let (status, ctype, body) = match route {
+        Route::Metrics => ("200 OK", prometheus_text::CONTENT_TYPE, metrics.encode()),
+        Route::NotFound => ("404 Not Found", "text/plain", "not found: try /metrics\n".to_owned()),
+        Route::NotAllowed => ("405 Method Not Allowed", "text/plain", "only GET\n".to_owned()),
     };
-    let head = format!(
+    let header = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    write_by(&mut s, head.as_bytes(), deadline)?;
-    if method != "HEAD" {
+    write_by(&mut s, header.as_bytes(), deadline)?;
+    if !head {
         write_by(&mut s, body.as_bytes(), deadline)?;
     }
     s.flush()

@@ -264,9 +264,10 @@ pub struct ErrorReply {
     pub error: String,
 }
 
-/// One admin request.
+/// One admin request. (Public only for the fuzz targets in `fuzz/`, through
+/// [`crate::service::fuzzing`].)
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Request {
+pub enum Request {
     /// `stats`: every counter.
     Stats,
     /// `status`: version, datapath, peers, trainers, operations.
@@ -281,7 +282,7 @@ pub(super) enum Request {
 
 impl Request {
     /// Parse one request line (surrounding whitespace ignored).
-    pub(super) fn parse(line: &str) -> Request {
+    pub fn parse(line: &str) -> Request {
         let req = line.trim();
         let words: Vec<&str> = req.split_whitespace().collect();
         match words.as_slice() {

@@ -67,6 +67,13 @@ use crate::shm::Status;
 
 mod admin;
 mod admin_socket;
+
+/// The admin request parser, for the fuzz targets (`fuzz/`): not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::admin::Request as AdminRequest;
+}
+
 mod attach;
 mod counters;
 mod local;

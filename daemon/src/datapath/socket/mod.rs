@@ -146,6 +146,9 @@ mod procfs;
 mod queue;
 mod sys;
 
+#[doc(hidden)]
+pub use self::queue::fuzzing;
+
 pub use self::config::{
     DatapathError, MAX_BATCH, MAX_GSO_SEGMENTS, MAX_UDP_PAYLOAD_V4, MAX_UDP_PAYLOAD_V6, SocketConfig,
     SocketStats,

@@ -191,6 +191,46 @@ pub(super) fn segments(len: usize, segment: usize) -> impl Iterator<Item = std::
     (0..len.max(1)).step_by(step).map(move |start| start..(start + step).min(len))
 }
 
+/// The pure parts above as functions of plain values, for the fuzz targets
+/// (`fuzz/`) and nothing else: not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+    use std::ops::Range;
+
+    use super::{Pending, plan, segments};
+
+    /// The datagrams of a received buffer of `len` bytes that GRO coalesced
+    /// at `segment` bytes (0: not coalesced), as the receive path splits it.
+    pub fn gro_segments(len: usize, segment: usize) -> Vec<Range<usize>> {
+        segments(len, segment).collect()
+    }
+
+    /// The messages the send path makes of `datagrams` — `(destination
+    /// port, length)`, laid out back to back — from index `start`, at most
+    /// `batch` of them, with `gso = Some((max_segments, max_payload))`: each
+    /// message as `(first, count, segment, bytes)`.
+    pub fn gso_plan(
+        datagrams: &[(u16, usize)],
+        start: usize,
+        batch: usize,
+        gso: Option<(usize, usize)>,
+    ) -> Vec<(usize, usize, usize, usize)> {
+        let mut off = 0;
+        let items: Vec<Pending> = datagrams
+            .iter()
+            .map(|&(port, len)| {
+                let dst = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
+                off += len;
+                Pending { dst, off: off - len, len }
+            })
+            .collect();
+        let mut out = Vec::new();
+        plan(&items, start, batch, gso, &mut out);
+        out.iter().map(|g| (g.first, g.count, g.segment, g.bytes)).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

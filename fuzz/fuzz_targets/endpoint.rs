@@ -1,0 +1,5 @@
+//! Fuzz target `endpoint`: see `dlcp_fuzz_check::endpoint` for what it drives and checks
+//! (the corpus replay test in `fuzz/check/tests/` runs the same function).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| dlcp_fuzz_check::endpoint::check(data));

@@ -86,7 +86,11 @@ fn reply(input: &mut Input<'_>) {
                 4096 * (1 + u64::from(input.u16())),
             );
             if let Ok(geometry) = g {
-                let r = Reply::Accepted { attachment_id: input.u64(), geometry };
+                // A valid place: a rank below the number of daemons (0 daemons: not told).
+                let nodes = input.u32();
+                let node_rank = if nodes == 0 { 0 } else { input.u32() % nodes };
+                let place = dlcp_shm::control::JobPlace { node_rank, nodes };
+                let r = Reply::Accepted { attachment_id: input.u64(), geometry, place };
                 b = r.encode();
                 built = Some(r);
             }

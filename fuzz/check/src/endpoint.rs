@@ -56,6 +56,7 @@ fn timers() -> Timers {
     let ms = Duration::from_millis;
     Timers {
         hard_timeout: ms(200),
+        op_deadline: ms(2_000),
         deadline_min: ms(1),
         deadline_max: ms(100),
         initial_per_chunk: Duration::from_micros(20),
@@ -94,7 +95,8 @@ fn op(input: &mut Input<'_>, i: u64, world: u32) -> Op {
             (0..len).map(|e| ((u64::from(r) * 31 + e as u64 * 7 + i * 13) % 17) as f32 * 0.5 - 4.0).collect()
         })
         .collect();
-    Op { id: OpId { seq: 1 + i, tensor: i as u32 % 2 }, inputs, opts }
+    // Every rank's first local run (`begin_run` in `Net::new`) is epoch 1.
+    Op { id: OpId { run: 1, seq: 1 + i, tensor: i as u32 % 2 }, inputs, opts }
 }
 
 /// A datagram in flight.
@@ -136,11 +138,16 @@ impl Net {
                 let mut c = EndpointConfig::new(r, world, JOB, 1, session, key());
                 c.chunk_bytes = CHUNK_BYTES;
                 c.timers = timers();
-                Endpoint::new(c, Instant::ZERO)
+                let mut e = Endpoint::new(c, Instant::ZERO);
+                // The trainers attach: a run begins, announced in the first
+                // HELLOs, which the script delivers, drops or mangles like
+                // any other datagram (ops wait for the run's agreement).
+                e.begin_run(Instant::ZERO);
+                e
             })
             .collect();
         let n = ops.len();
-        Net {
+        let mut net = Net {
             eps,
             now: Instant::ZERO,
             flights: Vec::new(),
@@ -152,7 +159,11 @@ impl Net {
             insider: false,
             delivered: 0,
             types: [0; 8],
+        };
+        for r in 0..world as usize {
+            net.pump(r);
         }
+        net
     }
 
     fn world(&self) -> usize {
@@ -294,7 +305,7 @@ fn insider(net: &mut Net, input: &mut Input<'_>, dst: usize, data: &[u8]) {
         4 => h.required = v as u32,
         5 => h.budget_ppm = v as u32 % 200_000,
         6 => h.seq = v as u32,
-        7 => h.generation = v as u32 % 4,
+        7 => h.run = v % 4,
         8 => h.flags = wire::Flags(v as u8),
         9 => h.src = v as u32 % (net.world() as u32),
         10 => payload.truncate(v as usize % (payload.len() + 1)),

@@ -6,23 +6,12 @@
 
 mod daemon_common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use daemon_common::*;
 use dlcp::shm::{Status, SubmitOptions, TrainerChannel};
 
 const N: usize = 5_000;
-
-fn status(c: &Cluster, r: u32) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
-        .arg("--socket")
-        .arg(&c.daemons[r as usize].socket)
-        .args(["status", "--json"])
-        .output()
-        .unwrap();
-    serde_json::from_slice(&out.stdout).unwrap_or_default()
-}
 
 /// One allreduce of `x` with a trainer on every host, attached for this op
 /// alone (a run of its own); every host's result.
@@ -48,14 +37,14 @@ fn one_run(c: &Cluster, x: &[f32], hosts: u32) -> Vec<(Status, Vec<f32>)> {
 fn a_stopping_daemon_says_goodbye_and_is_marked_down_at_once() {
     let mut c = Cluster::start(&Options { hosts: 2, ..Options::default() });
     let t0 = Instant::now();
-    while status(&c, 0)["peers"][1]["up"] != true {
-        assert!(t0.elapsed() < Duration::from_secs(10), "rank 1 never came up: {}", status(&c, 0));
+    while c.status(0)["peers"][1]["up"] != true {
+        assert!(t0.elapsed() < Duration::from_secs(10), "rank 1 never came up: {}", c.status(0));
         std::thread::sleep(Duration::from_millis(20));
     }
     c.kill(1, 15);
     let t = Instant::now();
-    while status(&c, 0)["peers"][1]["up"] != false {
-        assert!(t.elapsed() < Duration::from_secs(5), "never marked down: {}", status(&c, 0));
+    while c.status(0)["peers"][1]["up"] != false {
+        assert!(t.elapsed() < Duration::from_secs(5), "never marked down: {}", c.status(0));
         std::thread::sleep(Duration::from_millis(10));
     }
     // The test daemons' peer timeout is 1 s: silence alone takes that long.
@@ -75,7 +64,7 @@ fn a_daemon_restarted_with_a_lower_generation_is_accepted() {
         assert_eq!(st, Status::Ok);
         assert!(out.iter().zip(&x).all(|(a, b)| a.to_bits() == (b + b).to_bits()));
     }
-    let before = status(&c, 0)["peers"][1]["generation"].as_u64().expect("rank 1's generation");
+    let before = c.status(0)["peers"][1]["generation"].as_u64().expect("rank 1's generation");
     assert!(before > 1000, "auto generations come from the clock: {before}");
     // Rank 1 comes back with generation 7: far below the one its peers know.
     c.kill(1, 9);
@@ -85,8 +74,8 @@ fn a_daemon_restarted_with_a_lower_generation_is_accepted() {
     c.spawn(1, 0.0);
     c.wait_ready(1);
     let t = Instant::now();
-    while status(&c, 0)["peers"][1]["generation"] != 7 || status(&c, 0)["peers"][1]["up"] != true {
-        assert!(t.elapsed() < Duration::from_secs(10), "the restart was not accepted: {}", status(&c, 0));
+    while c.status(0)["peers"][1]["generation"] != 7 || c.status(0)["peers"][1]["up"] != true {
+        assert!(t.elapsed() < Duration::from_secs(10), "the restart was not accepted: {}", c.status(0));
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(c.log(0).contains(&format!("peer 1 restarted (generation {before} -> 7)")), "{}", c.log(0));

@@ -67,16 +67,9 @@ fn run_job(cluster: &Cluster, lib: &Path) -> Vec<String> {
         .collect()
 }
 
-/// The run id daemon 0 agreed for its current run, once agreed (`dlcpctl status --json`).
+/// The run id daemon 0 agreed for its current run, once agreed.
 fn agreed_run(cluster: &Cluster) -> Option<String> {
-    let out = Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
-        .arg("--socket")
-        .arg(&cluster.daemons[0].socket)
-        .args(["status", "--json"])
-        .output()
-        .ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    v["run"]["id"].as_str().map(str::to_owned)
+    cluster.status(0)["run"]["id"].as_str().map(str::to_owned)
 }
 
 fn prerequisites() -> Option<PathBuf> {

@@ -107,8 +107,8 @@ fn run(c: &Cluster, inputs: &[Vec<f32>; 2], before_submit: impl FnOnce()) -> Vec
     let mut cls: Vec<TrainerChannel> =
         (0..2).map(|h| TrainerChannel::attach(&c.daemons[h].socket, u64::from(JOB), 0, 1).unwrap()).collect();
     let t = Instant::now();
-    while (0..2).any(|r| status(c, r)["run"]["id"].as_str().is_none()) {
-        assert!(t.elapsed() < Duration::from_secs(10), "run never agreed: {}", status(c, 0));
+    while (0..2).any(|r| c.status(r)["run"]["id"].as_str().is_none()) {
+        assert!(t.elapsed() < Duration::from_secs(10), "run never agreed: {}", c.status(0));
         std::thread::sleep(Duration::from_millis(10));
     }
     before_submit();
@@ -138,16 +138,6 @@ fn run(c: &Cluster, inputs: &[Vec<f32>; 2], before_submit: impl FnOnce()) -> Vec
             ts.iter().map(|t| cl.read(t).unwrap()).collect()
         })
         .collect()
-}
-
-fn status(c: &Cluster, r: u32) -> serde_json::Value {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
-        .arg("--socket")
-        .arg(&c.daemons[r as usize].socket)
-        .args(["status", "--json"])
-        .output()
-        .unwrap();
-    serde_json::from_slice(&out.stdout).unwrap_or_default()
 }
 
 #[test]

@@ -135,10 +135,20 @@ impl Cluster {
 
     /// `dlcpctl stats --json` of daemon `r`.
     pub fn stats(&self, r: u32) -> Result<serde_json::Value, String> {
+        self.ctl_json(r, "stats")
+    }
+
+    /// `dlcpctl status --json` of daemon `r` (null if it does not answer).
+    pub fn status(&self, r: u32) -> serde_json::Value {
+        self.ctl_json(r, "status").unwrap_or_default()
+    }
+
+    /// `dlcpctl CMD --json` of daemon `r`.
+    fn ctl_json(&self, r: u32, cmd: &str) -> Result<serde_json::Value, String> {
         let out = Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
             .arg("--socket")
             .arg(&self.daemons[r as usize].socket)
-            .args(["stats", "--json"])
+            .args([cmd, "--json"])
             .output()
             .map_err(|e| e.to_string())?;
         if !out.status.success() {

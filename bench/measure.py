@@ -5,6 +5,7 @@ emulated switch's), and `perf` profiles. Parsing is kept apart from I/O so the
 harness's --self-check can test it without root."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -311,6 +312,38 @@ def parse_perf_report(text):
     return rows
 
 
+# The commands of dlcp's daemons and trainers and of the floor: the samples perf_categories sorts
+# (softirq work the kernel ran in other contexts, ksoftirqd or idle, is not among them).
+OURS = ("dlcpd", "dlcp-bench")
+
+# Where a system's own samples go: (category, test on (dso, mode, symbol)), first match wins.
+PERF_CATEGORIES = [
+    ("kernel: copies to and from user space",
+     lambda dso, mode, sym: mode == "k" and re.match(r"(_copy_(from|to)_(iter|user)|copy_user|rep_movs|"
+                                                     r"copyout|copyin|__check_object_size|check_heap_object)", sym)),
+    ("kernel: page faults and page clearing",
+     lambda dso, mode, sym: mode == "k" and re.match(r"(exc_page_fault|clear_page|do_anonymous_page|"
+                                                     r"handle_mm_fault|__handle_mm_fault)", sym)),
+    ("kernel: network stack, switch, scheduler and the rest", lambda dso, mode, sym: mode == "k"),
+    ("MAC (AES-GCM, aws-lc)", lambda dso, mode, sym: re.search(r"aws_lc|gcm|aes_|ghash", sym, re.I)),
+    ("user copies (memcpy / memmove / memset)", lambda dso, mode, sym: re.match(r"_*mem(move|cpy|set)", sym)),
+    ("protocol (dlcp_proto: ops, transfers, sums, timers)", lambda dso, mode, sym: "dlcp_proto::" in sym),
+    ("daemon datapath (batching, GSO/GRO, syscalls)", lambda dso, mode, sym: "datapath::" in sym),
+    ("other user space (service, trainer, floor, libc)", lambda dso, mode, sym: True),
+]
+
+
+def perf_categories(rows, comms):
+    """Percent of all samples per PERF_CATEGORIES category, over the rows of `comms`."""
+    out = {name: 0.0 for name, _ in PERF_CATEGORIES}
+    for pct, comm, dso, mode, sym in rows:
+        if comm not in comms:
+            continue
+        name = next(n for n, test in PERF_CATEGORIES if test(dso, mode, sym))
+        out[name] += pct
+    return out
+
+
 def perf_split(rows):
     """Per comm: percent of all samples in kernel and in user space."""
     out = {}
@@ -396,7 +429,7 @@ class Profiler:
             p.wait()
         secs = time.time() - h["t0"]
         r = self.sh(["perf", "report", "-i", h["data"], "--no-children", "--sort", "comm,dso,symbol", "--stdio",
-                     "-g", "none", "--percent-limit", "0.3", "-t", "\t"], check=False, timeout=600)
+                     "-g", "none", "--percent-limit", "0.01", "-t", "\t"], check=False, timeout=600)
         try:
             os.unlink(h["data"])
         except OSError:
@@ -406,23 +439,29 @@ class Profiler:
             self.log(f"  perf: no samples parsed for {h['tag']} ({r.stderr.strip()[-200:]})")
             return None
         split = perf_split(rows)
+        cats = perf_categories(rows, OURS)
         fn = f"{self.base}-perf-{h['tag']}.txt"
         with open(os.path.join(self.outdir, fn), "w") as f:
-            f.write(perf_summary(h["what"], secs, rows, split))
+            f.write(perf_summary(h["what"], secs, rows, split, cats))
         self.files.append(fn)
-        return {"file": fn, "seconds": secs, "split": split}
+        return {"file": fn, "seconds": secs, "split": split, "categories": cats}
 
 
-def perf_summary(what, secs, rows, split, top=40):
+def perf_summary(what, secs, rows, split, cats=None, top=40):
     lines = [f"# perf profile: {what}",
              f"# perf record -a -g for {secs:.1f} s within the timed region (whole machine: both CPUs,",
              "# every process, softirq and the emulated switch included);",
-             "# perf report --no-children --sort comm,dso,symbol --stdio -g none -t TAB (rows >= 0.3%)",
+             "# perf report --no-children --sort comm,dso,symbol --stdio -g none -t TAB (rows >= 0.01%)",
              "",
              "## share of all samples per command (kernel / user)",
              ""]
     for comm, d in sorted(split.items(), key=lambda x: -(x[1]["k"] + x[1]["u"]))[:12]:
         lines.append(f"{comm:<20} {d['k'] + d['u']:6.2f}%   kernel {d['k']:6.2f}%   user {d['u']:6.2f}%")
+    ours = sum(cats.values()) if cats else 0.0
+    if ours > 0:
+        lines += ["", f"## where the samples of {' and '.join(OURS)} go (% of all samples; % of theirs)", ""]
+        for name, pct in cats.items():
+            lines.append(f"{pct:6.2f}%  {100 * pct / ours:5.1f}%  {name}")
     lines += ["", f"## top {top} symbols", ""]
     for pct, comm, dso, mode, sym in rows[:top]:
         lines.append(f"{pct:6.2f}%  {comm:<16} {dso:<28} [{mode}] {sym}")

@@ -143,6 +143,10 @@ def write(b, outdir):
         w(f"| dlcp socket datapath | {dp['dlcp_mbps']:.0f} | |")
         w(f"| iperf3 UDP (1472 B, paced at 3 Gbit/s (`PACED_MBPS` in harness.py) with 4 MiB socket buffers like dlcpd; unpaced it loses > 50% at the receiver) | {dp['udp_mbps']:.0f} | {dp['dlcp_mbps'] / dp['udp_mbps']:.2f} |")
         w(f"| iperf3 TCP | {dp['tcp_mbps']:.0f} | {dp['dlcp_mbps'] / dp['tcp_mbps']:.2f} |")
+        j = dp.get("mtu9000")
+        if j:
+            w(f"| dlcp socket datapath, MTU 9000 (p50 {ms(j['p50'])} ms) | {j['dlcp_mbps']:.0f} | |")
+            w(f"| iperf3 TCP, MTU 9000 | {j['tcp_mbps']:.0f} | {j['dlcp_mbps'] / j['tcp_mbps']:.2f} |")
         dk = dp.get("dpdk") or {}
         if "dlcp_mbps" in dk:
             w(f"| dlcp DPDK datapath (`{dk['datapath']}`, p50 {ms(dk['p50'])} ms) | {dk['dlcp_mbps']:.0f} | "
@@ -169,6 +173,7 @@ def write(b, outdir):
           "floor's (≥ 1; 1.3 is issue 14's target for dlcp). Systems with fewer reps are the secondary ones.\n")
         md.extend(rh.drops_section(d["headline"]))
         md.extend(rh.perf_section(d["headline"]))
+        md.extend(rh.datagram_costs(d["headline"]))
 
     if d["sizes"]:
         w("## Time vs size (4 hosts)\n")

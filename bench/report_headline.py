@@ -217,6 +217,56 @@ def perf_section(headline):
     return out
 
 
+# Payload bytes per datagram at an MTU: dlcp's default chunk (96 bytes of header and tag) and
+# the floor's (a 12-byte header); both in UDP over IPv4 (28 bytes).
+def payload_bytes(system, mtu):
+    return mtu - 28 - (12 if system == "floor" else 96)
+
+
+def datagram_costs(headline):
+    """CPU time per datagram of dlcp b1% and the floor in the clean runs, split by where perf
+    saw their processes' samples: the system's CPU per GiB (cgroup) over the datagrams an
+    allreduce of a GiB sends (2 (hosts - 1) GiB / payload: every host sends all but its own
+    shard twice, reduce-scatter and all-gather), shared out by perf's categories."""
+    out = []
+    for c, m in conditions(headline):
+        rows = rows_of(headline, c, m)
+        have = [s for s in ("dlcp1", "floor") if s in rows and cpu(rows, s)
+                and sum(((rows[s].get("perf") or {}).get("categories") or {}).values()) > 0]
+        if c != "clean" or "dlcp1" not in have:
+            continue
+        if not out:
+            out = ["## Where each microsecond per datagram goes (clean)\n",
+                   "CPU µs per datagram = the system's CPU-s per GiB (cgroup: daemons and trainers, or the "
+                   "floor's processes) ÷ the datagrams an allreduce of 1 GiB sends (2 × (hosts − 1) GiB ÷ "
+                   "payload per datagram), split in the shares `perf` found in those processes' samples "
+                   "(send and receive side together, the emulated switch's work where it ran in their "
+                   "context). The difference is what dlcp costs beyond the bare socket datapath.\n"]
+        hosts = rows["dlcp1"].get("hosts", 4)
+        per = {}
+        for s in have:
+            dgrams = 2 * (hosts - 1) * (1 << 30) / payload_bytes(s, m)
+            total = cpu(rows, s) * 1e6 / dgrams
+            cats = rows[s]["perf"]["categories"]
+            ours = sum(cats.values())
+            per[s] = {"total": total, "dgrams": dgrams, **{k: total * v / ours for k, v in cats.items()}}
+        cats = list(rows["dlcp1"]["perf"]["categories"])
+        fl = "floor" in per
+        out += [f"### MTU {m}: {payload_bytes('dlcp1', m)} B per dlcp datagram"
+                + (f", {payload_bytes('floor', m)} B per floor datagram" if fl else "") + "\n",
+                "| where | dlcp b1% µs | " + ("floor µs | dlcp − floor µs |" if fl else ""),
+                "|---|---:|" + ("---:|---:|" if fl else "")]
+        for k in ["total"] + cats:
+            d = per["dlcp1"][k]
+            cells = f"| {'**all**' if k == 'total' else k} | {d:.2f} |"
+            if fl:
+                f = per["floor"][k]
+                cells += f" {f:.2f} | {d - f:+.2f} |"
+            out.append(cells)
+        out.append("")
+    return out
+
+
 def summary_table(headline):
     """Compact table: per condition and MTU, p50 / p99 of dlcp b1%, b0, the floor, Gloo and Open MPI."""
     cols = [s for s in ("dlcp1", "dlcp0", "floor", "gloo", "mpi") if any(h["system"] == s for h in headline)]

@@ -196,5 +196,6 @@ fn systemd_analyze_security_rates_the_unit_ok() {
         text.lines().find(|l| l.contains("Overall exposure level")).unwrap_or_else(|| panic!("{text}"));
     let score: f64 = line.split(':').nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
     eprintln!("{line}");
-    assert!(score <= 2.0, "exposure {score} (0 = locked down, 10 = unprotected): {line}");
+    // Issue 15 keeps it at 1.5 at most (1.4 today: "OK").
+    assert!(score <= 1.5, "exposure {score} (0 = locked down, 10 = unprotected): {line}");
 }

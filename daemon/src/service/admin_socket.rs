@@ -25,7 +25,7 @@ use crate::shm::{PeerCred, PeerPolicy};
 /// The first mio token of the admin connections: slot `i` is `ADMIN_CONN_BASE + i`.
 pub(super) const ADMIN_CONN_BASE: usize = 1 << 13;
 /// The longest request line accepted, in bytes.
-pub(super) const MAX_REQUEST: usize = 256;
+pub const MAX_REQUEST: usize = 256;
 
 /// What a peer may ask.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -296,7 +296,12 @@ impl Drop for AdminSocket {
 /// Read what has arrived into `buf`: the request line once a newline or the
 /// end of the stream is in, `None` while more is to come, an error message for
 /// a request that is too long or not text.
-fn read_line(stream: &mut UnixStream, buf: &mut Vec<u8>) -> Result<Option<String>, String> {
+///
+/// Generic over the reader for the fuzz target (`fuzz/`), which delivers a
+/// request in arbitrary pieces, with `WouldBlock` and `Interrupted` between
+/// them. (Public only for it, through [`super::fuzzing`].)
+#[doc(hidden)]
+pub fn read_line(stream: &mut impl Read, buf: &mut Vec<u8>) -> Result<Option<String>, String> {
     let mut chunk = [0u8; MAX_REQUEST];
     let eof = loop {
         match stream.read(&mut chunk) {

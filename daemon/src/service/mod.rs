@@ -68,10 +68,11 @@ use crate::shm::Status;
 mod admin;
 mod admin_socket;
 
-/// The admin request parser, for the fuzz targets (`fuzz/`): not an API.
+/// The admin request parser and line reader, for the fuzz targets (`fuzz/`): not an API.
 #[doc(hidden)]
 pub mod fuzzing {
     pub use super::admin::Request as AdminRequest;
+    pub use super::admin_socket::{MAX_REQUEST as MAX_ADMIN_REQUEST, read_line as read_admin_line};
 }
 
 mod attach;

@@ -5,6 +5,11 @@
 #   scripts/fuzz.sh --ci [SECONDS]         one target for SECONDS (default 60),
 #                                          chosen by the day of the year
 #   scripts/fuzz.sh --list                 the targets
+#   scripts/fuzz.sh TARGET --coverage [DIR...]
+#                                          line coverage of the committed corpus
+#                                          plus DIRs (e.g. a run's new inputs):
+#                                          lines reached in the code the target
+#                                          is for, and in the whole build
 #
 # Installs cargo-fuzz if it is missing. Runs one libFuzzer job at nice 10 from
 # the committed corpus (fuzz/corpus/TARGET/, read only); inputs that add
@@ -17,7 +22,7 @@ set -euo pipefail
 SELF=$(realpath "$0")
 cd "$(dirname "$SELF")/../fuzz"
 
-usage() { sed -n '2,15p' "$SELF" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,20p' "$SELF" | sed 's/^# \{0,1\}//'; exit 2; }
 
 ensure_cargo_fuzz() {
   if ! cargo fuzz --version >/dev/null 2>&1; then
@@ -60,6 +65,47 @@ run() {
   fi
 }
 
+# The code each target is for: coverage reports lines reached there.
+focus() {
+  case $1 in
+    endpoint) echo 'proto/src/' ;;
+    frame) echo 'daemon/src/datapath/frame' ;;
+    gro) echo 'daemon/src/datapath/socket/' ;;
+    control) echo 'shm/src/control' ;;
+    ring) echo 'shm/src/' ;;
+    config) echo 'config/src/' ;;
+    admin) echo 'daemon/src/service/admin' ;;
+    metrics) echo 'daemon/src/metrics' ;;
+    decode|decode_tagged) echo 'proto/src/wire/' ;;
+    *) echo '/' ;;
+  esac
+}
+
+# coverage TARGET DIR...: the corpus (and DIRs) replayed by an instrumented
+# build (-C instrument-coverage, llvm-tools), summed by llvm-cov.
+coverage() {
+  local target=$1 bin tools
+  shift
+  rustup component list --installed 2>/dev/null | grep -q '^llvm-tools' \
+    || { echo "installing llvm-tools (rustup component add llvm-tools)"; rustup component add llvm-tools; }
+  tools="$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/bin"
+  nice -n 10 cargo fuzz coverage -s none "$target" "corpus/$target" "$@" >/dev/null
+  bin=$(find target -path "*coverage*/release/$target" -type f -perm -u+x | head -1)
+  "$tools/llvm-cov" export -summary-only "$bin" -instr-profile="coverage/$target/coverage.profdata" \
+    --ignore-filename-regex='/\.cargo/|/rustc/|/library/|/fuzz/' \
+    | python3 -c '
+import json, sys
+target, focus = sys.argv[1], sys.argv[2]
+files = json.load(sys.stdin)["data"][0]["files"]
+def lines(fs):
+    return sum(f["summary"]["lines"]["covered"] for f in fs), sum(f["summary"]["lines"]["count"] for f in fs)
+fc, fn = lines([f for f in files if focus in f["filename"]])
+ac, an = lines(files)
+pct = lambda c, n: 100 * c / n if n else 0
+print(f"--- coverage {target}: {fc} of {fn} lines reached ({pct(fc, fn):.1f}%) in {focus}; "
+      f"{ac} of {an} ({pct(ac, an):.1f}%) in the whole build")' "$target" "$(focus "$target")"
+}
+
 case "${1:-}" in
   ""|-h|--help) usage ;;
   --list) ensure_cargo_fuzz; targets ;;
@@ -79,6 +125,7 @@ case "${1:-}" in
     while [ $# -gt 0 ]; do
       case $1 in
         --minutes) minutes=${2:?--minutes needs a number}; shift 2 ;;
+        --coverage) shift; ensure_cargo_fuzz; coverage "$target" "$@"; exit 0 ;;
         *) usage ;;
       esac
     done

@@ -85,6 +85,7 @@ pub(crate) mod batch;
 mod control;
 mod credit;
 mod digest;
+mod failure;
 mod held;
 pub(crate) mod history;
 mod incarnation;
@@ -107,7 +108,7 @@ pub use tx::Transmit;
 use allreduce::{Layout, Op, Side};
 use api::OpKey;
 use held::{Held, HeldOp};
-use history::{Early, History, Linger};
+use history::{Early, Failed, History, Linger};
 use membership::Peers;
 use optable::OpTable;
 use shared::Shared;
@@ -551,6 +552,9 @@ impl Endpoint {
         };
         let id = OpId { run, seq: h.op, tensor: h.tensor };
         self.peers.saw_op(h.src, id);
+        if h.ty == PacketType::Done && h.flags.contains(wire::Flags::FAILED) {
+            return self.on_failure_notice(id, &h, payload);
+        }
         if let Some(slot) = self.ops.slot(&id) {
             let key = OpKey::new(id, slot);
             let side = Side::of_packet(h.ty, h.phase);
@@ -575,6 +579,7 @@ impl Endpoint {
             }
         } else if self.history.is_finished(&id) {
             self.sh.stats.rejected.stale_op += 1;
+            self.notify_failure(now, id, &h);
         } else if h.ty == PacketType::Data && h.phase == Phase::Scatter {
             self.buffer_early(now, OpId { run: h.run, ..id }, datagram);
         } else {
@@ -641,7 +646,8 @@ impl Endpoint {
         if let Some(op) = self.ops.remove(&id) {
             self.release(op);
             self.sh.stats.ops_failed += 1;
-            self.history.finished(self.now, id);
+            let until = self.now + self.sh.cfg.timers.linger;
+            self.history.failed(self.now, id, Failed::new(until, error.fail_reason()));
             self.events.push_back(Event::OpFailed { id, error });
         }
     }

@@ -50,6 +50,11 @@
 //! answers with a BITMAP, and the sender repairs exactly enough
 //! ([`select_repairs`]). If an op makes no progress for the hard timeout it
 //! fails with an error naming the ranks it was waiting for — never a hang.
+//! A rank that failed an op (for any reason) answers the PROBEs, BITMAPs and
+//! DATA of the ranks still at it with a failing DONE (wire version 5, at most
+//! one per peer per probe interval), and they fail it at once with
+//! [`OpError::PeerFailed`] naming it; a failing DONE is never answered
+//! (`failure.rs`).
 //!
 //! ## Membership
 //!
@@ -65,8 +70,8 @@
 //! The endpoint routes; its parts hold the state: the ops (`allreduce`: an
 //! op's transfers, layout and decisions; `optable`: the slab they live in),
 //! the transmit queues (`tx`) and the datagrams of one batch (`batch`), the
-//! timer index (`timers`), peers (`membership`), finished ops and the early
-//! buffer (`history`), and what op handlers share with the endpoint —
+//! timer index (`timers`), peers (`membership`), finished and failed ops and
+//! the early buffer (`history`), failure notices (`failure`), and what op handlers share with the endpoint —
 //! configuration, queues, counters, estimators (`shared`).
 
 use std::collections::VecDeque;

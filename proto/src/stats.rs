@@ -299,6 +299,7 @@ const CLASS_REPAIR_BYTES: &str = "Bytes of repair DATA packets per priority clas
 const PEER_REPAIRS: &str = "Repair DATA packets per peer rank, by direction (received: new chunks only)";
 const PEER_REPAIR_BYTES: &str = "Bytes of repair DATA packets per peer rank, by direction";
 const SENT: &[(&str, &str)] = &[("direction", "sent")];
+const FAILURE_NOTICES: &str = "Failing DONEs (\"this rank failed the op\"): sent in answer to a peer still at a failed op, received and failing one here";
 const RECEIVED: &[(&str, &str)] = &[("direction", "received")];
 
 /// A rejection reason: JSON `rejected.<name>`, metric `rx_dropped{reason="<name>"}`.
@@ -356,6 +357,9 @@ crate::counters! {
         pub early_dropped: u64 => [dropped("rejected.early_dropped", "early_dropped")],
         /// Buffered early packets discarded unused after the hard timeout.
         pub early_expired: u64 => [dropped("rejected.early_expired", "early_expired")],
+        /// A failing DONE (wire version 5) for an op this rank already ended
+        /// (completed, or failed itself): ignored, never answered.
+        pub failure_notice_ignored: u64 => [dropped("rejected.failure_notice_ignored", "failure_notice_ignored")],
     }
 }
 
@@ -383,6 +387,7 @@ impl RejectCounters {
             early_buffered: _,
             early_dropped,
             early_expired: _,
+            failure_notice_ignored,
         } = self;
         malformed
             + bad_tag
@@ -401,6 +406,7 @@ impl RejectCounters {
             + wrong_source
             + unknown_source
             + early_dropped
+            + failure_notice_ignored
     }
 }
 
@@ -599,6 +605,14 @@ crate::counters! {
         pub ops_completed: u64 => [Desc::json_only("ops_completed", "Allreduce ops the endpoint completed")],
         /// Ops failed.
         pub ops_failed: u64 => [Desc::json_only("ops_failed", "Allreduce ops the endpoint failed")],
+        /// Failing DONEs sent (wire version 5): answers to a peer's PROBE,
+        /// BITMAP or DATA for an op this rank failed, at most one per peer
+        /// per op per probe interval.
+        pub failure_notices_sent: u64 => [Desc::new("failure_notices_sent", "failure_notices", FAILURE_NOTICES).fixed(SENT)],
+        /// Failing DONEs received that failed an op here ([`crate::endpoint::OpError::PeerFailed`]).
+        pub failure_notices_received: u64 => [
+            Desc::new("failure_notices_received", "failure_notices", FAILURE_NOTICES).fixed(RECEIVED)
+        ],
         /// Transfers closed within budget but not complete.
         pub closed_within_budget: u64 => [Desc::json_only(
             "closed_within_budget",
@@ -717,9 +731,9 @@ mod tests {
         let mut in_debug = numbers(&format!("{s:?}"));
         in_debug.sort_unstable();
         assert_eq!(in_debug, given);
-        // 4×8 + 4×3 per class / per peer, 2×(8+1+3+1) dropped, 19 reasons,
-        // 2 + 4×8 + 2×2×3 repairs, 6 flow control, 10 others.
-        assert_eq!(given.len(), 32 + 12 + 26 + 19 + 2 + 32 + 12 + 6 + 10);
+        // 4×8 + 4×3 per class / per peer, 2×(8+1+3+1) dropped, 20 reasons,
+        // 2 + 4×8 + 2×2×3 repairs, 6 flow control, 12 others.
+        assert_eq!(given.len(), 32 + 12 + 26 + 20 + 2 + 32 + 12 + 6 + 12);
     }
 
     #[test]

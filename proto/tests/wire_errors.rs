@@ -165,7 +165,7 @@ fn bad_magic() {
 
 #[test]
 fn unsupported_version() {
-    for v in [0u8, 1, 2, 3, 5, 255] {
+    for v in [0u8, 1, 2, 3, 4, 6, 255] {
         let r = decode_edited(PacketType::Hello, |b| b[2] = v);
         assert_eq!(r, Err(WireError::UnsupportedVersion(v)));
     }
@@ -242,13 +242,15 @@ fn unknown_type() {
 
 #[test]
 fn bad_flags() {
-    // Undefined bits, on every type.
+    // The undefined bit, on every type; FAILED (version 5) on every type but DONE.
     for ty in ALL_TYPES {
-        for bit in 6..8 {
-            let f = 1u8 << bit;
-            assert_eq!(decode_edited(ty, |b| b[4] = f), Err(WireError::BadFlags(f)), "{ty:?} {f:#x}");
+        assert_eq!(decode_edited(ty, |b| b[4] = 0x80), Err(WireError::BadFlags(0x80)), "{ty:?} 0x80");
+        if ty != PacketType::Done {
+            assert_eq!(decode_edited(ty, |b| b[4] = 0x40), Err(WireError::BadFlags(0x40)), "{ty:?} 0x40");
         }
     }
+    // FAILED with MASK_EMPTY: a DONE is one or the other.
+    assert_eq!(decode_edited(PacketType::Done, |b| b[4] = 0x44), Err(WireError::BadFlags(0x44)));
     // Defined bits on the wrong packet type.
     assert_eq!(decode_edited(PacketType::Data, |b| b[4] = 0x02), Err(WireError::BadFlags(0x02)));
     assert_eq!(decode_edited(PacketType::Data, |b| b[4] = 0x04), Err(WireError::BadFlags(0x04)));
@@ -269,6 +271,33 @@ fn bad_flags() {
     let mut h = header(PacketType::Probe);
     h.flags = Flags::REPAIR;
     assert_eq!(h.check(), Err(WireError::BadFlags(0x01)));
+}
+
+/// A failing DONE (version 5) carries exactly its one-byte reason, and no
+/// segment: `chunk_index` 0. Any reason code is valid on the wire.
+#[test]
+fn bad_failing_done() {
+    let mut h = header(PacketType::Done);
+    h.flags = Flags::FAILED;
+    let mut out = vec![0u8; 256];
+    for len in [0usize, 2, 8] {
+        h.payload_len = len as u16;
+        assert_eq!(
+            wire::encode(&key(), &h, &vec![1; len], &mut out),
+            Err(WireError::BadField("payload_len")),
+            "{len} bytes"
+        );
+    }
+    h.payload_len = wire::FAILURE_LEN as u16;
+    for code in [0u8, 1, 5, 6, 255] {
+        let n = wire::encode(&key(), &h, &[code], &mut out).unwrap();
+        let (got, p) = wire::decode(&key(), &out[..n]).unwrap();
+        assert_eq!((got, p), (h, &[code][..]));
+    }
+    h.chunk_index = 8;
+    assert_eq!(wire::encode(&key(), &h, &[1], &mut out), Err(WireError::BadField("chunk_index")));
+    // The 2-byte segment of a mask DONE is not a reason.
+    assert_eq!(decode_edited(PacketType::Done, |b| b[4] = 0x40), Err(WireError::BadField("payload_len")));
 }
 
 #[test]

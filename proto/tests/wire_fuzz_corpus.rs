@@ -133,6 +133,10 @@ fn seeds() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.flags = Flags::MASK_EMPTY;
     h.seq = 5;
     v.push(("seed-done-mask-empty", h, vec![]));
+    let mut h = base(PacketType::Done, Class::CONTROL, Phase::Gather);
+    h.flags = Flags::FAILED;
+    h.seq = 6;
+    v.push(("seed-done-failed", h, vec![wire::FailReason::Deadline as u8]));
 
     let mut h = Header::new(PacketType::Hello, Class::CONTROL, Phase::None);
     h.job = 42;

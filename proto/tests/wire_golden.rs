@@ -1,7 +1,7 @@
 //! Golden byte vectors pinning the wire layout, one set per wire version.
 //!
-//! The version 4 vectors in `tests/golden/v4/*.hex` were produced by
-//! `tests/golden/v4/gen.py`, which writes each field at the offset given by
+//! The version 5 vectors in `tests/golden/v5/*.hex` were produced by
+//! `tests/golden/v5/gen.py`, which writes each field at the offset given by
 //! the layout table in the `wire` module docs and computes the tag with
 //! Python's `cryptography` (HKDF-SHA256, AES-128-GCM) — independently of the
 //! Rust encoder. Each vector is checked both ways: `encode(header, payload)
@@ -15,18 +15,18 @@
 //! (`tests/golden/v1/`, keyed BLAKE3, 64-byte header), version 2
 //! (`tests/golden/v2/`, AES-GMAC without flow control) and version 3
 //! (`tests/golden/v3/`, flow control; a wall-clock generation in the header,
-//! no run). This build refuses every one of them with
-//! `UnsupportedVersion(1)` / `(2)` / `(3)`, and still reads the sender rank
-//! they claim.
+//! no run) and version 4 (`tests/golden/v4/`, op identity; no failing DONE).
+//! This build refuses every one of them with `UnsupportedVersion(1)` to
+//! `(4)`, and still reads the sender rank they claim.
 
 use dlcp_proto::class::Class;
 use dlcp_proto::wire::{
-    self, DType, Flags, HEADER_LEN, Header, JobKey, KEY_INFO, KEY_SALT, OVERHEAD, Packet, PacketAuth,
-    PacketType, Phase, SETTINGS_LEN, SenderId, Settings, TAG_LEN, WireError,
+    self, DType, FailReason, Flags, HEADER_LEN, Header, JobKey, KEY_INFO, KEY_SALT, OVERHEAD, Packet,
+    PacketAuth, PacketType, Phase, SETTINGS_LEN, SenderId, Settings, TAG_LEN, WireError,
 };
 
-/// The job secret every version 4 golden vector is tagged with (see `v4/gen.py`).
-const SECRET: &[u8] = b"dlcp golden secret v4";
+/// The job secret every version 5 golden vector is tagged with (see `v5/gen.py`).
+const SECRET: &[u8] = b"dlcp golden secret v5";
 
 fn key() -> JobKey {
     JobKey::new(SECRET)
@@ -64,9 +64,25 @@ const V3: [&str; 11] = [
     "grant_request",
 ];
 
+/// The version 4 vectors: version 3's and GOODBYE.
+const V4: [&str; 12] = [
+    "data",
+    "data_repair_bf16",
+    "data_auth_none",
+    "probe",
+    "bitmap",
+    "bitmap_complete",
+    "done",
+    "done_mask_empty",
+    "hello",
+    "grant",
+    "grant_request",
+    "goodbye",
+];
+
 /// Parse a `.hex` golden file of this version: `#` comments and whitespace are ignored.
 fn golden(name: &str) -> Vec<u8> {
-    golden_of("v4", name)
+    golden_of("v5", name)
 }
 
 /// Parse the `.hex` golden file `name` of version directory `version`.
@@ -164,6 +180,22 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.packet = 6;
     v.push(("done_mask_empty", h, vec![]));
 
+    let mut h = common(PacketType::Done, Class::CONTROL, Phase::Scatter);
+    h.flags = Flags::FAILED;
+    h.packet = 10;
+    let mut reason = vec![0u8; wire::FAILURE_LEN];
+    wire::emit_failure(FailReason::Timeout, &mut reason);
+    v.push(("done_failed", h, reason));
+
+    // A reason code no version defines yet (200): it reads as `Other`.
+    let mut h = common(PacketType::Done, Class::CONTROL, Phase::Gather);
+    h.flags = Flags::FAILED;
+    h.chunk_count = 1;
+    h.required = 0;
+    h.budget_ppm = 0;
+    h.packet = 11;
+    v.push(("done_failed_unknown", h, vec![200]));
+
     let mut h = Header::new(PacketType::Hello, Class::CONTROL, Phase::None);
     h.job = 0x0102_0304;
     h.src = 3;
@@ -173,7 +205,7 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.packet = 7;
     let mut settings = vec![0u8; SETTINGS_LEN];
     Settings {
-        version: 4,
+        version: 5,
         auth: PacketAuth::AesGmac,
         chunk_bytes: 1376,
         flow_window: 256,
@@ -229,7 +261,9 @@ fn every_packet_type_and_flag_is_covered() {
     for ty in PacketType::ALL {
         assert!(v.iter().any(|(_, h, _)| h.ty == ty), "{ty:?} has no golden vector");
     }
-    for f in [Flags::REPAIR, Flags::COMPLETE, Flags::MASK_EMPTY, Flags::REQUIRED, Flags::REQUEST] {
+    for f in
+        [Flags::REPAIR, Flags::COMPLETE, Flags::MASK_EMPTY, Flags::REQUIRED, Flags::REQUEST, Flags::FAILED]
+    {
         assert!(v.iter().any(|(_, h, _)| h.flags.contains(f)), "{f:?} has no golden vector");
     }
     for a in [PacketAuth::None, PacketAuth::AesGmac] {
@@ -297,11 +331,12 @@ fn decode_golden_gives_header() {
 
 /// Every datagram of an older version (1: keyed BLAKE3, 64-byte header; 2:
 /// AES-GMAC without flow control; 3: flow control, a wall-clock generation,
-/// no run) is refused as such, before any cryptography, under any key, and
+/// no run; 4: the layout of this version without failing DONEs, another key
+/// schedule) is refused as such, before any cryptography, under any key, and
 /// still names the rank that sent it.
 #[test]
 fn older_versions_vectors_are_refused() {
-    for (version, names) in [(1u8, &V1[..]), (2, &V2[..]), (3, &V3[..])] {
+    for (version, names) in [(1u8, &V1[..]), (2, &V2[..]), (3, &V3[..]), (4, &V4[..])] {
         let own = JobKey::new(format!("dlcp golden secret v{version}").as_bytes());
         for name in names {
             let bytes = golden_of(&format!("v{version}"), name);
@@ -317,7 +352,7 @@ fn older_versions_vectors_are_refused() {
             assert_eq!(refused, WireError::UnsupportedVersion(version), "v{version} {name}");
             let src = match *name {
                 "hello" => 3,
-                "grant" => 2,
+                "grant" | "goodbye" => 2,
                 _ => 1,
             };
             assert_eq!(wire::peek_src(&bytes), Some(src), "v{version} {name}");
@@ -353,6 +388,20 @@ fn grant_counts_read_back() {
     assert_eq!(wire::parse_grant(&[0; 7]), None);
 }
 
+/// The failing DONEs read back as gen.py wrote them: the reason it named, and
+/// a code no version defines read as `Other`, not refused.
+#[test]
+fn failing_done_reasons_read_back() {
+    for (name, code, want) in
+        [("done_failed", 1u8, FailReason::Timeout), ("done_failed_unknown", 200, FailReason::Other)]
+    {
+        let bytes = golden(name);
+        let (h, p) = wire::decode(&key(), &bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(h.ty == PacketType::Done && h.flags.contains(Flags::FAILED), "{name}");
+        assert_eq!((p, wire::parse_failure(p)), (&[code][..], Some(want)), "{name}");
+    }
+}
+
 #[test]
 fn golden_rejected_under_another_key() {
     for (name, h, _) in vectors() {
@@ -373,7 +422,7 @@ fn probe_header_written_by_hand() {
     #[rustfmt::skip]
     let hand: [u8; HEADER_LEN] = [
         0xD1, 0xC9,             //  0 magic
-        0x04,                   //  2 version
+        0x05,                   //  2 version
         0x02,                   //  3 type = PROBE
         0x00,                   //  4 flags
         0x07,                   //  5 class = control
@@ -411,7 +460,7 @@ fn probe_header_written_by_hand() {
 #[test]
 fn data_packet_written_by_hand() {
     let mut hand = Vec::new();
-    hand.extend_from_slice(&[0xD1, 0xC9, 4, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
+    hand.extend_from_slice(&[0xD1, 0xC9, 5, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
     hand.extend_from_slice(&[1, 2, 3, 4, 0, 8, 1, 0]); // job payload_len auth reserved
     hand.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 2]); // src dst
     hand.extend_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]); // op
@@ -430,13 +479,13 @@ fn data_packet_written_by_hand() {
 /// The key schedule is pinned too: HKDF salt and info, then AES-128-GCM.
 #[test]
 fn key_schedule_is_pinned() {
-    assert_eq!(KEY_SALT, b"dlcp wire v4 packet authentication");
-    assert_eq!(KEY_INFO, b"dlcp v4 aes-128-gmac sender key");
+    assert_eq!(KEY_SALT, b"dlcp wire v5 packet authentication");
+    assert_eq!(KEY_INFO, b"dlcp v5 aes-128-gmac sender key");
     // The probe vector's tag, computed by gen.py with Python's cryptography.
     let g = golden("probe");
     let n = HEADER_LEN + wire::GRANT_LEN;
-    assert_eq!(hex(&g[n..]), "96753418395fa1e303af472c9b916357");
-    assert_eq!(hex(&key().tag(&g[..n])), "96753418395fa1e303af472c9b916357");
+    assert_eq!(hex(&g[n..]), "6c6d4ef0a435eb0743ae4019ab7b0783");
+    assert_eq!(hex(&key().tag(&g[..n])), "6c6d4ef0a435eb0743ae4019ab7b0783");
     assert_ne!(JobKey::new(b"").tag(&g[..n]), key().tag(&g[..n]));
 }
 

@@ -46,6 +46,7 @@ use dlcp_config::{Config, PacketAuthMode};
 use dlcp_proto::endpoint::{Endpoint, Event, OpError, OpId};
 use dlcp_proto::stats::{Desc, Label};
 use dlcp_proto::time::Instant;
+use dlcp_proto::wire::FailReason;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -446,15 +447,7 @@ impl Service {
                 Event::OpFailed { id, error } => {
                     self.counters.ops_failed += 1;
                     log::warn!("op {}/{} failed: {error}", id.seq, id.tensor);
-                    let status = match error {
-                        OpError::Timeout { .. } | OpError::NoRun { .. } | OpError::Deadline { .. } => {
-                            Status::Timeout
-                        }
-                        OpError::PeerRestarted { .. }
-                        | OpError::PeerLeft { .. }
-                        | OpError::PeerIncompatible { .. } => Status::PeerDown,
-                        OpError::RunEnded { .. } => Status::Shutdown,
-                    };
+                    let status = trainer_status(&error);
                     self.admin.record(OpRecord {
                         op: id.seq,
                         tensor: id.tensor,
@@ -576,5 +569,51 @@ fn peer_name(cfg: &Config, rank: Option<u32>) -> String {
     match rank.and_then(|r| cfg.peers.get(r as usize)) {
         Some(p) => format!("rank {} ({})", p.rank, p.socket_addr()),
         None => "an address that is no configured peer".to_owned(),
+    }
+}
+
+/// The status a trainer gets for an op that failed with `error` (its text,
+/// the error's Display, goes with it). A peer's failure notice
+/// ([`OpError::PeerFailed`]) maps by the reason the peer gave: an op that
+/// timed out or missed its deadline there is a timeout here (retry or abort
+/// the step); a peer that left, is incompatible or whose run ended is a peer
+/// down; a failure passed on from yet another rank is a timeout too, the
+/// usual root cause.
+fn trainer_status(error: &OpError) -> Status {
+    match error {
+        OpError::Timeout { .. } | OpError::NoRun { .. } | OpError::Deadline { .. } => Status::Timeout,
+        OpError::PeerRestarted { .. } | OpError::PeerLeft { .. } | OpError::PeerIncompatible { .. } => {
+            Status::PeerDown
+        }
+        OpError::PeerFailed { reason, .. } => match reason {
+            FailReason::Timeout | FailReason::Deadline | FailReason::PeerFailed => Status::Timeout,
+            FailReason::PeerLeft | FailReason::PeerIncompatible | FailReason::Other => Status::PeerDown,
+        },
+        OpError::RunEnded { .. } => Status::Shutdown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer's failure notice reaches the trainer with the status its
+    /// reason calls for, and a text naming the rank and the reason.
+    #[test]
+    fn a_peer_failure_maps_to_a_status_by_its_reason() {
+        for (reason, status) in [
+            (FailReason::Timeout, Status::Timeout),
+            (FailReason::Deadline, Status::Timeout),
+            (FailReason::PeerFailed, Status::Timeout),
+            (FailReason::PeerLeft, Status::PeerDown),
+            (FailReason::PeerIncompatible, Status::PeerDown),
+            (FailReason::Other, Status::PeerDown),
+        ] {
+            assert_eq!(trainer_status(&OpError::PeerFailed { rank: 2, reason }), status, "{reason:?}");
+        }
+        let e = OpError::PeerFailed { rank: 2, reason: FailReason::Timeout };
+        assert_eq!(e.to_string(), "rank 2 gave up on this op: no progress within its hard timeout");
+        assert_eq!(trainer_status(&OpError::PeerLeft { rank: 1 }), Status::PeerDown);
+        assert_eq!(trainer_status(&OpError::RunEnded { epoch: 1 }), Status::Shutdown);
     }
 }

@@ -23,6 +23,8 @@
 //! - without insider datagrams, an op that completed on every rank has the
 //!   same bytes on every rank, equal to `oracle::recompute` from the owners'
 //!   reports, and no transfer is missing more chunks than its budget allows.
+//! - without insider datagrams, a rank that failed an op because a peer told
+//!   it so (`OpError::PeerFailed`, a failing DONE) names a rank that failed it.
 
 use std::collections::BTreeMap;
 
@@ -402,6 +404,7 @@ pub fn run(data: &[u8]) -> Summary {
     if !net.insider {
         for i in 0..net.ops.len() {
             check_op(&net, i);
+            check_blame(&net, i);
         }
     }
     Summary {
@@ -412,6 +415,21 @@ pub fn run(data: &[u8]) -> Summary {
         insider: net.insider,
         settle,
         settle_types: std::array::from_fn(|i| net.types[i] - types[i]),
+    }
+}
+
+/// A rank that failed an op because a peer said it failed it (a failing
+/// DONE, wire version 5) names a rank that did fail it.
+fn check_blame(net: &Net, i: usize) {
+    let id = net.ops[i].id;
+    for r in 0..net.world() {
+        if let Err(OpError::PeerFailed { rank, reason }) = &net.ended[r][&id] {
+            let theirs = &net.ended[*rank as usize][&id];
+            assert!(
+                theirs.is_err(),
+                "op {id:?}: rank {r} says rank {rank} failed it ({reason}), but it completed"
+            );
+        }
     }
 }
 

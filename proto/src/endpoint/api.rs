@@ -7,7 +7,7 @@ use crate::priority::ClassifierConfig;
 use crate::rate::RateConfig;
 use crate::time::{Duration, Instant};
 use crate::transfer::TransferReport;
-use crate::wire::{JobKey, PacketAuth, Phase};
+use crate::wire::{FailReason, JobKey, PacketAuth, Phase};
 
 /// Identity of an op: matched across ranks by (job, run, `seq`, `tensor`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -336,6 +336,31 @@ pub enum OpError {
         /// The run's epoch.
         epoch: u64,
     },
+    /// Another rank failed the op and said so (a failing DONE, wire version
+    /// 5): it will send nothing more for it, so this rank fails it at once
+    /// instead of waiting for its own hard timeout.
+    #[error("rank {rank} gave up on this op: {reason}")]
+    PeerFailed {
+        /// The rank that failed it.
+        rank: u32,
+        /// Why, as it said.
+        reason: FailReason,
+    },
+}
+
+impl OpError {
+    /// The reason a failing DONE gives for this failure, when a peer asks
+    /// about the op afterwards.
+    pub fn fail_reason(&self) -> FailReason {
+        match self {
+            OpError::Timeout { .. } => FailReason::Timeout,
+            OpError::Deadline { .. } => FailReason::Deadline,
+            OpError::PeerLeft { .. } | OpError::PeerRestarted { .. } => FailReason::PeerLeft,
+            OpError::PeerIncompatible { .. } => FailReason::PeerIncompatible,
+            OpError::PeerFailed { .. } => FailReason::PeerFailed,
+            OpError::NoRun { .. } | OpError::RunEnded { .. } => FailReason::Other,
+        }
+    }
 }
 
 /// Renders [`OpError::Timeout::elsewhere`]: nothing, or which op each rank

@@ -1,5 +1,5 @@
-//! Control packets as they are sent: a queued HELLO, PROBE, BITMAP, DONE or
-//! GRANT written, from the state of its transfer (or of the peer) at that
+//! Control packets as they are sent: a queued HELLO, PROBE, BITMAP, DONE
+//! (a failing one too), GRANT or GOODBYE written, from the state of its transfer (or of the peer) at that
 //! moment, into the room a transmit batch gives it.
 
 use crate::class::Class;
@@ -67,6 +67,10 @@ impl Endpoint {
                 (None, Some(l)) => fill_mask(&mut h, &l.mask, seg, seg_bytes, buf)?,
                 (None, None) => return None,
             },
+            TxKind::Failed => {
+                let reason = self.fill_failure(item, &mut h)?;
+                return self.sh.seal(&h, buf, |p| wire::emit_failure(reason, p));
+            }
             TxKind::Grant { request } => {
                 let count = self.fill_grant(&mut h, peer, request);
                 return self.sh.seal(&h, buf, |p| wire::emit_grant(count, p));

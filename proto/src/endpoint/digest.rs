@@ -13,7 +13,7 @@ use crate::wire;
 pub fn settings_digest(cfg: &EndpointConfig) -> u64 {
     let c = &cfg.classifier;
     let mut b = Vec::with_capacity(48);
-    b.extend_from_slice(b"dlcp settings v4");
+    b.extend_from_slice(b"dlcp settings v5");
     b.push(wire::VERSION);
     b.push(cfg.key.auth() as u8);
     b.extend_from_slice(&(cfg.chunk_bytes as u32).to_be_bytes());

@@ -1,15 +1,17 @@
 //! What the endpoint knows about ops that are not in flight: the ids of
 //! finished ops (a late packet of one is stale, and its id cannot be started
 //! again), completed ops that still answer late PROBEs and BITMAPs for a
-//! while ([`Linger`]), and datagrams that arrived for ops this rank has not
-//! started yet (bounded, replayed when it starts them).
+//! while ([`Linger`]), failed ops that answer their peers' packets with a
+//! failing DONE for as long ([`Failed`], wire version 5), and datagrams that
+//! arrived for ops this rank has not started yet (bounded, replayed when it
+//! starts them).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 
 use crate::bitmap::Bitmap;
 use crate::endpoint::api::OpId;
 use crate::time::{Duration, Instant};
-use crate::wire;
+use crate::wire::{self, FailReason};
 
 /// A completed op that still answers late PROBEs and BITMAPs.
 #[derive(Debug)]
@@ -22,8 +24,32 @@ pub(crate) struct Linger {
     pub mask: Bitmap,
 }
 
+/// A failed op that still tells its peers so (a failing DONE) when their
+/// PROBEs, BITMAPs or DATA for it arrive.
+#[derive(Debug)]
+pub(crate) struct Failed {
+    /// Until when (the linger time after the failure).
+    pub until: Instant,
+    /// Why it failed, as the notice says.
+    pub reason: FailReason,
+    /// The peers told so far and when last: at most one notice per peer per
+    /// probe interval ([`History::notice_due`]).
+    told: Vec<(u32, Instant)>,
+}
+
+impl Failed {
+    /// Op failed for `reason`, remembered until `until`.
+    pub(crate) fn new(until: Instant, reason: FailReason) -> Failed {
+        Failed { until, reason, told: Vec::new() }
+    }
+}
+
 /// Bound on remembered finished op ids (older ones count as stale by age).
 const FINISHED_CAP: usize = 1 << 16;
+
+/// Bound on remembered failed ops (the oldest is forgotten first: its peers'
+/// packets are then only stale, as before version 5).
+const FAILED_CAP: usize = 1 << 12;
 
 /// What one buffered datagram costs beyond its bytes (its `Vec`, the
 /// allocator's header, its share of the map entry): the early buffer's cap
@@ -41,6 +67,9 @@ pub(crate) struct History {
     lingering: BTreeMap<OpId, Linger>,
     /// `(until, id)` of every lingering op: the next to end first.
     linger_order: BTreeSet<(Instant, OpId)>,
+    failed: BTreeMap<OpId, Failed>,
+    /// `(until, id)` of every remembered failed op: the next to end first.
+    failed_order: BTreeSet<(Instant, OpId)>,
     finished: VecDeque<(Instant, OpId)>,
     finished_set: HashSet<OpId>,
     early: BTreeMap<OpId, (Instant, Vec<Vec<u8>>)>,
@@ -62,7 +91,44 @@ pub(crate) enum Early {
 impl History {
     /// Whether op `id` finished recently (or still lingers).
     pub(crate) fn knows(&self, id: &OpId) -> bool {
-        self.finished_set.contains(id) || self.lingering.contains_key(id)
+        self.finished_set.contains(id) || self.lingering.contains_key(id) || self.failed.contains_key(id)
+    }
+
+    /// Why op `id` failed here, while that is remembered.
+    pub(crate) fn failure(&self, id: &OpId) -> Option<FailReason> {
+        self.failed.get(id).map(|f| f.reason)
+    }
+
+    /// Op `id` failed at `now`: remembered as `f` (bounded by
+    /// [`FAILED_CAP`], the oldest forgotten first) and as finished.
+    pub(crate) fn failed(&mut self, now: Instant, id: OpId, f: Failed) {
+        self.failed_order.insert((f.until, id));
+        if let Some(old) = self.failed.insert(id, f) {
+            self.failed_order.remove(&(old.until, id));
+        }
+        while self.failed.len() > FAILED_CAP {
+            let Some((_, old)) = self.failed_order.pop_first() else { break };
+            self.failed.remove(&old);
+        }
+        self.finished(now, id);
+    }
+
+    /// Whether failed op `id` should tell `peer` so now: not if it is not
+    /// remembered as failed, or told `peer` less than `interval` ago. If
+    /// so, it counts as told at `now`.
+    pub(crate) fn notice_due(&mut self, id: &OpId, peer: u32, now: Instant, interval: Duration) -> bool {
+        let Some(f) = self.failed.get_mut(id) else { return false };
+        match f.told.iter_mut().find(|(p, _)| *p == peer) {
+            Some((_, at)) if now < *at + interval => false,
+            Some((_, at)) => {
+                *at = now;
+                true
+            }
+            None => {
+                f.told.push((peer, now));
+                true
+            }
+        }
     }
 
     /// Whether op `id` is remembered as finished.
@@ -134,8 +200,8 @@ impl History {
         self.early_order = self.early.iter().map(|(id, (at, _))| (*at, *id)).collect();
     }
 
-    /// Age out at `now`: lingering ops, finished ids older than `linger +
-    /// hard_timeout`, and buffered datagrams older than `hard_timeout`.
+    /// Age out at `now`: lingering and failed ops, finished ids older than
+    /// `linger + hard_timeout`, and buffered datagrams older than `hard_timeout`.
     /// Returns how many buffered datagrams expired.
     pub(crate) fn expire(&mut self, now: Instant, linger: Duration, hard_timeout: Duration) -> u64 {
         while let Some(&(until, id)) = self.linger_order.first() {
@@ -144,6 +210,13 @@ impl History {
             }
             self.linger_order.pop_first();
             self.lingering.remove(&id);
+        }
+        while let Some(&(until, id)) = self.failed_order.first() {
+            if until > now {
+                break;
+            }
+            self.failed_order.pop_first();
+            self.failed.remove(&id);
         }
         while let Some(&(at, id)) = self.finished.front() {
             if at + linger + hard_timeout > now {
@@ -171,6 +244,7 @@ impl History {
     pub(crate) fn next_timeout(&self, linger: Duration, hard_timeout: Duration) -> Option<Instant> {
         [
             self.linger_order.first().map(|&(until, _)| until),
+            self.failed_order.first().map(|&(until, _)| until),
             self.finished.front().map(|(at, _)| *at + linger + hard_timeout),
             self.early_order.first().map(|&(at, _)| at + hard_timeout),
         ]
@@ -184,9 +258,11 @@ impl History {
         self.early_bytes
     }
 
-    /// Bytes of lingering ops and finished ids (for the endpoint's footprint).
+    /// Bytes of lingering and failed ops and finished ids (for the endpoint's footprint).
     pub(crate) fn bytes(&self) -> usize {
         self.lingering.values().map(|l| size_of::<Linger>() + l.mask.heap_bytes()).sum::<usize>()
+            + self.failed.values().map(|f| size_of::<Failed>() + f.told.capacity() * 16).sum::<usize>()
+            + self.failed_order.len() * size_of::<(Instant, OpId)>()
             + self.finished.capacity() * size_of::<(Instant, OpId)>()
             + self.finished_set.capacity() * size_of::<OpId>()
             + (self.linger_order.len() + self.early_order.len()) * size_of::<(Instant, OpId)>()
@@ -218,6 +294,29 @@ mod tests {
             }
         }
         assert_eq!(h.early_bytes(), 0);
+    }
+
+    #[test]
+    fn failed_ops_notify_each_peer_once_per_interval_and_age_out() {
+        let (mut h, t, ms) = (History::default(), Instant::ZERO, Duration::from_millis);
+        h.failed(t, id(1), Failed::new(t + ms(50), FailReason::Timeout));
+        assert!(h.knows(&id(1)) && h.is_finished(&id(1)));
+        assert_eq!(h.failure(&id(1)), Some(FailReason::Timeout));
+        assert!(!h.notice_due(&id(2), 1, t, ms(1)), "not failed here");
+        assert!(h.notice_due(&id(1), 1, t, ms(1)));
+        assert!(!h.notice_due(&id(1), 1, t + Duration::from_micros(999), ms(1)), "within the interval");
+        assert!(h.notice_due(&id(1), 2, t, ms(1)), "another peer");
+        assert!(h.notice_due(&id(1), 1, t + ms(1), ms(1)), "the interval passed");
+        assert_eq!(h.next_timeout(ms(1000), ms(1000)), Some(t + ms(50)));
+        h.expire(t + ms(50), ms(1000), ms(1000));
+        assert_eq!(h.failure(&id(1)), None);
+        assert!(h.is_finished(&id(1)), "still a finished id");
+        // Bounded: the oldest failure is forgotten first.
+        for i in 0..FAILED_CAP as u64 + 1 {
+            h.failed(t, id(100 + i), Failed::new(t + ms(1000) + Duration::from_nanos(i), FailReason::Other));
+        }
+        assert_eq!((h.failed.len(), h.failure(&id(100))), (FAILED_CAP, None));
+        assert_eq!(h.failure(&id(101)), Some(FailReason::Other));
     }
 
     #[test]

@@ -50,6 +50,11 @@
 //! answers with a BITMAP, and the sender repairs exactly enough
 //! ([`select_repairs`]). If an op makes no progress for the hard timeout it
 //! fails with an error naming the ranks it was waiting for — never a hang.
+//! A rank that failed an op (for any reason) answers the PROBEs, BITMAPs and
+//! DATA of the ranks still at it with a failing DONE (wire version 5, at most
+//! one per peer per probe interval), and they fail it at once with
+//! [`OpError::PeerFailed`] naming it; a failing DONE is never answered
+//! (`failure.rs`).
 //!
 //! ## Membership
 //!
@@ -65,8 +70,8 @@
 //! The endpoint routes; its parts hold the state: the ops (`allreduce`: an
 //! op's transfers, layout and decisions; `optable`: the slab they live in),
 //! the transmit queues (`tx`) and the datagrams of one batch (`batch`), the
-//! timer index (`timers`), peers (`membership`), finished ops and the early
-//! buffer (`history`), and what op handlers share with the endpoint —
+//! timer index (`timers`), peers (`membership`), finished and failed ops and
+//! the early buffer (`history`), failure notices (`failure`), and what op handlers share with the endpoint —
 //! configuration, queues, counters, estimators (`shared`).
 
 use std::collections::VecDeque;
@@ -85,6 +90,7 @@ pub(crate) mod batch;
 mod control;
 mod credit;
 mod digest;
+mod failure;
 mod held;
 pub(crate) mod history;
 mod incarnation;
@@ -107,7 +113,7 @@ pub use tx::Transmit;
 use allreduce::{Layout, Op, Side};
 use api::OpKey;
 use held::{Held, HeldOp};
-use history::{Early, History, Linger};
+use history::{Early, Failed, History, Linger};
 use membership::Peers;
 use optable::OpTable;
 use shared::Shared;
@@ -551,6 +557,9 @@ impl Endpoint {
         };
         let id = OpId { run, seq: h.op, tensor: h.tensor };
         self.peers.saw_op(h.src, id);
+        if h.ty == PacketType::Done && h.flags.contains(wire::Flags::FAILED) {
+            return self.on_failure_notice(id, &h, payload);
+        }
         if let Some(slot) = self.ops.slot(&id) {
             let key = OpKey::new(id, slot);
             let side = Side::of_packet(h.ty, h.phase);
@@ -575,6 +584,7 @@ impl Endpoint {
             }
         } else if self.history.is_finished(&id) {
             self.sh.stats.rejected.stale_op += 1;
+            self.notify_failure(now, id, &h);
         } else if h.ty == PacketType::Data && h.phase == Phase::Scatter {
             self.buffer_early(now, OpId { run: h.run, ..id }, datagram);
         } else {
@@ -641,7 +651,8 @@ impl Endpoint {
         if let Some(op) = self.ops.remove(&id) {
             self.release(op);
             self.sh.stats.ops_failed += 1;
-            self.history.finished(self.now, id);
+            let until = self.now + self.sh.cfg.timers.linger;
+            self.history.failed(self.now, id, Failed::new(until, error.fail_reason()));
             self.events.push_back(Event::OpFailed { id, error });
         }
     }

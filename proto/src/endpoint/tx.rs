@@ -45,6 +45,8 @@ pub(crate) enum TxKind {
     /// Flow control: the credit limit granted to the peer, or (`request`) a
     /// request for credit naming the DATA datagrams sent to it.
     Grant { request: bool },
+    /// A failing DONE: this rank failed the op (wire version 5).
+    Failed,
 }
 
 /// A queued packet: of `kind`, for the transfer of op `op` in `phase` with `peer`.

@@ -161,10 +161,19 @@ impl Sender {
         Drained::Probe
     }
 
+    /// Whether the receiver is known to hold every chunk (it answered with a
+    /// COMPLETE bitmap): it is never probed again. A reduce-scatter receiver
+    /// that holds everything has closed (its DONE ends the transfer); an
+    /// all-gather one waits for the owner's mask, and a PROBE would only
+    /// bring its COMPLETE bitmap again.
+    fn receiver_complete(&self) -> bool {
+        self.have.is_full()
+    }
+
     /// Fill a PROBE about to be sent, and arm the probe timer (returned).
     /// `None`: no PROBE is due any more.
     pub(crate) fn fill_probe(&mut self, h: &mut Header, now: Instant, retry: &Retry) -> Option<Instant> {
-        if self.done || self.stage != Stage::Probing || self.reported {
+        if self.done || self.stage != Stage::Probing || self.reported || self.receiver_complete() {
             return None;
         }
         h.ty = PacketType::Probe;
@@ -245,7 +254,10 @@ impl Sender {
             // The receiver asked without being prompted (its deadline NACKs
             // after our PROBEs were lost): answer now, not at the backed-off
             // probe timer, so it closes on the PROBE rather than by its deadline.
-            if self.probe_timer.is_some_and(|t| t > now) {
+            // (Not if it holds everything: then it closed without a PROBE.)
+            if self.receiver_complete() {
+                self.probe_timer = None;
+            } else if self.probe_timer.is_some_and(|t| t > now) {
                 self.probe_timer = Some(now);
             }
             return repairs;
@@ -298,7 +310,9 @@ impl Sender {
 
     /// The probe timer, if it is live.
     pub(crate) fn timer(&self) -> Option<Instant> {
-        self.probe_timer.filter(|_| !self.done && self.stage == Stage::Probing && !self.reported)
+        self.probe_timer.filter(|_| {
+            !self.done && self.stage == Stage::Probing && !self.reported && !self.receiver_complete()
+        })
     }
 
     /// Timers due at `now`: true if the probe timer fired (send

@@ -234,22 +234,54 @@ fn the_probe_timer_backs_off_to_its_cap_and_news_resets_it() {
         now = armed;
     }
     // A complete report with news answers the PROBE in flight (an RTT
-    // sample) and resets the backoff.
+    // sample) and resets the backoff: the repair it asks for goes out and
+    // the PROBE after it is sent at once, its timer at the base timeout.
     let seq = h.seq;
     s.fill_probe(&mut h, now, &retry()).unwrap();
     assert_eq!(h.seq, seq + 1, "every round has its own sequence number");
     let mut b = header(PacketType::Bitmap, 10, 0);
     b.seq = h.seq;
-    b.flags = Flags::COMPLETE;
-    let heard = s.on_bitmap(&b, &[], now + us(300), SEG);
+    b.payload_len = 2;
+    let heard = s.on_bitmap(&b, &[0xFF, 0x01], now + us(300), SEG); // chunks 0-8
     assert_eq!(heard.rtt, Some(us(300)));
     assert!(heard.news && heard.round);
-    assert!(s.decide_alone(now, |_| Class::new(0).unwrap(), ClassSet::EMPTY).is_empty());
+    assert_eq!(s.decide_alone(now, |_| Class::new(0).unwrap(), ClassSet::EMPTY), [9]);
+    s.sent(9);
+    assert_eq!(s.dequeued(now, &retry()), Drained::Probe, "no backoff left");
     let later = at(100_000);
     assert_eq!(s.fill_probe(&mut h, later, &retry()), Some(later + us(1000)));
+    // A COMPLETE bitmap (the receiver holds everything, so it closed): it
+    // is never probed again, not even after an unprompted report.
+    // (Sent unprompted, its deadline's: it answers no PROBE.)
+    let mut b = header(PacketType::Bitmap, 10, 0);
+    (b.seq, b.flags) = (h.seq - 1, Flags::COMPLETE);
+    assert!(s.on_bitmap(&b, &[], later + us(300), SEG).news);
+    assert!(s.decide_alone(later, |_| Class::new(0).unwrap(), ClassSet::EMPTY).is_empty());
+    assert_eq!((s.timer(), s.fill_probe(&mut h, later, &retry())), (None, None));
+    assert!(!s.on_timer(at(1_000_000)), "no probe timer fires");
     // The receiver's DONE ends it.
     assert!(s.on_done(h.seq, later + us(500)).rtt == Some(us(500)) && s.is_done());
     assert_eq!(s.timer(), None);
+}
+
+/// An all-gather sender whose receiver reported COMPLETE never probes it
+/// again, also when the owner's joint decision repairs other receivers.
+#[test]
+fn a_receiver_that_reported_complete_is_not_probed_again() {
+    let mut s = drained_sender(10, 0, 0, Mode::Agreed);
+    let mut h = header(PacketType::Hello, 10, 0);
+    s.fill_probe(&mut h, at(0), &retry()).unwrap();
+    let mut b = header(PacketType::Bitmap, 10, 0);
+    (b.seq, b.flags) = (h.seq, Flags::COMPLETE);
+    assert!(s.on_bitmap(&b, &[], at(100), SEG).round);
+    assert!(s.is_reported() && s.timer().is_none());
+    assert!(s.decide_jointly(&[3, 4]).is_empty(), "it holds them");
+    for t in [1_000, 10_000, 100_000] {
+        assert!(!s.on_timer(at(t)) && s.fill_probe(&mut h, at(t), &retry()).is_none());
+    }
+    // Its COMPLETE bitmap again (a nudge): still no PROBE.
+    assert!(s.on_bitmap(&b, &[], at(200_000), SEG).round);
+    assert!(s.timer().is_none() && s.fill_probe(&mut h, at(200_000), &retry()).is_none());
 }
 
 /// Fire the receiver's earliest timer until it does something.

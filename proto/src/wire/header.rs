@@ -3,6 +3,7 @@
 use crate::class::Class;
 use crate::wire::auth::PacketAuth;
 use crate::wire::error::WireError;
+use crate::wire::failure::FAILURE_LEN;
 use crate::wire::grant::GRANT_LEN;
 use crate::wire::layout::{HEADER_LEN, MAGIC, PPM, VERSION, field};
 use crate::wire::mac::SenderId;
@@ -129,7 +130,7 @@ impl Header {
         let allowed_flags = match self.ty {
             PacketType::Data => Flags::REPAIR.0 | Flags::REQUIRED.0 | Flags::BACKLOG.0,
             PacketType::Bitmap => Flags::COMPLETE.0,
-            PacketType::Done => Flags::MASK_EMPTY.0,
+            PacketType::Done => Flags::MASK_EMPTY.0 | Flags::FAILED.0,
             PacketType::Grant => Flags::REQUEST.0,
             PacketType::Probe | PacketType::Hello | PacketType::Goodbye => 0,
         };
@@ -175,6 +176,18 @@ impl Header {
                 }
                 if len == 0 || len % self.dtype.size() != 0 {
                     return Err(WireError::BadField("payload_len"));
+                }
+            }
+            PacketType::Done if self.flags.contains(Flags::FAILED) => {
+                // A failing DONE (version 5): its reason, and no segment.
+                if self.flags.contains(Flags::MASK_EMPTY) {
+                    return Err(WireError::BadFlags(self.flags.0));
+                }
+                if len != FAILURE_LEN {
+                    return Err(WireError::BadField("payload_len"));
+                }
+                if self.chunk_index != 0 {
+                    return Err(WireError::BadField("chunk_index"));
                 }
             }
             PacketType::Bitmap | PacketType::Done => {

@@ -44,7 +44,8 @@
 //!   key is `K = HKDF-Expand(PRK, info = KEY_INFO ‖ job ‖ rank ‖ session,
 //!   16 bytes)` (integers big-endian: 4, 4 and 8 bytes): a different key per
 //!   (job, sender rank, session). (Version 2 and 3 also put the sender's
-//!   wall-clock generation in `info`; version 4 has no generation on the wire.)
+//!   wall-clock generation in `info`; versions 4 and 5 have no generation on
+//!   the wire, and each version names itself in the salt and info.)
 //! - Every datagram carries the session and a **packet number**, the nonce,
 //!   which the sender increments for every datagram it seals (a `u64`
 //!   starting at 0: it cannot wrap in the life of any process).
@@ -71,9 +72,9 @@ use crate::wire::auth::PacketAuth;
 use crate::wire::layout::{HEADER_LEN, TAG_LEN, be32, be64, field};
 
 /// HKDF salt of the packet key schedule (public, fixed per wire version).
-pub const KEY_SALT: &[u8] = b"dlcp wire v4 packet authentication";
+pub const KEY_SALT: &[u8] = b"dlcp wire v5 packet authentication";
 /// Prefix of the HKDF info of a sender's packet key (see the module docs).
-pub const KEY_INFO: &[u8] = b"dlcp v4 aes-128-gmac sender key";
+pub const KEY_INFO: &[u8] = b"dlcp v5 aes-128-gmac sender key";
 
 /// Who sent a datagram: what a packet key is derived for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

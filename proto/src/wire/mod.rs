@@ -10,14 +10,14 @@
 //! job, the sender's session, the run, op, tensor, phase and chunk
 //! it belongs to.
 //!
-//! ## Header layout (version 4)
+//! ## Header layout (version 5)
 //!
 //! | offset | size | field          | meaning                                                             |
 //! |-------:|-----:|----------------|---------------------------------------------------------------------|
 //! | 0      | 2    | `magic`        | `0xD1C9`                                                            |
-//! | 2      | 1    | `version`      | `4`                                                                 |
+//! | 2      | 1    | `version`      | `5`                                                                 |
 //! | 3      | 1    | `type`         | 1 DATA, 2 PROBE, 3 BITMAP, 4 DONE, 5 HELLO, 6 GRANT, 7 GOODBYE      |
-//! | 4      | 1    | `flags`        | bit 0 REPAIR, bit 1 COMPLETE, bit 2 MASK_EMPTY, bit 3 REQUIRED, bit 4 REQUEST, bit 5 BACKLOG; others 0 |
+//! | 4      | 1    | `flags`        | bit 0 REPAIR, bit 1 COMPLETE, bit 2 MASK_EMPTY, bit 3 REQUIRED, bit 4 REQUEST, bit 5 BACKLOG, bit 6 FAILED; bit 7 0 |
 //! | 5      | 1    | `class`        | priority class 0–7 (7 = control)                                    |
 //! | 6      | 1    | `phase`        | 0 none (HELLO, GRANT, GOODBYE), 1 reduce-scatter, 2 all-gather      |
 //! | 7      | 1    | `dtype`        | 0 f32, 1 f16, 2 bf16 (element type of DATA payloads; any known value on control packets) |
@@ -37,10 +37,22 @@
 //! | 56     | 8    | `run`          | the run the op belongs to, agreed by the job's daemons ([`crate::run`]); 0 on HELLO, GRANT, GOODBYE |
 //! | 64     | 8    | `session`      | sender's session, random per endpoint incarnation                   |
 //! | 72     | 8    | `packet`       | sender's packet number, strictly increasing per datagram (the nonce) |
-//! | 80     | n    | payload        | DATA: elements, little-endian; BITMAP/DONE: bitmap segment; HELLO: [`Settings`]; GRANT and PROBE: a count ([`GRANT_LEN`] bytes, `wire/grant.rs`); GOODBYE: none |
+//! | 80     | n    | payload        | DATA: elements, little-endian; BITMAP/DONE: bitmap segment; DONE with FAILED: a one-byte reason ([`FailReason`], `wire/failure.rs`); HELLO: [`Settings`]; GRANT and PROBE: a count ([`GRANT_LEN`] bytes, `wire/grant.rs`); GOODBYE: none |
 //! | 80 + n | 16   | tag            | GCM tag, payload as associated data, header as plaintext (absent if `auth` is 0) |
 //!
-//! Version 4 differs from version 3 by op identity (issue 15): the sender's
+//! ## Versions
+//!
+//! | version | what changed | why |
+//! |--------:|--------------|-----|
+//! | 5 | DONE flag FAILED (bit 6): "the sender failed this op", its payload a one-byte reason code ([`FailReason`]: timeout, deadline, peer left, peer incompatible, peer failed, other; unknown codes read as other); the key schedule names version 5 ([`KEY_SALT`], [`KEY_INFO`]); header layout unchanged | a rank that failed an op (hard timeout, op deadline, a peer that left) dropped the op's later packets as stale and the other ranks learnt nothing: they probed it at the capped backoff until their own hard timeout (fuzz finding 3: 7,782 PROBEs in 200 ms). Now it answers a PROBE, BITMAP or DATA of the op with a failing DONE, and the prober fails the op at once, naming it |
+//! | 4 | op identity: no generation in the header, `run` at 56, GOODBYE, a 56-byte HELLO (below) | issue 15: incarnations and runs agreed, not wall-clock |
+//! | 3 | flow control: GRANT, BACKLOG, `dseq`, a PROBE's DATA count (below) | issue 16 |
+//!
+//! Version 4 datagrams (a HELLO included) are refused as
+//! `UnsupportedVersion(4)`, and the endpoint reports such a peer as
+//! incompatible, naming both versions.
+//!
+//! Version 4 differed from version 3 by op identity (issue 15): the sender's
 //! wall-clock `generation` (offset 12 in versions 2–3) is gone — an
 //! incarnation is its random session, verified by a HELLO challenge — so
 //! `payload_len` and `auth` move to offsets 12 and 14 and a 64-bit `run` takes
@@ -94,12 +106,15 @@
 //! - `src != dst`; `budget_ppm ≤ 1 000 000`;
 //! - class 7 exactly for control packets, 0–6 for DATA;
 //! - phase 0 and run 0 exactly for HELLO, GRANT and GOODBYE, phase 1 or 2 for every other type;
-//! - flags: DATA may carry REPAIR, REQUIRED and BACKLOG, BITMAP COMPLETE, DONE MASK_EMPTY,
+//! - flags: DATA may carry REPAIR, REQUIRED and BACKLOG, BITMAP COMPLETE, DONE MASK_EMPTY or FAILED (not both),
 //!   GRANT REQUEST, PROBE, HELLO and GOODBYE none;
 //! - every type but HELLO, GRANT and GOODBYE: `chunk_count ≥ 1`, `required ≤ chunk_count`;
 //! - DATA: `chunk_index < chunk_count`, payload non-empty and a whole number of
 //!   `dtype` elements;
-//! - BITMAP/DONE: a payload iff neither COMPLETE nor MASK_EMPTY is set;
+//! - DONE with FAILED: exactly [`FAILURE_LEN`] (1) byte of payload, the
+//!   reason code (any value: unknown codes read as `Other`), and
+//!   `chunk_index` 0;
+//! - other BITMAP/DONE: a payload iff neither COMPLETE nor MASK_EMPTY is set;
 //!   `chunk_index` (the segment's first bit) is a multiple of 8, and with a
 //!   payload it is `< chunk_count` and the segment ends at the byte holding bit
 //!   `chunk_count - 1` (`payload_len ≤ ⌈(chunk_count − chunk_index) / 8⌉`, which
@@ -115,12 +130,12 @@
 //!
 //! ## How the format is pinned
 //!
-//! - `proto/tests/wire_golden.rs` + `proto/tests/golden/v4/*.hex`: exact bytes
+//! - `proto/tests/wire_golden.rs` + `proto/tests/golden/v5/*.hex`: exact bytes
 //!   for every packet type and flag and both `auth` modes, generated
-//!   independently of this encoder (`golden/v4/gen.py`: Python's `cryptography`
+//!   independently of this encoder (`golden/v5/gen.py`: Python's `cryptography`
 //!   HKDF and AES-GCM) and one header written out by hand;
-//!   `golden/v1/`, `golden/v2/` and `golden/v3/`, the older versions' vectors,
-//!   are refused with `UnsupportedVersion(1)`, `(2)` and `(3)`;
+//!   `golden/v1/` to `golden/v4/`, the older versions' vectors, are refused
+//!   with `UnsupportedVersion(1)` to `(4)`;
 //! - `proto/tests/wire_bitflip.rs`: every single-bit flip is rejected;
 //! - `proto/tests/wire_errors.rs`: the input that produces each [`WireError`];
 //! - `proto/tests/wire_proptest.rs`: round trip and never-panic properties;
@@ -170,6 +185,7 @@
 mod auth;
 mod codec;
 mod error;
+mod failure;
 mod grant;
 mod header;
 mod keys;
@@ -182,6 +198,7 @@ mod types;
 pub use auth::PacketAuth;
 pub use codec::{decode, encode, encode_in_place, peek_class, peek_src, seal};
 pub use error::WireError;
+pub use failure::{FAILURE_LEN, FailReason, emit_failure, parse_failure};
 pub use grant::{GRANT_LEN, emit_grant, parse_grant};
 pub use header::Header;
 pub use keys::{KEYS_PER_PEER, KeyCache};

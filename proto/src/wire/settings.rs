@@ -1,7 +1,7 @@
 //! What a HELLO carries: the settings two daemons must agree on to talk, the
 //! sender's incarnation handshake, and its run.
 //!
-//! A HELLO's payload is exactly [`SETTINGS_LEN`] bytes (version 4):
+//! A HELLO's payload is exactly [`SETTINGS_LEN`] bytes (versions 4 and 5):
 //!
 //! | offset | size | field         | meaning                                               |
 //! |-------:|-----:|---------------|-------------------------------------------------------|

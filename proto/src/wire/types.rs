@@ -12,7 +12,8 @@ pub enum PacketType {
     Probe = 2,
     /// Receiver to sender: a segment of the bitmap of chunks it holds (selective NACK).
     Bitmap = 3,
-    /// Transfer closed (scatter: receiver to sender; gather: owner to receivers, with the agreed mask).
+    /// Transfer closed (scatter: receiver to sender; gather: owner to receivers, with the agreed mask);
+    /// with [`Flags::FAILED`] (version 5), the sender failed the op.
     Done = 4,
     /// Announcement and heartbeat: the sender's settings, its incarnation
     /// challenge and echo, and its run ([`crate::wire::Settings`]).
@@ -138,7 +139,11 @@ impl Flags {
     /// DATA: the sender has more DATA for this receiver than its credit
     /// covers (it wants a GRANT soon; [`crate::flow`]).
     pub const BACKLOG: Flags = Flags(0x20);
-    pub(crate) const ALL: u8 = 0x3F;
+    /// DONE (version 5): the sender failed this op; the payload is its
+    /// one-byte reason ([`FailReason`](crate::wire::FailReason)). Never
+    /// with MASK_EMPTY; never answered.
+    pub const FAILED: Flags = Flags(0x40);
+    pub(crate) const ALL: u8 = 0x7F;
 
     /// True if every bit of `other` is set.
     pub fn contains(self, other: Flags) -> bool {

@@ -597,7 +597,7 @@ mod tests {
                     session: None,
                     up: false,
                     is_self: false,
-                    refused: Some("speaks dlcp wire version 1; this daemon speaks version 4".into()),
+                    refused: Some("speaks dlcp wire version 4; this daemon speaks version 5".into()),
                 },
                 PeerStatus {
                     rank: 1,
@@ -636,7 +636,7 @@ mod tests {
                 + r#""metrics":{"address":null,"enabled":true,"error":"x"},"reloads_failed":2,"reloads_ok":1,"#
                 + r#""systemd":{"notify":false,"watchdog_ms":7},"uptime_s":5},"ops_held":1,"ops_in_flight":0,"#
                 + r#""packet_auth":"aes-128-gmac","peers":[{"address":"a","generation":null,"rank":0,"#
-                + r#""refused":"speaks dlcp wire version 1; this daemon speaks version 4","self":false,"up":false},"#
+                + r#""refused":"speaks dlcp wire version 4; this daemon speaks version 5","self":false,"up":false},"#
                 + r#"{"address":"b","#
                 + r#""generation":8,"rank":1,"self":true,"session":"00000000000000ab","up":true}],"rank":1,"#
                 + r#""run":{"epoch":3,"waiting":["rank 0 has not started this run"]},"#

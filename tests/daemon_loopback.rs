@@ -148,6 +148,7 @@ fn check_report_text(c: &Cluster, h: u32, op: u64, tensor: u32) {
     assert!(out.status.success(), "dlcpctl report: {}", String::from_utf8_lossy(&out.stderr));
     assert!(serde_json::from_slice::<serde_json::Value>(&out.stdout).is_err(), "JSON without --json: {text}");
     assert!(text.starts_with(&format!("op {op} tensor {tensor} at rank {h}: ")), "{text}");
+    assert!(text.contains("\nstarted at ") && !text.contains("started at null"), "{text}");
     assert!(text.contains("\nown shard: "), "{text}");
     for title in ["\nreduce-scatter into this rank's shard:\n", "\nall-gather:\n"] {
         let table = text.split(title).nth(1).unwrap_or_else(|| panic!("no {title:?}: {text}"));

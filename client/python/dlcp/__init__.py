@@ -474,8 +474,12 @@ class _Tensor:
 class Client:
     """A trainer's attachment to the local daemon. Create with :func:`attach`.
 
-    Use as a context manager or call :meth:`close`. Methods are not meant to be
-    called concurrently from several threads (the C library serialises them).
+    Use as a context manager or call :meth:`close`. The C library serialises the
+    calls on one handle, so two threads may share a client — one submitting,
+    one waiting, as the DDP hook and its completion waiter do — but a
+    :meth:`wait` delays the other thread's calls until it returns: wait in short
+    slices. (A failed call's message is the handle's last error, read right
+    after the call: a failure on the other thread in between could replace it.)
     """
 
     def __init__(self, lib: ctypes.CDLL, ptr: int, socket: str, job: int, local_rank: int, local_world: int):

@@ -7,26 +7,51 @@ One line switches DDP's gradient allreduce to dlcp::
     model.register_comm_hook(dlcp.torch.DlcpState(model), dlcp.torch.allreduce_hook)
 
 PyTorch stays the distributed engine (process group, bucketing, the optimizer);
-dlcp only carries the gradient buckets. For each bucket the hook copies DDP's
-flat bucket buffer once into a tensor of the daemon's shared arena (the one copy
-the bucket API forces: DDP owns that buffer), allreduces it in place with the
-bucket's layer position (the position of its front-most parameter in
-``module.parameters()``, so front layers get the higher priority class — DDP's
-bucket 0 holds the *last* layers), divides by the world size and returns a
-completed ``torch.futures.Future`` whose value *is* the arena tensor (DDP copies
-it into the gradients).
+dlcp only carries the gradient buckets.
+
+The hook is asynchronous. DDP calls it as each bucket's gradients become ready
+during ``backward()``; the hook copies DDP's flat bucket buffer once into a
+tensor of the daemon's shared arena (one arena tensor per bucket), submits an
+allreduce of it with the bucket's layer position (the position of its
+front-most parameter in ``module.parameters()``, so front layers get the higher
+priority class — DDP's bucket 0 holds the *last* layers) and returns a
+``torch.futures.Future`` at once. Backward goes on computing the next buckets'
+gradients while the daemon reduces the earlier ones, and several buckets are in
+flight together, so dlcpd's priority classes decide which finishes first (the
+front layers', submitted last, can overtake the back layers'). DDP waits for
+all the futures at the end of ``backward()``.
+
+A completion waiter, one daemon thread per :class:`DlcpState`, completes the
+futures: it waits for the client's completions (``Client.wait`` in short slices
+of :data:`WAIT_SLICE` seconds, so the library's per-handle lock, which the wait
+holds, never delays a submit by more than a slice; it sleeps on a condition
+while nothing is in flight), divides each reduced arena tensor by the world
+size and sets it as the future's value (DDP copies it into the gradients), or
+fails the future with a :class:`DlcpHookError`. If the ring of ops in flight
+is full the hook waits for a completion before submitting.
+
+Why one copy: DDP owns the bucket buffer (it allocates it and lays the
+gradients out in it as views), and dlcp can only reduce memory inside the
+daemon's shared arena, which the daemon maps and writes into. The hook cannot
+hand DDP an arena tensor as its bucket buffer (the comm-hook API gives no say
+over that allocation), so it copies the buffer into the arena; the result
+comes back without a copy (the future's value *is* the arena tensor, which DDP
+copies into the gradients as it does with any hook's result).
 
 Every op's report (delivered fraction, packets repaired, daemon time) is kept in
-:attr:`DlcpState.reports` as :class:`BucketReport` rows, per step and bucket.
+:attr:`DlcpState.reports` as :class:`BucketReport` rows, per step and bucket,
+in hook (submission) order; ``on_report`` is called from the waiter thread.
 
 Failure semantics: if the daemon is not running, attaching raises
 :class:`dlcp.ConnectError` when the state is created. If an op fails (a peer
 silent for ``loss.hard_timeout_ms``, a peer restarted, the daemon gone, no
-completion within ``timeout`` seconds), the hook raises :class:`DlcpHookError`
-naming the op (step, bucket, op sequence) and the reason; PyTorch surfaces it
-from ``loss.backward()`` as a ``RuntimeError`` carrying that text. The ranks are
-then out of step: every later call raises too, at once, until the job restarts
-(or falls back to Gloo: just do not register the hook).
+completion within ``timeout`` seconds of its submission), its future fails with
+a :class:`DlcpHookError` naming the op (step, bucket, op sequence) and the
+reason, and so do the futures of the other ops in flight; PyTorch surfaces it
+from ``loss.backward()`` as a ``RuntimeError`` carrying that text. No future
+outlives its op's ``timeout``: the waiter fails it then. The ranks are then out
+of step: every later hook call raises too, at once, until the job restarts (or
+falls back to Gloo: just do not register the hook).
 
 Settings come from arguments or the environment: ``DLCP_SOCKET`` (control
 socket), ``DLCP_JOB`` (job id, must match the daemon's ``node.job_id``),
@@ -39,8 +64,9 @@ Tested with Debian 12's ``python3-torch`` 1.13 (CPU, Gloo process group) and
 
 import collections
 import os
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
@@ -48,7 +74,12 @@ import torch.distributed as dist
 
 import dlcp
 
-__all__ = ["DlcpState", "BucketReport", "DlcpHookError", "allreduce_hook"]
+__all__ = ["DlcpState", "BucketReport", "DlcpHookError", "allreduce_hook", "WAIT_SLICE"]
+
+#: Seconds the completion waiter blocks in one ``Client.wait`` call. The C
+#: library serialises the calls on one handle, so a submit may wait this long
+#: for the waiter's call to return; the waiter only waits while ops are in flight.
+WAIT_SLICE = 0.002
 
 
 class DlcpHookError(RuntimeError):
@@ -80,27 +111,213 @@ class BucketReport:
     delivered: float  #: fraction of the bucket that arrived (1.0 = all)
     repairs: int  #: packets repaired
     duration: float  #: seconds the daemon spent on the op
-    wall: float  #: seconds the hook spent (copy in, op, average)
+    wall: float  #: seconds from the hook's call to the op's completion (copy in, op, average)
 
+
+@dataclass(eq=False)
+class _Op:
+    """One bucket's op, from the hook's call to its completion."""
+
+    step: int
+    bucket: int
+    layer: int
+    layers: int
+    name: str
+    tensor_id: int
+    arena: torch.Tensor
+    world: int
+    timeout: Optional[float]  # seconds from its submission to its completion, at most
+    t0: float  # perf_counter() at the hook's call
+    fut: torch.futures.Future = field(default_factory=torch.futures.Future)
+    seq: Optional[int] = None
+    deadline: Optional[float] = None  # time.monotonic() by which it must complete
+    report: Optional[BucketReport] = None
+
+
+def _why(e: dlcp.DlcpError) -> str:
+    """A library error as the hook's reason (the same text as before the hook was asynchronous)."""
+    return f"{e.op}: {e.reason} [{e.name}]"
+
+
+class _Waiter:
+    """The completion waiter of one :class:`DlcpState`: a daemon thread that
+    waits for the client's completions and completes the hook's futures.
+
+    ``cv`` guards ``pending`` (ops in flight by op_seq), ``order`` (the same ops
+    in submission order, for the reports) and ``failed``. The hook submits while
+    holding it, so a completion never arrives for an op not yet registered; the
+    thread never holds it while blocked in the library."""
+
+    def __init__(self, client: dlcp.Client, reports: Deque[BucketReport], on_report):
+        self.client = client
+        self.reports = reports
+        self.on_report = on_report
+        self.cv = threading.Condition(threading.RLock())
+        self.pending: Dict[int, _Op] = {}
+        self.order: Deque[_Op] = collections.deque()
+        self.failed: Optional[DlcpHookError] = None
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="dlcp-completions", daemon=True)
+        self.thread.start()
+
+    def submit(self, op: _Op, submit: Callable[[], int]) -> None:
+        """Submits ``op`` (``submit()`` returns its op_seq) and registers it. A
+        full ring (:class:`dlcp.BusyError`) waits for a completion of an op in
+        flight, at most ``op.timeout``. Raises :class:`DlcpHookError` (and fails
+        the state) if the submit fails."""
+        room_by = None if op.timeout is None else time.monotonic() + op.timeout
+        with self.cv:
+            while True:
+                if self.failed is not None:
+                    raise self.later_error(op.step, op.bucket)
+                try:
+                    op.seq = submit()
+                    break
+                except dlcp.BusyError as e:
+                    if not self.pending or (room_by is not None and time.monotonic() >= room_by):
+                        raise self._fail(_why(e), e, caller=(op.step, op.bucket)) from e
+                    self.cv.wait(0.1)  # each completion notifies
+                except dlcp.DlcpError as e:
+                    raise self._fail(_why(e), e, caller=(op.step, op.bucket)) from e
+            op.deadline = None if op.timeout is None else time.monotonic() + op.timeout
+            self.pending[op.seq] = op
+            self.order.append(op)
+            self.cv.notify_all()
+
+    def later_error(self, step: int, bucket: int) -> DlcpHookError:
+        """The error of a hook call after a failure."""
+        reason = self.failed.reason if self.failed is not None else "?"
+        return DlcpHookError(step, bucket, None, f"an earlier op failed, the ranks are out of step ({reason})")
+
+    def close(self) -> None:
+        """Stops the thread; ops still in flight fail."""
+        with self.cv:
+            self.stopping = True
+            self.cv.notify_all()
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        try:
+            while self._turn():
+                pass
+        except BaseException as e:  # never leave a future pending
+            self._fail(f"the completion waiter stopped: {type(e).__name__}: {e}")
+
+    def _turn(self) -> bool:
+        """Sleeps while nothing is in flight, else waits for a completion for at
+        most WAIT_SLICE and fails the ops past their deadline. False once stopped."""
+        with self.cv:
+            while not self.pending and not self.stopping:
+                self.cv.wait()
+            if self.stopping:
+                if self.pending:
+                    self._fail("the dlcp state was closed with the op in flight")
+                return False
+        try:
+            c = self.client.wait(None, timeout=WAIT_SLICE)
+        except dlcp.DlcpTimeoutError:
+            c = None
+        except dlcp.DlcpError as e:  # the daemon gone, the client closed, an I/O error
+            self._fail(_why(e), e)
+            return True
+        if c is not None:
+            self._complete(c)
+        now = time.monotonic()
+        with self.cv:
+            late = [op for op in self.pending.values() if op.deadline is not None and now > op.deadline]
+        if late:
+            why = f"wait: no completion within {late[0].timeout:g} s of the submit (the op may still complete)"
+            self._fail(why + " [DLCP_ERR_TIMEOUT]", op=late[0])
+        return True
+
+    def _complete(self, c: dlcp.Completion) -> None:
+        with self.cv:
+            op = self.pending.get(c.op_seq)
+            if op is None:  # not one of the hook's, or already failed (past its deadline)
+                return
+            if not c.ok:
+                self._fail(f"the op completed with status {c.status!r}: {c.reason}", op=op)
+                return
+            del self.pending[c.op_seq]
+            op.arena.div_(op.world)
+            op.report = BucketReport(
+                step=op.step,
+                bucket=op.bucket,
+                layer=op.layer,
+                layers=op.layers,
+                numel=op.arena.numel(),
+                op_seq=c.op_seq,
+                tensor=op.name,
+                tensor_id=op.tensor_id,
+                delivered=c.delivered_ppm / 1_000_000,
+                repairs=c.repairs,
+                duration=c.duration,
+                wall=time.perf_counter() - op.t0,
+            )
+            # Reports in submission order: move the completed head of the queue.
+            flushed = []
+            while self.order and self.order[0].report is not None:
+                flushed.append(self.order.popleft().report)
+            self.reports.extend(flushed)
+            self.cv.notify_all()  # a submit may wait for room in the ring
+        if self.on_report is not None:
+            for r in flushed:
+                self.on_report(r)
+        op.fut.set_result(op.arena)
+
+    def _fail(self, reason: str, cause=None, op: Optional[_Op] = None, caller=None) -> DlcpHookError:
+        """Fails the state (unless it failed before) and every op in flight.
+        What failed: ``op`` (an op in flight), ``caller`` (the (step, bucket) of
+        a hook call that could not submit) or, with neither, every op in flight
+        alike (the daemon gone...). The others fail saying so. Returns the error
+        of what failed."""
+        with self.cv:
+            victims = list(self.pending.values())
+            self.pending.clear()
+            self.order.clear()
+            if op is not None:
+                mine, what = DlcpHookError(op.step, op.bucket, op.seq, reason, cause), f"op {op.seq}"
+            elif caller is not None:
+                mine, what = DlcpHookError(*caller, None, reason, cause), f"the submit of bucket {caller[1]}"
+            else:
+                first = victims[0] if victims else None
+                at = (first.step, first.bucket, first.seq) if first is not None else (-1, -1, None)
+                mine, what = DlcpHookError(*at, reason, cause), None
+            if self.failed is None:
+                self.failed = mine
+            self.cv.notify_all()
+        for o in victims:
+            if o is op:
+                err = mine
+            elif what is None:
+                err = DlcpHookError(o.step, o.bucket, o.seq, reason, cause)
+            else:
+                err = DlcpHookError(o.step, o.bucket, o.seq, f"in flight when {what} failed: {reason}", cause)
+            if not o.fut.done():
+                o.fut.set_exception(err)
+        return mine
 
 class DlcpState:
     """State of :func:`allreduce_hook`: the dlcp client, the bucket tensors in the
-    shared arena, the layer positions and the reports.
+    shared arena, the layer positions, the completion waiter and the reports.
 
     ``module``: the model (DDP-wrapped or not) whose parameters DDP buckets.
     ``client``: an attached :class:`dlcp.Client` (else one is attached with
     ``socket``/``job``/``local_rank``/``local_world``, defaults from the
-    environment). ``world_size``: trainers of the job on all hosts (default
-    ``torch.distributed.get_world_size()``); the sum is divided by it.
+    environment); the state's waiter takes every completion of it, so do not
+    use it for other ops meanwhile. ``world_size``: trainers of the job on all
+    hosts (default ``torch.distributed.get_world_size()``); the sum is divided by it.
     ``budget``: tolerated loss fraction per op (0 = reliable, bit-exact).
     ``fill_local``: a chunk given up counts as this host's own contribution
     instead of zero; ``rescale``: scale partially delivered sums up by the
     delivered count. Both are per-op flags on top of the daemon's ``[loss]``
     settings (they can turn the behaviour on, not off).
-    ``timeout``: seconds to wait for an op's completion (the daemon itself fails
-    an op whose peers stay silent for ``loss.hard_timeout_ms``).
+    ``timeout``: seconds from an op's submission to its completion, at most
+    (the daemon itself fails an op whose peers stay silent for
+    ``loss.hard_timeout_ms``); None: no limit of the hook's own.
     ``max_reports``: keep at most this many recent reports. ``on_report``:
-    called with each :class:`BucketReport`.
+    called with each :class:`BucketReport`, from the waiter thread.
     """
 
     def __init__(
@@ -140,13 +357,20 @@ class DlcpState:
         self.step = 0
         self.reports: Deque[BucketReport] = collections.deque(maxlen=max_reports)
         self._tensors: Dict[Tuple[int, int], Tuple[str, torch.Tensor]] = {}
-        self._failed: Optional[DlcpHookError] = None
+        self._waiter = _Waiter(client, self.reports, on_report)
 
     def __repr__(self) -> str:
         return f"<dlcp.torch.DlcpState step={self.step} budget={self.budget} {self.client!r}>"
 
+    @property
+    def failed(self) -> Optional[DlcpHookError]:
+        """The first failure (None while every op succeeded): every later hook call raises."""
+        return self._waiter.failed
+
     def close(self) -> None:
-        """Detaches from the daemon (the hook fails afterwards)."""
+        """Stops the completion waiter (ops still in flight fail) and detaches
+        from the daemon (the hook fails afterwards)."""
+        self._waiter.close()
         self.client.close()
 
     def step_reports(self, step: int) -> List[BucketReport]:
@@ -172,62 +396,47 @@ class DlcpState:
         return min(known) if known else 0
 
 
+def _value(fut: torch.futures.Future) -> torch.Tensor:
+    # Re-raises a DlcpHookError set with set_exception: torch then fails the
+    # chained future with its text ("DlcpHookError: dlcp allreduce of ..."),
+    # which DDP raises from backward(). (DDP would read an exception set on the
+    # hook's own future as the value, not as an error.)
+    return fut.value()
+
+
 def allreduce_hook(state: DlcpState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: average ``bucket`` over all trainers through dlcpd.
 
     Register with ``ddp_model.register_comm_hook(DlcpState(ddp_model), allreduce_hook)``.
-    Returns a completed future holding the averaged bucket; raises
-    :class:`DlcpHookError` if the op fails.
+    Copies the bucket into its arena tensor, submits the allreduce and returns
+    at once a future that the state's completion waiter completes with the
+    averaged bucket, or fails with a :class:`DlcpHookError`. Raises
+    :class:`DlcpHookError` at once if the submit fails or an earlier op failed.
     """
     index = bucket.index()
     step = state.step
     if bucket.is_last():
         state.step += 1
-    if state._failed is not None:
-        raise DlcpHookError(
-            step, index, None, f"an earlier op failed, the ranks are out of step ({state._failed.reason})"
-        )
+    waiter = state._waiter
+    if waiter.failed is not None:
+        raise waiter.later_error(step, index)
     t0 = time.perf_counter()
     buf = bucket.buffer()
     if buf.dtype != torch.float32 or buf.is_sparse or buf.device.type != "cpu":
         raise DlcpHookError(
             step, index, None, f"unsupported gradient bucket ({buf.dtype}, {buf.device}): dlcp reduces CPU float32"
         )
-    numel = buf.numel()
-    seq = None
     try:
-        name, arena = state._arena_tensor(index, numel)
-        arena.copy_(buf.reshape(-1))  # the one copy: DDP's bucket -> shared memory
-        layer = state._layer_of(bucket)
-        seq = state.client.next_op_seq
-        rep = state.client.allreduce(
-            name, layer=layer, layers=state.layers, budget=state.budget, timeout=state.timeout, flags=state.flags
-        )
+        name, arena = state._arena_tensor(index, buf.numel())
+        tensor_id = state.client.tensor_id(name)
     except dlcp.DlcpError as e:
-        err = DlcpHookError(step, index, seq, f"{e.op}: {e.reason} [{e.name}]", e)
-        if isinstance(e, dlcp.OpFailedError):
-            err = DlcpHookError(step, index, seq, f"the op completed with status {e.status!r}: {e.reason}", e)
-        state._failed = err
-        raise err from e
+        raise waiter._fail(_why(e), e, caller=(step, index)) from e
+    arena.copy_(buf.reshape(-1))  # the one copy: DDP's bucket -> shared memory
+    layer = state._layer_of(bucket)
     world = state.world_size or (dist.get_world_size() if dist.is_initialized() else 1)
-    arena.div_(world)
-    r = BucketReport(
-        step=step,
-        bucket=index,
-        layer=layer,
-        layers=state.layers,
-        numel=numel,
-        op_seq=rep.op_seq,
-        tensor=name,
-        tensor_id=state.client.tensor_id(name),
-        delivered=rep.delivered,
-        repairs=rep.repairs,
-        duration=rep.duration,
-        wall=time.perf_counter() - t0,
+    op = _Op(step, index, layer, state.layers, name, tensor_id, arena, world, state.timeout, t0)
+    waiter.submit(
+        op,
+        lambda: state.client.submit(name, layer=layer, layers=state.layers, budget=state.budget, flags=state.flags),
     )
-    state.reports.append(r)
-    if state.on_report is not None:
-        state.on_report(r)
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(arena)
-    return fut
+    return op.fut.then(_value)

@@ -519,6 +519,12 @@ fn print_report(w: &mut String, v: &Value) {
     );
     outln!(
         w,
+        "started at {} µs, finished at {} µs (since the daemon started)",
+        v["started_us"],
+        v["finished_us"]
+    );
+    outln!(
+        w,
         "own shard: {} chunks; zero-filled everywhere: {}",
         v["own_chunks"],
         chunk_list(&v["own_mask"])

@@ -192,6 +192,17 @@ pub struct ReportReply {
     pub rank: u32,
     /// Time from local start to completion, microseconds.
     pub duration_us: u64,
+    /// When this daemon started the op (every local trainer had submitted
+    /// it), in microseconds since the daemon started (its monotonic clock:
+    /// comparable between the reports of one daemon process, not across hosts
+    /// or restarts). 0 in a reply from a daemon older than this field.
+    #[serde(default)]
+    pub started_us: u64,
+    /// When the op completed on this daemon (its completion went to the
+    /// trainers), on the clock of `started_us`; `finished_us - started_us` is
+    /// `duration_us`.
+    #[serde(default)]
+    pub finished_us: u64,
     /// Chunks of this rank's shard.
     pub own_chunks: u32,
     /// The chunks of this rank's shard that were zero-filled everywhere.
@@ -233,6 +244,8 @@ impl ReportReply {
             tensor: r.id.tensor,
             rank,
             duration_us: r.duration().as_micros() as u64,
+            started_us: r.started.as_nanos() / 1000,
+            finished_us: r.finished.as_nanos() / 1000,
             own_chunks: r.own_chunks,
             own_mask: r.own_mask.iter_ones().collect(),
             scatter: r.scatter.iter().map(TransferReply::from).collect(),
@@ -443,7 +456,9 @@ pub(super) fn to_json(reply: &impl Serialize) -> serde_json::Value {
 /// The inverse of the `report` reply (what `dlcpctl report --json` prints):
 /// rebuild the parts of an owner's [`OpReport`] that
 /// [`dlcp_proto::oracle::recompute`] needs — per sender the delivered chunks
-/// of the owner's shard, and the owner's own mask. Timing fields are zero.
+/// of the owner's shard, and the owner's own mask, and when the op started
+/// and finished (to the microsecond; zero from a daemon too old to say).
+/// The transfers' timing fields are zero.
 /// Panics on JSON that the `report` reply did not produce (it is for tests and tools).
 pub fn report_from_json(v: &serde_json::Value) -> OpReport {
     use dlcp_proto::bitmap::Bitmap;
@@ -464,8 +479,8 @@ pub fn report_from_json(v: &serde_json::Value) -> OpReport {
     };
     OpReport {
         id: OpId { run: 1, seq: r.op, tensor: r.tensor },
-        started: Instant::ZERO,
-        finished: Instant::ZERO,
+        started: Instant::from_nanos(r.started_us * 1000),
+        finished: Instant::from_nanos(r.finished_us * 1000),
         scatter: r
             .scatter
             .iter()
@@ -552,16 +567,18 @@ mod tests {
         let json = to_json(&ReportReply::new(&r, 2));
         assert_eq!(
             json.to_string(),
-            r#"{"deadline_fired":true,"duration_us":5000,"gather":[{"chunks":10,"deadline_fired":true,"#
+            r#"{"deadline_fired":true,"duration_us":5000,"finished_us":5001,"gather":[{"chunks":10,"#
                 .to_owned()
+                + r#""deadline_fired":true,"#
                 + r#""delivered_fraction":0.9,"mask":[2],"missing":[],"peer":1,"repaired":4}],"op":9,"own_chunks":10,"#
                 + r#""own_mask":[2],"rank":2,"repairs_sent":6,"scatter":[{"chunks":10,"deadline_fired":true,"#
                 + r#""delivered_fraction":0.8,"mask":null,"missing":[3,7],"peer":1,"repaired":4},{"chunks":10,"#
                 + r#""deadline_fired":true,"delivered_fraction":1.0,"mask":null,"missing":[],"peer":2,"#
-                + r#""repaired":4}],"tensor":3}"#
+                + r#""repaired":4}],"started_us":1,"tensor":3}"#
         );
         let back = report_from_json(&json);
         assert_eq!(back.id, r.id);
+        assert_eq!((back.started, back.finished), (r.started, r.finished));
         assert_eq!(back.own_chunks, 10);
         assert_eq!(back.own_mask, mask);
         assert_eq!(back.scatter.len(), 2);

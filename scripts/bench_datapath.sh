@@ -9,6 +9,14 @@
 # and the median datagrams/s sent and received per datapath and size.
 #
 #   scripts/bench_datapath.sh [SECS] [SIZE...]     default 3 s, sizes 1472 and 64
+#
+# DLCP_BENCH_SEND=lend sends as dlcpd does (datagrams lent as header | payload
+# slice | tag, 256 at a time: no user-space copy on the socket datapath, one
+# copy into the mbuf on DPDK) instead of one copied buffer per datagram.
+# DLCP_BENCH_KINDS chooses the senders (default "socket af_packet af_xdp");
+# "null" is the DPDK datapath on net_null, which drops every frame: the
+# datapath's own CPU cost per datagram, with no kernel and no receiver (its
+# received/s is 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-3}; shift || true
@@ -25,19 +33,23 @@ ip -n "$A" link add eth0 type veth peer name eth0 netns "$B"
 for ns in "$A" "$B"; do
   ip -n "$ns" link set lo up
   ip netns exec "$ns" ethtool -K eth0 tso off gso off gro off tx-udp-segmentation off >/dev/null 2>&1 || true
-  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set eth0 mtu 9000 up   # room for 8972-byte datagrams unfragmented
 done
 ip -n "$B" addr add 10.79.0.2/24 dev eth0
 
 REPS=${DLCP_BENCH_REPS:-3}
+MODE=${DLCP_BENCH_SEND:-send}
+read -r -a KINDS <<<"${DLCP_BENCH_KINDS:-socket af_packet af_xdp}"
 RESULTS=$(mktemp)
 printf '%-10s %6s %14s %14s  %s\n' datapath size "sent/s" "received/s" "sender"
 for size in "${SIZES[@]}"; do
  for rep in $(seq "$REPS"); do
-  for kind in socket af_packet af_xdp; do
+  for kind in "${KINDS[@]}"; do
     if [ "$kind" = socket ]; then
       ip -n "$A" addr replace 10.79.0.1/24 dev eth0
       eal=()
+    elif [ "$kind" = null ]; then
+      eal=(--no-huge --no-pci --no-shconf --no-telemetry -m 256 -l 1 --file-prefix "$P" --vdev=net_null0)
     else
       ip -n "$A" addr flush dev eth0
       ip -n "$B" neigh flush all
@@ -49,7 +61,7 @@ for size in "${SIZES[@]}"; do
     rpid=$!
     sleep 0.3
     dp=dpdk; [ "$kind" = socket ] && dp=socket
-    s=$(ip netns exec "$A" taskset -c 1 "$BIN" send "$dp" 10.79.0.1:7800 10.79.0.2:7800 "$SECS" "$size" "${eal[@]}" 2>/dev/null | tail -1)
+    s=$(ip netns exec "$A" taskset -c 1 "$BIN" "$MODE" "$dp" 10.79.0.1:7800 10.79.0.2:7800 "$SECS" "$size" "${eal[@]}" 2>/dev/null | tail -1)
     wait "$rpid"
     r=$(cat "$out"); rm -f "$out"
     py='import json,sys; s=json.loads(sys.argv[1]); r=json.loads(sys.argv[2]); print("%-10s %6d %14.0f %14.0f  %s" % (sys.argv[3], s["size"], s["pps"], r["pps"], s["datapath"][:60]))'
@@ -59,7 +71,7 @@ for size in "${SIZES[@]}"; do
  done
 done
 echo
-echo "median of $REPS runs of ${SECS} s (datagrams/s):"
+echo "median of $REPS runs of ${SECS} s (datagrams/s), mode $MODE:"
 python3 - "$RESULTS" <<'PY'
 import sys, statistics, collections
 runs = collections.defaultdict(list)

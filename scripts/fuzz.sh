@@ -70,7 +70,7 @@ focus() {
   case $1 in
     endpoint) echo 'proto/src/' ;;
     frame) echo 'daemon/src/datapath/frame' ;;
-    gro) echo 'daemon/src/datapath/socket/' ;;
+    gro) echo 'daemon/src/datapath/socket/queue.rs' ;;
     control) echo 'shm/src/control' ;;
     ring) echo 'shm/src/' ;;
     config) echo 'config/src/' ;;

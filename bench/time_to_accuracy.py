@@ -194,7 +194,7 @@ def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) 
         bed.set_cc(param)
     else:
         daemons.start()
-    lib = args.bindir / "libdlcp_client.so"
+    lib = args.lib or args.bindir / "libdlcp_client.so"
     procs = []
     for h in range(HOSTS):
         out = work / f"r{h}.json"
@@ -415,6 +415,7 @@ def parse_args():
     ap.add_argument("--time-cap", type=float, default=900.0, help="training-clock seconds per run")
     ap.add_argument("--run-timeout", type=float, help="wall seconds per run before it is killed (default cap + 300)")
     ap.add_argument("--bindir", type=Path, default=ROOT / "target/release")
+    ap.add_argument("--lib", type=Path, help="libdlcp_client.so (default: in --bindir)")
     ap.add_argument("--prefix", default="ttab", help="testbed name prefix")
     ap.add_argument("--out", default=str(ROOT / "bench/results"))
     ap.add_argument("--tag", default="", help="suffix of the output names (e.g. preliminary)")
@@ -491,9 +492,9 @@ def main() -> int:
         return 0
     if os.geteuid() != 0:
         sys.exit("time_to_accuracy.py: needs root (network namespaces)")
-    for f in ("dlcpd", "dlcpctl", "libdlcp_client.so"):
-        if not (args.bindir / f).exists():
-            sys.exit(f"{args.bindir / f} missing: cargo build --release -p dlcp -p dlcp-client (or --bindir)")
+    for f in (args.bindir / "dlcpd", args.bindir / "dlcpctl", args.lib or args.bindir / "libdlcp_client.so"):
+        if not f.exists():
+            sys.exit(f"{f} missing: cargo build --release -p dlcp -p dlcp-client (or --bindir, --lib)")
     work = Path(tempfile.mkdtemp(prefix="time_to_accuracy."))
     args.data_dir = work / "data"  # the dataset, generated once for this bench run
     import mnist1d_task
@@ -527,6 +528,10 @@ def main() -> int:
             s1, d1 = bed.loss_counters()
             r.update(cond=c, transport=t, seed=seed, dlcpd=build, wall_s=time.time() - t0,
                      nft_seen=s1 - s0, nft_dropped=d1 - d0)
+            if r["ok"] and not args.pilot:
+                r["target"] = args.target
+                r["time_to_target"] = time_to(r["curve"], args.target)  # None: not reached (within the cap)
+                r["reached_target"] = r["time_to_target"] is not None
             runs = [x for x in runs if (x["cond"], x["transport"], x["seed"]) != (c, t, seed)] + [r]
             if r["ok"]:
                 tt = time_to(r["curve"], args.target) if not args.pilot else None

@@ -309,6 +309,57 @@ def cell_lines(args, runs, conds, transports) -> list:
     return lines
 
 
+def target_lines(args, runs, conds) -> list:
+    """Issue 20's targets, checked where the grid has the cells: time-to-target ratios per condition and
+    final-accuracy differences (dlcp minus Gloo cubic, mean over seeds, with the 95% half-widths)."""
+    ok = [r for r in runs if r["ok"]]
+
+    def cell(c, t):
+        return [r for r in ok if r["cond"] == c and r["transport"] == t]
+
+    def tta(c, t):
+        return median_tta(cell(c, t), args.target, args.time_cap) if cell(c, t) else None
+
+    lines = []
+    for c in conds:
+        refs = {"clean1500": [("gloo-cubic", 1.0)], "clean9000": [("gloo-cubic", 1.0)],
+                "loss1": [("gloo-cubic", 0.5), ("gloo-bbr", 0.8)], "congested": [("best", 0.3)]}[c]
+        for t in ("dlcp-b0", "dlcp-b1", "dlcp-b5"):
+            mine = tta(c, t)
+            if not cell(c, t):
+                continue
+            for ref, limit in refs:
+                if ref == "best":
+                    peers = [x for x in (tta(c, "gloo-cubic"), tta(c, "gloo-bbr")) if x is not None]
+                    v, name = (min(peers), "the better Gloo") if peers else (None, "the better Gloo")
+                    if not cell(c, "gloo-cubic") and not cell(c, "gloo-bbr"):
+                        continue
+                else:
+                    if not cell(c, ref):
+                        continue
+                    v, name = tta(c, ref), TRANSPORTS[ref][0]
+                if mine is None or v is None:
+                    verdict = ("not measurable: " + ("dlcp" if mine is None else name) + " did not reach the target "
+                               "in the median run")
+                else:
+                    verdict = f"{mine / v:.2f} ({'met' if mine / v <= limit else 'not met'})"
+                lines.append(f"- {CONDITIONS[c][0]}, {TRANSPORTS[t][0]}: time to target ≤ {limit:g} × {name}'s: "
+                             f"{verdict}")
+    for t, limit in (("dlcp-b1", 0.3), ("dlcp-b5", 0.5)):
+        for c in conds:
+            a, g = cell(c, t), cell(c, "gloo-cubic")
+            if a and g:
+                (ma, ha), (mg, hg) = ci95([r["final_acc"] for r in a]), ci95([r["final_acc"] for r in g])
+                d = ma - mg
+                lines.append(f"- {CONDITIONS[c][0]}, {TRANSPORTS[t][0]}: final accuracy within {limit:g} points of "
+                             f"Gloo cubic's: {d:+.2f} points ({ma:.2f} ± {ha:.2f} vs {mg:.2f} ± {hg:.2f}; "
+                             f"{'met' if abs(d) <= limit else 'not met'} on the means)")
+    if not lines:
+        return []
+    n = len({r["seed"] for r in ok})
+    return ["", f"## Issue 20's targets ({n} seed{'s' if n != 1 else ''})", ""] + lines
+
+
 def write_outputs(args, runs, pilot):
     save_json(args, runs, pilot)
     out = names(args)
@@ -345,6 +396,7 @@ def write_outputs(args, runs, pilot):
         "",
     ]
     lines += cell_lines(args, runs, conds, transports)
+    lines += target_lines(args, runs, conds)
     bad = [r for r in runs if not r["ok"]]
     if bad:
         lines += ["", "Failed runs:"] + [
@@ -426,6 +478,8 @@ def parse_args():
                     help="CI: seed 0, clean MTU 1500, Gloo cubic and dlcp 1%%, 40 steps, 4000/2000 samples, "
                          "target --target (default 0.2), tag smoke")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--replot", action="store_true",
+                    help="only rewrite the markdown and plot from the output JSON (--title/--note apply)")
     args = ap.parse_args()
     if args.smoke:
         args.seeds, args.conds, args.transports = "0", "clean1500", "gloo-cubic,dlcp-b1"
@@ -458,8 +512,19 @@ def resolve_target(args) -> dict | None:
     return pilot
 
 
+def replot(args) -> int:
+    saved = json.loads(names(args)["json"].read_text())
+    for k, v in saved["args"].items():
+        if k not in ("title", "note", "out", "tag", "replot"):
+            setattr(args, k, v)
+    write_outputs(args, saved["runs"], saved["pilot"])
+    return 0
+
+
 def main() -> int:
     args = parse_args()
+    if args.replot:
+        return replot(args)
     conds = args.conds.split(",")
     transports = args.transports.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -534,8 +599,8 @@ def main() -> int:
                 r["reached_target"] = r["time_to_target"] is not None
             runs = [x for x in runs if (x["cond"], x["transport"], x["seed"]) != (c, t, seed)] + [r]
             if r["ok"]:
-                tt = time_to(r["curve"], args.target) if not args.pilot else None
-                msg = (f"final acc {100 * r['final_acc']:.2f}%, time to target {fmt(tt, '.1f', 'not reached')} s, "
+                tta = "" if args.pilot else f"time to target {fmt(r['time_to_target'], '.1f', 'not reached')} s, "
+                msg = (f"final acc {100 * r['final_acc']:.2f}%, {tta}"
                        f"clock {r['train_clock']:.1f} s, step {fmt(r['step_ms'])} ms (compute {fmt(r['compute_ms'])}, "
                        f"exposed {fmt(r['exposed_ms'])})")
             else:

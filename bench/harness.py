@@ -204,6 +204,53 @@ def cg_name(system):
     return system.split("-")[0].rstrip("01")
 
 
+# The congested-port condition: host 0's switch port at 300 Mbit/s, and 400 Mbit/s of
+# best-effort cross traffic into it from an extra host (testbed args + "cross").
+CONGESTED_PORT = {"rate": 300, "rate_ports": "0", "cross": 400}
+
+
+def cross_traffic(bed, hosts, mbps):
+    """Best-effort (DSCP 0) iperf3 UDP from an extra host (number `hosts`) into host 0's
+    bottleneck port; the processes to kill afterwards."""
+    src = hosts  # the extra host
+    srv = subprocess.Popen(["ip", "netns", "exec", bed.ns(0), "iperf3", "-s", "-p", "5302"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    cli = subprocess.Popen(["ip", "netns", "exec", bed.ns(src), "iperf3", "-u", "-c", "10.77.0.1",
+                            "-p", "5302", "-b", f"{mbps}M", "-l", "1400", "-t", "3600", "--tos", "0"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)
+    return [cli, srv]
+
+
+def allow_ccs():
+    """Machine-wide: add cubic and bbr (where available) to the congestion controls
+    namespaces may choose. Returns (the setting to restore or None, the usable ones)."""
+    cur = sh(["sysctl", "-n", "net.ipv4.tcp_allowed_congestion_control"]).stdout.strip()
+    avail = sh(["sysctl", "-n", "net.ipv4.tcp_available_congestion_control"]).stdout.split()
+    want = cur.split()
+    for cc in ("cubic", "bbr"):
+        if cc in avail and cc not in want:
+            want.append(cc)
+    saved = None
+    if want != cur.split():
+        saved = cur
+        with open(CC_SAVE, "w") as f:
+            f.write(cur)
+        sh(["sysctl", "-q", "-w", f"net.ipv4.tcp_allowed_congestion_control={' '.join(want)}"])
+    return saved, [c for c in ("cubic", "bbr") if c in want]
+
+
+def restore_ccs(saved):
+    """Undo allow_ccs (saved: what it returned first)."""
+    if saved is not None:
+        sh(["sysctl", "-q", "-w", f"net.ipv4.tcp_allowed_congestion_control={saved}"], check=False)
+        try:
+            os.unlink(CC_SAVE)
+        except OSError:
+            pass
+
+
 class Runner:
     """Starts one system's processes for one measurement. Every process goes into the
     system's cgroup; kernel drop counters are read around the run and dlcpd's own after
@@ -519,28 +566,11 @@ class Bench:
 
     # ---- machine-wide: allow cubic for the TCP peers, restore after
     def allow_cc(self):
-        cur = sh(["sysctl", "-n", "net.ipv4.tcp_allowed_congestion_control"]).stdout.strip()
-        avail = sh(["sysctl", "-n", "net.ipv4.tcp_available_congestion_control"]).stdout.split()
-        want = cur.split()
-        for cc in ("cubic", "bbr"):
-            if cc in avail and cc not in want:
-                want.append(cc)
-        if want != cur.split():
-            self.saved_allowed_cc = cur
-            with open(CC_SAVE, "w") as f:
-                f.write(cur)
-            sh(["sysctl", "-q", "-w", f"net.ipv4.tcp_allowed_congestion_control={' '.join(want)}"])
-        self.ccs = [c for c in ("cubic", "bbr") if c in want]
+        self.saved_allowed_cc, self.ccs = allow_ccs()
 
     def restore_cc(self):
-        if self.saved_allowed_cc is not None:
-            sh(["sysctl", "-q", "-w", f"net.ipv4.tcp_allowed_congestion_control={self.saved_allowed_cc}"],
-               check=False)
-            self.saved_allowed_cc = None
-            try:
-                os.unlink(CC_SAVE)
-            except OSError:
-                pass
+        restore_ccs(self.saved_allowed_cc)
+        self.saved_allowed_cc = None
 
     # ---- 2. micro
     def micro(self):
@@ -651,15 +681,7 @@ class Bench:
     # ---- 4. headline
     def cross_traffic(self, hosts, mbps):
         """Best-effort (DSCP 0) iperf3 UDP from an extra host into host 0's bottleneck port."""
-        src = hosts  # the extra host
-        srv = subprocess.Popen(["ip", "netns", "exec", self.bed.ns(0), "iperf3", "-s", "-p", "5302"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(0.5)
-        cli = subprocess.Popen(["ip", "netns", "exec", self.bed.ns(src), "iperf3", "-u", "-c", "10.77.0.1",
-                                "-p", "5302", "-b", f"{mbps}M", "-l", "1400", "-t", "3600", "--tos", "0"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(1.0)
-        return [cli, srv]
+        return cross_traffic(self.bed, hosts, mbps)
 
     def plan(self):
         """The headline conditions: dicts with cond, mtu, testbed args, size, [(system, reps)].
@@ -685,7 +707,7 @@ class Bench:
                 {"cond": "loss 0.1%", "mtu": 1500, "tb": {"loss": 0.1}, "size": big, "systems": trio},
                 {"cond": "loss 1%", "mtu": 1500, "tb": {"loss": 1}, "size": big, "systems": lossy + bbr},
                 {"cond": "loss 1%", "mtu": 9000, "tb": {"loss": 1}, "size": big, "systems": lossy},
-                {"cond": "congested port", "mtu": 1500, "tb": {"rate": 300, "rate_ports": "0", "cross": 400},
+                {"cond": "congested port", "mtu": 1500, "tb": dict(CONGESTED_PORT),
                  "size": 16 * MiB, "systems": [("dlcp1", 5), ("dlcp0", 3), ("gloo", 3), ("mpi", 3)]}]
 
     def record_config(self):

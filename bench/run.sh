@@ -13,7 +13,9 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 PREFIX=${DLCP_BENCH_PREFIX:-benchr}
 APT_PACKAGES="build-essential pkg-config iproute2 nftables ethtool iperf3 time python3 python3-numpy \
-python3-torch python3-matplotlib openmpi-bin python3-mpi4py"
+python3-torch python3-matplotlib openmpi-bin python3-mpi4py python3-scipy python3-requests"
+# MNIST-1D's generator for bench/time_to_accuracy.py, pinned; its dependencies come from Debian.
+MNIST1D_VERSION=0.0.2.post1
 
 say() { echo "[bench/run.sh] $*" >&2; }
 
@@ -28,6 +30,10 @@ if [ -n "$missing" ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q >/dev/null
   apt-get install -y -q --no-install-recommends $missing >/dev/null
+fi
+if [ "$(/usr/bin/python3 -c 'import importlib.metadata as m; print(m.version("mnist1d"))' 2>/dev/null)" != "$MNIST1D_VERSION" ]; then
+  say "installing: mnist1d==$MNIST1D_VERSION (pip, no deps)"
+  /usr/bin/python3 -m pip install -q --no-deps --break-system-packages "mnist1d==$MNIST1D_VERSION" >/dev/null
 fi
 case " $* " in
   *" --perf"*)

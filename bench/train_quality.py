@@ -147,7 +147,7 @@ def train(bed: Testbed, backend: str, budget: float, seed: int, args, port: int)
         if out.exists():
             out.unlink()
         cmd = ["ip", "netns", "exec", bed.ns(h), PY, str(ROOT / "examples/ddp_train.py")]
-        cmd += ["--backend", backend, "--rank", str(h), "--world-size", str(bed.hosts)]
+        cmd += ["--task", "digits", "--backend", backend, "--rank", str(h), "--world-size", str(bed.hosts)]
         cmd += ["--master-addr", "10.77.0.1", "--master-port", str(port), "--ifname", "eth0"]
         cmd += ["--socket", str(bed.sock(h)), "--job", str(JOB), "--budget", str(budget)]
         cmd += ["--epochs", str(args.epochs), "--lr", str(args.lr), "--seed", str(seed), "--out", str(out)]

@@ -38,12 +38,31 @@ stage() {
 # util-linux: setpriv (dlcpctl permission test, running the installed daemon as dlcp);
 # python3-venv/-pip/-setuptools/-wheel: the Python client's wheel, built offline and
 # pip-installed into a fresh virtualenv (tests/client_python_wheel.rs).
+# python3-scipy/-requests (+ numpy, matplotlib): mnist1d's dependencies, from Debian.
 APT_PACKAGES=(build-essential pkg-config ca-certificates git python3 python3-numpy
               python3-venv python3-pip python3-setuptools python3-wheel
               iproute2 nftables tcpdump iperf3 ethtool iputils-ping
               dpdk-dev libdpdk-dev clang libclang-dev
-              python3-torch python3-sklearn python3-matplotlib
+              python3-torch python3-sklearn python3-matplotlib python3-scipy python3-requests
               systemd adduser python3-yaml util-linux)
+
+# MNIST-1D's generator (examples/mnist1d_task.py: the DDP example's task, the
+# time-to-accuracy bench and its smoke test), pinned; no Debian package has it.
+# Its dependencies come from Debian (APT_PACKAGES), hence --no-deps; it goes to
+# /usr/local (pip's --break-system-packages only lifts Debian's guard against that).
+MNIST1D_VERSION=0.0.2.post1
+install_mnist1d() {
+  local have
+  have=$(/usr/bin/python3 -c 'import importlib.metadata as m; print(m.version("mnist1d"))' 2>/dev/null || true)
+  if [ "$have" = "$MNIST1D_VERSION" ]; then
+    echo "mnist1d $have present"
+    return
+  fi
+  local SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  echo "installing: mnist1d==$MNIST1D_VERSION (pip, no deps)"
+  $SUDO /usr/bin/python3 -m pip install -q --no-deps --break-system-packages "mnist1d==$MNIST1D_VERSION"
+}
 
 install_deps() {
   local missing=()
@@ -59,6 +78,7 @@ install_deps() {
   else
     echo "apt packages present: ${APT_PACKAGES[*]}"
   fi
+  install_mnist1d
   if ! command -v cargo >/dev/null; then
     echo "error: cargo not found. Install a Rust toolchain >= 1.85 (https://rustup.rs), then rerun." >&2
     exit 1

@@ -21,7 +21,7 @@ group_of() {
   case $1 in
     doctest:*) echo unit ;;
     dpdk_*|testbed_dpdk) echo DPDK ;;
-    client_python_ddp|testbed_ddp) echo torch ;;
+    client_python_ddp|testbed_ddp|testbed_time_to_accuracy) echo torch ;;
     python|client_python_daemon) echo Python ;;
     testbed_*) echo testbed ;;
     allreduce_sim|scale_sim|sim_net|loss_grid|flow_sim|rate_sim) echo simulation ;;

@@ -55,6 +55,7 @@ fn rank_cmd(
     let hosts = cluster.daemons.len();
     let mut cmd = Command::new(PYTHON);
     cmd.arg(example())
+        .args(["--task", "digits"])
         .args(["--rank", &(host * locals + local).to_string(), "--world-size", &(hosts * locals).to_string()])
         .args(["--master-addr", "127.0.0.1", "--master-port", &port.to_string()])
         .arg("--socket")
@@ -129,7 +130,7 @@ fn ddp_hook_raises_clear_errors_when_the_daemon_is_down_or_dies() {
     let mut ranks = Ranks::default();
     let mut cmd = Command::new(PYTHON);
     cmd.arg(example())
-        .args(["--world-size", "1", "--master-addr", "127.0.0.1"])
+        .args(["--task", "digits", "--world-size", "1", "--master-addr", "127.0.0.1"])
         .args(["--master-port", &free_tcp_port().to_string(), "--job", "7", "--socket"])
         .arg(&nowhere)
         .env("DLCP_LIB", &lib);

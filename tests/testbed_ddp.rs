@@ -40,7 +40,8 @@ fn train(bed: &Bed, lib: &std::path::Path, backend: &str, port: u16) -> Vec<serd
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &bed.ns(h), PYTHON])
             .arg(example())
-            .args(["--backend", backend, "--rank", &h.to_string(), "--world-size", &HOSTS.to_string()])
+            .args(["--task", "digits", "--backend", backend])
+            .args(["--rank", &h.to_string(), "--world-size", &HOSTS.to_string()])
             .args(["--master-addr", "10.77.0.1", "--master-port", &port.to_string(), "--ifname", "eth0"])
             .arg("--socket")
             .arg(&bed.sockets[h])

@@ -1,0 +1,639 @@
+#!/usr/bin/python3
+"""Time to accuracy: DDP on MNIST-1D over dlcp vs Gloo on the emulated cluster.
+
+Trains ``examples/ddp_train.py --task mnist1d`` (examples/mnist1d_task.py: MNIST-1D
+generated offline, 16,000 train / 4,000 test samples, a 4.4 M-parameter 1D CNN +
+wide MLP, 17.4 MB of gradients per step) on 4 testbed hosts (scripts/testbed.sh
+via bench/harness.py's Testbed; one rank and, for dlcp, one real dlcpd per host)
+with
+
+- Gloo (DDP's allreduce over TCP) under cubic and under bbr, and
+- dlcp (the asynchronous ``dlcp.torch`` hook) at loss budget 0, 1% and 5%, with
+  dlcpd's ``[loss] fill = "local"`` and ``rescale = true`` — the one fill/rescale
+  variant, fixed before these runs from bench/results/train_quality.md, where
+  "local fill + rescale" was the best variant (best alone in 5 of 12 cells, +0.39
+  ± 0.13 points paired against fill zero);
+
+under the harness's conditions: clean at MTU 1500 and 9000, 1% random loss on
+every host's input (MTU 1500), and a congested port (host 0's port at 300 Mbit/s
+with 400 Mbit/s of best-effort cross traffic into it, MTU 1500). Every
+(condition, transport) runs every seed (default 5).
+
+The target accuracy is fixed in advance: ``--pilot`` trains Gloo (cubic) once on
+the clean MTU 1500 testbed and writes its final accuracy minus 1 point to
+``time_to_accuracy_pilot.json``; the grid reads that file (or ``--target``) and
+refuses to run with other training settings than the pilot's. Time to accuracy
+is the training clock (wall clock of the training steps on rank 0; evaluations
+stop it) at the first evaluation (every 25 steps) whose test accuracy is at or
+above the target. A run whose clock passes ``--time-cap`` is stopped and, unless
+it had reached the target before, reported as not reaching it.
+
+Writes to ``--out`` (default bench/results/), names with ``--tag``:
+
+- ``time_to_accuracy[-TAG].md``: per condition and transport, runs reaching the
+  target, time to target (median over seeds, range), its ratio to Gloo cubic and
+  Gloo bbr, final accuracy mean with a 95% interval (Student t over seeds), and
+  the per-step breakdown: compute (forward, backward until the last bucket was
+  handed to the transport, optimizer) and exposed communication (from then until
+  backward returned: waiting for the buckets' futures), medians over steps;
+- ``time_to_accuracy[-TAG].json``: every run (accuracy curve against time, step
+  times summarised, per-op delivery for dlcp), rewritten after every run;
+  ``--resume`` starts from it and runs only what is missing or failed;
+- ``time_to_accuracy[-TAG]_curves.png``: test accuracy against training time,
+  one panel per condition, one colour per transport (every seed), the target dashed.
+
+Needs root (network namespaces), dlcpd, dlcpctl and libdlcp_client.so (``cargo
+build --release -p dlcp -p dlcp-client``; ``--bindir``), python3-torch,
+python3-matplotlib, mnist1d 0.0.2.post1 (bench/run.sh installs it), iperf3 for
+the congested port.
+
+    sudo bench/time_to_accuracy.py --pilot                 # the target (one Gloo run, ~4 min)
+    sudo bench/time_to_accuracy.py                         # the full grid: 4 conditions x 5 transports x 5 seeds
+    sudo bench/time_to_accuracy.py --conds clean1500,loss1 --transports gloo-cubic,dlcp-b1 --seeds 0 \\
+        --tag preliminary                                  # a reduced grid
+    sudo bench/time_to_accuracy.py --smoke --out /tmp/tta  # CI: one seed, 40 steps, Gloo and dlcp 1%, clean
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+
+import harness  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = "/usr/bin/python3"
+JOB = 7
+PORT = 7702
+HOSTS = 4
+LOSS_CAP = 0.1  # dlcpd's [loss] budget: the cap on what a trainer may ask for; the run's budget applies
+FILL, RESCALE = "local", True  # fixed from bench/results/train_quality.md before these runs
+VARIANT_WHY = (
+    'dlcpd [loss] fill = "local", rescale = true for every dlcp run: the variant fixed in advance from '
+    "bench/results/train_quality.md, where local fill + rescale was the best of the four variants "
+    "(best alone in 5 of 12 lossy cells, +0.39 ± 0.13 points paired against fill zero)"
+)
+CONDITIONS = {  # name: (label, MTU, harness Testbed.up args, best-effort cross traffic Mbit/s)
+    "clean1500": ("clean, MTU 1500", 1500, {}, None),
+    "clean9000": ("clean, MTU 9000", 9000, {}, None),
+    "loss1": ("1% random loss, MTU 1500", 1500, {"loss": 1}, None),
+    "congested": (
+        f"congested port ({harness.CONGESTED_PORT['rate']} Mbit/s + {harness.CONGESTED_PORT['cross']} Mbit/s "
+        "best-effort cross traffic), MTU 1500",
+        1500,
+        {k: v for k, v in harness.CONGESTED_PORT.items() if k != "cross"},
+        harness.CONGESTED_PORT["cross"],
+    ),
+}
+TRANSPORTS = {  # name: (label, backend, budget fraction or congestion control)
+    "gloo-cubic": ("Gloo cubic", "gloo", "cubic"),
+    "gloo-bbr": ("Gloo bbr", "gloo", "bbr"),
+    "dlcp-b0": ("dlcp budget 0", "dlcp", 0.0),
+    "dlcp-b1": ("dlcp budget 1%", "dlcp", 0.01),
+    "dlcp-b5": ("dlcp budget 5%", "dlcp", 0.05),
+}
+# Training settings a pilot and a grid must share for the target to mean anything.
+SETTINGS = ("steps", "eval_every", "lr", "batch", "train_samples", "test_samples", "data_seed", "bucket_kb")
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def log(msg: str):
+    print(f"[tta {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Daemons:
+    """One real dlcpd per testbed host with the fixed variant, restarted for every run."""
+
+    def __init__(self, bed: harness.Testbed, bindir: Path, work: Path):
+        self.bed, self.bindir, self.work = bed, bindir, work
+        self.procs = []
+
+    def sock(self, h: int) -> Path:
+        return self.work / f"d{h}.sock"
+
+    def config(self, h: int) -> str:
+        cfg = f'[node]\nrank = {h}\njob_id = {JOB}\njob_secret = "time to accuracy bench secret 0123456789"\n\n'
+        for r in range(HOSTS):
+            cfg += f'[[peers]]\nrank = {r}\naddress = "10.77.0.{r + 1}"\nport = {PORT}\n\n'
+        if self.bed.mtu != 1500:
+            cfg += f"[network]\nmtu = {self.bed.mtu}\n\n"
+        cfg += f'[loss]\nbudget = {LOSS_CAP}\nfill = "{FILL}"\nrescale = {str(RESCALE).lower()}\n\n'
+        return cfg + f'[control]\nsocket_path = "{self.sock(h)}"\nsocket_mode = "0600"\n\n[log]\nlevel = "warn"\n'
+
+    def start(self):
+        self.stop()
+        ctl = str(self.bindir / "dlcpctl")
+        for h in range(HOSTS):
+            p = self.work / f"d{h}.toml"
+            with open(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                f.write(self.config(h))  # owner-only: dlcpd refuses an inline secret others may read
+            logf = open(self.work / f"d{h}.log", "a")
+            cmd = ["ip", "netns", "exec", self.bed.ns(h), str(self.bindir / "dlcpd"), "--config", str(p)]
+            self.procs.append(subprocess.Popen(cmd, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL))
+        t0 = time.time()
+        for h in range(HOSTS):
+            while harness.sh([ctl, "--socket", str(self.sock(h)), "stats", "--json"], check=False).returncode:
+                if time.time() - t0 > 20 or self.procs[h].poll() is not None:
+                    raise RuntimeError(f"dlcpd {h} did not come up: {(self.work / f'd{h}.log').read_text()[-2000:]}")
+                time.sleep(0.05)
+
+    def stop(self):
+        harness.Runner.stop_daemons(self.procs)
+        self.procs = []
+
+
+def dlcpd_build_id(bindir: Path) -> str:
+    f = bindir / "dlcpd"
+    return hashlib.sha256(f.read_bytes()).hexdigest()[:12] if f.exists() else "missing"
+
+
+def median_ms(xs) -> float | None:
+    return 1e3 * statistics.median(xs) if xs else None
+
+
+def summarize(res: list, warm: int = 5) -> dict:
+    """One run's record from every rank's ddp_train.py JSON (rank 0's curve and clock)."""
+    r0 = res[0]
+    st = r0["step_times"][warm:] or r0["step_times"]
+    comp = [c for c, _ in st]
+    exp = [e for _, e in st if e is not None]
+    reps = r0["reports"]
+    return {
+        "ok": True,
+        "final_acc": r0["final_acc"],
+        "identical_replicas": len({r["params_sha256"] for r in res}) == 1,
+        "curve": [{k: e[k] for k in ("step", "time", "acc", "loss")} for e in r0["curve"]],
+        "steps": r0["steps"],
+        "time_capped": r0["time_capped"],
+        "train_clock": r0["train_clock"],
+        "parameters": r0["parameters"],
+        "compute_ms": median_ms(comp),
+        "exposed_ms": median_ms(exp),
+        "step_ms": median_ms([c + (e or 0.0) for c, e in st]),
+        "compute_ms_mean": 1e3 * statistics.fmean(comp),
+        "exposed_ms_mean": 1e3 * statistics.fmean(exp) if exp else None,
+        "ops": len(reps),
+        "min_delivered": min((r["delivered"] for r in reps), default=1.0),
+        "ops_below_full": sum(r["delivered"] < 1.0 for r in reps),
+        "mean_op_ms": 1e3 * statistics.fmean(r["duration"] for r in reps) if reps else None,
+    }
+
+
+def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) -> dict:
+    _, backend, param = TRANSPORTS[transport]
+    if backend == "gloo":
+        bed.set_cc(param)
+    else:
+        daemons.start()
+    lib = args.lib or args.bindir / "libdlcp_client.so"
+    procs = []
+    for h in range(HOSTS):
+        out = work / f"r{h}.json"
+        out.unlink(missing_ok=True)
+        cmd = ["ip", "netns", "exec", bed.ns(h), PY, str(ROOT / "examples/ddp_train.py"), "--task", "mnist1d"]
+        cmd += ["--backend", backend, "--rank", str(h), "--world-size", str(HOSTS)]
+        cmd += ["--master-addr", "10.77.0.1", "--master-port", str(port), "--ifname", "eth0"]
+        cmd += ["--socket", str(daemons.sock(h)), "--job", str(JOB)]
+        cmd += ["--budget", str(param if backend == "dlcp" else 0.0), "--seed", str(seed)]
+        cmd += ["--steps", str(args.steps), "--eval-every", str(args.eval_every), "--lr", str(args.lr)]
+        cmd += ["--batch", str(args.batch), "--bucket-kb", str(args.bucket_kb), "--time-cap", str(args.time_cap)]
+        cmd += ["--data-dir", str(args.data_dir), "--data-seed", str(args.data_seed)]
+        cmd += ["--train-samples", str(args.train_samples), "--test-samples", str(args.test_samples)]
+        cmd += ["--out", str(out)]
+        logf = open(work / f"r{h}.log", "w")
+        env = dict(os.environ, DLCP_LIB=str(lib), PYTHONDONTWRITEBYTECODE="1")
+        procs.append(subprocess.Popen(cmd, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, env=env))
+    t0 = time.time()
+    timed_out = False
+    for p in procs:
+        try:
+            p.wait(timeout=max(1, args.run_timeout - (time.time() - t0)))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            for q in procs:
+                q.kill()
+    for p in procs:
+        p.wait()
+    daemons.stop()
+    if timed_out:
+        return {"ok": False, "error": f"wall-clock timeout {args.run_timeout:g} s: " + (work / "r0.log").read_text()[-800:]}
+    for h, p in enumerate(procs):
+        if p.returncode != 0:
+            return {"ok": False, "error": (work / f"r{h}.log").read_text()[-1500:]}
+    return summarize([json.loads((work / f"r{h}.json").read_text()) for h in range(HOSTS)])
+
+
+def time_to(curve, target: float) -> float | None:
+    """Training clock at the first evaluation at or above target; None if never."""
+    return next((e["time"] for e in curve if e["acc"] >= target), None)
+
+
+def ci95(xs) -> tuple[float, float]:
+    """Mean and half-width of the 95% Student t interval (0 for one value), in points."""
+    m = 100 * statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, 0.0
+    return m, T975.get(len(xs) - 1, 1.96) * 100 * statistics.stdev(xs) / len(xs) ** 0.5
+
+
+def median_tta(runs, target: float, cap: float) -> float | None:
+    """Median time to target over runs, a run not reaching it counted as beyond the cap; None if
+    the median run did not reach it."""
+    ts = sorted((time_to(r["curve"], target) or float("inf")) for r in runs)
+    if not ts:
+        return None
+    m = statistics.median(ts)
+    return None if m == float("inf") or m > cap else m
+
+
+def names(args) -> dict:
+    sfx = f"-{args.tag}" if args.tag else ""
+    return {k: Path(args.out) / f"time_to_accuracy{sfx}{ext}" for k, ext in (("md", ".md"), ("json", ".json"), ("png", "_curves.png"))}
+
+
+def save_json(args, runs, pilot):
+    f = names(args)["json"]
+    f.parent.mkdir(parents=True, exist_ok=True)
+    keep = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    tmp = f.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"args": keep, "pilot": pilot, "target": args.target, "runs": runs}, indent=1))
+    tmp.replace(f)
+
+
+def fmt(x, spec=".1f", none="—"):
+    return none if x is None else format(x, spec)
+
+
+def cell_lines(args, runs, conds, transports) -> list:
+    target, cap = args.target, args.time_cap
+    lines = [
+        "| condition | transport | runs ok | reached target | time to target s (median, range) | ÷ Gloo cubic "
+        "| ÷ Gloo bbr | final acc % (mean ± 95%) | compute ms/step | exposed comm ms/step | step ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in conds:
+        base = {}
+        for ref in ("gloo-cubic", "gloo-bbr"):
+            rs = [r for r in runs if r["ok"] and r["cond"] == c and r["transport"] == ref]
+            base[ref] = median_tta(rs, target, cap)
+        for t in transports:
+            all_rs = [r for r in runs if r["cond"] == c and r["transport"] == t]
+            rs = [r for r in all_rs if r["ok"]]
+            if not all_rs:
+                continue
+            if not rs:
+                lines.append(f"| {CONDITIONS[c][0]} | {TRANSPORTS[t][0]} | 0/{len(all_rs)} | | | | | | | | |")
+                continue
+            tts = [time_to(r["curve"], target) for r in rs]
+            got = [x for x in tts if x is not None]
+            med = median_tta(rs, target, cap)
+            rng = f" ({min(got):.1f}–{max(got):.1f})" if len(got) > 1 else ""
+            ratio = {k: (f"{med / v:.2f}" if med and v else "—") for k, v in base.items()}
+            m, h = ci95([r["final_acc"] for r in rs])
+            lines.append(
+                f"| {CONDITIONS[c][0]} | {TRANSPORTS[t][0]} | {len(rs)}/{len(all_rs)} | {len(got)}/{len(rs)} "
+                f"| {fmt(med, '.1f', 'not reached')}{rng} | {ratio['gloo-cubic']} | {ratio['gloo-bbr']} "
+                f"| {m:.2f} ± {h:.2f} | {fmt(statistics.median(r['compute_ms'] for r in rs))} "
+                f"| {fmt(statistics.median(r['exposed_ms'] for r in rs))} "
+                f"| {fmt(statistics.median(r['step_ms'] for r in rs))} |"
+            )
+    return lines
+
+
+def target_lines(args, runs, conds) -> list:
+    """Issue 20's targets, checked where the grid has the cells: time-to-target ratios per condition and
+    final-accuracy differences (dlcp minus Gloo cubic, mean over seeds, with the 95% half-widths)."""
+    ok = [r for r in runs if r["ok"]]
+
+    def cell(c, t):
+        return [r for r in ok if r["cond"] == c and r["transport"] == t]
+
+    def tta(c, t):
+        return median_tta(cell(c, t), args.target, args.time_cap) if cell(c, t) else None
+
+    lines = []
+    for c in conds:
+        refs = {"clean1500": [("gloo-cubic", 1.0)], "clean9000": [("gloo-cubic", 1.0)],
+                "loss1": [("gloo-cubic", 0.5), ("gloo-bbr", 0.8)], "congested": [("best", 0.3)]}[c]
+        for t in ("dlcp-b0", "dlcp-b1", "dlcp-b5"):
+            mine = tta(c, t)
+            if not cell(c, t):
+                continue
+            for ref, limit in refs:
+                if ref == "best":
+                    peers = [x for x in (tta(c, "gloo-cubic"), tta(c, "gloo-bbr")) if x is not None]
+                    v, name = (min(peers), "the better Gloo") if peers else (None, "the better Gloo")
+                    if not cell(c, "gloo-cubic") and not cell(c, "gloo-bbr"):
+                        continue
+                else:
+                    if not cell(c, ref):
+                        continue
+                    v, name = tta(c, ref), TRANSPORTS[ref][0]
+                if mine is None or v is None:
+                    verdict = ("not measurable: " + ("dlcp" if mine is None else name) + " did not reach the target "
+                               "in the median run")
+                else:
+                    verdict = f"{mine / v:.2f} ({'met' if mine / v <= limit else 'not met'})"
+                lines.append(f"- {CONDITIONS[c][0]}, {TRANSPORTS[t][0]}: time to target ≤ {limit:g} × {name}'s: "
+                             f"{verdict}")
+    for t, limit in (("dlcp-b1", 0.3), ("dlcp-b5", 0.5)):
+        for c in conds:
+            a, g = cell(c, t), cell(c, "gloo-cubic")
+            if a and g:
+                (ma, ha), (mg, hg) = ci95([r["final_acc"] for r in a]), ci95([r["final_acc"] for r in g])
+                d = ma - mg
+                lines.append(f"- {CONDITIONS[c][0]}, {TRANSPORTS[t][0]}: final accuracy within {limit:g} points of "
+                             f"Gloo cubic's: {d:+.2f} points ({ma:.2f} ± {ha:.2f} vs {mg:.2f} ± {hg:.2f}; "
+                             f"{'met' if abs(d) <= limit else 'not met'} on the means)")
+    if not lines:
+        return []
+    n = len({r["seed"] for r in ok})
+    return ["", f"## Issue 20's targets ({n} seed{'s' if n != 1 else ''})", ""] + lines
+
+
+def write_outputs(args, runs, pilot):
+    save_json(args, runs, pilot)
+    out = names(args)
+    conds = [c for c in CONDITIONS if any(r["cond"] == c for r in runs)]
+    transports = [t for t in TRANSPORTS if any(r["transport"] == t for r in runs)]
+    seeds = sorted({r["seed"] for r in runs})
+    ok = [r for r in runs if r["ok"]]
+    params = next((r["parameters"] for r in ok), None)
+    lines = [f"# Time to accuracy (bench/time_to_accuracy.py){' — ' + args.title if args.title else ''}", ""]
+    if args.note:
+        lines += [args.note, ""]
+    lines += [
+        f"{HOSTS} testbed hosts (scripts/testbed.sh), one DDP rank each (and one dlcpd each for dlcp). Task: "
+        f"MNIST-1D generated offline (mnist1d 0.0.2.post1 `make_dataset`, data seed {args.data_seed}, "
+        f"{args.train_samples} train / {args.test_samples} test: one test sample is "
+        f"{100 / args.test_samples:.3f} points); model: 1D CNN + wide MLP, "
+        f"{params if params else '4.4 M'} parameters ({4 * params / 1e6 if params else 17.4:.1f} MB of gradients "
+        f"per step), DDP buckets of {args.bucket_kb} KiB; SGD momentum 0.9, lr {args.lr} cosine to 0 over "
+        f"{args.steps} steps, batch {args.batch} per rank; seeds {','.join(map(str, seeds))}.",
+        "",
+        f"- dlcp: the asynchronous `dlcp.torch` hook; {VARIANT_WHY}. Gloo: DDP's allreduce through PyTorch's "
+        f"Python default hook (timed like dlcp's), TCP cubic or bbr set in every host namespace.",
+        f"- Target: **{100 * args.target:.2f}%** test accuracy, {args.target_source}.",
+        f"- Time to target: the training clock (rank 0's wall clock over the training steps; the evaluation "
+        f"every {args.eval_every} steps stops it) at the first evaluation at or above the target. Per-run cap "
+        f"{args.time_cap:g} s of training clock: a run that hits it without having reached the target counts "
+        f"as not reaching it (beyond the cap in the median).",
+        "- Final accuracy: rank 0's replica after the last step (every replica is bit-identical, checked), "
+        "mean over seeds ± the 95% Student t interval's half-width.",
+        "- Per step (medians over steps after the first 5, then over seeds): compute = forward, backward "
+        "until the last bucket was handed to the transport (the hooks' copies and submits included) and the "
+        "optimizer step; exposed communication = from then until backward returned (DDP waiting for the "
+        "buckets' futures); what overlapped with backward is in neither.",
+        "",
+    ]
+    lines += cell_lines(args, runs, conds, transports)
+    lines += target_lines(args, runs, conds)
+    bad = [r for r in runs if not r["ok"]]
+    if bad:
+        lines += ["", "Failed runs:"] + [
+            f"- {r['cond']} {r['transport']} seed {r['seed']}: {r['error'].strip().splitlines()[-1] if r['error'].strip() else '?'}"
+            for r in bad
+        ]
+    capped = [r for r in ok if r["time_capped"]]
+    if capped:
+        lines += ["", f"Runs stopped at the time cap: {len(capped)} ("
+                  + ", ".join(f"{r['cond']} {r['transport']} seed {r['seed']}" for r in capped) + ")."]
+    lossy = [r for r in ok if r["transport"].startswith("dlcp") and r["ops"]]
+    if lossy:
+        lines += ["", "dlcp delivery (rank 0's per-bucket reports): "
+                  + "; ".join(f"{r['cond']} {r['transport']} seed {r['seed']}: min {r['min_delivered']:.4f}, "
+                              f"{r['ops_below_full']}/{r['ops']} ops below 100%, mean op {fmt(r['mean_op_ms'])} ms"
+                              for r in lossy) + "."]
+    if not all(r["identical_replicas"] for r in ok):
+        lines += ["", "**Replicas differed** in: " + ", ".join(
+            f"{r['cond']} {r['transport']} seed {r['seed']}" for r in ok if not r["identical_replicas"])]
+    lines += ["", f"Plot: `{out['png'].name}` (test accuracy against training time; every seed; target dashed).", ""]
+    out["md"].write_text("\n".join(lines))
+    print("\n".join(lines))
+    plot(args, runs, conds, transports, out["png"])
+
+
+def plot(args, runs, conds, transports, path: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(conds), figsize=(4.2 * len(conds), 3.6), squeeze=False, sharey=True)
+    for ax, c in zip(axes[0], conds):
+        for i, t in enumerate(transports):
+            first = True
+            for r in runs:
+                if r["ok"] and r["cond"] == c and r["transport"] == t:
+                    ax.plot([e["time"] for e in r["curve"]], [100 * e["acc"] for e in r["curve"]], color=f"C{i}",
+                            ls="--" if t.startswith("gloo") else "-", lw=1, label=TRANSPORTS[t][0] if first else None)
+                    first = False
+        ax.axhline(100 * args.target, color="k", ls=":", lw=1, label=f"target {100 * args.target:.1f}%")
+        ax.set_title(CONDITIONS[c][0], fontsize=9)
+        ax.set_xlabel("training time (s)")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("test accuracy (%)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pilot", action="store_true", help="only the pilot: Gloo cubic, clean MTU 1500, --pilot-seed")
+    ap.add_argument("--pilot-seed", type=int, default=0)
+    ap.add_argument("--pilot-file", default=str(ROOT / "bench/results/time_to_accuracy_pilot.json"))
+    ap.add_argument("--target", type=float, help="target accuracy (fraction) instead of the pilot file's")
+    ap.add_argument("--conds", default=",".join(CONDITIONS), help="of: " + ",".join(CONDITIONS))
+    ap.add_argument("--transports", default=",".join(TRANSPORTS), help="of: " + ",".join(TRANSPORTS))
+    ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--bucket-kb", type=int, default=4096)
+    ap.add_argument("--train-samples", type=int, default=16000)
+    ap.add_argument("--test-samples", type=int, default=4000)
+    ap.add_argument("--data-seed", type=int, default=42)
+    ap.add_argument("--time-cap", type=float, default=900.0, help="training-clock seconds per run")
+    ap.add_argument("--run-timeout", type=float, help="wall seconds per run before it is killed (default cap + 300)")
+    ap.add_argument("--bindir", type=Path, default=ROOT / "target/release")
+    ap.add_argument("--lib", type=Path, help="libdlcp_client.so (default: in --bindir)")
+    ap.add_argument("--prefix", default="ttab", help="testbed name prefix")
+    ap.add_argument("--out", default=str(ROOT / "bench/results"))
+    ap.add_argument("--tag", default="", help="suffix of the output names (e.g. preliminary)")
+    ap.add_argument("--title", default="", help="appended to the markdown's title")
+    ap.add_argument("--note", default="", help="a paragraph at the top of the markdown")
+    ap.add_argument("--resume", action="store_true", help="keep the ok runs of the output JSON; run the rest")
+    ap.add_argument("--smoke", action="store_true",
+                    help="CI: seed 0, clean MTU 1500, Gloo cubic and dlcp 1%%, 40 steps, 4000/2000 samples, "
+                         "target --target (default 0.2), tag smoke")
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--replot", action="store_true",
+                    help="only rewrite the markdown and plot from the output JSON (--title/--note apply)")
+    args = ap.parse_args()
+    if args.smoke:
+        args.seeds, args.conds, args.transports = "0", "clean1500", "gloo-cubic,dlcp-b1"
+        args.steps, args.eval_every, args.train_samples, args.test_samples = 40, 10, 4000, 2000
+        args.lr, args.time_cap, args.tag = 0.1, 120.0, args.tag or "smoke"
+        args.target = 0.2 if args.target is None else args.target
+    if args.run_timeout is None:
+        args.run_timeout = args.time_cap + 300
+    return args
+
+
+def resolve_target(args) -> dict | None:
+    """Sets args.target and args.target_source; returns the pilot record it came from, if any."""
+    if args.target is not None:
+        args.target_source = "given on the command line (--target)"
+        return None
+    f = Path(args.pilot_file)
+    if not f.exists():
+        sys.exit(f"no target: run the pilot first (--pilot writes {f}) or pass --target")
+    pilot = json.loads(f.read_text())
+    for k in SETTINGS:
+        if pilot["settings"][k] != getattr(args, k):
+            sys.exit(f"{f}: the pilot used --{k.replace('_', '-')} {pilot['settings'][k]}, this grid "
+                     f"{getattr(args, k)}: the target would not apply")
+    args.target = pilot["target"]
+    args.target_source = (
+        f"fixed before the grid by the pilot ({f.name}, {pilot['when']}): Gloo cubic, clean MTU 1500, seed "
+        f"{pilot['seed']}, final accuracy {100 * pilot['final_acc']:.2f}% minus 1 point"
+    )
+    return pilot
+
+
+def replot(args) -> int:
+    saved = json.loads(names(args)["json"].read_text())
+    for k, v in saved["args"].items():
+        if k not in ("title", "note", "out", "tag", "replot"):
+            setattr(args, k, v)
+    write_outputs(args, saved["runs"], saved["pilot"])
+    return 0
+
+
+def main() -> int:
+    args = parse_args()
+    if args.replot:
+        return replot(args)
+    conds = args.conds.split(",")
+    transports = args.transports.split(",")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    for c in conds:
+        if c not in CONDITIONS:
+            sys.exit(f"unknown condition {c}: one of {','.join(CONDITIONS)}")
+    for t in transports:
+        if t not in TRANSPORTS:
+            sys.exit(f"unknown transport {t}: one of {','.join(TRANSPORTS)}")
+    if args.pilot:
+        conds, transports, seeds = ["clean1500"], ["gloo-cubic"], [args.pilot_seed]
+        pilot = None
+        args.target, args.target_source = 0.0, "none (this is the pilot)"
+    else:
+        pilot = resolve_target(args)
+    runs = []
+    if args.resume and names(args)["json"].exists() and not args.pilot:
+        saved = json.loads(names(args)["json"].read_text())
+        for k in SETTINGS + ("target",):
+            if saved["args"].get(k) != getattr(args, k):
+                sys.exit(f"--resume: the saved runs used {k} {saved['args'].get(k)}, this one {getattr(args, k)}")
+        runs = [r for r in saved["runs"] if r["ok"]]
+        log(f"resume: {len(runs)} runs kept")
+    done = {(r["cond"], r["transport"], r["seed"]) for r in runs}
+    plan = [(c, s, t) for c in conds for s in seeds for t in transports if (c, t, s) not in done]
+    log(f"plan: {len(plan)} runs" + ("" if args.pilot else f", target {100 * args.target:.2f}%"))
+    if args.dry_run:
+        for p in plan:
+            print("  {} seed {} {}".format(*p))
+        return 0
+    if os.geteuid() != 0:
+        sys.exit("time_to_accuracy.py: needs root (network namespaces)")
+    for f in (args.bindir / "dlcpd", args.bindir / "dlcpctl", args.lib or args.bindir / "libdlcp_client.so"):
+        if not f.exists():
+            sys.exit(f"{f} missing: cargo build --release -p dlcp -p dlcp-client (or --bindir, --lib)")
+    work = Path(tempfile.mkdtemp(prefix="time_to_accuracy."))
+    args.data_dir = work / "data"  # the dataset, generated once for this bench run
+    import mnist1d_task
+
+    t = time.time()
+    mnist1d_task.load(str(args.data_dir), args.data_seed, args.train_samples, args.test_samples)
+    log(f"MNIST-1D generated in {time.time() - t:.1f} s into {args.data_dir}")
+    bed = harness.Testbed(args.prefix)
+    daemons = Daemons(bed, args.bindir, work)
+    saved_cc, ccs = harness.allow_ccs()
+    build = dlcpd_build_id(args.bindir)
+    port, cur, extra = 29800, None, []
+    try:
+        for i, (c, seed, t) in enumerate(plan):
+            if t == "gloo-bbr" and "bbr" not in ccs:
+                runs.append({"cond": c, "transport": t, "seed": seed, "ok": False, "error": "bbr not available"})
+                continue
+            if c != cur:
+                for p in extra:
+                    p.kill()
+                    p.wait()
+                _, mtu, tb, cross = CONDITIONS[c]
+                bed.up(HOSTS + (1 if cross else 0), mtu=mtu, **tb)
+                bed.hosts = HOSTS  # set_cc and the daemons: the training hosts only
+                extra = harness.cross_traffic(bed, HOSTS, cross) if cross else []
+                cur = c
+            port += 1
+            s0, d0 = bed.loss_counters()
+            t0 = time.time()
+            r = train(bed, daemons, args, t, seed, port, work)
+            s1, d1 = bed.loss_counters()
+            r.update(cond=c, transport=t, seed=seed, dlcpd=build, wall_s=time.time() - t0,
+                     nft_seen=s1 - s0, nft_dropped=d1 - d0)
+            if r["ok"] and not args.pilot:
+                r["target"] = args.target
+                r["time_to_target"] = time_to(r["curve"], args.target)  # None: not reached (within the cap)
+                r["reached_target"] = r["time_to_target"] is not None
+            runs = [x for x in runs if (x["cond"], x["transport"], x["seed"]) != (c, t, seed)] + [r]
+            if r["ok"]:
+                tta = "" if args.pilot else f"time to target {fmt(r['time_to_target'], '.1f', 'not reached')} s, "
+                msg = (f"final acc {100 * r['final_acc']:.2f}%, {tta}"
+                       f"clock {r['train_clock']:.1f} s, step {fmt(r['step_ms'])} ms (compute {fmt(r['compute_ms'])}, "
+                       f"exposed {fmt(r['exposed_ms'])})")
+            else:
+                msg = "FAILED " + (r["error"].strip().splitlines() or ["?"])[-1]
+            log(f"{i + 1}/{len(plan)} {c} {t} seed {seed}: {msg}")
+            if not args.pilot:
+                save_json(args, runs, pilot)
+    finally:
+        for p in extra:
+            p.kill()
+            p.wait()
+        daemons.stop()
+        bed.down()
+        harness.restore_ccs(saved_cc)
+    if args.pilot:
+        r = runs[-1]
+        if not r["ok"]:
+            sys.exit(f"pilot failed: {r['error']}")
+        rec = {
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "seed": args.pilot_seed,
+            "final_acc": r["final_acc"],
+            "target": round(r["final_acc"] - 0.01, 6),
+            "settings": {k: getattr(args, k) for k in SETTINGS},
+            "run": r,
+        }
+        Path(args.pilot_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.pilot_file).write_text(json.dumps(rec, indent=1))
+        log(f"pilot: final accuracy {100 * r['final_acc']:.2f}%, target {100 * rec['target']:.2f}% -> {args.pilot_file}")
+        return 0
+    write_outputs(args, runs, pilot)
+    return 0 if all(r["ok"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -82,11 +82,14 @@ Leaf-spine fabric (--spines S, 1..8): L3 routing with ECMP instead of the bridge
             is a veth to spine s's port l<l> (10.78.<s>.<4l+1>/30 on the leaf,
             .<4l+2> on the spine; fd78:<s>::/126 alike)
   ECMP      each leaf routes $SUBNET4.0/24 ($SUBNET6::/64) with one nexthop per
-            spine; net.ipv{4,6}.fib_multipath_hash_policy=1 in every leaf and
-            spine, so the hash covers the 5-tuple: UDP/TCP source and
-            destination ports pick the spine. Spines route each host's /32 to
-            its leaf. The hash is per direction: a flow and its reverse may
-            take different spines.
+            spine, hashed on each packet's 5-tuple as a switch does
+            (net.ipv{4,6}.fib_multipath_hash_policy=3, _fields=0x37: addresses,
+            protocol, ports; policy 1 would reuse the sending socket's random
+            hash): UDP/TCP source and destination ports pick the spine, and
+            'ip -n $PREFIX-leaf0 route get DST from SRC iif p0 ipproto udp
+            sport P dport Q' names it. Spines route each host's /32 to its
+            leaf. The hash is per direction: a flow and its reverse may take
+            different spines.
   egress    of every leaf and spine port (towards a host, a spine, a leaf): the
             htb/pfifo/DSCP scheduler above. Host ports run at --rate, links
             between leaves and spines at --spine-rate [10000, no bottleneck].
@@ -472,10 +475,22 @@ make_router() {
   run ip -n "$ns" link set lo up
   local k
   for k in net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1 \
-      net.ipv4.fib_multipath_hash_policy=1 net.ipv6.fib_multipath_hash_policy=1 \
       net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0 \
       net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0; do
     run ip netns exec "$ns" sysctl -q -w "$k"
+  done
+  # The multipath hash of a switch: the 5-tuple of every packet (policy 3, fields
+  # src/dst address, protocol, src/dst port = 0x37). Policy 1 hashes the same
+  # fields but first takes a hash the sender's socket left on the packet (it
+  # survives the veth): a random draw per socket, which TCP re-draws after a
+  # timeout, not the 5-tuple a real switch sees.
+  local v
+  for v in ipv4 ipv6; do
+    if ! ip netns exec "$ns" sysctl -q -w "net.$v.fib_multipath_hash_fields=0x37" \
+        "net.$v.fib_multipath_hash_policy=3" 2>/dev/null; then
+      log "warning: no custom multipath hash (kernel < 5.12?): policy 1, a per-socket hash on local traffic"
+      run ip netns exec "$ns" sysctl -q -w "net.$v.fib_multipath_hash_policy=1"
+    fi
   done
   if [ -n "$HASH_SEED" ]; then
     # One seed for IPv4 and IPv6 (kernel >= 6.11).
@@ -578,7 +593,7 @@ up_fabric() {
 }
 
 # Settings line $1 of the running testbed (empty if none).
-setting() { sed -n "s/^$1=//p" "$STATE/settings" 2>/dev/null; }
+setting() { sed -n "s/^$1=//p" "$STATE/settings" 2>/dev/null || true; }
 
 # Replace settings line $1 with value $2.
 set_setting() { run sed -i "s|^$1=.*|$1=$2|" "$STATE/settings"; }

@@ -743,9 +743,9 @@ port_table() {
         id = "1:1" c
         if (!(id in pkts)) continue
         tot = pkts[id] + drops[id]
-        printf "  %-6s %-11s %-5s %-4s %12d %14d %10d %8.2f%%\n", c, id, d[c + 1], pr[id], pkts[id], bytes[id], drops[id], tot ? 100 * drops[id] / tot : 0
+        printf "  %-6s %-11s %-5s %-4s %12.0f %14.0f %10.0f %8.2f%%\n", c, id, d[c + 1], pr[id], pkts[id], bytes[id], drops[id], tot ? 100 * drops[id] / tot : 0
       }
-      if ("1:1" in pkts) printf "  %-6s %-11s %-5s %-4s %12d %14d %10d\n", "port", "1:1", "", "", pkts["1:1"], bytes["1:1"], drops["1:1"]
+      if ("1:1" in pkts) printf "  %-6s %-11s %-5s %-4s %12.0f %14.0f %10.0f\n", "port", "1:1", "", "", pkts["1:1"], bytes["1:1"], drops["1:1"]
     }'
 }
 
@@ -761,8 +761,8 @@ port_json() {
     part == 2 && $1 == "class" { id = $3 }
     part == 2 && $1 == "Sent" { bytes[id] = $2; pkts[id] = $4; dr = $7; sub(",", "", dr); drops[id] = dr }
     END {
-      printf "{\"switch\":\"%s\",\"port\":\"%s\",\"towards\":\"%s\",\"sent_packets\":%d,\"sent_bytes\":%d,\"queue_drops\":%d,\"classes\":[", sw, dev, to, pkts["1:1"], bytes["1:1"], qd
-      for (c = 0; c < 8; c++) printf "%s[%d,%d]", c ? "," : "", pkts["1:1" c], drops["1:1" c]
+      printf "{\"switch\":\"%s\",\"port\":\"%s\",\"towards\":\"%s\",\"sent_packets\":%.0f,\"sent_bytes\":%.0f,\"queue_drops\":%.0f,\"classes\":[", sw, dev, to, pkts["1:1"], bytes["1:1"], qd
+      for (c = 0; c < 8; c++) printf "%s[%.0f,%.0f]", c ? "," : "", pkts["1:1" c], drops["1:1" c]
       printf "]}"
     }'
 }
@@ -783,14 +783,14 @@ cmd_counters() {
     first=0
     printf '{"name":"spine%s","rate":"%s","loss":"%s"' "$s" "$(setting "spine${s}_rate")" "$(setting "spine${s}_loss")"
     while read -r name p b; do
-      [ -n "$name" ] && printf ',"%s_packets":%d,"%s_bytes":%d' "$name" "$p" "$name" "$b"
+      [ -n "$name" ] && printf ',"%s_packets":%.0f,"%s_bytes":%.0f' "$name" "$p" "$name" "$b"
     done < <(nft_counters "$ns")
     # What the spine's ports sent on (after loss) and their queues dropped.
     read -r sent sbytes qd < <(switch_ports | awk -v ns="$ns" '$1 == ns' | while read -r pns dev to; do
         port_json "$pns" "$dev" "$to" | sed 's/.*"sent_packets":\([0-9]*\),"sent_bytes":\([0-9]*\),"queue_drops":\([0-9]*\).*/\1 \2 \3/'
         echo
-      done | awk '{ a += $1; b += $2; c += $3 } END { print a + 0, b + 0, c + 0 }')
-    printf ',"sent_packets":%d,"sent_bytes":%d,"queue_drops":%d}' "$sent" "$sbytes" "$qd"
+      done | awk '{ a += $1; b += $2; c += $3 } END { printf "%.0f %.0f %.0f\n", a, b, c }')
+    printf ',"sent_packets":%.0f,"sent_bytes":%.0f,"queue_drops":%.0f}' "$sent" "$sbytes" "$qd"
   done
   printf '],"ports":['
   first=1
@@ -807,7 +807,7 @@ cmd_counters() {
     first=0
     printf '{"name":"h%s"' "${ns##*-h}"
     while read -r name p b; do
-      [ -n "$name" ] && printf ',"loss_%s_packets":%d' "$name" "$p"
+      [ -n "$name" ] && printf ',"loss_%s_packets":%.0f' "$name" "$p"
     done < <(nft_counters "$ns")
     printf '}'
   done
@@ -863,7 +863,7 @@ cmd_status() {
       s=${ns##*-spine}
       nft_counters "$ns" | awk -v n="spine$s" -v r="$(setting "spine${s}_rate")" -v l="$(setting "spine${s}_loss")" -v t="$total" '
         { p[$1] = $2; b[$1] = $3 }
-        END { printf "  %-8s %-7s %-6s %12d %14d %12d %12d %10d %7.1f%%\n", n, r, l, p["seen"], b["seen"], p["seen_udp"], p["seen_tcp"], p["dropped"], t ? 100 * p["seen"] / t : 0 }'
+        END { printf "  %-8s %-7s %-6s %12.0f %14.0f %12.0f %12.0f %10.0f %7.1f%%\n", n, r, l, p["seen"], b["seen"], p["seen_udp"], p["seen_tcp"], p["dropped"], t ? 100 * p["seen"] / t : 0 }'
     done
   fi
   local pns dev to

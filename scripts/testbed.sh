@@ -318,13 +318,13 @@ loss_threshold() { awk -v p="$1" 'BEGIN { printf "%d", p * 100 + 0.5 }'; }
 
 # Host i's namespace with eth0 as the peer of port p<i> made in namespace $2.
 make_host() {
-  local i=$1 sw=$2 ncpu=$3
+  local i=$1 parent=$2 ncpu=$3
   local ns
   ns=$(host_ns "$i")
   run ip netns add "$ns"
   run ip -n "$ns" link set lo up
-  run ip -n "$sw" link add "p$i" mtu "$MTU" type veth peer name eth0 mtu "$MTU" netns "$ns"
-  veth_tune "$sw" "p$i" "$ns" eth0 $(( i % ncpu ))
+  run ip -n "$parent" link add "p$i" mtu "$MTU" type veth peer name eth0 mtu "$MTU" netns "$ns"
+  veth_tune "$parent" "p$i" "$ns" eth0 $(( i % ncpu ))
 }
 
 # The rate of host i's port: --rate where --rate-ports selects it, else 10000.

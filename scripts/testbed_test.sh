@@ -83,7 +83,7 @@ case_connectivity() {
   [ $(( $(class_sent p1 1:16) - ef0 )) -eq 6 ] || fail "EF pings: class 1:16 on p1 counted $(( $(class_sent p1 1:16) - ef0 )), expected 6"
   [ $(( $(class_sent p1 1:14) - af0 )) -eq 2 ] || fail "AF41 pings: class 1:14 on p1 counted $(( $(class_sent p1 1:14) - af0 )), expected 2"
   # Jumbo frames pass unfragmented (MTU 9000 everywhere).
-  ip netns exec "$P-h0" ping -q -c 1 -W 2 -M do -s 8972 10.77.0.2 >/dev/null || fail "9000-byte ping h0 -> h1 failed"
+  ip netns exec "$P-h0" ping -q -c 1 -W 2 -M 'do' -s 8972 10.77.0.2 >/dev/null || fail "9000-byte ping h0 -> h1 failed"
   # Hosts are isolated from the root namespace's addresses.
   [ "$(ip netns exec "$P-h0" ip -br addr show dev eth0 | grep -c 10.77.0.1/24)" -eq 1 ] || fail "h0 address"
   note "12 IPv4 pairs, 4 IPv6 pairs, DSCP classification v4/v6, jumbo ping: ok"
@@ -219,7 +219,7 @@ case_fabric() {
       ip netns exec "$P-h$i" ping -6 -q -c 1 -W 2 "fd77::$((j + 1))" >/dev/null || fail "ping -6 h$i -> h$j failed"
     done
   done
-  ip netns exec "$P-h0" ping -q -c 1 -W 2 -M do -s 8972 10.77.0.2 >/dev/null || fail "9000-byte ping h0 -> h1 failed"
+  ip netns exec "$P-h0" ping -q -c 1 -W 2 -M 'do' -s 8972 10.77.0.2 >/dev/null || fail "9000-byte ping h0 -> h1 failed"
   # EF echo requests h0 -> h1 cross one spine to leaf1: class 1:16 of that spine's port l1.
   local ef0 ef1
   ef0=$(( $(sp_class_sent 0 l1 1:16) + $(sp_class_sent 1 l1 1:16) ))

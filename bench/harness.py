@@ -36,6 +36,7 @@ import time
 
 import measure
 import report_headline
+import spine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTBED = os.path.join(ROOT, "scripts", "testbed.sh")
@@ -82,13 +83,16 @@ class Testbed:
     def __init__(self, prefix):
         self.prefix = prefix
         self.hosts = 0
+        self.spines = 0
         self.mtu = 1500
         self.env = dict(os.environ, DLCPTB_PREFIX=prefix)
 
     def ns(self, h):
         return f"{self.prefix}-h{h}"
 
-    def up(self, hosts, loss=None, rate=None, rate_ports=None, mtu=None):
+    def up(self, hosts, loss=None, rate=None, rate_ports=None, mtu=None, spines=None, spine_rate=None):
+        """spines: a leaf-spine fabric of 2 leaves and that many spines (links at spine_rate
+        Mbit/s) instead of the one switch."""
         args = [TESTBED, "up", "--hosts", str(hosts)]
         if loss:
             args += ["--loss", str(loss)]
@@ -98,15 +102,61 @@ class Testbed:
             args += ["--rate-ports", rate_ports]
         if mtu:
             args += ["--mtu", str(mtu)]
+        if spines:
+            args += ["--spines", str(spines)]
+            if spine_rate:
+                args += ["--spine-rate", str(spine_rate)]
         sh(args, env=self.env)
         self.hosts = hosts
+        self.spines = spines or 0
         self.mtu = mtu or 1500
         self.desc = (f"{hosts} hosts, MTU {self.mtu}, loss {loss or 0}%, rate {rate or 'none'} Mbit/s on ports "
                      f"{rate_ports or 'all'}")
+        if spines:
+            self.desc += f", 2 leaves x {spines} spines at {spine_rate or 10000} Mbit/s"
 
     def down(self):
         sh([TESTBED, "down"], check=False, env=self.env)
         self.hosts = 0
+        self.spines = 0
+
+    def switch_ports(self):
+        """(namespace, device) of every switch port whose egress queues can drop."""
+        if not self.spines:
+            return [(f"{self.prefix}-sw", f"p{h}") for h in range(self.hosts)]
+        ports = [(f"{self.prefix}-leaf{h % 2}", f"p{h}") for h in range(self.hosts)]
+        for s in range(self.spines):
+            ports += [(f"{self.prefix}-leaf{lf}", f"s{s}") for lf in range(2)]
+            ports += [(f"{self.prefix}-spine{s}", f"l{lf}") for lf in range(2)]
+        return ports
+
+    def link(self, spine, rate=None, loss=None):
+        """testbed.sh link spine<S>: rate (Mbit/s or 'none') and/or loss (%) of its links."""
+        args = [TESTBED, "link", f"spine{spine}"]
+        if rate is not None:
+            args += ["--rate", str(rate)]
+        if loss is not None:
+            args += ["--loss", str(loss)]
+        sh(args, env=self.env)
+
+    def pin(self, spine, proto="tcp"):
+        """testbed.sh pin: every `proto` packet into the fabric through spine<S> (None: clear)."""
+        sh([TESTBED, "pin"] + ([f"spine{spine}", "--proto", proto] if spine is not None else ["--clear"]),
+           env=self.env)
+
+    def counters(self):
+        """testbed.sh counters, parsed (spines, every switch port, hosts' loss counters)."""
+        return json.loads(sh([TESTBED, "counters"], env=self.env).stdout)
+
+    def spine_counters(self):
+        """The spines' nftables counters alone, cheaply (one nft per spine; the sampler's
+        read): [{counter name: (packets, bytes)}] per spine."""
+        out = []
+        for s in range(self.spines):
+            r = sh(["ip", "netns", "exec", f"{self.prefix}-spine{s}", "nft", "list", "counters", "table", "inet",
+                    self.prefix], check=False)
+            out.append(parse_nft_counters(r.stdout))
+        return out
 
     def set_cc(self, cc):
         for h in range(self.hosts):
@@ -126,6 +176,18 @@ class Testbed:
                     else:
                         dropped += v
         return seen, dropped
+
+
+def parse_nft_counters(text):
+    """{name: (packets, bytes)} from `nft list counters` text."""
+    out, name = {}, None
+    for line in text.splitlines():
+        w = line.split()
+        if len(w) >= 2 and w[0] == "counter":
+            name = w[1]
+        elif len(w) >= 4 and w[0] == "packets" and name:
+            out[name] = (int(w[1]), int(w[3]))
+    return out
 
 
 def proc_cpu(pid):
@@ -182,6 +244,9 @@ def combine(system, per_rank, extra_cpu=0.0):
         results.append(item)
     cpu = sum(r["cpu_s"] for r in per_rank) + extra_cpu
     out = {"system": system, "results": results, "cpu_s": cpu, "cpu": measure.window_cpu(per_rank)}
+    ws = [r["window"] for r in per_rank if r.get("window")]
+    if ws:  # wall clock of the ranks' timed regions (warm-up included): earliest start, latest end
+        out["window_t"] = [min(w["t0"] for w in ws), max(w["t1"] for w in ws)]
     if "min_delivered_ppm" in per_rank[0]:
         out["min_delivered_ppm"] = min(r["min_delivered_ppm"] for r in per_rank)
         out["repairs"] = sum(r["repairs"] for r in per_rank)
@@ -262,6 +327,8 @@ class Runner:
         self.workdir = workdir
         self.cgroups = cgroups
         self.profiler = profiler
+        # More [network] settings for every dlcpd (the spine step's `paths`, when asked for).
+        self.network_extra = ""
         self.kernel = measure.KernelCounters(bed, sh)
         self.started = None  # file the ranks create when their timed region starts (perf)
 
@@ -306,7 +373,7 @@ class Runner:
             # Owner-only: dlcpd refuses an inline secret in a file others may read.
             with open(os.open(cfg, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
                 f.write(self.dlcp_config(h, hosts, sock, extra(h) if callable(extra) else extra,
-                                         network=DLCP_NOFLOW if "noflow" in system else ""))
+                                         network=(DLCP_NOFLOW if "noflow" in system else "") + self.network_extra))
             logf = open(os.path.join(d, f"d{h}.log"), "w")
             p = self.popen(system, ["ip", "netns", "exec", self.bed.ns(h), os.path.join(self.bindir, "dlcpd"),
                                     "--config", cfg], stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
@@ -552,11 +619,12 @@ class Bench:
         self.summary = []  # (name, dlcp, peer, ratio, unit)
         self.md = []
         self.data = {"micro": [], "datapath": {}, "headline": [], "sizes": [], "model": [], "scaling": [],
-                     "sim": [], "config": {}, "baselines": [], "flow": []}
+                     "sim": [], "config": {}, "baselines": [], "flow": [], "spine": []}
         self.saved_allowed_cc = None
         self.errors = []
         self.base = a.base
         self.log = log
+        self.sh = sh
 
     def line(self, name, dlcp, peer, unit, peer_name, lower_better=False):
         ratio = (peer / dlcp if lower_better else dlcp / peer) if dlcp and peer else float("nan")
@@ -949,7 +1017,7 @@ class Bench:
         self.allow_cc()
         steps = [("micro", self.micro), ("datapath", self.datapath), ("headline", self.headline),
                  ("sizes", self.sizes), ("scaling", self.scaling), ("flow", self.flow),
-                 ("simulate", self.simulate)]
+                 ("spine", lambda: spine.step(self, stats)), ("simulate", self.simulate)]
         only = set(self.a.only.split(",")) if self.a.only else None
         if self.quick and not only:
             only = {"micro", "datapath", "headline", "simulate"}
@@ -1075,6 +1143,9 @@ def self_check():
     check_measure()
     check_config_and_plan()
     check_report()
+    spine.check()
+    assert parse_nft_counters("table inet x {\n\tcounter seen {\n\t\tpackets 7 bytes 900\n\t}\n}\n") == \
+        {"seen": (7, 900)}
     print("harness self-check: ok (ResNet-50 161 tensors, 25557032 parameters, "
           f"{len(b)} buckets; percentiles, CPU/GiB, per-rep max over ranks; cgroup/proc CPU windows, "
           "drop counters, perf report parsing; default dlcpd config, plan at both MTUs; report tables)")
@@ -1250,10 +1321,16 @@ def main():
     ap.add_argument("--prefix", default="benchr")
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", default="",
-                    help="comma list of steps: micro,datapath,headline,sizes,scaling,flow,simulate")
+                    help="comma list of steps: micro,datapath,headline,sizes,scaling,flow,spine,simulate")
     ap.add_argument("--conds", default="",
                     help="headline conditions to run, comma list of: clean,loss,congested (default all)")
     ap.add_argument("--sim-timeout", type=int, default=600, help="seconds per simulation")
+    ap.add_argument("--spine-rate", type=int, default=0,
+                    help=f"spine step: rate of the spine links in Mbit/s (default {spine.SPINE_MBPS})")
+    ap.add_argument("--spine-reps", type=int, default=0,
+                    help="spine step: reps of every system (default 10, 5 for the bbr peers; 3 with --quick)")
+    ap.add_argument("--paths", type=int, default=0,
+                    help="spine step: [network] paths = N for dlcpd, if it accepts the key (default: not set)")
     ap.add_argument("--load-note", default="", help="what else ran on the machine")
     ap.add_argument("--tag", default="", help="appended to the results' names (e.g. before / after)")
     ap.add_argument("--perf", type=float, nargs="?", const=5.0, default=0.0, metavar="SECONDS",

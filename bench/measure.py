@@ -198,7 +198,8 @@ def parse_qdisc_drops(text):
 class KernelCounters:
     """Receive-side drop counters of the testbed's kernel, summed over host namespaces:
     UDP RcvbufErrors / InErrors (/proc/net/snmp, per namespace), eth0 rx drops, and the
-    emulated switch's queue drops (network loss, not receive side)."""
+    emulated switch's queue drops (every port of the switch, or of the leaves and spines of
+    a fabric; network loss, not receive side)."""
 
     def __init__(self, bed, sh):
         self.bed = bed
@@ -212,9 +213,10 @@ class KernelCounters:
             s["udp_rcvbuf_errors"] += u.get("RcvbufErrors", 0)
             s["udp_in_errors"] += u.get("InErrors", 0)
             s["eth0_rx_dropped"] += parse_netdev_rx_dropped(self.sh(ns + ["cat", "/proc/net/dev"], check=False).stdout)
-        sw = ["ip", "netns", "exec", f"{self.bed.prefix}-sw"]
-        for h in range(self.bed.hosts):
-            r = self.sh(sw + ["tc", "-s", "qdisc", "show", "dev", f"p{h}"], check=False)
+        ports = getattr(self.bed, "switch_ports", None)
+        ports = ports() if ports else [(f"{self.bed.prefix}-sw", f"p{h}") for h in range(self.bed.hosts)]
+        for ns, dev in ports:
+            r = self.sh(["ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", dev], check=False)
             s["switch_queue_drops"] += parse_qdisc_drops(r.stdout)
         return s
 

@@ -6,6 +6,7 @@ import platform
 import subprocess
 
 import report_headline as rh
+import spine
 
 MiB = 1 << 20
 LABEL = rh.LABEL
@@ -232,6 +233,8 @@ def write(b, outdir):
         w("\nOn a clean network every switch queue drop is dlcp's own. The slow port's row divides the "
           "switch's drops (all ports) by the datagrams the op sends into host 0 (2(N−1)/N of the tensor "
           "in 1376-byte chunks, both phases, warm-up included).\n")
+
+    md.extend(spine.report(d.get("spine") or [], d.get("spine_meta") or {}, LABEL))
 
     if d["sim"]:
         w("## Protocol-core simulation (`dlcpd simulate`, virtual time, 10 Gbit/s star)\n")

@@ -7,7 +7,8 @@
 # testbed down even on failure, and writes bench/results/<date>-<host>.md + PNGs.
 # --quick: under 5 minutes, 16 MiB headline at MTU 1500 and 9000, one summary line
 # per benchmark. --perf [SECONDS]: perf profiles of the clean headline runs.
-# Extra arguments go to bench/harness.py (--only STEPS, --load-note TEXT, --perf, --tag NAME).
+# Extra arguments go to bench/harness.py (--only STEPS, --load-note TEXT, --perf, --tag NAME;
+# the leaf-spine step: --only spine [--spine-rate MBIT] [--spine-reps N] [--paths N]).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Emulated cluster for dlcp on one machine: N "hosts" (network namespaces) joined
-# by a Linux bridge in a "switch" namespace, each switch port with a strict
-# priority scheduler keyed on DSCP (htb + u32 dsfield filters), an optional
-# bottleneck rate, small queues, and optional random loss (nftables numgen).
+# by a Linux bridge in a "switch" namespace, or (--spines S) by a leaf-spine fabric
+# of routing namespaces with ECMP; every switch port with a strict priority
+# scheduler keyed on DSCP (htb + u32 dsfield filters), an optional bottleneck
+# rate, small queues, and optional random loss (nftables numgen).
 #
 # Nothing is created in the root namespace: the veth pairs are made inside the
 # switch namespace with their host end moved straight into the host namespace.
@@ -10,7 +11,7 @@
 # restored by `down`).
 #
 # Run `scripts/testbed.sh --help` for usage. Needs root, iproute2 (ip, tc) and,
-# for --loss, nftables; ethtool is used if present.
+# for --loss and --spines, nftables; ethtool is used if present.
 set -euo pipefail
 
 PROG=$(basename "$0")
@@ -29,17 +30,28 @@ usage() {
 Usage:
   $PROG up [--hosts N] [--rate MBIT] [--rate-ports LIST] [--loss PCT]
            [--mtu M] [--queue PKTS] [--dscp D0,..,D7]
+           [--spines S [--leaves L] [--spine-rate MBIT] [--hash-seed N]]
   $PROG down
-  $PROG status [-v]            settings, addresses, loss counters, per-class
-                             counters of each switch port (-v: raw tc -s too)
+  $PROG status [-v]            settings, addresses, loss counters, per-spine
+                             counters, per-class counters of each switch port
+                             (-v: raw tc -s too)
+  $PROG counters              the same counters as one JSON object (for programs)
+  $PROG link spine<S> [--rate MBIT|none] [--loss PCT]
+                             fabric only: rate / random loss of every link of
+                             spine S, both directions, while up
+  $PROG pin spine<S> [--proto tcp|udp] | pin --clear
+                             fabric only: every packet of that protocol [tcp] a
+                             leaf sends into the fabric goes through spine S (the
+                             outcome of a hash collision, made certain)
   $PROG exec HOST CMD...      run CMD in host namespace HOST (0, 1, .. or h0, h1, ..)
   $PROG --help
 
 Topology (defaults in brackets):
   hosts     namespaces $PREFIX-h0 .. $PREFIX-h<N-1> [N=4]; interface eth0 with
             $SUBNET4.<i+1>/24 and $SUBNET6::<i+1>/64 (host i)
-  switch    namespace $SW: bridge $BR, port p<i> = veth peer of host i's eth0
-  egress    of every switch port p<i> (the direction towards host i):
+  switch    (without --spines) namespace $SW: bridge $BR, port p<i> = veth peer
+            of host i's eth0
+  egress    of every switch port (the direction away from the switch):
               htb root 1: (default class 1:10), parent class 1:1 rate = ceil = the
               port rate; one leaf class per dlcp priority class c = 0..7:
               classid 1:1<c>, htb prio 7-c (class 7 = control is served first),
@@ -49,8 +61,9 @@ Topology (defaults in brackets):
               buffering; u32 filters 'ip dsfield <dscp<<2> 0xfc' (IPv4) and
               'ip6 priority <dscp<<2> 0xfc' (IPv6) map DSCP D<c> to class 1:1<c>;
               anything else (ARP, unknown DSCP) goes to 1:10 (best effort).
-  --rate    port rate in Mbit/s (the bottleneck); without it 10000 (no bottleneck).
-  --rate-ports  comma list of host indices whose switch port gets --rate [all];
+  --rate    rate in Mbit/s of the ports towards hosts (the bottleneck); without
+            it 10000 (no bottleneck).
+  --rate-ports  comma list of host indices whose port gets --rate [all];
             the others run at 10000.
   --dscp    DSCP of dlcp classes 0..7 [$DEFAULT_DSCP] (match [priority].dscp).
   --loss    random loss in percent (0.01 resolution) on input of every host
@@ -59,10 +72,41 @@ Topology (defaults in brackets):
             testbed passes one host input, so end-to-end loss = PCT.
   --mtu     MTU of every veth and the bridge [1500].
   --queue   leaf pfifo limit in packets [50].
-  Offloads (tso gso gro tx-udp-segmentation tx-gso-list) are off on every veth
-  (ethtool), so queues, counters and loss act on wire-sized packets, RPS pins the receive
-  processing of each veth to one CPU (no reordering), net.core.netdev_max_backlog
-  is raised to $BACKLOG while up. State (settings, saved sysctl) in $STATE.
+
+Leaf-spine fabric (--spines S, 1..8): L3 routing with ECMP instead of the bridge.
+  leaves    namespaces $PREFIX-leaf0 .. [L=2, 2..16; N >= L]; host i hangs off leaf
+            i mod L (interleaved: h0, h2, .. on leaf0, h1, h3, .. on leaf1) at
+            leaf port p<i>; the leaf is the hosts' gateway ($SUBNET4.254, fe80::1)
+            and routes each local host's /32 (/128) to its port
+  spines    namespaces $PREFIX-spine0 .. $PREFIX-spine<S-1>; leaf l's port s<s>
+            is a veth to spine s's port l<l> (10.78.<s>.<4l+1>/30 on the leaf,
+            .<4l+2> on the spine; fd78:<s>::/126 alike)
+  ECMP      each leaf routes $SUBNET4.0/24 ($SUBNET6::/64) with one nexthop per
+            spine, hashed on each packet's 5-tuple as a switch does
+            (net.ipv{4,6}.fib_multipath_hash_policy=3, _fields=0x37: addresses,
+            protocol, ports; policy 1 would reuse the sending socket's random
+            hash): UDP/TCP source and destination ports pick the spine, and
+            'ip -n $PREFIX-leaf0 route get DST from SRC iif p0 ipproto udp
+            sport P dport Q' names it. Spines route each host's /32 to its
+            leaf. The hash is per direction: a flow and its reverse may take
+            different spines.
+  egress    of every leaf and spine port (towards a host, a spine, a leaf): the
+            htb/pfifo/DSCP scheduler above. Host ports run at --rate, links
+            between leaves and spines at --spine-rate [10000, no bottleneck].
+  counters  nftables table inet $PREFIX in every spine, forward hook: counters
+            'seen' (every packet into the spine, lost ones included),
+            'seen_udp', 'seen_tcp', 'dropped' (the random loss set with 'link');
+            packets and bytes.
+  --hash-seed  net.ipv4.fib_multipath_hash_seed (IPv4 and IPv6) in leaves and
+            spines, for a repeatable hash [the kernel's random seed].
+  link      changes spine links only; --rate none = back to 10000, --loss 0 = no
+            loss. Rates change in place (htb class change: counters kept).
+
+Offloads (tso gso gro tx-udp-segmentation tx-gso-list) are off on every veth
+(ethtool), so queues, counters and loss act on wire-sized packets, RPS pins the
+receive processing of each veth to one CPU (no reordering), and
+net.core.netdev_max_backlog is raised to $BACKLOG while up. State (settings,
+saved sysctl) in $STATE.
 
 Environment: DLCPTB_PREFIX (name prefix, default dlcptb), DLCPTB_STATE_DIR.
 'up' first removes leftovers of an earlier run; 'down' is safe to run twice.
@@ -82,9 +126,9 @@ need_root() {
 
 host_ns() { echo "$PREFIX-h$1"; }
 
-# Namespaces of this prefix that exist now (host namespaces and the switch).
+# Namespaces of this prefix that exist now (hosts, the switch, leaves, spines).
 our_namespaces() {
-  ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX}-(h[0-9]+|sw)\$" || true
+  ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX}-(h[0-9]+|sw|leaf[0-9]+|spine[0-9]+)\$" || true
 }
 
 # ---------------------------------------------------------------------------
@@ -168,17 +212,25 @@ cmd_down() {
 # ---------------------------------------------------------------------------
 is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
 is_num() { [[ $1 =~ ^[0-9]+([.][0-9]+)?$ ]]; }
+is_pct() { is_num "$1" && awk -v p="$1" 'BEGIN { exit !(p >= 0 && p <= 100) }'; }
+is_rate() { is_uint "$1" && [ "$1" -ge 1 ] && [ "$1" -le 100000 ]; }
 
-# htb/pfifo setup of switch port $1 at rate $2 Mbit/s.
+# htb burst for rate $1 Mbit/s: 1 ms at the port rate, at least two full frames
+# (htb's own default is 0 at multi-Gbit/s rates, which throttles below the rate).
+htb_burst() {
+  local burst=$(( $1 * 1000 / 8 ))
+  [ "$burst" -ge $(( 2 * MTU + 100 )) ] || burst=$(( 2 * MTU + 100 ))
+  echo "$burst"
+}
+
+# htb/pfifo setup of port $2 in namespace $1 at rate $3 Mbit/s.
 setup_port() {
-  local dev=$1 rate=$2
-  local sw=(ip netns exec "$SW")
+  local ns=$1 dev=$2 rate=$3
+  local sw=(ip netns exec "$ns")
   local guar=$(( rate * 10 ))   # 1% of the rate, in kbit
   local quantum=$(( MTU + 100 ))
-  # Burst: 1 ms at the port rate, at least two full frames (htb's own default
-  # is 0 at multi-Gbit/s rates, which throttles below the configured rate).
-  local burst=$(( rate * 1000 / 8 ))
-  [ "$burst" -ge $(( 2 * MTU + 100 )) ] || burst=$(( 2 * MTU + 100 ))
+  local burst
+  burst=$(htb_burst "$rate")
   run "${sw[@]}" tc qdisc replace dev "$dev" root handle 1: htb default 10
   run "${sw[@]}" tc class add dev "$dev" parent 1: classid 1:1 htb \
     rate "${rate}mbit" ceil "${rate}mbit" burst "$burst" cburst "$burst" quantum "$quantum"
@@ -195,6 +247,23 @@ setup_port() {
       match ip dsfield "$tos" 0xfc flowid "1:1$c"
     run "${sw[@]}" tc filter add dev "$dev" parent 1: protocol ipv6 prio 2 u32 \
       match ip6 priority "$tos" 0xfc flowid "1:1$c"
+  done
+}
+
+# Change the rate of port $2 in namespace $1 (set up by setup_port) to $3 Mbit/s
+# in place: the classes and their counters stay.
+change_port_rate() {
+  local ns=$1 dev=$2 rate=$3
+  local sw=(ip netns exec "$ns")
+  local guar=$(( rate * 10 )) quantum=$(( MTU + 100 ))
+  local burst c
+  burst=$(htb_burst "$rate")
+  run "${sw[@]}" tc class change dev "$dev" parent 1: classid 1:1 htb \
+    rate "${rate}mbit" ceil "${rate}mbit" burst "$burst" cburst "$burst" quantum "$quantum"
+  for c in 0 1 2 3 4 5 6 7; do
+    run "${sw[@]}" tc class change dev "$dev" parent 1:1 classid "1:1$c" htb \
+      rate "${guar}kbit" ceil "${rate}mbit" burst "$burst" cburst "$burst" \
+      prio $(( 7 - c )) quantum "$quantum"
   done
 }
 
@@ -218,10 +287,18 @@ rps_pin() {
   run ip netns exec "$ns" sh -c "for q in /sys/class/net/$dev/queues/rx-*; do echo $mask > \$q/rps_cpus; done"
 }
 
+# Both ends of a veth: offloads off, receive processing on CPU $5.
+veth_tune() {
+  offloads_off "$1" "$2"
+  offloads_off "$3" "$4"
+  rps_pin "$1" "$2" "$5"
+  rps_pin "$3" "$4" "$5"
+}
+
 setup_loss() {
   local ns=$1 pct=$2
   local thresh
-  thresh=$(awk -v p="$pct" 'BEGIN { printf "%d", p * 100 + 0.5 }')
+  thresh=$(loss_threshold "$pct")
   run ip netns exec "$ns" nft -f - <<EOF
 table inet $PREFIX {
   counter seen { }
@@ -236,9 +313,32 @@ table inet $PREFIX {
 EOF
 }
 
-cmd_up() {
-  need_root
+# PCT percent as a threshold of 'numgen random mod 10000'.
+loss_threshold() { awk -v p="$1" 'BEGIN { printf "%d", p * 100 + 0.5 }'; }
+
+# Host i's namespace with eth0 as the peer of port p<i> made in namespace $2.
+make_host() {
+  local i=$1 parent=$2 ncpu=$3
+  local ns
+  ns=$(host_ns "$i")
+  run ip netns add "$ns"
+  run ip -n "$ns" link set lo up
+  run ip -n "$parent" link add "p$i" mtu "$MTU" type veth peer name eth0 mtu "$MTU" netns "$ns"
+  veth_tune "$parent" "p$i" "$ns" eth0 $(( i % ncpu ))
+}
+
+# The rate of host i's port: --rate where --rate-ports selects it, else 10000.
+host_port_rate() {
+  local i=$1
+  if [ -n "$RATE" ]; then
+    if [ -z "$RATE_PORTS" ] || [[ ,$RATE_PORTS, == *,$i,* ]]; then echo "$RATE"; return; fi
+  fi
+  echo 10000
+}
+
+parse_up_args() {
   HOSTS=4 RATE="" RATE_PORTS="" LOSS="" MTU=1500 QUEUE=50 DSCP_LIST=$DEFAULT_DSCP
+  SPINES=0 LEAVES="" SPINE_RATE="" HASH_SEED=""
   while [ $# -gt 0 ]; do
     case $1 in
       --hosts) HOSTS=${2:?--hosts needs a value}; shift 2 ;;
@@ -248,15 +348,17 @@ cmd_up() {
       --mtu) MTU=${2:?--mtu needs a value}; shift 2 ;;
       --queue) QUEUE=${2:?--queue needs a value}; shift 2 ;;
       --dscp) DSCP_LIST=${2:?--dscp needs a value}; shift 2 ;;
+      --spines) SPINES=${2:?--spines needs a value}; shift 2 ;;
+      --leaves) LEAVES=${2:?--leaves needs a value}; shift 2 ;;
+      --spine-rate) SPINE_RATE=${2:?--spine-rate needs a value}; shift 2 ;;
+      --hash-seed) HASH_SEED=${2:?--hash-seed needs a value}; shift 2 ;;
       -h|--help) usage; exit 0 ;;
       *) die "up: unknown argument '$1' (see --help)" ;;
     esac
   done
   is_uint "$HOSTS" && [ "$HOSTS" -ge 2 ] && [ "$HOSTS" -le 64 ] || die "--hosts must be 2..64, got '$HOSTS'"
-  [ -z "$RATE" ] || { is_uint "$RATE" && [ "$RATE" -ge 1 ] && [ "$RATE" -le 100000 ]; } \
-    || die "--rate must be 1..100000 Mbit/s, got '$RATE'"
-  [ -z "$LOSS" ] || { is_num "$LOSS" && awk -v p="$LOSS" 'BEGIN { exit !(p >= 0 && p <= 100) }'; } \
-    || die "--loss must be a percentage 0..100, got '$LOSS'"
+  [ -z "$RATE" ] || is_rate "$RATE" || die "--rate must be 1..100000 Mbit/s, got '$RATE'"
+  [ -z "$LOSS" ] || is_pct "$LOSS" || die "--loss must be a percentage 0..100, got '$LOSS'"
   is_uint "$MTU" && [ "$MTU" -ge 1280 ] && [ "$MTU" -le 9000 ] || die "--mtu must be 1280..9000, got '$MTU'"
   is_uint "$QUEUE" && [ "$QUEUE" -ge 1 ] || die "--queue must be >= 1 packets, got '$QUEUE'"
   IFS=, read -r -a DSCPS <<<"$DSCP_LIST"
@@ -273,7 +375,23 @@ cmd_up() {
     done
   fi
   [ -z "$LOSS" ] || command -v nft >/dev/null || die "--loss needs nft: apt-get install nftables"
+  is_uint "$SPINES" && [ "$SPINES" -le 8 ] || die "--spines must be 1..8, got '$SPINES'"
+  if [ "$SPINES" -eq 0 ]; then
+    [ -z "$LEAVES$SPINE_RATE$HASH_SEED" ] || die "--leaves, --spine-rate and --hash-seed need --spines"
+    return 0
+  fi
+  LEAVES=${LEAVES:-2}
+  is_uint "$LEAVES" && [ "$LEAVES" -ge 2 ] && [ "$LEAVES" -le 16 ] || die "--leaves must be 2..16, got '$LEAVES'"
+  [ "$HOSTS" -ge "$LEAVES" ] || die "--hosts ($HOSTS) must be >= --leaves ($LEAVES): every leaf needs a host"
+  [ -z "$SPINE_RATE" ] || is_rate "$SPINE_RATE" || die "--spine-rate must be 1..100000 Mbit/s, got '$SPINE_RATE'"
+  [ -z "$HASH_SEED" ] || { is_uint "$HASH_SEED" && [ "$HASH_SEED" -le 4294967295 ]; } \
+    || die "--hash-seed must be 0..4294967295, got '$HASH_SEED'"
+  command -v nft >/dev/null || die "--spines needs nft (the spines' counters): apt-get install nftables"
+}
 
+cmd_up() {
+  need_root
+  parse_up_args "$@"
   if [ -n "$(our_namespaces)" ]; then
     log "removing leftovers of an earlier run"
     cmd_down
@@ -283,36 +401,11 @@ cmd_up() {
   trap 'if [ "$UP_DONE" != 1 ]; then log "up failed, tearing down"; cmd_down || true; fi' EXIT
 
   save_and_raise_backlog
-  local ncpu
-  ncpu=$(nproc)
-
-  run ip netns add "$SW"
-  run ip -n "$SW" link set lo up
-  run ip -n "$SW" link add "$BR" type bridge
-  run ip -n "$SW" link set "$BR" mtu "$MTU"
-  local i ns port_rate
-  for ((i = 0; i < HOSTS; i++)); do
-    ns=$(host_ns "$i")
-    run ip netns add "$ns"
-    run ip -n "$ns" link set lo up
-    run ip -n "$SW" link add "p$i" mtu "$MTU" type veth peer name eth0 mtu "$MTU" netns "$ns"
-    run ip -n "$SW" link set "p$i" master "$BR"
-    offloads_off "$SW" "p$i"
-    offloads_off "$ns" eth0
-    rps_pin "$SW" "p$i" $(( i % ncpu ))
-    rps_pin "$ns" eth0 $(( i % ncpu ))
-    run ip -n "$ns" addr add "$SUBNET4.$(( i + 1 ))/24" dev eth0
-    run ip -n "$ns" addr add "$SUBNET6::$(( i + 1 ))/64" dev eth0 nodad
-    port_rate=10000
-    if [ -n "$RATE" ]; then
-      if [ -z "$RATE_PORTS" ] || [[ ,$RATE_PORTS, == *,$i,* ]]; then port_rate=$RATE; fi
-    fi
-    setup_port "p$i" "$port_rate"
-    run ip -n "$SW" link set "p$i" up
-    run ip -n "$ns" link set eth0 up
-    if [ -n "$LOSS" ]; then setup_loss "$ns" "$LOSS"; fi
-  done
-  run ip -n "$SW" link set "$BR" up
+  if [ "$SPINES" -gt 0 ]; then
+    up_fabric
+  else
+    up_switch
+  fi
   cat >"$STATE/settings" <<EOF
 hosts=$HOSTS
 rate=${RATE:-none}
@@ -322,10 +415,291 @@ mtu=$MTU
 queue=$QUEUE
 dscp=$DSCP_LIST
 EOF
+  if [ "$SPINES" -gt 0 ]; then
+    local s
+    {
+      echo "spines=$SPINES"
+      echo "leaves=$LEAVES"
+      echo "placement=host i on leaf i mod $LEAVES"
+      echo "hash_seed=${HASH_SEED:-random}"
+      echo "pin=none"
+      for ((s = 0; s < SPINES; s++)); do
+        echo "spine${s}_rate=${SPINE_RATE:-none}"
+        echo "spine${s}_loss=none"
+      done
+    } >>"$STATE/settings"
+  fi
   UP_DONE=1
   trap - EXIT
-  log "up: $HOSTS hosts ($SUBNET4.1..$SUBNET4.$HOSTS, $SUBNET6::1..), switch $SW," \
+  local what="switch $SW"
+  [ "$SPINES" -eq 0 ] || what="$LEAVES leaves x $SPINES spines (spine links ${SPINE_RATE:-10000} Mbit/s)"
+  log "up: $HOSTS hosts ($SUBNET4.1..$SUBNET4.$HOSTS, $SUBNET6::1..), $what," \
     "rate ${RATE:-none} Mbit/s on ports ${RATE_PORTS:-all}, loss ${LOSS:-0}%, mtu $MTU, queue $QUEUE"
+}
+
+up_switch() {
+  local ncpu i ns
+  ncpu=$(nproc)
+  run ip netns add "$SW"
+  run ip -n "$SW" link set lo up
+  run ip -n "$SW" link add "$BR" type bridge
+  run ip -n "$SW" link set "$BR" mtu "$MTU"
+  for ((i = 0; i < HOSTS; i++)); do
+    ns=$(host_ns "$i")
+    make_host "$i" "$SW" "$ncpu"
+    run ip -n "$SW" link set "p$i" master "$BR"
+    run ip -n "$ns" addr add "$SUBNET4.$(( i + 1 ))/24" dev eth0
+    run ip -n "$ns" addr add "$SUBNET6::$(( i + 1 ))/64" dev eth0 nodad
+    setup_port "$SW" "p$i" "$(host_port_rate "$i")"
+    run ip -n "$SW" link set "p$i" up
+    run ip -n "$ns" link set eth0 up
+    if [ -n "$LOSS" ]; then setup_loss "$ns" "$LOSS"; fi
+  done
+  run ip -n "$SW" link set "$BR" up
+}
+
+# ---------------------------------------------------------------------------
+# leaf-spine fabric
+# ---------------------------------------------------------------------------
+leaf_ns() { echo "$PREFIX-leaf$1"; }
+spine_ns() { echo "$PREFIX-spine$1"; }
+# Addresses of the link between leaf $1 and spine $2: leaf end, spine end.
+link4() { echo "10.78.$2.$(( 4 * $1 + ${3:-1} ))"; }
+link6() { printf 'fd78:%x::%x' "$2" $(( 4 * $1 + ${3:-1} )); }
+
+# A routing namespace: forwarding on, L4 multipath hash, no reverse-path filter
+# (with ECMP a packet may come back on another spine), no DAD delay.
+make_router() {
+  local ns=$1
+  run ip netns add "$ns"
+  run ip -n "$ns" link set lo up
+  local k
+  for k in net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1 \
+      net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0 \
+      net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0; do
+    run ip netns exec "$ns" sysctl -q -w "$k"
+  done
+  # The multipath hash of a switch: the 5-tuple of every packet (policy 3, fields
+  # src/dst address, protocol, src/dst port = 0x37). Policy 1 hashes the same
+  # fields but first takes a hash the sender's socket left on the packet (it
+  # survives the veth): a random draw per socket, which TCP re-draws after a
+  # timeout, not the 5-tuple a real switch sees.
+  local v
+  for v in ipv4 ipv6; do
+    if ! ip netns exec "$ns" sysctl -q -w "net.$v.fib_multipath_hash_fields=0x37" \
+        "net.$v.fib_multipath_hash_policy=3" 2>/dev/null; then
+      log "warning: no custom multipath hash (kernel < 5.12?): policy 1, a per-socket hash on local traffic"
+      run ip netns exec "$ns" sysctl -q -w "net.$v.fib_multipath_hash_policy=1"
+    fi
+  done
+  if [ -n "$HASH_SEED" ]; then
+    # One seed for IPv4 and IPv6 (kernel >= 6.11).
+    ip netns exec "$ns" sysctl -q -w net.ipv4.fib_multipath_hash_seed="$HASH_SEED" \
+      || die "--hash-seed: this kernel has no net.ipv4.fib_multipath_hash_seed (needs >= 6.11)"
+  fi
+}
+
+# The spine's counters, and its random loss rule ($2 percent, or none).
+spine_nft() {
+  local ns=$1 pct=$2 rule=""
+  if [ "$pct" != none ] && [ "$(loss_threshold "$pct")" -gt 0 ]; then
+    rule="numgen random mod 10000 < $(loss_threshold "$pct") counter name \"dropped\" drop"
+  fi
+  if ip netns exec "$ns" nft list table inet "$PREFIX" >/dev/null 2>&1; then
+    run ip netns exec "$ns" nft flush chain inet "$PREFIX" loss
+    [ -z "$rule" ] || run ip netns exec "$ns" nft add rule inet "$PREFIX" loss "$rule"
+    return 0
+  fi
+  run ip netns exec "$ns" nft -f - <<EOF
+table inet $PREFIX {
+  counter seen { }
+  counter seen_udp { }
+  counter seen_tcp { }
+  counter dropped { }
+  chain tally {
+    type filter hook forward priority -300; policy accept;
+    counter name "seen"
+    meta l4proto udp counter name "seen_udp"
+    meta l4proto tcp counter name "seen_tcp"
+  }
+  chain loss {
+    type filter hook forward priority -200; policy accept;
+    $rule
+  }
+}
+EOF
+}
+
+up_fabric() {
+  local ncpu l s i ns lf sp rate
+  ncpu=$(nproc)
+  rate=${SPINE_RATE:-10000}
+  for ((l = 0; l < LEAVES; l++)); do make_router "$(leaf_ns "$l")"; done
+  for ((s = 0; s < SPINES; s++)); do
+    sp=$(spine_ns "$s")
+    make_router "$sp"
+    spine_nft "$sp" none
+    for ((l = 0; l < LEAVES; l++)); do
+      lf=$(leaf_ns "$l")
+      run ip -n "$lf" link add "s$s" mtu "$MTU" type veth peer name "l$l" mtu "$MTU" netns "$sp"
+      veth_tune "$lf" "s$s" "$sp" "l$l" $(( (l + s) % ncpu ))
+      run ip -n "$lf" addr add "$(link4 "$l" "$s")/30" dev "s$s"
+      run ip -n "$sp" addr add "$(link4 "$l" "$s" 2)/30" dev "l$l"
+      run ip -n "$lf" addr add "$(link6 "$l" "$s")/126" dev "s$s" nodad
+      run ip -n "$sp" addr add "$(link6 "$l" "$s" 2)/126" dev "l$l" nodad
+      setup_port "$lf" "s$s" "$rate"
+      setup_port "$sp" "l$l" "$rate"
+      run ip -n "$lf" link set "s$s" up
+      run ip -n "$sp" link set "l$l" up
+    done
+  done
+  for ((i = 0; i < HOSTS; i++)); do
+    ns=$(host_ns "$i")
+    l=$(( i % LEAVES ))
+    lf=$(leaf_ns "$l")
+    make_host "$i" "$lf" "$ncpu"
+    run ip netns exec "$ns" sysctl -q -w net.ipv6.conf.eth0.accept_dad=0
+    # The host sees its usual /24 and /64, reached through the leaf (its gateway).
+    run ip -n "$ns" addr add "$SUBNET4.$(( i + 1 ))/24" dev eth0 noprefixroute
+    run ip -n "$ns" addr add "$SUBNET6::$(( i + 1 ))/64" dev eth0 nodad noprefixroute
+    run ip -n "$lf" addr add "$SUBNET4.254/32" dev "p$i"
+    run ip -n "$lf" addr add fe80::1/64 dev "p$i" nodad
+    setup_port "$lf" "p$i" "$(host_port_rate "$i")"
+    run ip -n "$lf" link set "p$i" up
+    run ip -n "$ns" link set eth0 up
+    run ip -n "$ns" route add "$SUBNET4.254/32" dev eth0 scope link
+    run ip -n "$ns" route add "$SUBNET4.0/24" via "$SUBNET4.254" dev eth0
+    run ip -n "$ns" -6 route add "$SUBNET6::/64" via fe80::1 dev eth0
+    run ip -n "$lf" route add "$SUBNET4.$(( i + 1 ))/32" dev "p$i" src "$SUBNET4.254"
+    run ip -n "$lf" -6 route add "$SUBNET6::$(( i + 1 ))/128" dev "p$i"
+    for ((s = 0; s < SPINES; s++)); do
+      sp=$(spine_ns "$s")
+      run ip -n "$sp" route add "$SUBNET4.$(( i + 1 ))/32" via "$(link4 "$l" "$s")" dev "l$l"
+      run ip -n "$sp" -6 route add "$SUBNET6::$(( i + 1 ))/128" via "$(link6 "$l" "$s")" dev "l$l"
+    done
+    if [ -n "$LOSS" ]; then setup_loss "$ns" "$LOSS"; fi
+  done
+  # Everything not on the leaf: one nexthop per spine (ECMP).
+  local nh4 nh6
+  for ((l = 0; l < LEAVES; l++)); do
+    nh4=() nh6=()
+    for ((s = 0; s < SPINES; s++)); do
+      nh4+=(nexthop via "$(link4 "$l" "$s" 2)" dev "s$s")
+      nh6+=(nexthop via "$(link6 "$l" "$s" 2)" dev "s$s")
+    done
+    run ip -n "$(leaf_ns "$l")" route add "$SUBNET4.0/24" "${nh4[@]}"
+    run ip -n "$(leaf_ns "$l")" -6 route add "$SUBNET6::/64" "${nh6[@]}"
+  done
+}
+
+# Settings line $1 of the running testbed (empty if none).
+setting() { sed -n "s/^$1=//p" "$STATE/settings" 2>/dev/null || true; }
+
+# Replace settings line $1 with value $2.
+set_setting() { run sed -i "s|^$1=.*|$1=$2|" "$STATE/settings"; }
+
+# The running fabric's SPINES, LEAVES and MTU (dies if the testbed is not one).
+load_fabric() {
+  SPINES=$(setting spines)
+  [ -n "$SPINES" ] || die "the testbed is not a leaf-spine fabric (up --spines S)"
+  LEAVES=$(setting leaves)
+  MTU=$(setting mtu)
+}
+
+# The index of spine argument $1 (spine<S> or S), checked against SPINES.
+spine_index() {
+  local s=${1#spine}
+  is_uint "$s" && [ "$s" -lt "$SPINES" ] || die "no spine '$1' (spines: spine0..spine$(( SPINES - 1 )))"
+  echo "$s"
+}
+
+cmd_link() {
+  need_root
+  [ $# -ge 1 ] || die "link needs a spine (spine0, spine1, ..)"
+  local s rate="" loss="" l
+  load_fabric
+  s=$(spine_index "$1") || exit 1
+  shift
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --rate) rate=${2:?--rate needs a value}; shift 2 ;;
+      --loss) loss=${2:?--loss needs a value}; shift 2 ;;
+      *) die "link: unknown argument '$1' (see --help)" ;;
+    esac
+  done
+  [ -n "$rate$loss" ] || die "link: nothing to change (--rate MBIT|none, --loss PCT)"
+  [ -z "$rate" ] || [ "$rate" = none ] || is_rate "$rate" || die "link --rate must be 1..100000 Mbit/s or none, got '$rate'"
+  [ -z "$loss" ] || is_pct "$loss" || die "link --loss must be a percentage 0..100, got '$loss'"
+  if [ -n "$rate" ]; then
+    local mbit=$rate
+    [ "$rate" != none ] || mbit=10000
+    for ((l = 0; l < LEAVES; l++)); do
+      change_port_rate "$(leaf_ns "$l")" "s$s" "$mbit"
+      change_port_rate "$(spine_ns "$s")" "l$l" "$mbit"
+    done
+    set_setting "spine${s}_rate" "$rate"
+  fi
+  if [ -n "$loss" ]; then
+    [ "$(loss_threshold "$loss")" -gt 0 ] || loss=none
+    spine_nft "$(spine_ns "$s")" "$loss"
+    set_setting "spine${s}_loss" "$loss"
+  fi
+  log "link: spine$s rate $(setting "spine${s}_rate") (Mbit/s), loss $(setting "spine${s}_loss") (%)"
+}
+
+# Policy routing on every leaf: packets of protocol $2 from the leaf's hosts to
+# other leaves go through spine $1 only (fwmark 0x77, table 177); local hosts'
+# /32 and /128 routes still win (lookup main suppress_prefixlength 24 / 64).
+cmd_pin() {
+  need_root
+  [ $# -ge 1 ] || die "pin needs a spine (spine0, ..) or --clear"
+  local s="" proto=tcp l lf
+  load_fabric
+  if [ "$1" = --clear ]; then
+    [ $# -eq 1 ] || die "pin --clear takes no other arguments"
+  else
+    s=$(spine_index "$1") || exit 1
+    shift
+    while [ $# -gt 0 ]; do
+      case $1 in
+        --proto) proto=${2:?--proto needs a value}; shift 2 ;;
+        *) die "pin: unknown argument '$1' (see --help)" ;;
+      esac
+    done
+    [ "$proto" = tcp ] || [ "$proto" = udp ] || die "pin --proto must be tcp or udp, got '$proto'"
+  fi
+  for ((l = 0; l < LEAVES; l++)); do
+    lf=$(leaf_ns "$l")
+    ip netns exec "$lf" nft delete table inet "${PREFIX}_pin" 2>/dev/null || true
+    local fam
+    for fam in -4 -6; do
+      while ip -n "$lf" "$fam" rule del pref 100 2>/dev/null; do :; done
+      while ip -n "$lf" "$fam" rule del pref 101 2>/dev/null; do :; done
+      ip -n "$lf" "$fam" route flush table 177 2>/dev/null || true
+    done
+    [ -n "$s" ] || continue
+    run ip netns exec "$lf" nft -f - <<EOF
+table inet ${PREFIX}_pin {
+  chain pre {
+    type filter hook prerouting priority -150; policy accept;
+    iifname "p*" meta l4proto $proto meta mark set 0x77
+  }
+}
+EOF
+    run ip -n "$lf" -4 rule add pref 100 fwmark 0x77 lookup main suppress_prefixlength 24
+    run ip -n "$lf" -4 rule add pref 101 fwmark 0x77 lookup 177
+    run ip -n "$lf" -6 rule add pref 100 fwmark 0x77 lookup main suppress_prefixlength 64
+    run ip -n "$lf" -6 rule add pref 101 fwmark 0x77 lookup 177
+    run ip -n "$lf" route add "$SUBNET4.0/24" via "$(link4 "$l" "$s" 2)" dev "s$s" table 177
+    run ip -n "$lf" -6 route add "$SUBNET6::/64" via "$(link6 "$l" "$s" 2)" dev "s$s" table 177
+  done
+  if [ -n "$s" ]; then
+    set_setting pin "$proto:spine$s"
+    log "pin: $proto from every leaf into the fabric goes through spine$s"
+  else
+    set_setting pin none
+    log "pin: cleared (ECMP for everything)"
+  fi
 }
 
 # ---------------------------------------------------------------------------
@@ -336,10 +710,31 @@ nft_packets() {
   ip netns exec "$1" nft list counter inet "$PREFIX" "$2" | awk '$1 == "packets" { print $2 }'
 }
 
-# Per-class counters of switch port $1 as a table (from tc -s class show).
+# "NAME PACKETS BYTES" for every counter of table inet $PREFIX in namespace $1.
+nft_counters() {
+  ip netns exec "$1" nft list counters table inet "$PREFIX" 2>/dev/null \
+    | awk '$1 == "counter" { name = $2 } $1 == "packets" { print name, $2, $4 }'
+}
+
+# Every switch port: "NAMESPACE DEVICE TOWARDS" (the port's egress goes towards
+# TOWARDS: h<i>, spine<s>, leaf<l>), in a stable order.
+switch_ports() {
+  local ns dev
+  for ns in $(our_namespaces | grep -E -- "-(sw|leaf[0-9]+|spine[0-9]+)\$" | sort -V); do
+    for dev in $(ip -n "$ns" -br link show type veth | awk '{print $1}' | cut -d@ -f1 | sort -V); do
+      case $dev in
+        p*) echo "$ns $dev h${dev#p}" ;;
+        s*) echo "$ns $dev spine${dev#s}" ;;
+        l*) echo "$ns $dev leaf${dev#l}" ;;
+      esac
+    done
+  done
+}
+
+# Per-class counters of port $2 in namespace $1 as a table (from tc -s class show).
 port_table() {
   local dscp=${DSCP_OF_STATE:-$DEFAULT_DSCP}
-  ip netns exec "$SW" tc -s class show dev "$1" | awk -v dscp="$dscp" '
+  ip netns exec "$1" tc -s class show dev "$2" | awk -v dscp="$dscp" '
     BEGIN { split(dscp, d, ","); printf "  %-6s %-11s %-5s %-4s %12s %14s %10s %9s\n", "class", "htb", "dscp", "prio", "sent_pkts", "sent_bytes", "dropped", "drop%" }
     $1 == "class" { id = $3; prio = ""; for (i = 1; i < NF; i++) if ($i == "prio") prio = $(i + 1) }
     $1 == "Sent" { bytes[id] = $2; pkts[id] = $4; dr = $7; sub(",", "", dr); drops[id] = dr; pr[id] = prio }
@@ -348,10 +743,75 @@ port_table() {
         id = "1:1" c
         if (!(id in pkts)) continue
         tot = pkts[id] + drops[id]
-        printf "  %-6s %-11s %-5s %-4s %12d %14d %10d %8.2f%%\n", c, id, d[c + 1], pr[id], pkts[id], bytes[id], drops[id], tot ? 100 * drops[id] / tot : 0
+        printf "  %-6s %-11s %-5s %-4s %12.0f %14.0f %10.0f %8.2f%%\n", c, id, d[c + 1], pr[id], pkts[id], bytes[id], drops[id], tot ? 100 * drops[id] / tot : 0
       }
-      if ("1:1" in pkts) printf "  %-6s %-11s %-5s %-4s %12d %14d %10d\n", "port", "1:1", "", "", pkts["1:1"], bytes["1:1"], drops["1:1"]
+      if ("1:1" in pkts) printf "  %-6s %-11s %-5s %-4s %12.0f %14.0f %10.0f\n", "port", "1:1", "", "", pkts["1:1"], bytes["1:1"], drops["1:1"]
     }'
+}
+
+# One port's counters as a JSON object: the port (htb class 1:1) sent, the root
+# qdisc's drops (every class), and [sent packets, dropped] of each class 0..7.
+port_json() {
+  local ns=$1 dev=$2 towards=$3
+  { ip netns exec "$ns" tc -s qdisc show dev "$dev"; echo "--"; ip netns exec "$ns" tc -s class show dev "$dev"; } \
+    | awk -v sw="${ns#"$PREFIX"-}" -v dev="$dev" -v to="$towards" '
+    $1 == "--" { part = 2; next }
+    part != 2 && $1 == "qdisc" { on = ($2 == "htb") }
+    part != 2 && on && $1 == "Sent" { qd = $7; sub(",", "", qd); on = 0 }
+    part == 2 && $1 == "class" { id = $3 }
+    part == 2 && $1 == "Sent" { bytes[id] = $2; pkts[id] = $4; dr = $7; sub(",", "", dr); drops[id] = dr }
+    END {
+      printf "{\"switch\":\"%s\",\"port\":\"%s\",\"towards\":\"%s\",\"sent_packets\":%.0f,\"sent_bytes\":%.0f,\"queue_drops\":%.0f,\"classes\":[", sw, dev, to, pkts["1:1"], bytes["1:1"], qd
+      for (c = 0; c < 8; c++) printf "%s[%.0f,%.0f]", c ? "," : "", pkts["1:1" c], drops["1:1" c]
+      printf "]}"
+    }'
+}
+
+# `counters`: spines, switch ports and hosts' loss counters as one JSON object.
+cmd_counters() {
+  [ $# -eq 0 ] || die "counters takes no arguments"
+  need_root
+  local nss first ns name p b sent sbytes qd s
+  nss=$(our_namespaces)
+  printf '{"prefix":"%s","up":%s,"fabric":%s,"pin":"%s","spines":[' "$PREFIX" \
+    "$([ -n "$nss" ] && echo true || echo false)" \
+    "$(echo "$nss" | grep -q -- '-spine[0-9]*$' && echo true || echo false)" "$(setting pin)"
+  first=1
+  for ns in $(echo "$nss" | grep -- '-spine[0-9]*$' | sort -V); do
+    s=${ns##*-spine}
+    [ $first = 1 ] || printf ','
+    first=0
+    printf '{"name":"spine%s","rate":"%s","loss":"%s"' "$s" "$(setting "spine${s}_rate")" "$(setting "spine${s}_loss")"
+    while read -r name p b; do
+      [ -n "$name" ] && printf ',"%s_packets":%.0f,"%s_bytes":%.0f' "$name" "$p" "$name" "$b"
+    done < <(nft_counters "$ns")
+    # What the spine's ports sent on (after loss) and their queues dropped.
+    read -r sent sbytes qd < <(switch_ports | awk -v ns="$ns" '$1 == ns' | while read -r pns dev to; do
+        port_json "$pns" "$dev" "$to" | sed 's/.*"sent_packets":\([0-9]*\),"sent_bytes":\([0-9]*\),"queue_drops":\([0-9]*\).*/\1 \2 \3/'
+        echo
+      done | awk '{ a += $1; b += $2; c += $3 } END { printf "%.0f %.0f %.0f\n", a, b, c }')
+    printf ',"sent_packets":%.0f,"sent_bytes":%.0f,"queue_drops":%.0f}' "$sent" "$sbytes" "$qd"
+  done
+  printf '],"ports":['
+  first=1
+  while read -r pns dev to; do
+    [ -n "$pns" ] || continue
+    [ $first = 1 ] || printf ','
+    first=0
+    port_json "$pns" "$dev" "$to"
+  done < <(switch_ports)
+  printf '],"hosts":['
+  first=1
+  for ns in $(echo "$nss" | grep -- '-h[0-9]*$' | sort -V); do
+    [ $first = 1 ] || printf ','
+    first=0
+    printf '{"name":"h%s"' "${ns##*-h}"
+    while read -r name p b; do
+      [ -n "$name" ] && printf ',"loss_%s_packets":%.0f' "$name" "$p"
+    done < <(nft_counters "$ns")
+    printf '}'
+  done
+  printf ']}\n'
 }
 
 cmd_status() {
@@ -372,14 +832,14 @@ cmd_status() {
   echo "testbed $PREFIX: up"
   if [ -f "$STATE/settings" ]; then
     sed 's/^/  /' "$STATE/settings"
-    DSCP_OF_STATE=$(sed -n 's/^dscp=//p' "$STATE/settings")
+    DSCP_OF_STATE=$(setting dscp)
   fi
   echo "  netdev_max_backlog: $(sysctl -n net.core.netdev_max_backlog) (saved: $(cat "$STATE/netdev_max_backlog" 2>/dev/null || echo none))"
   echo
   echo "== namespaces"
   echo "$nss" | sed 's/^/  /'
   local ns
-  for ns in $(echo "$nss" | grep -- '-h' | sort -V); do
+  for ns in $(echo "$nss" | grep -- '-h[0-9]*$' | sort -V); do
     echo
     echo "== $ns"
     ip -n "$ns" -br addr show dev eth0 | sed 's/^/  /'
@@ -391,18 +851,32 @@ cmd_status() {
         "($(awk -v s="$seen" -v d="$dropped" 'BEGIN { printf "%.2f%%", s ? 100 * d / s : 0 }'))"
     fi
   done
-  if echo "$nss" | grep -qx "$SW"; then
-    local dev
-    for dev in $(ip -n "$SW" -br link show type veth | awk '{print $1}' | cut -d@ -f1 | sort -V); do
-      echo
-      echo "== $SW port $dev (egress towards host ${dev#p})"
-      port_table "$dev"
-      if [ "$VERBOSE" = 1 ]; then
-        ip netns exec "$SW" tc -s class show dev "$dev" | sed 's/^/  /'
-        ip netns exec "$SW" tc -s qdisc show dev "$dev" | sed 's/^/  /'
-      fi
+  if echo "$nss" | grep -q -- '-spine[0-9]*$'; then
+    echo
+    echo "== spines (nft table inet $PREFIX, forward: packets / bytes into the spine; dropped = its random loss)"
+    printf '  %-8s %-7s %-6s %12s %14s %12s %12s %10s %8s\n' spine rate loss seen_pkts seen_bytes udp_pkts tcp_pkts dropped share
+    local total=0 s
+    for ns in $(echo "$nss" | grep -- '-spine[0-9]*$'); do
+      total=$(( total + $(nft_packets "$ns" seen) ))
+    done
+    for ns in $(echo "$nss" | grep -- '-spine[0-9]*$' | sort -V); do
+      s=${ns##*-spine}
+      nft_counters "$ns" | awk -v n="spine$s" -v r="$(setting "spine${s}_rate")" -v l="$(setting "spine${s}_loss")" -v t="$total" '
+        { p[$1] = $2; b[$1] = $3 }
+        END { printf "  %-8s %-7s %-6s %12.0f %14.0f %12.0f %12.0f %10.0f %7.1f%%\n", n, r, l, p["seen"], b["seen"], p["seen_udp"], p["seen_tcp"], p["dropped"], t ? 100 * p["seen"] / t : 0 }'
     done
   fi
+  local pns dev to
+  while read -r pns dev to; do
+    [ -n "$pns" ] || continue
+    echo
+    echo "== ${pns#"$PREFIX"-} port $dev (egress towards $to)"
+    port_table "$pns" "$dev"
+    if [ "$VERBOSE" = 1 ]; then
+      ip netns exec "$pns" tc -s class show dev "$dev" | sed 's/^/  /'
+      ip netns exec "$pns" tc -s qdisc show dev "$dev" | sed 's/^/  /'
+    fi
+  done < <(switch_ports)
 }
 
 cmd_exec() {
@@ -421,6 +895,9 @@ case ${1:-} in
   up) shift; cmd_up "$@" ;;
   down) shift; [ $# -eq 0 ] || die "down takes no arguments"; cmd_down ;;
   status) shift; cmd_status "$@" ;;
+  counters) shift; cmd_counters "$@" ;;
+  link) shift; cmd_link "$@" ;;
+  pin) shift; cmd_pin "$@" ;;
   exec) shift; cmd_exec "$@" ;;
   -h|--help|help) usage ;;
   "") usage >&2; exit 2 ;;

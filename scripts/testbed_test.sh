@@ -6,7 +6,7 @@
 # $DLCP_SKIP_LOG when set (scripts/test.sh's summary).
 #
 # Usage: scripts/testbed_test.sh [CASE...]      (default: every case)
-# Cases: lifecycle connectivity priority loss bad_args failed_up
+# Cases: lifecycle connectivity priority loss bad_args failed_up fabric
 # Each case runs in its own process under a 60 s timeout, against a testbed of
 # its own prefix (dlcptbt), torn down before and after, even when it fails.
 set -euo pipefail
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 TB=${TESTBED_SH:-$PWD/scripts/testbed.sh}   # override to test a modified copy
 export DLCPTB_PREFIX=dlcptbt
 P=$DLCPTB_PREFIX
-ALL_CASES=(lifecycle connectivity priority loss bad_args failed_up)
+ALL_CASES=(lifecycle connectivity priority loss bad_args failed_up fabric)
 CASE_TIMEOUT=60
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -27,6 +27,8 @@ class_dropped() { ip netns exec "$P-sw" tc -s class show dev "$1" | awk -v id="$
 # Drops of the root htb qdisc of switch port $1 (all classes).
 qdisc_dropped() { ip netns exec "$P-sw" tc -s qdisc show dev "$1" | awk '$1 == "qdisc" { on = ($2 == "htb") } on && $1 == "Sent" { d = $7; sub(",", "", d); print d; exit }'; }
 nft_packets() { ip netns exec "$1" nft list counter inet "$P" "$2" | awk '$1 == "packets" { print $2 }'; }
+# Packets of htb class $3 on port $2 of spine $1 (fabric).
+sp_class_sent() { ip netns exec "$P-spine$1" tc -s class show dev "$2" | awk -v id="$3" '$1 == "class" { on = ($3 == id) } on && $1 == "Sent" { print $4; exit }'; }
 
 # ---------------------------------------------------------------------------
 case_lifecycle() {
@@ -81,7 +83,7 @@ case_connectivity() {
   [ $(( $(class_sent p1 1:16) - ef0 )) -eq 6 ] || fail "EF pings: class 1:16 on p1 counted $(( $(class_sent p1 1:16) - ef0 )), expected 6"
   [ $(( $(class_sent p1 1:14) - af0 )) -eq 2 ] || fail "AF41 pings: class 1:14 on p1 counted $(( $(class_sent p1 1:14) - af0 )), expected 2"
   # Jumbo frames pass unfragmented (MTU 9000 everywhere).
-  ip netns exec "$P-h0" ping -q -c 1 -W 2 -M do -s 8972 10.77.0.2 >/dev/null || fail "9000-byte ping h0 -> h1 failed"
+  ip netns exec "$P-h0" ping -q -c 1 -W 2 -M 'do' -s 8972 10.77.0.2 >/dev/null || fail "9000-byte ping h0 -> h1 failed"
   # Hosts are isolated from the root namespace's addresses.
   [ "$(ip netns exec "$P-h0" ip -br addr show dev eth0 | grep -c 10.77.0.1/24)" -eq 1 ] || fail "h0 address"
   note "12 IPv4 pairs, 4 IPv6 pairs, DSCP classification v4/v6, jumbo ping: ok"
@@ -162,7 +164,9 @@ for i in range($n):
 case_bad_args() {
   local a out
   for a in "--hosts 1" "--hosts x" "--rate 0" "--loss 101" "--loss abc" "--mtu 100" \
-           "--dscp 1,2,3" "--dscp 0,10,18,26,34,40,46,64" "--rate-ports 0" "--bogus"; do
+           "--dscp 1,2,3" "--dscp 0,10,18,26,34,40,46,64" "--rate-ports 0" "--bogus" \
+           "--spines 9" "--spines x" "--leaves 2" "--spine-rate 100" "--spines 2 --leaves 1" \
+           "--spines 2 --hosts 2 --leaves 3" "--spines 2 --spine-rate 0" "--spines 2 --hash-seed -1"; do
     # shellcheck disable=SC2086
     if out=$("$TB" up $a 2>&1); then fail "up $a succeeded"; fi
     echo "$out" | grep -q "error:" || fail "up $a: no clear error: $out"
@@ -170,7 +174,12 @@ case_bad_args() {
   [ -z "$(ip netns list | grep "^$P-" || true)" ] || fail "a rejected up left namespaces"
   "$TB" --help | grep -q "Usage:" || fail "--help"
   if "$TB" frobnicate 2>/dev/null; then fail "unknown command accepted"; fi
-  note "10 bad argument sets rejected with an error, nothing created"
+  for a in "link spine0 --loss 1" "pin spine0" "pin --clear"; do
+    # shellcheck disable=SC2086
+    if out=$("$TB" $a 2>&1); then fail "$a succeeded without a fabric"; fi
+    echo "$out" | grep -q "error:" || fail "$a: no clear error: $out"
+  done
+  note "18 bad argument sets rejected with an error, nothing created; link/pin need a fabric"
 }
 
 # ---------------------------------------------------------------------------
@@ -189,6 +198,56 @@ case_failed_up() {
   [ "$(ip netns list)" = "$netns_before" ] || fail "failed up left namespaces: $(ip netns list)"
   [ "$(sysctl -n net.core.netdev_max_backlog)" = "$backlog_before" ] || fail "failed up left netdev_max_backlog raised"
   note "failed up: error reported, namespaces and sysctl restored"
+}
+
+# ---------------------------------------------------------------------------
+# The leaf-spine fabric: 3 hosts on 2 leaves, 2 spines, MTU 9000: every pair
+# reaches every other (IPv4, IPv6, jumbo), DSCP classification on the spines'
+# ports, link/pin change what they say, down removes every namespace.
+case_fabric() {
+  local netns_before link_before
+  netns_before=$(ip netns list)
+  link_before=$(ip -br link)
+  "$TB" up --hosts 3 --spines 2 --mtu 9000 --spine-rate 500
+  [ "$(ip netns list | grep -c "^$P-")" -eq 7 ] || fail "expected 3 hosts, 2 leaves, 2 spines: $(ip netns list)"
+  [ "$(ip -br link)" = "$link_before" ] || fail "up changed the root namespace's links"
+  local i j
+  for i in 0 1 2; do
+    for j in 0 1 2; do
+      [ "$i" = "$j" ] && continue
+      ip netns exec "$P-h$i" ping -q -c 1 -W 2 "10.77.0.$((j + 1))" >/dev/null || fail "ping h$i -> h$j failed"
+      ip netns exec "$P-h$i" ping -6 -q -c 1 -W 2 "fd77::$((j + 1))" >/dev/null || fail "ping -6 h$i -> h$j failed"
+    done
+  done
+  ip netns exec "$P-h0" ping -q -c 1 -W 2 -M 'do' -s 8972 10.77.0.2 >/dev/null || fail "9000-byte ping h0 -> h1 failed"
+  # EF echo requests h0 -> h1 cross one spine to leaf1: class 1:16 of that spine's port l1.
+  local ef0 ef1
+  ef0=$(( $(sp_class_sent 0 l1 1:16) + $(sp_class_sent 1 l1 1:16) ))
+  ip netns exec "$P-h0" ping -q -c 4 -i 0.01 -W 2 -Q 0xb8 10.77.0.2 >/dev/null || fail "ping -Q 0xb8"
+  ef1=$(( $(sp_class_sent 0 l1 1:16) + $(sp_class_sent 1 l1 1:16) ))
+  [ $(( ef1 - ef0 )) -eq 4 ] || fail "EF pings: class 1:16 on the spines' l1 ports counted $(( ef1 - ef0 )), expected 4"
+  # (grep reads here-strings: 'cmd | grep -q' fails under pipefail when grep exits first.)
+  grep -q "1:1 root rate 500Mbit" <<<"$(ip netns exec "$P-spine0" tc class show dev l0)" || fail "spine link not at 500 Mbit/s"
+  "$TB" link spine1 --rate 100 --loss 2
+  grep -q "1:1 root rate 100Mbit" <<<"$(ip netns exec "$P-leaf0" tc class show dev s1)" || fail "link --rate: leaf0 s1 not at 100"
+  grep -q "1:1 root rate 100Mbit" <<<"$(ip netns exec "$P-spine1" tc class show dev l1)" || fail "link --rate: spine1 l1 not at 100"
+  grep -q "numgen random mod 10000 < 200" <<<"$(ip netns exec "$P-spine1" nft list chain inet "$P" loss)" || fail "link --loss 2"
+  if "$TB" link spine2 --loss 1 2>/dev/null; then fail "link to a spine that does not exist succeeded"; fi
+  "$TB" pin spine1 --proto tcp
+  grep -q "fwmark 0x77 lookup 177" <<<"$(ip -n "$P-leaf1" rule)" || fail "pin: no policy rule on leaf1"
+  ip netns exec "$P-h0" ping -q -c 1 -W 2 10.77.0.3 >/dev/null || fail "ping h0 -> h2 (same leaf) with pin"
+  "$TB" pin --clear
+  [ -z "$(ip -n "$P-leaf1" rule | grep 0x77 || true)" ] || fail "pin --clear left a rule"
+  local st
+  st=$("$TB" status)
+  grep -q "^  spine1 *100 *2 " <<<"$st" || fail "status lacks spine1's rate and loss: $st"
+  grep -q "spine0 port l1 (egress towards leaf1)" <<<"$st" || fail "status lacks spine ports: $st"
+  "$TB" counters | python3 -c 'import json, sys; d = json.load(sys.stdin); assert d["fabric"] and len(d["spines"]) == 2 and len(d["ports"]) == 11, d' \
+    || fail "counters: not the fabric's JSON"
+  "$TB" down
+  [ "$(ip netns list)" = "$netns_before" ] || fail "ip netns list differs after down: $(ip netns list)"
+  [ "$(ip -br link)" = "$link_before" ] || fail "ip link differs after down"
+  note "7 namespaces, 6 pairs v4/v6, jumbo, DSCP on spine ports, link rate/loss, pin, status, counters, down: ok"
 }
 
 # ---------------------------------------------------------------------------

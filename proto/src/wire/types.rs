@@ -137,7 +137,7 @@ impl DType {
 }
 
 /// The reduction an op applies (version 6: the low four bits of header byte
-/// 15, `kind`). Every datagram of an op carries it; a DATA whose reduction
+/// 15, `kind`). Every datagram of an op carries it; a packet whose reduction
 /// (or dtype) is not its op's is refused and counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(u8)]

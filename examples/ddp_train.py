@@ -31,6 +31,11 @@ One process per rank, e.g. 4 ranks, one per testbed host (scripts/testbed.sh):
     ip netns exec dlcptb-h$R /usr/bin/python3 examples/ddp_train.py --rank $R --world-size 4 \\
         --master-addr 10.77.0.1 --ifname eth0 --socket /tmp/d$R.sock --job 7 --budget 0.01
 
+``--dtype bf16`` trains in bfloat16 (parameters, activations and so DDP's
+gradient buckets; the dlcp hook reduces them as bf16: float32 accumulation
+at each owner, one rounding) to compare with the float32 run. (float16 is
+not offered: torch 1.13 has no float16 matrix multiply on the CPU.)
+
 It prints ``epoch E ...`` (digits) or ``step S time T loss L acc A ...``
 (mnist1d) at every evaluation (rank-local mean training loss since the last
 one, test accuracy of this replica), then ``final acc A params sha256 H`` (H
@@ -110,6 +115,23 @@ class StepClock:
         return timed
 
 
+def sync_bf16_through_f32():
+    """Gloo in torch 1.13 cannot broadcast bfloat16, which DDP's constructor does
+    to start every replica from rank 0's parameters: broadcast float32 copies
+    instead (exact: bf16 widens to f32 without loss) and copy them back."""
+    import torch.nn.parallel.distributed as ddp_module
+
+    def sync(module, process_group, broadcast_bucket_size, src, params_and_buffers_to_ignore):
+        states = list(module.named_parameters()) + list(module.named_buffers())
+        for name, t in states:
+            if name not in params_and_buffers_to_ignore:
+                wide = t.detach().float()
+                dist.broadcast(wide, src, group=process_group)
+                t.detach().copy_(wide)
+
+    ddp_module._sync_module_states = sync
+
+
 def parse_args():
     env = os.environ
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
@@ -140,6 +162,7 @@ def parse_args():
     ap.add_argument("--bucket-kb", type=int, default=None, help="DDP bucket cap, also the first bucket's (digits 1024, mnist1d 4096)")
     ap.add_argument("--seed", type=int, default=0, help="initial weights, shuffling (digits: also the split)")
     ap.add_argument("--out", help="write results (curves, accuracy, reports, step times) as JSON here")
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32", help="parameters and gradient buckets")
     args = ap.parse_args()
     if args.bucket_kb is None:
         args.bucket_kb = 1024 if args.task == "digits" else 4096
@@ -162,9 +185,14 @@ def main() -> int:
     digits = args.task == "digits"
 
     x_tr, y_tr, x_te, y_te, net = load_task(args)
+    if args.dtype == "bf16":
+        # bfloat16 parameters: DDP's gradient buckets are bfloat16, and so is what dlcp reduces.
+        net, x_tr, x_te = net.to(torch.bfloat16), x_tr.to(torch.bfloat16), x_te.to(torch.bfloat16)
     steps_per_epoch = len(x_tr) // (world * args.batch)  # every rank takes the same number of steps
     steps = args.epochs * steps_per_epoch if digits else args.steps
 
+    if args.dtype == "bf16":
+        sync_bf16_through_f32()
     # Several buckets: DDP's first bucket (the last layers) and the others capped alike.
     dist._DEFAULT_FIRST_BUCKET_BYTES = args.bucket_kb * 1024
     ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=args.bucket_kb / 1024)
@@ -254,13 +282,16 @@ def main() -> int:
                 print(f"time cap {args.time_cap:g} s reached at step {step + 1}", flush=True)
                 break
     elapsed = time.perf_counter() - t0
-    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in net.parameters())).hexdigest()
+    # numpy has no bfloat16: hash a bf16 parameter's bits (as int16).
+    raw = [(p.detach().view(torch.int16) if p.dtype == torch.bfloat16 else p.detach()) for p in net.parameters()]
+    digest = hashlib.sha256(b"".join(r.numpy().tobytes() for r in raw)).hexdigest()
     acc = accuracy()
     print(f"final acc {acc:.4f} params sha256 {digest}", flush=True)
     if args.out:
         res = {
             "backend": args.backend,
             "task": args.task,
+            "dtype": args.dtype,
             "rank": rank,
             "world": world,
             "budget": args.budget if args.backend == "dlcp" else None,

@@ -21,10 +21,10 @@ group_of() {
   case $1 in
     doctest:*) echo unit ;;
     dpdk_*|testbed_dpdk) echo DPDK ;;
-    client_python_ddp|testbed_ddp|testbed_time_to_accuracy) echo torch ;;
-    python|client_python_daemon) echo Python ;;
+    client_python_ddp|client_python_ddp_bf16|testbed_ddp|testbed_time_to_accuracy) echo torch ;;
+    python|client_python_daemon|client_python_dtypes) echo Python ;;
     testbed_*) echo testbed ;;
-    allreduce_sim|scale_sim|sim_net|loss_grid|flow_sim|rate_sim) echo simulation ;;
+    allreduce_sim|dtype_sim|scale_sim|sim_net|loss_grid|flow_sim|rate_sim) echo simulation ;;
     *) echo "$2" ;;
   esac
 }

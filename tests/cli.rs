@@ -147,6 +147,36 @@ fn demo_reliable_is_bit_exact() {
     assert!(stdout.contains("bit-exact against the reference sum"), "{stdout}");
 }
 
+/// `--dtype` and `--op` (issue 18): bf16 averaged by real daemons, bit-exact
+/// against the reference (f32 accumulation, one rounding per host's local sum
+/// and one of the result); f16 under loss in the simulator; a bad value named.
+#[test]
+fn demo_and_simulate_take_a_dtype_and_an_op() {
+    let out = dlcpd()
+        .args(["demo", "--hosts", "2", "--iters", "2", "--size", "1", "--budget", "0"])
+        .args(["--dtype", "bf16", "--op", "average"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("MB bf16 (average)"), "{stdout}");
+    assert!(stdout.contains("bit-exact against the reference sum"), "{stdout}");
+    let out = dlcpd()
+        .args(["simulate", "--iters", "2", "--size", "2", "--loss", "2", "--budget", "1%", "--dtype", "f16"])
+        .args(["--op", "average"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("MB f16 (average)") && stdout.contains("every rank byte-identical"), "{stdout}");
+    for (flag, value) in [("--dtype", "f64"), ("--op", "max")] {
+        let out = dlcpd().args(["demo", flag, value]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(flag) && err.contains(value), "{err}");
+    }
+}
+
 #[test]
 fn simulate_runs_and_verifies_under_loss() {
     let out = dlcpd()

@@ -1,7 +1,7 @@
 //! Daemons that cannot talk refuse each other, say why naming both sides, and
-//! count it: another `[security] packet_auth`, and a datagram of wire version 4
-//! (a golden vector of `proto/tests/golden/v4`, the previous release) sent from
-//! a peer's address.
+//! count it: another `[security] packet_auth`, and a datagram of wire version 5
+//! or 4 (golden vectors of `proto/tests/golden/v5` and `v4`, the previous
+//! releases) sent from a peer's address.
 
 mod daemon_common;
 
@@ -110,20 +110,29 @@ fn daemons_with_different_packet_auth_refuse_each_other_naming_both() {
     assert!(m0.contains("dlcp_packet_auth{mode=\"aes-128-gmac\"} 1\n"), "{m0}");
 }
 
+/// A datagram of wire version 5 (the previous release) or 4 (the one before).
 #[test]
-fn a_version_4_datagram_is_counted_and_reported_naming_both_versions() {
+fn a_version_4_or_5_datagram_is_counted_and_reported_naming_both_versions() {
+    for old in [5u8, 4] {
+        old_version_is_refused(old);
+    }
+}
+
+fn old_version_is_refused(old: u8) {
     // Rank 1 never starts: the test sends from its configured address.
     let c = Cluster::start(&Options { hosts: 2, late: vec![1], ..Options::default() });
     let peer = UdpSocket::bind(("127.0.0.1", c.ports[1])).unwrap();
-    let v4 = golden_of("v4", "data");
-    assert_eq!(v4[2], 4, "a version 4 datagram (the previous release)");
+    let dgram = golden_of(&format!("v{old}"), "data");
+    assert_eq!(dgram[2], old, "a version {old} datagram");
     for _ in 0..3 {
-        peer.send_to(&v4, ("127.0.0.1", c.ports[0])).unwrap();
+        peer.send_to(&dgram, ("127.0.0.1", c.ports[0])).unwrap();
         std::thread::sleep(Duration::from_millis(5));
     }
-    let want =
-        format!("rank 1 (127.0.0.1:{}) speaks dlcp wire version 4; this daemon speaks version 5", c.ports[1]);
-    let log = wait_log(&c, 0, "version report", |l| l.contains("wire version 4"));
+    let want = format!(
+        "rank 1 (127.0.0.1:{}) speaks dlcp wire version {old}; this daemon speaks version 6",
+        c.ports[1]
+    );
+    let log = wait_log(&c, 0, "version report", |l| l.contains(&format!("wire version {old}")));
     assert!(log.contains(&want), "{log}");
     let t0 = Instant::now();
     let st = loop {
@@ -138,7 +147,8 @@ fn a_version_4_datagram_is_counted_and_reported_naming_both_versions() {
     assert_eq!(p["rejected"]["malformed"], 0, "{p}");
     assert_eq!(p["rx_dropped_packets_per_peer"][1], 3, "{p}");
     // Reported once (rate-limited per peer), shown for that peer in the status.
-    assert_eq!(c.log(0).matches("speaks dlcp wire version 4").count(), 1, "{}", c.log(0));
+    let says = format!("speaks dlcp wire version {old}");
+    assert_eq!(c.log(0).matches(&says).count(), 1, "{}", c.log(0));
     let s = status(&c, 0, false);
     assert!(s.contains(&format!("REFUSED: {want}")), "{s}");
     // The metrics sample the counters periodically.

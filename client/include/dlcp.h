@@ -2,7 +2,7 @@
  * dlcp.h — C API of the dlcp trainer client (libdlcp_client.so / libdlcp_client.a).
  *
  * A trainer attaches to the local dlcpd over its Unix control socket, allocates
- * named f32 tensors in a shared-memory arena, writes gradients straight into them
+ * named f32 (or f16, bf16) tensors in a shared-memory arena, writes gradients straight into them
  * (dlcp_tensor_data), submits allreduce operations and waits for completions; the
  * reduced result replaces the tensor's contents in place.
  *
@@ -80,6 +80,23 @@ enum dlcp_status {
 #define DLCP_FLAG_RESCALE 0x1u    /* after a partial delivery, rescale by the delivered count */
 #define DLCP_FLAG_FILL_LOCAL 0x2u /* fill what is missing with the local value instead of zero */
 
+/* Element type of a tensor (dlcp_alloc_dtype). f16 and bf16 tensors are
+ * reduced with f32 accumulation at each owner and one rounding (to nearest,
+ * ties to even) to the tensor's type; every rank gets the same bytes.
+ * dlcp_tensor_data then points at 2-byte elements: cast it to uint16_t *. */
+enum dlcp_dtype {
+    DLCP_F32 = 1,  /* IEEE 754 binary32 (dlcp_alloc's) */
+    DLCP_F16 = 2,  /* IEEE 754 binary16 */
+    DLCP_BF16 = 3  /* bfloat16 */
+};
+
+/* The reduction (dlcp_submit_op / dlcp_allreduce_op `op`). dlcp_submit and
+ * dlcp_allreduce sum. */
+enum dlcp_op {
+    DLCP_SUM = 0,     /* element-wise sum over every trainer of the job */
+    DLCP_AVERAGE = 1  /* element-wise mean over every trainer of the job: the daemons divide once */
+};
+
 /* Opaque client handle. */
 typedef struct dlcp_client dlcp_client;
 
@@ -142,6 +159,14 @@ int dlcp_detach(dlcp_client *c);
 /* Allocate a named f32 tensor of len_elems elements in the shared arena. */
 int dlcp_alloc(dlcp_client *c, const char *name, uint64_t len_elems, dlcp_tensor *out_tensor);
 
+/* Allocate a named tensor of len_elems elements of `dtype` (enum dlcp_dtype);
+ * DLCP_ERR_INVALID_ARG for an unknown dtype. */
+int dlcp_alloc_dtype(dlcp_client *c, const char *name, uint64_t len_elems, uint32_t dtype,
+                     dlcp_tensor *out_tensor);
+
+/* The tensor's element type (enum dlcp_dtype). */
+int dlcp_tensor_dtype(dlcp_client *c, dlcp_tensor tensor, uint32_t *out_dtype);
+
 /* Length of a tensor in elements. */
 int dlcp_tensor_len(dlcp_client *c, dlcp_tensor tensor, uint64_t *out_len);
 
@@ -156,6 +181,10 @@ float *dlcp_tensor_data(dlcp_client *c, dlcp_tensor tensor);
  * op's sequence number. The result replaces the tensor when the op completes. */
 int dlcp_submit(dlcp_client *c, dlcp_tensor tensor, uint32_t layer, uint32_t layers, uint32_t budget_ppm,
                 uint32_t flags, uint64_t *out_op_seq);
+
+/* dlcp_submit with a reduction `op` (enum dlcp_op); DLCP_ERR_INVALID_ARG for an unknown op. */
+int dlcp_submit_op(dlcp_client *c, dlcp_tensor tensor, uint32_t layer, uint32_t layers, uint32_t budget_ppm,
+                   uint32_t flags, uint32_t op, uint64_t *out_op_seq);
 
 /* Wait for the next completion of any op. timeout_ms < 0: no limit; 0: poll.
  * DLCP_OK means *out holds a completion: check out->status. A completion whose
@@ -172,6 +201,10 @@ int dlcp_wait_op(dlcp_client *c, uint64_t op_seq, int64_t timeout_ms, dlcp_compl
  * rejected, ...). *out (optional) gets the completion. */
 int dlcp_allreduce(dlcp_client *c, dlcp_tensor tensor, uint32_t layer, uint32_t layers, uint32_t budget_ppm,
                    uint32_t flags, int64_t timeout_ms, dlcp_completion *out);
+
+/* dlcp_allreduce with a reduction `op` (enum dlcp_op). */
+int dlcp_allreduce_op(dlcp_client *c, dlcp_tensor tensor, uint32_t layer, uint32_t layers, uint32_t budget_ppm,
+                      uint32_t flags, uint32_t op, int64_t timeout_ms, dlcp_completion *out);
 
 /* The op sequence number the next dlcp_submit will use (1 after attach). The
  * daemon matches an op across trainers by (op_seq, tensor): every trainer of a job

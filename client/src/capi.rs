@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::{AttachArgs, Client, Completion, Error, ErrorCode, Options, TensorId};
+use crate::{AttachArgs, Client, Completion, ElemType, Error, ErrorCode, Options, Reduce, TensorId};
 
 /// Opaque client handle (`dlcp_client` in C). Never dereferenced by the library.
 #[allow(non_camel_case_types)]
@@ -394,7 +394,108 @@ pub extern "C" fn dlcp_tensor_data(c: *mut dlcp_client, tensor: dlcp_tensor) -> 
 }
 
 fn options(layer: u32, layers: u32, budget_ppm: u32, flags: u32) -> Options {
-    Options { layer, layers, budget_ppm, flags, cookie: 0 }
+    Options { layer, layers, budget_ppm, flags, cookie: 0, reduce: Reduce::Sum }
+}
+
+/// [`options`] with the reduction `op` (`enum dlcp_op`: 0 sum, 1 average).
+fn options_op(layer: u32, layers: u32, budget_ppm: u32, flags: u32, op: u32) -> Result<Options, Failure> {
+    let reduce = u8::try_from(op).ok().and_then(Reduce::from_raw).ok_or_else(|| {
+        Failure::new(
+            ErrorCode::InvalidArg,
+            format!("op: unknown reduction {op} (DLCP_SUM 0, DLCP_AVERAGE 1)"),
+        )
+    })?;
+    Ok(Options { reduce, ..options(layer, layers, budget_ppm, flags) })
+}
+
+/// Allocates a named tensor of `len_elems` elements of `dtype` (`enum
+/// dlcp_dtype`: 1 f32, 2 f16, 3 bf16) in the shared arena and stores its
+/// handle in `*out_tensor`.
+#[unsafe(no_mangle)]
+pub extern "C" fn dlcp_alloc_dtype(
+    c: *mut dlcp_client,
+    name: *const c_char,
+    len_elems: u64,
+    dtype: u32,
+    out_tensor: *mut dlcp_tensor,
+) -> c_int {
+    code_of(guard("dlcp_alloc_dtype", c, || {
+        check_out(out_tensor, "out_tensor")?;
+        let name = c_str(name, "name")?;
+        let t = u16::try_from(dtype).ok().and_then(ElemType::from_raw).ok_or_else(|| {
+            Failure::new(
+                ErrorCode::InvalidArg,
+                format!("dtype: unknown dtype {dtype} (DLCP_F32 1, DLCP_F16 2, DLCP_BF16 3)"),
+            )
+        })?;
+        let id = with_client(c, |cl| Ok(cl.alloc_typed(name, len_elems, t)?))?;
+        store(out_tensor, id.0);
+        Ok(())
+    }))
+}
+
+/// Stores the tensor's element type (`enum dlcp_dtype`) in `*out_dtype`.
+#[unsafe(no_mangle)]
+pub extern "C" fn dlcp_tensor_dtype(c: *mut dlcp_client, tensor: dlcp_tensor, out_dtype: *mut u32) -> c_int {
+    code_of(guard("dlcp_tensor_dtype", c, || {
+        check_out(out_dtype, "out_dtype")?;
+        let t = with_client(c, |cl| {
+            cl.tensor(TensorId(tensor)).map(|t| t.dtype).ok_or_else(|| Error::UnknownTensor(tensor).into())
+        })?;
+        store(out_dtype, t as u32);
+        Ok(())
+    }))
+}
+
+/// `dlcp_submit` with a reduction `op` (`enum dlcp_op`).
+#[unsafe(no_mangle)]
+pub extern "C" fn dlcp_submit_op(
+    c: *mut dlcp_client,
+    tensor: dlcp_tensor,
+    layer: u32,
+    layers: u32,
+    budget_ppm: u32,
+    flags: u32,
+    op: u32,
+    out_op_seq: *mut u64,
+) -> c_int {
+    code_of(guard("dlcp_submit_op", c, || {
+        if !out_op_seq.is_null() {
+            check_out(out_op_seq, "out_op_seq")?;
+        }
+        let o = options_op(layer, layers, budget_ppm, flags, op)?;
+        let seq = with_client(c, |cl| Ok(cl.submit(TensorId(tensor), o)?))?;
+        store(out_op_seq, seq);
+        Ok(())
+    }))
+}
+
+/// `dlcp_allreduce` with a reduction `op` (`enum dlcp_op`).
+#[unsafe(no_mangle)]
+pub extern "C" fn dlcp_allreduce_op(
+    c: *mut dlcp_client,
+    tensor: dlcp_tensor,
+    layer: u32,
+    layers: u32,
+    budget_ppm: u32,
+    flags: u32,
+    op: u32,
+    timeout_ms: i64,
+    out: *mut dlcp_completion,
+) -> c_int {
+    code_of(guard("dlcp_allreduce_op", c, || {
+        if !out.is_null() {
+            check_out(out, "out_completion")?;
+        }
+        let o = options_op(layer, layers, budget_ppm, flags, op)?;
+        let (done, checked) = with_client(c, |cl| {
+            let seq = cl.submit(TensorId(tensor), o)?;
+            let done = cl.wait_for(seq, timeout(timeout_ms))?;
+            Ok((done, cl.check(TensorId(tensor), done)))
+        })?;
+        store(out, done.into());
+        checked.map(|_| ()).map_err(Failure::from)
+    }))
 }
 
 /// Submits an allreduce of `tensor`; stores its op sequence number in

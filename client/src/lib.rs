@@ -63,7 +63,9 @@ use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 pub use dlcp_shm::layout::{FLAG_FILL_LOCAL, FLAG_RESCALE, KNOWN_FLAGS};
-pub use dlcp_shm::{AttachError, Completion, Geometry, Status, Tensor, TensorId, TrainerError};
+pub use dlcp_shm::{
+    AttachError, Completion, ElemType, Geometry, Reduce, Status, Tensor, TensorId, TrainerError,
+};
 use dlcp_shm::{SubmitOptions, TrainerChannel};
 pub use env::{AttachArgs, DEFAULT_SOCKET, EnvError};
 use thiserror::Error;
@@ -84,11 +86,14 @@ pub struct Options {
     pub flags: u32,
     /// Opaque value echoed in the completion.
     pub cookie: u64,
+    /// The reduction: [`Reduce::Sum`], or [`Reduce::Average`] over every
+    /// trainer of the job (the daemons divide once; the trainer does not).
+    pub reduce: Reduce,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { layer: 0, layers: 1, budget_ppm: 0, flags: 0, cookie: 0 }
+        Options { layer: 0, layers: 1, budget_ppm: 0, flags: 0, cookie: 0, reduce: Reduce::Sum }
     }
 }
 
@@ -111,6 +116,11 @@ impl Options {
     /// With a cookie echoed in the completion.
     pub fn cookie(self, cookie: u64) -> Options {
         Options { cookie, ..self }
+    }
+
+    /// With a reduction (sum by default).
+    pub fn reduce(self, reduce: Reduce) -> Options {
+        Options { reduce, ..self }
     }
 }
 
@@ -333,6 +343,7 @@ impl Error {
                 TrainerError::NameInUse(_) => ErrorCode::NameInUse,
                 TrainerError::UnknownTensor(_)
                 | TrainerError::TooManyTensors
+                | TrainerError::NotF32(_)
                 | TrainerError::LengthMismatch { .. } => ErrorCode::InvalidArg,
                 TrainerError::TooManyInFlight(_) | TrainerError::RingFull => ErrorCode::Busy,
                 TrainerError::Ring(_) => ErrorCode::Corrupted,
@@ -506,6 +517,15 @@ impl Client {
         Ok(self.channel.alloc(name, len_elems)?.id)
     }
 
+    /// Allocates a named tensor of `len_elems` elements of `dtype` (f32, f16
+    /// or bf16). An f16 or bf16 tensor is reduced with `f32` accumulation and
+    /// one rounding to its type (to nearest even); its bytes are written and
+    /// read with [`Client::write_bytes`] / [`Client::read_bytes`] (or in place
+    /// through [`Client::data_ptr`], cast to 2-byte elements).
+    pub fn alloc_typed(&mut self, name: &str, len_elems: u64, dtype: ElemType) -> Result<TensorId, Error> {
+        Ok(self.channel.alloc_typed(name, len_elems, dtype)?.id)
+    }
+
     /// Frees a tensor (refused while an op on it is in flight). Its id is not reused;
     /// pointers from [`Client::data_ptr`] to it must not be used any more.
     pub fn free(&mut self, id: TensorId) -> Result<(), Error> {
@@ -547,6 +567,18 @@ impl Client {
         Ok(self.channel.read(self.idle(id)?)?)
     }
 
+    /// Copies the raw little-endian elements `data` (the tensor's bytes, any
+    /// element type) into its buffer (refused while an op is in flight).
+    pub fn write_bytes(&self, id: TensorId, data: &[u8]) -> Result<(), Error> {
+        Ok(self.channel.write_bytes(self.idle(id)?, data)?)
+    }
+
+    /// Copies the tensor's buffer out as raw little-endian elements (refused
+    /// while an op is in flight).
+    pub fn read_bytes(&self, id: TensorId) -> Result<Vec<u8>, Error> {
+        Ok(self.channel.read_bytes(self.idle(id)?)?)
+    }
+
     /// Raw pointer to the tensor's `len_elems` f32 in the shared arena, for
     /// in-place access from C or Python (Rust code should prefer [`write`](Self::write)
     /// and [`read`](Self::read)). It points into the channel's one mapping of the
@@ -586,6 +618,7 @@ impl Client {
             budget_ppm: o.budget_ppm,
             flags: o.flags,
             cookie: o.cookie,
+            reduce: o.reduce,
         };
         let op_seq = self.channel.submit(&t, opts)?;
         self.ops.insert(op_seq, id);

@@ -9,7 +9,9 @@
 //! daemon drops that share of received datagrams before the protocol sees them,
 //! so the bounded-loss behaviour shows without root or a lossy network. Results
 //! are checked: byte-identical on every trainer, and bit-exact against a local
-//! reference when the budget is 0.
+//! reference when the budget is 0. `--dtype f16|bf16` runs 2-byte tensors
+//! (the reference: each host's local sum in f32 rounded once to the type, the
+//! hosts' sum in f32, divided for `--op average`, rounded once).
 
 use std::io::{self, Write};
 use std::net::UdpSocket;
@@ -21,7 +23,9 @@ use std::time::{Duration, Instant};
 
 use crate::datapath::fault::FaultInjector;
 use crate::service::Service;
-use crate::shm::{Status, SubmitOptions, TrainerChannel};
+use crate::shm::{ElemType, Reduce, Status, SubmitOptions, TrainerChannel};
+use dlcp_proto::elem;
+use dlcp_proto::endpoint::{DType, ReduceOp};
 
 /// What to run.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,8 +34,12 @@ pub struct DemoOptions {
     pub hosts: u32,
     /// Trainers per daemon.
     pub trainers: u32,
-    /// Megabytes (10^6 bytes) of f32 gradients per iteration, over `layers` tensors.
+    /// Megabytes (10^6 bytes) of gradients per iteration, over `layers` tensors.
     pub size_mb: f64,
+    /// Element type of the gradients.
+    pub dtype: DType,
+    /// The reduction.
+    pub reduce: ReduceOp,
     /// Receive-side loss in each daemon, percent.
     pub loss_pct: f64,
     /// Loss budget, a fraction (0.01 = 1 %; 0 = reliable).
@@ -50,6 +58,8 @@ impl Default for DemoOptions {
             hosts: 4,
             trainers: 2,
             size_mb: 8.0,
+            dtype: DType::F32,
+            reduce: ReduceOp::Sum,
             loss_pct: 0.0,
             budget: 0.01,
             iters: 10,
@@ -91,8 +101,18 @@ impl DemoOptions {
     }
 
     fn elems(&self) -> usize {
-        ((self.size_mb * 1e6 / 4.0 / f64::from(self.layers)) as usize).max(1)
+        ((self.size_mb * 1e6 / self.dtype.size() as f64 / f64::from(self.layers)) as usize).max(1)
     }
+}
+
+/// The shared-memory element type and reduction of the wire's.
+fn shm_kind(dtype: DType, reduce: ReduceOp) -> (ElemType, Reduce) {
+    let t = match dtype {
+        DType::F32 => ElemType::F32,
+        DType::F16 => ElemType::F16,
+        DType::Bf16 => ElemType::Bf16,
+    };
+    (t, if reduce == ReduceOp::Average { Reduce::Average } else { Reduce::Sum })
 }
 
 /// What the run measured.
@@ -192,16 +212,18 @@ pub fn run(o: &DemoOptions, out: &mut impl Write) -> io::Result<DemoSummary> {
         (0..o.hosts).map(|_| UdpSocket::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
     let ports: Vec<u16> = socks.iter().map(|s| s.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?;
     drop(socks);
-    let tensor_bytes = (n * 4) as u64;
+    let tensor_bytes = (n * o.dtype.size()) as u64;
     let arena = ((tensor_bytes * u64::from(o.layers) * 5 / 4).div_ceil(1 << 20) << 20).max(16 << 20);
     writeln!(
         out,
-        "dlcpd demo: {} daemons on 127.0.0.1, {} trainers each on shared memory, {} tensors × {:.2} MB f32 per \
-         iteration, receive loss {}%, budget {}",
+        "dlcpd demo: {} daemons on 127.0.0.1, {} trainers each on shared memory, {} tensors × {:.2} MB {} ({}) \
+         per iteration, receive loss {}%, budget {}",
         o.hosts,
         o.trainers,
         o.layers,
         tensor_bytes as f64 / 1e6,
+        o.dtype.name(),
+        o.reduce.name(),
         o.loss_pct,
         dlcp_config::percent(o.budget)
     )?;
@@ -321,13 +343,17 @@ fn trainer(
     tx: &mpsc::Sender<Done>,
 ) -> Result<(), String> {
     let mut cl = TrainerChannel::attach(socket, 1, k, o.trainers).map_err(|e| e.to_string())?;
+    let (elem_type, reduce) = shm_kind(o.dtype, o.reduce);
     let tensors: Vec<_> = (0..o.layers)
-        .map(|l| cl.alloc(&format!("layer{l}"), n as u64).map_err(|e| e.to_string()))
+        .map(|l| cl.alloc_typed(&format!("layer{l}"), n as u64, elem_type).map_err(|e| e.to_string()))
         .collect::<Result<_, _>>()?;
+    let mut bytes = vec![0u8; n * o.dtype.size()];
     for it in 0..o.iters {
         for (l, t) in tensors.iter().enumerate() {
-            cl.write(t, &synth(seed(h, k, it, l as u32), n)).map_err(|e| e.to_string())?;
+            elem::encode(o.dtype, &synth(seed(h, k, it, l as u32), n), &mut bytes);
+            cl.write_bytes(t, &bytes).map_err(|e| e.to_string())?;
             let opts = SubmitOptions {
+                reduce,
                 tensor_id: l as u32,
                 layer: l as u32,
                 layers: o.layers,
@@ -340,7 +366,9 @@ fn trainer(
         for _ in 0..o.layers {
             let c = cl.wait_completion(Duration::from_secs(60)).map_err(|e| e.to_string())?;
             let l = c.cookie as u32;
-            let res = cl.read(&tensors[l as usize]).map_err(|e| e.to_string())?;
+            let raw = cl.read_bytes(&tensors[l as usize]).map_err(|e| e.to_string())?;
+            let mut res = vec![0f32; n];
+            elem::decode(o.dtype, &raw, &mut res);
             let _ = tx.send(Done {
                 host: h,
                 it,
@@ -356,20 +384,33 @@ fn trainer(
 }
 
 /// The hash of op (`it`, layer `l`)'s exact result: local sums in local-rank
-/// order, then hosts in rank order.
+/// order (of the trainers' values of the type, in f32), each rounded once to
+/// the type, then hosts in rank order, divided for an average, rounded once.
 fn reference_hash(o: &DemoOptions, it: u32, l: u32, n: usize) -> u64 {
+    let typed = |h, k| {
+        let mut v = synth(seed(h, k, it, l), n);
+        elem::round_all(o.dtype, &mut v);
+        v
+    };
     let mut global: Option<Vec<f32>> = None;
     for h in 0..o.hosts {
-        let mut local = synth(seed(h, 0, it, l), n);
+        let mut local = typed(h, 0);
         for k in 1..o.trainers {
-            local.iter_mut().zip(synth(seed(h, k, it, l), n)).for_each(|(a, b)| *a += b);
+            local.iter_mut().zip(typed(h, k)).for_each(|(a, b)| *a += b);
         }
+        elem::round_all(o.dtype, &mut local);
         match global.as_mut() {
             None => global = Some(local),
             Some(g) => g.iter_mut().zip(&local).for_each(|(a, b)| *a += *b),
         }
     }
-    fnv(global.unwrap_or_default().iter().map(|x| x.to_bits()))
+    let mut global = global.unwrap_or_default();
+    if o.reduce == ReduceOp::Average {
+        let w = (o.hosts * o.trainers) as f32;
+        global.iter_mut().for_each(|x| *x /= w);
+    }
+    elem::round_all(o.dtype, &mut global);
+    fnv(global.iter().map(|x| x.to_bits()))
 }
 
 /// The completions seen so far, checked and timed an iteration at a time.
@@ -421,7 +462,8 @@ impl<'a> Tally<'a> {
             self.it_start = Instant::now();
             let ok = self.check_iteration();
             self.verified &= ok;
-            let g = (self.n as u64 * 4 * u64::from(self.o.layers) * 8) as f64 / secs / 1e9;
+            let bytes = self.n as u64 * self.o.dtype.size() as u64;
+            let g = (bytes * u64::from(self.o.layers) * 8) as f64 / secs / 1e9;
             self.gbps.push(g);
             let done = &self.it_done[self.next_it as usize];
             writeln!(

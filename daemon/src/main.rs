@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use dlcp::datapath::fault::FaultInjector;
 use dlcp::demo::{self, DemoOptions};
 use dlcp::simulate::{self, SimOptions};
+use dlcp_proto::endpoint::{DType, ReduceOp};
 
 #[derive(Parser)]
 #[command(
@@ -73,6 +74,12 @@ struct LoopbackArgs {
     /// The daemons' network MTU (1500, or 9000 for jumbo frames; loopback carries either).
     #[arg(long, default_value_t = 1500)]
     mtu: u32,
+    /// Element type of the gradients: f32, f16 or bf16 (2-byte types: f32 accumulation, one rounding).
+    #[arg(long, default_value = "f32", value_parser = dtype_arg)]
+    dtype: DType,
+    /// The reduction: sum, or average (the daemons divide once).
+    #[arg(long, default_value = "sum", value_parser = op_arg)]
+    op: ReduceOp,
 }
 
 #[derive(Args)]
@@ -102,6 +109,28 @@ struct DemoArgs {
     /// Seed of the simulation (data and faults).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Element type of the gradients: f32, f16 or bf16 (2-byte types: f32 accumulation, one rounding).
+    #[arg(long, default_value = "f32", value_parser = dtype_arg)]
+    dtype: DType,
+    /// The reduction: sum, or average (each owner divides once).
+    #[arg(long, default_value = "sum", value_parser = op_arg)]
+    op: ReduceOp,
+}
+
+/// `--dtype`: f32, f16 or bf16.
+fn dtype_arg(s: &str) -> Result<DType, String> {
+    DType::ALL
+        .into_iter()
+        .find(|d| d.name() == s)
+        .ok_or_else(|| format!("unknown dtype {s:?} (f32, f16, bf16)"))
+}
+
+/// `--op`: sum or average.
+fn op_arg(s: &str) -> Result<ReduceOp, String> {
+    ReduceOp::ALL
+        .into_iter()
+        .find(|r| r.name() == s)
+        .ok_or_else(|| format!("unknown op {s:?} (sum, average)"))
 }
 
 /// `--budget`: a fraction or a percentage, at most the hard cap (a bare `1`
@@ -216,6 +245,8 @@ fn main() -> ExitCode {
                 iters: a.iters,
                 layers: a.layers,
                 mtu: a.mtu,
+                dtype: a.dtype,
+                reduce: a.op,
             };
             if let Err(e) = opts.validate() {
                 eprintln!("dlcpd demo: {e}");
@@ -233,6 +264,8 @@ fn main() -> ExitCode {
                 layers: a.layers,
                 link_gbps: a.link_gbps,
                 seed: a.seed,
+                dtype: a.dtype,
+                reduce: a.op,
             };
             if let Err(e) = opts.validate() {
                 eprintln!("dlcpd simulate: {e}");

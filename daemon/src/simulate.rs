@@ -13,7 +13,9 @@ use std::rc::Rc;
 use std::time::Instant as WallClock;
 
 use dlcp_proto::class::Class;
-use dlcp_proto::endpoint::{Endpoint, EndpointConfig, Event, Footprint, OpId, OpOptions, OpReport};
+use dlcp_proto::endpoint::{
+    DType, Endpoint, EndpointConfig, Event, Footprint, OpId, OpOptions, OpReport, ReduceOp,
+};
 use dlcp_proto::oracle;
 use dlcp_proto::rng::Rng;
 use dlcp_proto::sim::{NetConfig, NetStats, Sim, TraceEvent, TraceRecord};
@@ -31,8 +33,12 @@ const CHUNK_BYTES: usize = 1500 - 28 - OVERHEAD;
 pub struct SimOptions {
     /// Hosts (ranks).
     pub hosts: u32,
-    /// Megabytes (10^6 bytes) of f32 per iteration.
+    /// Megabytes (10^6 bytes) of gradients per iteration.
     pub size_mb: f64,
+    /// Element type of the gradients (f16/bf16: f32 accumulation, one rounding).
+    pub dtype: DType,
+    /// The reduction.
+    pub reduce: ReduceOp,
     /// Random loss, percent.
     pub loss_pct: f64,
     /// Loss budget, a fraction (0.01 = 1 %; 0 = reliable).
@@ -52,6 +58,8 @@ impl Default for SimOptions {
         SimOptions {
             hosts: 4,
             size_mb: 16.0,
+            dtype: DType::F32,
+            reduce: ReduceOp::Sum,
             loss_pct: 0.0,
             budget: 0.01,
             iters: 10,
@@ -88,7 +96,7 @@ impl SimOptions {
     }
 
     fn elems_per_tensor(&self) -> usize {
-        ((self.size_mb * 1e6 / 4.0 / f64::from(self.layers)) as usize).max(1)
+        ((self.size_mb * 1e6 / self.dtype.size() as f64 / f64::from(self.layers)) as usize).max(1)
     }
 }
 
@@ -240,10 +248,12 @@ pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
     let elems = opts.elems_per_tensor();
     writeln!(
         out,
-        "dlcpd simulate: {world} simulated hosts, {} tensors × {:.2} MB f32 per iteration, {} Gbit/s star network, \
-         random loss {}%, budget {}, seed {} (times are virtual)",
+        "dlcpd simulate: {world} simulated hosts, {} tensors × {:.2} MB {} ({}) per iteration, {} Gbit/s star \
+         network, random loss {}%, budget {}, seed {} (times are virtual)",
         opts.layers,
-        elems as f64 * 4.0 / 1e6,
+        (elems * opts.dtype.size()) as f64 / 1e6,
+        opts.dtype.name(),
+        opts.reduce.name(),
         opts.link_gbps,
         opts.loss_pct,
         dlcp_config::percent(opts.budget),
@@ -299,7 +309,7 @@ impl Run<'_> {
         self.verified &= iter_ok;
         self.min_delivered = self.min_delivered.min(iter_min);
         let secs = (iter_end - start).as_secs_f64();
-        let bits = (self.elems * 4 * self.opts.layers as usize * 8) as f64;
+        let bits = (self.elems * self.opts.dtype.size() * self.opts.layers as usize * 8) as f64;
         let gbps = if secs > 0.0 { bits / secs / 1e9 } else { 0.0 };
         self.iter_gbps.push(gbps);
         let repairs: u64 = (0..world).map(|r| self.sim.node(r).stats().repairs_sent).sum();
@@ -326,6 +336,8 @@ impl Run<'_> {
                 layer: l,
                 layers: self.opts.layers,
                 budget_ppm: self.budget_ppm,
+                dtype: self.opts.dtype,
+                reduce: self.opts.reduce,
                 ..OpOptions::default()
             };
             // The inputs move into the endpoints; the check regenerates them
@@ -394,8 +406,10 @@ impl Run<'_> {
             let inputs: Vec<Vec<f32>> = (0..self.opts.hosts).map(|_| tensor(&mut g, self.elems)).collect();
             let reports: Vec<&OpReport> = res.iter().map(|(_, rep)| rep).collect();
             let ins: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
-            let want: Vec<u32> =
-                oracle::recompute(&ins, &reports, *o, CHUNK_BYTES / 4).iter().map(|x| x.to_bits()).collect();
+            let want: Vec<u32> = oracle::recompute(&ins, &reports, *o, CHUNK_BYTES / o.dtype.size())
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
             for (v, rep) in &res {
                 iter_ok &= v.iter().map(|x| x.to_bits()).eq(want.iter().copied());
                 self.op_times.push(rep.duration());
@@ -427,7 +441,7 @@ impl Run<'_> {
         let ops_per_rank = f64::from(self.opts.iters) * f64::from(self.opts.layers);
         // Every chunk once: each rank sends every other owner's shard and its own
         // reduced shard to every other rank.
-        let chunk_elems = CHUNK_BYTES / 4;
+        let chunk_elems = CHUNK_BYTES / self.opts.dtype.size();
         let all_chunks: u64 =
             (0..world).map(|s| oracle::shard(self.elems, world, s).len().div_ceil(chunk_elems) as u64).sum();
         let ideal_data = 2.0 * (all_chunks as f64) * f64::from(world - 1) / f64::from(world);
@@ -531,6 +545,22 @@ fn print_summary(opts: &SimOptions, summary: &SimSummary, out: &mut impl Write) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// f16 and bf16, sum and average: verified against the oracle (f32
+    /// accumulation, one rounding) under loss, and 2-byte elements put twice
+    /// the elements in a datagram.
+    #[test]
+    fn small_lossy_simulation_of_2_byte_types_verifies() {
+        for (dtype, reduce) in [(DType::Bf16, ReduceOp::Average), (DType::F16, ReduceOp::Sum)] {
+            let o =
+                SimOptions { size_mb: 0.5, loss_pct: 2.0, iters: 2, dtype, reduce, ..SimOptions::default() };
+            let mut buf = Vec::new();
+            let s = run(&o, &mut buf).unwrap();
+            let text = String::from_utf8(buf).unwrap();
+            assert!(s.verified && s.ops_completed == 2 * 4 * 4, "{dtype:?} {reduce:?}: {text}");
+            assert!(text.contains(dtype.name()) && text.contains(reduce.name()), "{text}");
+        }
+    }
 
     #[test]
     fn small_lossy_demo_verifies() {

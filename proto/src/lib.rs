@@ -8,6 +8,7 @@
 //! - [`transfer`]: one bounded-loss transfer, send and receive side.
 //! - [`wire`]: packet layout, zero-copy views, parsed headers, the MAC.
 //! - [`class`]: the eight priority classes and sets of them.
+//! - [`elem`]: element types (f32, f16, bf16): conversions and the one rounding.
 //! - [`priority`]: the chunk classifier.
 //! - [`bitmap`]: chunk bitmaps and their segmented wire form.
 //! - [`pacer`]: token-bucket pacing on virtual time.
@@ -23,6 +24,7 @@
 
 pub mod bitmap;
 pub mod class;
+pub mod elem;
 pub mod endpoint;
 pub mod estimator;
 pub mod flow;

@@ -4,10 +4,14 @@
 //! contributions arrived and which chunks were masked in the gather) and the op
 //! options, [`recompute`] gives the bytes every rank must hold: contributions
 //! summed in rank order `0, 1, …, N−1`, missing ones filled per [`Fill`], then
-//! rescaled, averaged and masked. The daemon's tests and the demo use it to check
+//! rescaled, averaged and masked. For an f16 or bf16 op ([`OpOptions::dtype`])
+//! every input is first rounded to that type (a no-op for values of it), the
+//! sum is accumulated in `f32`, and the result (divided, for an average) is
+//! rounded once to the type ([`crate::elem`]). The daemon's tests and the demo use it to check
 //! results end to end; the protocol simulations check it against an
 //! independent implementation.
 
+use crate::elem;
 use crate::endpoint::{Fill, OpOptions, OpReport, ReduceOp};
 
 /// Element range of shard `s` of a tensor of `len` elements over `world` ranks.
@@ -17,7 +21,7 @@ pub fn shard(len: usize, world: u32, s: u32) -> core::ops::Range<usize> {
 }
 
 /// Recompute the result of an op. `owner_reports[s]` is rank `s`'s report;
-/// `chunk_elems` is `chunk_bytes / 4`.
+/// `chunk_elems` is `chunk_bytes / opts.dtype.size()`.
 ///
 /// # Panics
 /// If `inputs` is empty, the inputs differ in length, or a report is missing.
@@ -52,11 +56,11 @@ pub fn recompute(
             for e in start..end {
                 let v = |j: u32| {
                     if present[j as usize] {
-                        inputs[j as usize][e]
+                        elem::round(opts.dtype, inputs[j as usize][e])
                     } else {
                         match opts.fill {
                             Fill::Zero => 0.0,
-                            Fill::Local => inputs[s as usize][e],
+                            Fill::Local => elem::round(opts.dtype, inputs[s as usize][e]),
                         }
                     }
                 };
@@ -68,9 +72,9 @@ pub fn recompute(
                     acc *= world as f32 / delivered as f32;
                 }
                 if opts.reduce == ReduceOp::Average {
-                    acc /= world as f32;
+                    acc /= opts.divisor(world);
                 }
-                out[e] = if masked { 0.0 } else { acc };
+                out[e] = if masked { 0.0 } else { elem::round(opts.dtype, acc) };
             }
         }
     }

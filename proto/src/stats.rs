@@ -338,6 +338,9 @@ crate::counters! {
         pub stale_op: u64 => [dropped("rejected.stale_op", "stale_op")],
         /// Does not fit the op's layout (chunk count, length, dtype, phase, role).
         pub mismatch: u64 => [dropped("rejected.mismatch", "mismatch")],
+        /// A packet of an op whose dtype or reduction (wire version 6) is not
+        /// the one this rank's op has: its ranks' trainers disagree.
+        pub op_kind_mismatch: u64 => [dropped("rejected.op_kind_mismatch", "op_kind_mismatch")],
         /// A chunk that had already arrived.
         pub duplicate: u64 => [dropped("rejected.duplicate", "duplicate")],
         /// A chunk that arrived after its transfer closed.
@@ -380,6 +383,7 @@ impl RejectCounters {
             stale_control,
             stale_op,
             mismatch,
+            op_kind_mismatch,
             duplicate,
             late,
             wrong_source,
@@ -401,6 +405,7 @@ impl RejectCounters {
             + stale_control
             + stale_op
             + mismatch
+            + op_kind_mismatch
             + duplicate
             + late
             + wrong_source
@@ -731,9 +736,9 @@ mod tests {
         let mut in_debug = numbers(&format!("{s:?}"));
         in_debug.sort_unstable();
         assert_eq!(in_debug, given);
-        // 4×8 + 4×3 per class / per peer, 2×(8+1+3+1) dropped, 20 reasons,
+        // 4×8 + 4×3 per class / per peer, 2×(8+1+3+1) dropped, 21 reasons,
         // 2 + 4×8 + 2×2×3 repairs, 6 flow control, 12 others.
-        assert_eq!(given.len(), 32 + 12 + 26 + 20 + 2 + 32 + 12 + 6 + 12);
+        assert_eq!(given.len(), 32 + 12 + 26 + 21 + 2 + 32 + 12 + 6 + 12);
     }
 
     #[test]

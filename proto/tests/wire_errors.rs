@@ -165,7 +165,7 @@ fn bad_magic() {
 
 #[test]
 fn unsupported_version() {
-    for v in [0u8, 1, 2, 3, 4, 6, 255] {
+    for v in [0u8, 1, 2, 3, 4, 5, 7, 255] {
         let r = decode_edited(PacketType::Hello, |b| b[2] = v);
         assert_eq!(r, Err(WireError::UnsupportedVersion(v)));
     }
@@ -330,14 +330,44 @@ fn unknown_dtype() {
     }
 }
 
+/// Byte 15 was reserved (zero) up to version 5; version 6 made it `kind`,
+/// so the header has no reserved byte left. A HELLO's settings still have
+/// reserved bytes (21–23 of its payload).
 #[test]
 fn reserved_non_zero() {
-    for i in 15..16 {
+    for i in 21..24 {
         assert_eq!(
-            decode_edited(PacketType::Done, |b| b[i] = 0x01),
+            decode_edited(PacketType::Hello, |b| b[HEADER_LEN + i] = 0x01),
             Err(WireError::ReservedNonZero),
-            "byte {i}"
+            "settings byte {i}"
         );
+    }
+}
+
+/// Byte 15, `kind` (version 6): the reduction in the low four bits (0 sum,
+/// 1 average), the collective in the high four (0 allreduce, the only one).
+#[test]
+fn unknown_reduce_op_and_collective() {
+    for ty in [PacketType::Data, PacketType::Probe, PacketType::Bitmap, PacketType::Done] {
+        let h = decode_edited(ty, |b| b[15] = 0x01).unwrap();
+        assert_eq!(h.reduce, wire::ReduceOp::Average, "{ty:?}");
+        for r in [2u8, 7, 15] {
+            assert_eq!(decode_edited(ty, |b| b[15] = r), Err(WireError::UnknownReduceOp(r)), "{ty:?}");
+        }
+        for c in [1u8, 4, 15] {
+            assert_eq!(decode_edited(ty, |b| b[15] = c << 4), Err(WireError::UnknownCollective(c)), "{ty:?}");
+        }
+    }
+    // A packet about no op carries no reduction and no element type.
+    for ty in [PacketType::Hello, PacketType::Grant, PacketType::Goodbye] {
+        assert_eq!(decode_edited(ty, |b| b[15] = 0x01), Err(WireError::BadField("kind")), "{ty:?}");
+        for d in [1u8, 2] {
+            assert_eq!(decode_edited(ty, |b| b[7] = d), Err(WireError::BadField("dtype")), "{ty:?}");
+        }
+    }
+    // Every op packet may carry any element type.
+    for ty in [PacketType::Data, PacketType::Probe, PacketType::Bitmap, PacketType::Done] {
+        assert_eq!(decode_edited(ty, |b| b[7] = 2).unwrap().dtype, DType::Bf16, "{ty:?}");
     }
 }
 
@@ -537,6 +567,9 @@ fn variant_list_is_exhaustive() {
             WireError::BadPhase(_) => "bad_phase",
             WireError::UnknownDType(_) => "unknown_dtype",
             WireError::ReservedNonZero => "reserved_non_zero",
+            WireError::UnknownReduceOp(_) | WireError::UnknownCollective(_) => {
+                "unknown_reduce_op_and_collective"
+            }
             WireError::BadField(_) => "bad_field_*",
             WireError::BufferTooSmall { .. } => "buffer_too_small",
             WireError::UnknownAuth(_) => "unknown_auth",

@@ -12,8 +12,8 @@
 
 use dlcp_proto::class::Class;
 use dlcp_proto::wire::{
-    self, DType, Flags, Header, JobKey, OVERHEAD, PacketAuth, PacketType, Phase, SETTINGS_LEN, Settings,
-    TAG_LEN,
+    self, DType, Flags, Header, JobKey, OVERHEAD, PacketAuth, PacketType, Phase, ReduceOp, SETTINGS_LEN,
+    Settings, TAG_LEN,
 };
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -112,6 +112,14 @@ fn seeds() -> Vec<(&'static str, Header, Vec<u8>)> {
     let mut h = base(PacketType::Data, Class::new(0).unwrap(), Phase::Scatter);
     h.dtype = DType::F16;
     v.push(("seed-data-f16-min", h, vec![0x00, 0x3C]));
+    // Version 6: an op's reduction rides in every packet of it.
+    let mut h = base(PacketType::Data, data_class, Phase::Scatter);
+    (h.dtype, h.reduce) = (DType::F16, ReduceOp::Average);
+    v.push(("seed-data-f16-average", h, vec![0x00, 0x3C, 0x00, 0xC1]));
+    let mut h = base(PacketType::Bitmap, Class::CONTROL, Phase::Gather);
+    (h.dtype, h.reduce) = (DType::Bf16, ReduceOp::Average);
+    h.seq = 7;
+    v.push(("seed-bitmap-bf16-average", h, vec![0x0F]));
 
     let mut h = base(PacketType::Probe, Class::CONTROL, Phase::Scatter);
     h.seq = 1;

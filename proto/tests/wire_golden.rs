@@ -1,32 +1,34 @@
 //! Golden byte vectors pinning the wire layout, one set per wire version.
 //!
-//! The version 5 vectors in `tests/golden/v5/*.hex` were produced by
-//! `tests/golden/v5/gen.py`, which writes each field at the offset given by
+//! The version 6 vectors in `tests/golden/v6/*.hex` were produced by
+//! `tests/golden/v6/gen.py`, which writes each field at the offset given by
 //! the layout table in the `wire` module docs and computes the tag with
 //! Python's `cryptography` (HKDF-SHA256, AES-128-GCM) — independently of the
 //! Rust encoder. Each vector is checked both ways: `encode(header, payload)
 //! == golden` and `decode(golden) == (header, payload)`.
 //!
-//! `probe_header_written_by_hand` additionally spells one header out byte by
-//! byte from the table, so a wrong offset in both the encoder and the
-//! generator would still be caught.
+//! `probe_header_written_by_hand` and `f16_average_header_written_by_hand`
+//! additionally spell headers out byte by byte from the table, so a wrong
+//! offset in both the encoder and the generator would still be caught.
 //!
 //! The older versions' vectors are kept as they were: version 1
 //! (`tests/golden/v1/`, keyed BLAKE3, 64-byte header), version 2
 //! (`tests/golden/v2/`, AES-GMAC without flow control) and version 3
 //! (`tests/golden/v3/`, flow control; a wall-clock generation in the header,
-//! no run) and version 4 (`tests/golden/v4/`, op identity; no failing DONE).
-//! This build refuses every one of them with `UnsupportedVersion(1)` to
-//! `(4)`, and still reads the sender rank they claim.
+//! no run), version 4 (`tests/golden/v4/`, op identity; no failing DONE) and
+//! version 5 (`tests/golden/v5/`, failing DONEs; f32 only, byte 15
+//! reserved). This build refuses every one of them with
+//! `UnsupportedVersion(1)` to `(5)`, and still reads the sender rank they
+//! claim.
 
 use dlcp_proto::class::Class;
 use dlcp_proto::wire::{
     self, DType, FailReason, Flags, HEADER_LEN, Header, JobKey, KEY_INFO, KEY_SALT, OVERHEAD, Packet,
-    PacketAuth, PacketType, Phase, SETTINGS_LEN, SenderId, Settings, TAG_LEN, WireError,
+    PacketAuth, PacketType, Phase, ReduceOp, SETTINGS_LEN, SenderId, Settings, TAG_LEN, WireError,
 };
 
-/// The job secret every version 5 golden vector is tagged with (see `v5/gen.py`).
-const SECRET: &[u8] = b"dlcp golden secret v5";
+/// The job secret every version 6 golden vector is tagged with (see `v6/gen.py`).
+const SECRET: &[u8] = b"dlcp golden secret v6";
 
 fn key() -> JobKey {
     JobKey::new(SECRET)
@@ -80,9 +82,27 @@ const V4: [&str; 12] = [
     "goodbye",
 ];
 
+/// The version 5 vectors: version 4's and the failing DONEs.
+const V5: [&str; 14] = [
+    "data",
+    "data_repair_bf16",
+    "data_auth_none",
+    "probe",
+    "bitmap",
+    "bitmap_complete",
+    "done",
+    "done_mask_empty",
+    "done_failed",
+    "done_failed_unknown",
+    "hello",
+    "grant",
+    "grant_request",
+    "goodbye",
+];
+
 /// Parse a `.hex` golden file of this version: `#` comments and whitespace are ignored.
 fn golden(name: &str) -> Vec<u8> {
-    golden_of("v5", name)
+    golden_of("v6", name)
 }
 
 /// Parse the `.hex` golden file `name` of version directory `version`.
@@ -143,6 +163,28 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.seq = u32::MAX;
     // bf16 little-endian: 1.0 = 0x3F80, -2.5 = 0xC020.
     v.push(("data_repair_bf16", h, vec![0x80, 0x3F, 0x20, 0xC0]));
+
+    // f16 little-endian: 1.0 = 0x3C00, -2.5 = 0xC100, 65504 = 0x7BFF; an average.
+    let mut h = common(PacketType::Data, class(2), Phase::Scatter);
+    h.flags = Flags::REQUIRED;
+    h.dtype = DType::F16;
+    h.reduce = ReduceOp::Average;
+    h.chunk_index = 3;
+    h.required = 10;
+    h.budget_ppm = 0;
+    h.seq = 7;
+    h.packet = 12;
+    v.push(("data_f16_average", h, vec![0x00, 0x3C, 0x00, 0xC1, 0xFF, 0x7B]));
+
+    // Control packets of an op carry its dtype and reduction too.
+    let mut h = common(PacketType::Bitmap, Class::CONTROL, Phase::Gather);
+    h.dtype = DType::Bf16;
+    h.reduce = ReduceOp::Average;
+    h.chunk_count = 4;
+    h.required = 0;
+    h.seq = 9;
+    h.packet = 13;
+    v.push(("bitmap_bf16_average", h, vec![0x0F]));
 
     let mut h = common(PacketType::Data, class(3), Phase::Scatter);
     h.chunk_index = 5;
@@ -205,7 +247,7 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.packet = 7;
     let mut settings = vec![0u8; SETTINGS_LEN];
     Settings {
-        version: 5,
+        version: 6,
         auth: PacketAuth::AesGmac,
         chunk_bytes: 1376,
         flow_window: 256,
@@ -268,6 +310,13 @@ fn every_packet_type_and_flag_is_covered() {
     }
     for a in [PacketAuth::None, PacketAuth::AesGmac] {
         assert!(v.iter().any(|(_, h, _)| h.auth == a), "{a:?} has no golden vector");
+    }
+    for d in DType::ALL {
+        assert!(v.iter().any(|(_, h, _)| h.ty == PacketType::Data && h.dtype == d), "{d:?}: no DATA vector");
+    }
+    for r in ReduceOp::ALL {
+        assert!(v.iter().any(|(_, h, _)| h.ty == PacketType::Data && h.reduce == r), "{r:?}: no DATA vector");
+        assert!(v.iter().any(|(_, h, _)| h.ty.is_control() && h.reduce == r), "{r:?}: no control vector");
     }
 }
 
@@ -332,11 +381,12 @@ fn decode_golden_gives_header() {
 /// Every datagram of an older version (1: keyed BLAKE3, 64-byte header; 2:
 /// AES-GMAC without flow control; 3: flow control, a wall-clock generation,
 /// no run; 4: the layout of this version without failing DONEs, another key
-/// schedule) is refused as such, before any cryptography, under any key, and
-/// still names the rank that sent it.
+/// schedule; 5: byte 15 reserved, f32 only, another key schedule) is refused
+/// as such, before any cryptography, under any key, and still names the rank
+/// that sent it.
 #[test]
 fn older_versions_vectors_are_refused() {
-    for (version, names) in [(1u8, &V1[..]), (2, &V2[..]), (3, &V3[..]), (4, &V4[..])] {
+    for (version, names) in [(1u8, &V1[..]), (2, &V2[..]), (3, &V3[..]), (4, &V4[..]), (5, &V5[..])] {
         let own = JobKey::new(format!("dlcp golden secret v{version}").as_bytes());
         for name in names {
             let bytes = golden_of(&format!("v{version}"), name);
@@ -422,7 +472,7 @@ fn probe_header_written_by_hand() {
     #[rustfmt::skip]
     let hand: [u8; HEADER_LEN] = [
         0xD1, 0xC9,             //  0 magic
-        0x05,                   //  2 version
+        0x06,                   //  2 version
         0x02,                   //  3 type = PROBE
         0x00,                   //  4 flags
         0x07,                   //  5 class = control
@@ -431,7 +481,7 @@ fn probe_header_written_by_hand() {
         0x01, 0x02, 0x03, 0x04, //  8 job
         0x00, 0x08,             // 12 payload_len = 8 (the DATA count)
         0x01,                   // 14 auth = AES-128-GMAC
-        0x00,                   // 15 reserved
+        0x00,                   // 15 kind = allreduce, sum
         0x00, 0x00, 0x00, 0x01, // 16 src
         0x00, 0x00, 0x00, 0x02, // 20 dst
         0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, // 24 op
@@ -460,8 +510,8 @@ fn probe_header_written_by_hand() {
 #[test]
 fn data_packet_written_by_hand() {
     let mut hand = Vec::new();
-    hand.extend_from_slice(&[0xD1, 0xC9, 5, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
-    hand.extend_from_slice(&[1, 2, 3, 4, 0, 8, 1, 0]); // job payload_len auth reserved
+    hand.extend_from_slice(&[0xD1, 0xC9, 6, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
+    hand.extend_from_slice(&[1, 2, 3, 4, 0, 8, 1, 0]); // job payload_len auth kind (allreduce, sum)
     hand.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 2]); // src dst
     hand.extend_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]); // op
     hand.extend_from_slice(&[0xCA, 0xFE, 0xBA, 0xBE, 0, 0, 0, 5]); // tensor chunk_index
@@ -476,16 +526,37 @@ fn data_packet_written_by_hand() {
     assert_eq!(g[..HEADER_LEN + 8], hand[..]);
 }
 
+/// The f16 average DATA vector's first 16 header bytes and its payload, by
+/// hand: dtype 1 at offset 7, `kind` 0x01 (allreduce, average) at 15, and
+/// 2-byte little-endian elements.
+#[test]
+fn f16_average_header_written_by_hand() {
+    let mut hand = Vec::new();
+    hand.extend_from_slice(&[0xD1, 0xC9, 6, 1, 0x08, 2, 1, 1]); // magic version DATA REQUIRED class2 scatter f16
+    hand.extend_from_slice(&[1, 2, 3, 4, 0, 6, 1, 0x01]); // job payload_len auth kind (allreduce, average)
+    let g = golden("data_f16_average");
+    assert_eq!(g[..16], hand[..]);
+    assert_eq!(g[HEADER_LEN..HEADER_LEN + 6], [0x00, 0x3C, 0x00, 0xC1, 0xFF, 0x7B]); // 1.0, -2.5, 65504 (f16 LE)
+    let (h, p) = wire::decode(&key(), &g).unwrap();
+    assert_eq!(
+        (h.dtype, h.reduce, h.collective),
+        (DType::F16, ReduceOp::Average, wire::Collective::Allreduce)
+    );
+    let mut x = [0f32; 3];
+    dlcp_proto::elem::decode(h.dtype, p, &mut x);
+    assert_eq!(x, [1.0, -2.5, 65504.0]);
+}
+
 /// The key schedule is pinned too: HKDF salt and info, then AES-128-GCM.
 #[test]
 fn key_schedule_is_pinned() {
-    assert_eq!(KEY_SALT, b"dlcp wire v5 packet authentication");
-    assert_eq!(KEY_INFO, b"dlcp v5 aes-128-gmac sender key");
+    assert_eq!(KEY_SALT, b"dlcp wire v6 packet authentication");
+    assert_eq!(KEY_INFO, b"dlcp v6 aes-128-gmac sender key");
     // The probe vector's tag, computed by gen.py with Python's cryptography.
     let g = golden("probe");
     let n = HEADER_LEN + wire::GRANT_LEN;
-    assert_eq!(hex(&g[n..]), "6c6d4ef0a435eb0743ae4019ab7b0783");
-    assert_eq!(hex(&key().tag(&g[..n])), "6c6d4ef0a435eb0743ae4019ab7b0783");
+    assert_eq!(hex(&g[n..]), "2b6f7e202fed58bdb5afb9cc8ea6c067");
+    assert_eq!(hex(&key().tag(&g[..n])), "2b6f7e202fed58bdb5afb9cc8ea6c067");
     assert_ne!(JobKey::new(b"").tag(&g[..n]), key().tag(&g[..n]));
 }
 

@@ -9,7 +9,7 @@
 use dlcp_proto::class::Class;
 use dlcp_proto::wire::{
     self, DType, Flags, HEADER_LEN, Header, JobKey, MAX_PAYLOAD, OVERHEAD, PPM, Packet, PacketAuth,
-    PacketType, Phase, SETTINGS_LEN, SenderId, Settings, TAG_LEN, WireError,
+    PacketType, Phase, ReduceOp, SETTINGS_LEN, SenderId, Settings, TAG_LEN, WireError,
 };
 use proptest::prelude::*;
 
@@ -58,8 +58,8 @@ fn len_units() -> impl Strategy<Value = usize> {
 
 /// A header that satisfies `Header::check`, with a matching payload.
 fn valid_packet() -> impl Strategy<Value = (Header, Vec<u8>)> {
-    (packet_type(), dtype(), any::<bool>(), any::<bool>(), 0u8..7, any::<bool>()).prop_flat_map(
-        |(ty, dtype, flag_a, flag_b, data_class, gather)| {
+    (packet_type(), dtype(), any::<bool>(), any::<bool>(), 0u8..7, any::<bool>(), any::<bool>())
+        .prop_flat_map(|(ty, dtype, flag_a, flag_b, data_class, gather, average)| {
             let class = if ty == PacketType::Data { Class::new(data_class).unwrap() } else { Class::CONTROL };
             let phase = match ty {
                 PacketType::Hello => Phase::None,
@@ -91,7 +91,11 @@ fn valid_packet() -> impl Strategy<Value = (Header, Vec<u8>)> {
                     move |(w, dst_xor, op, chunk_count, raw, budget_ppm, units, seed, sp)| {
                         let mut h = Header::new(ty, class, phase);
                         h.flags = flags;
-                        h.dtype = dtype;
+                        // A packet about no op carries f32 and sum (version 6).
+                        if !ty.is_phaseless() {
+                            h.dtype = dtype;
+                            h.reduce = if average { ReduceOp::Average } else { ReduceOp::Sum };
+                        }
                         h.job = w[0];
                         h.run = if ty.is_phaseless() { 0 } else { u64::from(w[1]) << 7 | 1 };
                         h.src = w[2];
@@ -137,8 +141,7 @@ fn valid_packet() -> impl Strategy<Value = (Header, Vec<u8>)> {
                         (h, payload)
                     },
                 )
-        },
-    )
+        })
 }
 
 proptest! {
@@ -276,6 +279,7 @@ proptest! {
     ) {
         let mut h = Header::new(ty, Class::new(class).unwrap(), phase);
         h.dtype = dtype;
+        h.reduce = if flags & 0x80 != 0 { ReduceOp::Average } else { ReduceOp::Sum };
         h.flags = Flags(flags);
         h.run = u64::from(w[1]);
         [h.job, h.src, h.dst, h.tensor, h.chunk_index, h.chunk_count, h.required,
@@ -314,5 +318,5 @@ fn exercise_view(p: &Packet<&[u8]>) {
     let _ = (p.raw_type(), p.flags(), p.raw_class(), p.raw_phase(), p.raw_dtype());
     let _ = (p.job(), p.run(), p.src(), p.dst(), p.op(), p.tensor());
     let _ = (p.chunk_index(), p.chunk_count(), p.required(), p.budget_ppm(), p.seq(), p.payload_len());
-    let _ = (p.reserved(), p.payload(), p.authenticated(), p.tag());
+    let _ = (p.raw_kind(), p.payload(), p.authenticated(), p.tag());
 }

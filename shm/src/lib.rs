@@ -157,10 +157,12 @@ pub mod trainer;
 
 pub use control::{JobPlace, PeerCred, PeerPolicy, Registration, RejectReason};
 pub use handshake::Handshake;
-pub use layout::{CompletionDesc, DescError, ElemType, Geometry, Limits, Status, Submission, SubmitDesc};
+pub use layout::{
+    ArenaError, CompletionDesc, DescError, ElemType, Geometry, Limits, Reduce, Status, Submission, SubmitDesc,
+};
 pub use ring::RingError;
 pub use server::{
-    AcceptError, ArenaError, Attachment, AttachmentStats, BindError, ChannelError, CompleteError, Liveness,
-    ServerConfig, ServerStats, ShmServer, Wakeup,
+    AcceptError, Attachment, AttachmentStats, BindError, ChannelError, CompleteError, Liveness, ServerConfig,
+    ServerStats, ShmServer, Wakeup,
 };
 pub use trainer::{AttachError, Completion, SubmitOptions, Tensor, TensorId, TrainerChannel, TrainerError};

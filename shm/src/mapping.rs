@@ -222,6 +222,38 @@ impl Mapping {
         Ok(p.cast::<f32>())
     }
 
+    /// Copies `out.len()` bytes from the mapping at byte `offset` (a multiple
+    /// of `align`) into private memory: tensors of 2-byte elements (f16, bf16).
+    pub fn copy_out_bytes(&self, offset: u64, out: &mut [u8], align: u64) -> Result<(), OutOfBounds> {
+        let off = self.check(offset, out.len() as u64, align)?;
+        // SAFETY: the source `off..off + out.len()` is inside the mapping (checked
+        // above); the destination is an exclusively borrowed private slice, so the
+        // two cannot overlap. A concurrent peer write gives torn bytes, every one
+        // of them a valid u8, and no reference to the source is formed.
+        unsafe { core::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), out.as_mut_ptr(), out.len()) }
+        Ok(())
+    }
+
+    /// Copies the bytes `src` into the mapping at byte `offset` (a multiple of `align`).
+    pub fn copy_in_bytes(&self, offset: u64, src: &[u8], align: u64) -> Result<(), OutOfBounds> {
+        let off = self.check(offset, src.len() as u64, align)?;
+        // SAFETY: the destination `off..off + src.len()` is inside the mapping
+        // (checked); the source is a private slice, never inside the mapping, so
+        // no overlap; no reference to the destination is formed.
+        unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(off), src.len()) }
+        Ok(())
+    }
+
+    /// Raw pointer to `bytes` bytes at byte `offset` (a multiple of `align`),
+    /// checked to lie inside the mapping; as [`Mapping::f32_ptr`], nothing
+    /// here dereferences it.
+    pub fn byte_ptr(&self, offset: u64, bytes: u64, align: u64) -> Result<NonNull<u8>, OutOfBounds> {
+        let off = self.check(offset, bytes, align)?;
+        // SAFETY: `off..off + bytes` lies inside the mapping (checked above), so the
+        // offset pointer stays within the one mapped object and cannot wrap.
+        Ok(unsafe { self.ptr.add(off) })
+    }
+
     /// Copies `src` into the mapping at byte `offset`.
     pub fn copy_in_f32(&self, offset: u64, src: &[f32]) -> Result<(), OutOfBounds> {
         let bytes = (src.len() as u64).checked_mul(4).ok_or(OutOfBounds {

@@ -16,7 +16,7 @@ use super::control::{self, JobPlace, PeerCred, PeerPolicy, Registration, RejectR
 use super::doorbell::{Doorbell, poll_readable};
 use super::handshake::Handshake;
 use super::layout::{
-    CompletionDesc, DESC_WORDS, DescError, Geometry, Limits, Status, Submission, SubmitDesc,
+    ArenaError, CompletionDesc, DESC_WORDS, DescError, Geometry, Limits, Status, Submission, SubmitDesc,
 };
 use super::mapping::{self, Mapping};
 use super::notes::{OpFailedNote, Outbox};
@@ -503,18 +503,6 @@ pub enum CompleteError {
     Ring(#[from] RingError),
 }
 
-/// A tensor range that is not inside the arena.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
-#[error("{len_elems} f32 at arena offset {offset} lie outside the {arena_size}-byte arena")]
-pub struct ArenaError {
-    /// Offset asked for.
-    pub offset: u64,
-    /// Length asked for.
-    pub len_elems: u64,
-    /// Arena size.
-    pub arena_size: u64,
-}
-
 /// Per-attachment counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AttachmentStats {
@@ -775,36 +763,34 @@ impl Attachment {
         }
     }
 
-    fn span_check(&self, offset: u64, len_elems: u64) -> Result<u64, ArenaError> {
-        let err = ArenaError { offset, len_elems, arena_size: self.geometry.arena_size };
-        let end = len_elems.checked_mul(4).and_then(|b| b.checked_add(offset)).ok_or(err)?;
-        if end > self.geometry.arena_size || offset % 4 != 0 {
+    /// The absolute offset of `len_elems` elements of `size` bytes at arena
+    /// byte `offset` (a multiple of `size`), if they lie inside the arena.
+    fn span_check(&self, offset: u64, len_elems: u64, size: u64) -> Result<u64, ArenaError> {
+        let err = self.arena_error(offset, len_elems);
+        let end = len_elems.checked_mul(size).and_then(|b| b.checked_add(offset)).ok_or(err)?;
+        if end > self.geometry.arena_size || offset % size != 0 {
             return Err(err);
         }
         Ok(self.geometry.arena_offset + offset)
     }
 
+    fn arena_error(&self, offset: u64, len_elems: u64) -> ArenaError {
+        ArenaError { offset, len_elems, arena_size: self.geometry.arena_size }
+    }
+
     /// Copies `len_elems` f32 at arena byte `offset` out of shared memory.
     pub fn copy_from_arena(&self, offset: u64, len_elems: u64) -> Result<Vec<f32>, ArenaError> {
-        let abs = self.span_check(offset, len_elems)?;
+        let abs = self.span_check(offset, len_elems, 4)?;
         let mut out = vec![0f32; len_elems as usize];
-        self.map.copy_out_f32(abs, &mut out).map_err(|_| ArenaError {
-            offset,
-            len_elems,
-            arena_size: self.geometry.arena_size,
-        })?;
+        self.map.copy_out_f32(abs, &mut out).map_err(|_| self.arena_error(offset, len_elems))?;
         Ok(out)
     }
 
     /// Copies `out.len()` f32 at arena byte `offset` into `out` (no allocation).
     pub fn copy_from_arena_into(&self, offset: u64, out: &mut [f32]) -> Result<(), ArenaError> {
         let len_elems = out.len() as u64;
-        let abs = self.span_check(offset, len_elems)?;
-        self.map.copy_out_f32(abs, out).map_err(|_| ArenaError {
-            offset,
-            len_elems,
-            arena_size: self.geometry.arena_size,
-        })
+        let abs = self.span_check(offset, len_elems, 4)?;
+        self.map.copy_out_f32(abs, out).map_err(|_| self.arena_error(offset, len_elems))
     }
 
     /// Adds the `out.len()` f32 at arena byte `offset` to `out`, in order
@@ -812,23 +798,34 @@ impl Attachment {
     /// arena once, straight into the sum (no allocation, no private copy).
     pub fn add_from_arena_into(&self, offset: u64, out: &mut [f32]) -> Result<(), ArenaError> {
         let len_elems = out.len() as u64;
-        let abs = self.span_check(offset, len_elems)?;
-        self.map.add_out_f32(abs, out).map_err(|_| ArenaError {
-            offset,
-            len_elems,
-            arena_size: self.geometry.arena_size,
-        })
+        let abs = self.span_check(offset, len_elems, 4)?;
+        self.map.add_out_f32(abs, out).map_err(|_| self.arena_error(offset, len_elems))
     }
 
     /// Copies `data` into the arena at byte `offset`.
     pub fn copy_to_arena(&self, offset: u64, data: &[f32]) -> Result<(), ArenaError> {
         let len_elems = data.len() as u64;
-        let abs = self.span_check(offset, len_elems)?;
-        self.map.copy_in_f32(abs, data).map_err(|_| ArenaError {
-            offset,
-            len_elems,
-            arena_size: self.geometry.arena_size,
-        })
+        let abs = self.span_check(offset, len_elems, 4)?;
+        self.map.copy_in_f32(abs, data).map_err(|_| self.arena_error(offset, len_elems))
+    }
+
+    /// Copies `out.len() / 2` 2-byte elements (f16, bf16) at arena byte
+    /// `offset` into `out`, as their raw bytes.
+    pub fn copy_u16s_from_arena_into(&self, offset: u64, out: &mut [u8]) -> Result<(), ArenaError> {
+        let len_elems = out.len() as u64 / 2;
+        let abs = self.span_check(offset, len_elems, 2)?;
+        self.map
+            .copy_out_bytes(abs, &mut out[..len_elems as usize * 2], 2)
+            .map_err(|_| self.arena_error(offset, len_elems))
+    }
+
+    /// Copies the raw 2-byte elements (f16, bf16) `data` into the arena at byte `offset`.
+    pub fn copy_u16s_to_arena(&self, offset: u64, data: &[u8]) -> Result<(), ArenaError> {
+        let len_elems = data.len() as u64 / 2;
+        let abs = self.span_check(offset, len_elems, 2)?;
+        self.map
+            .copy_in_bytes(abs, &data[..len_elems as usize * 2], 2)
+            .map_err(|_| self.arena_error(offset, len_elems))
     }
 
     /// Posts a completion and rings the trainer's completion doorbell.

@@ -38,7 +38,8 @@ use super::alloc::ArenaAllocator;
 use super::control::{self, BadReply, JobPlace, REPLY_FDS, REPLY_LEN, Registration, RejectReason, Reply};
 use super::doorbell::{Doorbell, poll_readable};
 use super::layout::{
-    CompletionDesc, DESC_WORDS, ElemType, Geometry, GeometryError, Opcode, SegmentHeader, Status, SubmitDesc,
+    CompletionDesc, DESC_WORDS, ElemType, Geometry, GeometryError, Opcode, Reduce, SegmentHeader, Status,
+    SubmitDesc,
 };
 use super::mapping::Mapping;
 use super::notes::Inbox;
@@ -106,6 +107,10 @@ pub enum TrainerError {
     /// Every tensor id (`u32`) of this attachment has been handed out; reattach.
     #[error("every tensor id of this attachment has been used; reattach")]
     TooManyTensors,
+    /// An f32 read or write of a tensor of another element type (use the
+    /// `_bytes` forms).
+    #[error("the tensor's elements are {0:?}, not f32: read and write its bytes")]
+    NotF32(ElemType),
     /// Data length differs from the tensor's.
     #[error("tensor has {expected} elements, data has {got}")]
     LengthMismatch {
@@ -148,8 +153,17 @@ pub struct Tensor {
     pub name: String,
     /// Byte offset in the arena (a multiple of [`ARENA_ALIGN`](crate::layout::ARENA_ALIGN)).
     pub arena_offset: u64,
-    /// Length in f32 elements.
+    /// Length in elements of `dtype`.
     pub len_elems: u64,
+    /// Element type.
+    pub dtype: ElemType,
+}
+
+impl Tensor {
+    /// Bytes of the tensor.
+    pub fn bytes(&self) -> u64 {
+        self.len_elems * self.dtype.size()
+    }
 }
 
 /// Per-operation parameters of [`TrainerChannel::submit`].
@@ -167,11 +181,21 @@ pub struct SubmitOptions {
     pub flags: u32,
     /// Echoed in the completion.
     pub cookie: u64,
+    /// The reduction (sum by default).
+    pub reduce: Reduce,
 }
 
 impl Default for SubmitOptions {
     fn default() -> Self {
-        SubmitOptions { tensor_id: 0, layer: 0, layers: 1, budget_ppm: 0, flags: 0, cookie: 0 }
+        SubmitOptions {
+            tensor_id: 0,
+            layer: 0,
+            layers: 1,
+            budget_ppm: 0,
+            flags: 0,
+            cookie: 0,
+            reduce: Reduce::Sum,
+        }
     }
 }
 
@@ -348,6 +372,17 @@ impl TrainerChannel {
     /// Allocates a named f32 tensor of `len_elems` elements in the arena; its id is
     /// the next in allocation order.
     pub fn alloc(&mut self, name: &str, len_elems: u64) -> Result<Tensor, TrainerError> {
+        self.alloc_typed(name, len_elems, ElemType::F32)
+    }
+
+    /// Allocates a named tensor of `len_elems` elements of `dtype` (f32, f16
+    /// or bf16) in the arena; its id is the next in allocation order.
+    pub fn alloc_typed(
+        &mut self,
+        name: &str,
+        len_elems: u64,
+        dtype: ElemType,
+    ) -> Result<Tensor, TrainerError> {
         if self.by_name.contains_key(name) {
             return Err(TrainerError::NameInUse(name.to_owned()));
         }
@@ -355,12 +390,12 @@ impl TrainerChannel {
             return Err(TrainerError::ZeroLength);
         }
         let id = TensorId(u32::try_from(self.tensors.len()).map_err(|_| TrainerError::TooManyTensors)?);
-        let bytes = len_elems.saturating_mul(ElemType::F32.size());
+        let bytes = len_elems.saturating_mul(dtype.size());
         let arena_offset = self
             .alloc
             .alloc(bytes)
             .ok_or(TrainerError::ArenaFull { requested: bytes, largest_free: self.alloc.largest_free() })?;
-        let t = Tensor { id, name: name.to_owned(), arena_offset, len_elems };
+        let t = Tensor { id, name: name.to_owned(), arena_offset, len_elems, dtype };
         self.by_name.insert(name.to_owned(), id);
         self.tensors.push(Some(t.clone()));
         Ok(t)
@@ -371,7 +406,7 @@ impl TrainerChannel {
     pub fn free(&mut self, name: &str) -> Result<(), TrainerError> {
         let id = self.by_name.remove(name).ok_or_else(|| TrainerError::UnknownTensor(name.to_owned()))?;
         let t = self.tensors[id.0 as usize].take().expect("the name index points at a live tensor");
-        self.alloc.free(t.arena_offset, t.len_elems * ElemType::F32.size());
+        self.alloc.free(t.arena_offset, t.bytes());
         Ok(())
     }
 
@@ -385,8 +420,33 @@ impl TrainerChannel {
         self.tensors.get(id.0 as usize)?.as_ref()
     }
 
-    /// Writes `data` into the tensor's arena buffer.
+    /// Writes the raw elements `data` (little-endian, `t.bytes()` of them:
+    /// f16 and bf16 tensors are written this way) into the tensor's arena buffer.
+    pub fn write_bytes(&self, t: &Tensor, data: &[u8]) -> Result<(), TrainerError> {
+        if data.len() as u64 != t.bytes() {
+            let got = data.len() as u64 / t.dtype.size();
+            return Err(TrainerError::LengthMismatch { expected: t.len_elems, got });
+        }
+        self.map
+            .copy_in_bytes(self.geometry.arena_offset + t.arena_offset, data, 2)
+            .map_err(|e| TrainerError::Io(io::Error::other(e)))
+    }
+
+    /// Reads the tensor's arena buffer as raw little-endian elements.
+    pub fn read_bytes(&self, t: &Tensor) -> Result<Vec<u8>, TrainerError> {
+        let mut out = vec![0u8; t.bytes() as usize];
+        self.map
+            .copy_out_bytes(self.geometry.arena_offset + t.arena_offset, &mut out, 2)
+            .map_err(|e| TrainerError::Io(io::Error::other(e)))?;
+        Ok(out)
+    }
+
+    /// Writes `data` into the tensor's arena buffer (an f32 tensor; others:
+    /// [`TrainerChannel::write_bytes`]).
     pub fn write(&self, t: &Tensor, data: &[f32]) -> Result<(), TrainerError> {
+        if t.dtype != ElemType::F32 {
+            return Err(TrainerError::NotF32(t.dtype));
+        }
         if data.len() as u64 != t.len_elems {
             return Err(TrainerError::LengthMismatch { expected: t.len_elems, got: data.len() as u64 });
         }
@@ -395,8 +455,12 @@ impl TrainerChannel {
             .map_err(|e| TrainerError::Io(io::Error::other(e)))
     }
 
-    /// Reads the tensor's arena buffer.
+    /// Reads the tensor's arena buffer (an f32 tensor; others:
+    /// [`TrainerChannel::read_bytes`]).
     pub fn read(&self, t: &Tensor) -> Result<Vec<f32>, TrainerError> {
+        if t.dtype != ElemType::F32 {
+            return Err(TrainerError::NotF32(t.dtype));
+        }
         let mut out = vec![0f32; t.len_elems as usize];
         self.map
             .copy_out_f32(self.geometry.arena_offset + t.arena_offset, &mut out)
@@ -404,7 +468,8 @@ impl TrainerChannel {
         Ok(out)
     }
 
-    /// Raw pointer to the tensor's `len_elems` f32 in the arena, for in-place
+    /// Raw pointer to the tensor's `len_elems` elements in the arena (f32; for
+    /// an f16 or bf16 tensor, cast it to 2-byte elements), for in-place
     /// access from C or Python (Rust code should prefer [`write`](Self::write) and
     /// [`read`](Self::read)); `None` if `t` does not lie inside this arena.
     ///
@@ -423,7 +488,7 @@ impl TrainerChannel {
         // The arena is the last region of the segment, so a range inside the mapping
         // that starts in the arena lies inside the arena.
         let offset = self.geometry.arena_offset.checked_add(t.arena_offset)?;
-        self.map.f32_ptr(offset, t.len_elems).ok()
+        self.map.byte_ptr(offset, t.bytes(), 4).ok().map(NonNull::cast)
     }
 
     /// Set the op sequence number the next [`TrainerChannel::submit`] uses. Every trainer
@@ -453,9 +518,10 @@ impl TrainerChannel {
             layers: o.layers,
             budget_ppm: o.budget_ppm,
             flags: o.flags,
-            dtype: ElemType::F32 as u16,
+            dtype: t.dtype as u16,
             opcode: Opcode::AllReduce as u16,
-            reserved: [0; 8],
+            reduce: o.reduce as u8,
+            reserved: [0; 7],
         };
         self.push(&d)?;
         self.next_seq += 1;

@@ -184,7 +184,8 @@ fn desc(seq: u64, offset: u64, len_elems: u64) -> SubmitDesc {
         flags: FLAG_RESCALE,
         dtype: ElemType::F32 as u16,
         opcode: Opcode::AllReduce as u16,
-        reserved: [0; 8],
+        reduce: 0,
+        reserved: [0; 7],
     }
 }
 

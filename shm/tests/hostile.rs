@@ -52,7 +52,8 @@ fn good(arena: u64) -> SubmitDesc {
         flags: FLAG_RESCALE,
         dtype: ElemType::F32 as u16,
         opcode: Opcode::AllReduce as u16,
-        reserved: [0; 8],
+        reduce: 0,
+        reserved: [0; 7],
     }
 }
 
@@ -63,9 +64,10 @@ fn garbage_descriptors_are_rejected_counted_and_answered() {
     let arena = att.geometry().arena_size;
     let g = good(arena);
     let cases: Vec<(SubmitDesc, DescError)> = vec![
-        (SubmitDesc { reserved: [0xff; 8], ..g }, DescError::ReservedNonZero),
+        (SubmitDesc { reserved: [0xff; 7], ..g }, DescError::ReservedNonZero),
         (SubmitDesc { opcode: 77, ..g }, DescError::UnknownOpcode(77)),
         (SubmitDesc { dtype: 0xdead, ..g }, DescError::UnknownDtype(0xdead)),
+        (SubmitDesc { reduce: 9, ..g }, DescError::UnknownReduce(9)),
         (SubmitDesc { flags: 0xf000_0000, ..g }, DescError::UnknownFlags(0xf000_0000)),
         (SubmitDesc { len_elems: 0, ..g }, DescError::EmptyTensor),
         (

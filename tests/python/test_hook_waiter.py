@@ -27,39 +27,47 @@ import dlcp.torch  # noqa: E402
 class ScriptedClient:
     """Stands in for dlcp.Client: ``ring`` ops in flight at most (BusyError
     beyond), completions released by the test (``release``), each doubling the
-    tensor (the sum of two identical ranks) or with the given status."""
+    tensor (the sum of two identical ranks; halved again for an average, as
+    the daemons divide) or with the given status."""
 
     def __init__(self, ring=8):
         self.ring = ring
         self.arrays, self.ids = {}, {}
         self.in_flight = {}  # op_seq -> tensor name
+        self.ops = {}  # op_seq -> reduction asked for
         self.ready = []  # completions to hand out
         self.gone = False
         self.next = 1
         self.cv = threading.Condition()
 
-    def tensor(self, name, n):
+    def tensor(self, name, n, dtype="float32"):
         if name not in self.arrays:
-            self.arrays[name] = np.zeros(n, dtype=np.float32)
+            self.arrays[name] = np.zeros(n, dtype=dlcp.DTYPES[dtype][1])
             self.ids[name] = len(self.ids)
         return self.arrays[name]
 
     def tensor_id(self, name):
         return self.ids[name]
 
-    def submit(self, name, layer, layers, budget, flags):
+    def submit(self, name, layer, layers, budget, flags, op="sum"):
         with self.cv:
             if len(self.in_flight) >= self.ring:
                 raise dlcp.BusyError("submit", -9, "too many operations in flight; wait for a completion first")
             seq, self.next = self.next, self.next + 1
             self.in_flight[seq] = name
+            self.ops[seq] = op
             return seq
 
     def release(self, seq, status="ok", reason=""):
         with self.cv:
             name = self.in_flight.pop(seq)
             if status == "ok":
-                self.arrays[name] *= 2
+                a = self.arrays[name]
+                x = dlcp.bf16_to_float32(a) if a.dtype == np.uint16 else a.astype(np.float32)
+                x = x * 2
+                if self.ops[seq] == "average":
+                    x = x / 2
+                a[:] = dlcp.bf16_from_float32(x) if a.dtype == np.uint16 else x.astype(a.dtype)
             self.ready.append(dlcp.Completion(seq, name, status, 0, 1_000_000, 0, 0.001, reason))
             self.cv.notify_all()
 
@@ -144,9 +152,32 @@ class HookTest(unittest.TestCase):
         self.assertEqual(list(s.reports), [], "a report waits for the earlier buckets'")
         c.release(1)
         self.assertEqual(f0.wait().tolist(), [1.0, 2.0])
+        self.assertEqual(set(c.ops.values()), {"average"}, "the hook asks the daemons to average")
         self.assertEqual([(r.bucket, r.op_seq, r.layer) for r in s.reports], [(0, 1, 1), (1, 2, 0)])
         self.assertEqual(s.step, 1)
         self.assertIsNone(s.failed)
+
+    def test_bf16_and_f16_buckets_are_reduced_in_their_own_type(self):
+        c = ScriptedClient()
+        s = self.state(c)
+        for dtype, kind in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16")):
+            b0, b1 = Bucket(0, False, (1.5, -2.0), self.back), Bucket(1, True, (0.25, 3.0), self.front)
+            b0._buf, b1._buf = b0._buf.to(dtype), b1._buf.to(dtype)
+            f0 = dlcp.torch.allreduce_hook(s, b0)
+            f1 = dlcp.torch.allreduce_hook(s, b1)
+            seqs = sorted(c.in_flight)
+            self.assertTrue(all(c.in_flight[q].endswith("." + kind) for q in seqs), c.in_flight)
+            self.assertTrue(all(c.arrays[c.in_flight[q]].dtype == dlcp.DTYPES[kind][1] for q in seqs))
+            for q in seqs:
+                c.release(q)
+            self.assertEqual((f0.wait().dtype, f0.wait().tolist()), (dtype, [1.5, -2.0]))
+            self.assertEqual((f1.wait().dtype, f1.wait().tolist()), (dtype, [0.25, 3.0]))
+        # float64 is not reduced: refused, naming what is.
+        with self.assertRaises(dlcp.torch.DlcpHookError) as cm:
+            b = Bucket(0, False, (1.0, 2.0), self.back)
+            b._buf = b._buf.to(torch.float64)
+            dlcp.torch.allreduce_hook(s, b)
+        self.assertIn("float32, float16, bfloat16", str(cm.exception))
 
     def test_a_full_ring_waits_for_a_completion(self):
         c = ScriptedClient(ring=1)

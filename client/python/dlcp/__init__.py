@@ -30,6 +30,17 @@ does: ``DLCP_SOCKET``, ``DLCP_JOB``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``
 a rank in use, ...) raises :class:`RejectedError` with its reason, e.g.
 "the trainer registered for job 999 but this daemon serves job 7".
 
+Element types: ``c.tensor(name, n)`` is float32; ``dtype="float16"`` gives a
+``np.float16`` view and ``dtype="bfloat16"`` a bfloat16 tensor. **numpy has no
+bfloat16**, so a bfloat16 tensor is an ``np.uint16`` array of the raw bf16 bits
+(the upper half of each float32); :func:`bf16_from_float32` and
+:func:`bf16_to_float32` convert (round to nearest even), and a
+``torch.bfloat16`` tensor's ``.view(torch.uint16)`` / ``.view(torch.int16)``
+bits can be copied in as they are. f16 and bf16 tensors are reduced with
+float32 accumulation at each owner and rounded once to their type (to nearest
+even), so every rank gets the same bytes. ``op="average"`` divides by the
+job's number of trainers once, in the daemons (the trainer does not).
+
 Budgets are fractions of a tensor that may be lost (``0.01`` = 1%, ``0`` =
 exact); the string ``"1%"`` means the same. The default of :meth:`Client.allreduce`
 is ``0.01``: lossy unless you pass ``budget=0``.
@@ -88,7 +99,66 @@ __all__ = [
     "load_library",
     "parse_budget",
     "version",
+    "bf16_from_float32",
+    "bf16_to_float32",
+    "DTYPES",
+    "OPS",
 ]
+
+#: Element types a tensor may have: name -> (C ``enum dlcp_dtype``, numpy dtype of
+#: its view). bfloat16 has no numpy dtype: its view holds the raw bits as uint16.
+DTYPES = {
+    "float32": (1, np.dtype(np.float32)),
+    "float16": (2, np.dtype(np.float16)),
+    "bfloat16": (3, np.dtype(np.uint16)),
+}
+_DTYPE_ALIASES = {"f32": "float32", "fp32": "float32", "f16": "float16", "fp16": "float16", "half": "float16",
+                  "bf16": "bfloat16"}
+#: Reductions: name -> C ``enum dlcp_op``.
+OPS = {"sum": 0, "average": 1}
+_OP_ALIASES = {"avg": "average", "mean": "average"}
+
+
+def _dtype_name(dtype) -> str:
+    """The canonical name of ``dtype``: a name ("float16", "bf16", ...) or a
+    numpy float32/float16 dtype (bfloat16 only by name: numpy has none)."""
+    if isinstance(dtype, str):
+        name = _DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
+        if name in DTYPES:
+            return name
+    else:
+        try:
+            d = np.dtype(dtype)
+        except TypeError:
+            d = None
+        if d == np.float32:
+            return "float32"
+        if d == np.float16:
+            return "float16"
+    raise InvalidArgumentError(
+        "tensor", -3, f"dtype {dtype!r}: use float32, float16 or 'bfloat16' (numpy has no bfloat16)"
+    )
+
+
+def _op_code(op: str) -> int:
+    name = _OP_ALIASES.get(str(op).lower(), str(op).lower())
+    if name not in OPS:
+        raise InvalidArgumentError("allreduce", -3, f"op {op!r}: use 'sum' or 'average'")
+    return OPS[name]
+
+
+def bf16_from_float32(x) -> np.ndarray:
+    """float32 values as bfloat16 bits (``np.uint16``), rounded to nearest even
+    (NaN stays NaN). What to write into a bfloat16 tensor's view."""
+    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    nan = np.isnan(b.view(np.float32))
+    r = ((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
+    return np.where(nan, ((b >> np.uint32(16)) | np.uint32(0x0040)).astype(np.uint16), r)
+
+
+def bf16_to_float32(bits) -> np.ndarray:
+    """bfloat16 bits (``np.uint16``) as float32 values (exact)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 #: The daemon's default control socket (``control.socket_path``).
 DEFAULT_SOCKET = "/run/dlcp/dlcpd.sock"
@@ -286,6 +356,9 @@ def load_library(path: Union[str, os.PathLike, None] = None) -> ctypes.CDLL:
         "dlcp_attach": (c_int, [ctypes.c_char_p, u64, u32, u32, ctypes.POINTER(ctypes.c_void_p)]),
         "dlcp_detach": (c_int, [h]),
         "dlcp_alloc": (c_int, [h, ctypes.c_char_p, u64, ctypes.POINTER(u32)]),
+        "dlcp_alloc_dtype": (c_int, [h, ctypes.c_char_p, u64, u32, ctypes.POINTER(u32)]),
+        "dlcp_submit_op": (c_int, [h, u32, u32, u32, u32, u32, u32, ctypes.POINTER(u64)]),
+        "dlcp_allreduce_op": (c_int, [h, u32, u32, u32, u32, u32, u32, i64, ctypes.POINTER(_CCompletion)]),
         "dlcp_tensor_len": (c_int, [h, u32, ctypes.POINTER(u64)]),
         "dlcp_tensor_data": (ctypes.c_void_p, [h, u32]),
         "dlcp_submit": (c_int, [h, u32, u32, u32, u32, u32, ctypes.POINTER(u64)]),
@@ -453,10 +526,10 @@ class _Buffer:
     """Exposes one tensor's arena memory to numpy (``__array_interface__``) and
     keeps the handle — hence the mapping — alive as long as any view exists."""
 
-    def __init__(self, addr: int, shape: Tuple[int, ...], handle: _Handle):
+    def __init__(self, addr: int, shape: Tuple[int, ...], handle: _Handle, dtype: np.dtype):
         self.__array_interface__ = {
             "shape": shape,
-            "typestr": np.dtype(np.float32).str,
+            "typestr": dtype.str,
             "data": (addr, False),
             "version": 3,
         }
@@ -469,6 +542,7 @@ class _Tensor:
     name: str
     n: int
     addr: int
+    dtype: str = "float32"
 
 
 class Client:
@@ -556,15 +630,22 @@ class Client:
     def next_op_seq(self, seq: int) -> None:
         self._check("next_op_seq", self._lib.dlcp_set_next_op_seq(self._ptr("next_op_seq"), seq))
 
-    def tensor(self, name: str, shape: Union[int, Tuple[int, ...]]) -> np.ndarray:
-        """A float32 array of ``shape`` that is a view of tensor ``name`` in the
+    def tensor(self, name: str, shape: Union[int, Tuple[int, ...]], dtype="float32") -> np.ndarray:
+        """An array of ``shape`` that is a view of tensor ``name`` in the
         shared arena (allocated on first use; asking again with the same size gives
         another view of the same memory). Write the gradient into it in place
         (``g[:] = grad``, ``np.copyto(g, grad)``, or compute into it with ``out=g``);
         after :meth:`allreduce` it holds the result. Do not touch it while an op on
         it is in flight. Tensor ids follow allocation order: allocate tensors in
         the same order on every rank.
+
+        ``dtype``: ``"float32"`` (``np.float32``, the default), ``"float16"``
+        (``np.float16``) or ``"bfloat16"`` (``"bf16"``): numpy has no bfloat16,
+        so that view is ``np.uint16`` holding the raw bf16 bits (see
+        :func:`bf16_from_float32`). Every rank must use the same dtype.
         """
+        dname = _dtype_name(dtype)
+        code, npdtype = DTYPES[dname]
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
         n = prod(shape)
         ptr = self._ptr("tensor")
@@ -573,16 +654,18 @@ class Client:
             if n <= 0:
                 raise InvalidArgumentError("tensor", -3, f"tensor {name!r} needs at least one element, not {n}")
             tid = ctypes.c_uint32()
-            self._check("tensor", self._lib.dlcp_alloc(ptr, name.encode(), n, ctypes.byref(tid)))
+            self._check("tensor", self._lib.dlcp_alloc_dtype(ptr, name.encode(), n, code, ctypes.byref(tid)))
             addr = self._lib.dlcp_tensor_data(ptr, tid.value)
             if not addr:
                 _raise(self._lib, ptr, "tensor", -3)
-            t = _Tensor(tid.value, name, n, addr)
+            t = _Tensor(tid.value, name, n, addr, dname)
             self._by_name[name] = t
             self._by_id[t.tid] = t
-        elif t.n != n:
-            raise NameInUseError("tensor", -8, f"tensor {name!r} already exists with {t.n} elements, not {n}")
-        return np.asarray(_Buffer(t.addr, shape, self._h))
+        elif t.n != n or t.dtype != dname:
+            raise NameInUseError(
+                "tensor", -8, f"tensor {name!r} already exists with {t.n} {t.dtype} elements, not {n} {dname}"
+            )
+        return np.asarray(_Buffer(t.addr, shape, self._h, npdtype))
 
     def tensor_id(self, name: str) -> int:
         """The id of tensor ``name`` (what ``dlcpctl report OP TENSOR`` takes)."""
@@ -601,7 +684,7 @@ class Client:
             raise InvalidArgumentError(op, -3, f"expected a tensor view from Client.tensor(), got {type(array).__name__}")
         addr = array.__array_interface__["data"][0]
         t = next((t for t in self._by_name.values() if t.addr == addr), None)
-        if t is None or array.size != t.n or array.dtype != np.float32 or not array.flags.c_contiguous:
+        if t is None or array.size != t.n or array.dtype != DTYPES[t.dtype][1] or not array.flags.c_contiguous:
             raise InvalidArgumentError(
                 op,
                 -3,
@@ -624,16 +707,24 @@ class Client:
         )
 
     def submit(
-        self, array, layer: int = 0, layers: int = 1, budget: Union[float, str] = 0.01, flags: int = 0
+        self,
+        array,
+        layer: int = 0,
+        layers: int = 1,
+        budget: Union[float, str] = 0.01,
+        flags: int = 0,
+        op: str = "sum",
     ) -> int:
-        """Submits an allreduce (sum) of a tensor (a view from :meth:`tensor`, or
+        """Submits an allreduce of a tensor (a view from :meth:`tensor`, or
         its name) without waiting; returns the op's sequence number. ``budget`` is
-        the tolerated loss fraction (0.01 or "1%" = 1%, 0 = reliable). Wait with
-        :meth:`wait` before touching the tensor again."""
+        the tolerated loss fraction (0.01 or "1%" = 1%, 0 = reliable); ``op`` is
+        ``"sum"`` or ``"average"`` (over every trainer of the job, divided once
+        by the daemons). Wait with :meth:`wait` before touching the tensor again."""
         t = self._tensor_of("submit", array)
+        code = _op_code(op)
         seq = ctypes.c_uint64()
         ptr = self._ptr("submit")
-        rc = self._lib.dlcp_submit(ptr, t.tid, layer, layers, _budget_ppm(budget), flags, ctypes.byref(seq))
+        rc = self._lib.dlcp_submit_op(ptr, t.tid, layer, layers, _budget_ppm(budget), flags, code, ctypes.byref(seq))
         self._check("submit", rc)
         return seq.value
 
@@ -660,8 +751,10 @@ class Client:
         budget: Union[float, str] = 0.01,
         timeout: Optional[float] = 60.0,
         flags: int = 0,
+        op: str = "sum",
     ) -> Report:
-        """Allreduces (sums) a tensor in place and returns a :class:`Report`.
+        """Allreduces (sums, or with ``op="average"`` averages over every
+        trainer of the job) a tensor in place and returns a :class:`Report`.
 
         ``array`` is a view from :meth:`tensor` (or the tensor's name); the result
         replaces its contents. ``layer``/``layers`` give the tensor's layer index
@@ -673,10 +766,11 @@ class Client:
         :class:`DlcpError` subclass.
         """
         t = self._tensor_of("allreduce", array)
+        code = _op_code(op)
         ptr = self._ptr("allreduce")
         c = _CCompletion()
-        rc = self._lib.dlcp_allreduce(
-            ptr, t.tid, layer, layers, _budget_ppm(budget), flags, _timeout_ms(timeout), ctypes.byref(c)
+        rc = self._lib.dlcp_allreduce_op(
+            ptr, t.tid, layer, layers, _budget_ppm(budget), flags, code, _timeout_ms(timeout), ctypes.byref(c)
         )
         if rc != 0:
             done = self._completion(c, _last_error(self._lib, ptr)) if rc == -13 else None

@@ -25,9 +25,10 @@ A completion waiter, one daemon thread per :class:`DlcpState`, completes the
 futures: it waits for the client's completions (``Client.wait`` in short slices
 of :data:`WAIT_SLICE` seconds, so the library's per-handle lock, which the wait
 holds, never delays a submit by more than a slice; it sleeps on a condition
-while nothing is in flight), divides each reduced arena tensor by the world
-size and sets it as the future's value (DDP copies it into the gradients), or
-fails the future with a :class:`DlcpHookError`. If the ring of ops in flight
+while nothing is in flight) and sets each reduced arena tensor as the future's
+value (DDP copies it into the gradients), or fails the future with a
+:class:`DlcpHookError`. The ops are averages (``op="average"``): the daemons
+divide by the job's number of trainers once, so the hook does not divide. If the ring of ops in flight
 is full the hook waits for a completion before submitting.
 
 Why one copy: DDP owns the bucket buffer (it allocates it and lays the
@@ -58,8 +59,14 @@ socket), ``DLCP_JOB`` (job id, must match the daemon's ``node.job_id``),
 ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (set by torchrun: the trainers sharing this
 host's daemon), ``DLCP_BUDGET`` (loss budget: a fraction, or a percentage such as "1%").
 
+Gradient buckets may be float32, float16 or bfloat16 (CPU, dense): a bucket
+is reduced in its own type (f16/bf16: accumulated in float32 at each owner,
+rounded once to the type, the same bytes on every rank), in an arena tensor
+of that type (bfloat16's arena view is the raw bits: numpy has no bfloat16;
+the hook views them as ``torch.bfloat16`` without a copy).
+
 Tested with Debian 12's ``python3-torch`` 1.13 (CPU, Gloo process group) and
-``/usr/bin/python3`` 3.11. Only float32 gradients are supported (dlcp reduces f32).
+``/usr/bin/python3`` 3.11.
 """
 
 import collections
@@ -69,10 +76,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 import dlcp
+
+#: Bucket dtypes the hook reduces, and the dlcp tensor dtype of each.
+_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 __all__ = ["DlcpState", "BucketReport", "DlcpHookError", "allreduce_hook", "WAIT_SLICE"]
 
@@ -104,7 +115,7 @@ class BucketReport:
     bucket: int  #: DDP bucket index (0 = the last layers)
     layer: int  #: layer position sent to dlcpd (0 = front layer, highest priority)
     layers: int  #: number of layer positions (parameters of the module)
-    numel: int  #: float32 elements in the bucket
+    numel: int  #: elements in the bucket (of its dtype)
     op_seq: int  #: dlcp op sequence number (`dlcpctl report OP_SEQ TENSOR`)
     tensor: str  #: dlcp tensor name
     tensor_id: int  #: dlcp tensor id (`dlcpctl report OP_SEQ TENSOR_ID`)
@@ -125,7 +136,6 @@ class _Op:
     name: str
     tensor_id: int
     arena: torch.Tensor
-    world: int
     timeout: Optional[float]  # seconds from its submission to its completion, at most
     t0: float  # perf_counter() at the hook's call
     fut: torch.futures.Future = field(default_factory=torch.futures.Future)
@@ -240,7 +250,6 @@ class _Waiter:
                 self._fail(f"the op completed with status {c.status!r}: {c.reason}", op=op)
                 return
             del self.pending[c.op_seq]
-            op.arena.div_(op.world)
             op.report = BucketReport(
                 step=op.step,
                 bucket=op.bucket,
@@ -307,7 +316,8 @@ class DlcpState:
     ``socket``/``job``/``local_rank``/``local_world``, defaults from the
     environment); the state's waiter takes every completion of it, so do not
     use it for other ops meanwhile. ``world_size``: trainers of the job on all
-    hosts (default ``torch.distributed.get_world_size()``); the sum is divided by it.
+    hosts (default ``torch.distributed.get_world_size()``), for information:
+    the ops are averages, which the daemons divide by the job's trainers.
     ``budget``: tolerated loss fraction per op (0 = reliable, bit-exact).
     ``fill_local``: a chunk given up counts as this host's own contribution
     instead of zero; ``rescale``: scale partially delivered sums up by the
@@ -356,7 +366,7 @@ class DlcpState:
         self.client = client
         self.step = 0
         self.reports: Deque[BucketReport] = collections.deque(maxlen=max_reports)
-        self._tensors: Dict[Tuple[int, int], Tuple[str, torch.Tensor]] = {}
+        self._tensors: Dict[Tuple[int, int, torch.dtype], Tuple[str, torch.Tensor]] = {}
         self._waiter = _Waiter(client, self.reports, on_report)
 
     def __repr__(self) -> str:
@@ -377,16 +387,24 @@ class DlcpState:
         """The reports of one step, in hook order."""
         return [r for r in self.reports if r.step == step]
 
-    def _arena_tensor(self, index: int, numel: int) -> Tuple[str, torch.Tensor]:
+    def _arena_tensor(self, index: int, numel: int, dtype: torch.dtype = torch.float32) -> Tuple[str, torch.Tensor]:
         # Buckets change size once (DDP rebuilds them after the first step): one
-        # arena tensor per (bucket, size). Every rank sees the same sequence, so
-        # tensor ids (allocation order) agree across ranks.
-        key = (index, numel)
+        # arena tensor per (bucket, size, dtype). Every rank sees the same
+        # sequence, so tensor ids (allocation order) agree across ranks.
+        key = (index, numel, dtype)
         t = self._tensors.get(key)
         if t is None:
-            name = f"ddp.bucket{index}.n{numel}"
-            view = self.client.tensor(name, numel)
-            t = (name, torch.from_numpy(view))
+            kind = _DTYPES[dtype]
+            name = f"ddp.bucket{index}.n{numel}" + ("" if dtype == torch.float32 else f".{kind}")
+            view = self.client.tensor(name, numel, dtype=kind)
+            if dtype == torch.bfloat16:
+                # numpy has no bfloat16: the arena view holds the raw bits as
+                # uint16, which torch 1.13 cannot wrap; as int16 it can, and a
+                # same-size view reinterprets them as bfloat16 (no copy).
+                arena = torch.from_numpy(view.view(np.int16)).view(torch.bfloat16)
+            else:
+                arena = torch.from_numpy(view)
+            t = (name, arena)
             self._tensors[key] = t
         return t
 
@@ -405,7 +423,8 @@ def _value(fut: torch.futures.Future) -> torch.Tensor:
 
 
 def allreduce_hook(state: DlcpState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: average ``bucket`` over all trainers through dlcpd.
+    """DDP communication hook: average ``bucket`` over all trainers through dlcpd
+    (float32, float16 or bfloat16 buckets; the daemons divide).
 
     Register with ``ddp_model.register_comm_hook(DlcpState(ddp_model), allreduce_hook)``.
     Copies the bucket into its arena tensor, submits the allreduce and returns
@@ -422,21 +441,25 @@ def allreduce_hook(state: DlcpState, bucket: dist.GradBucket) -> torch.futures.F
         raise waiter.later_error(step, index)
     t0 = time.perf_counter()
     buf = bucket.buffer()
-    if buf.dtype != torch.float32 or buf.is_sparse or buf.device.type != "cpu":
+    if buf.dtype not in _DTYPES or buf.is_sparse or buf.device.type != "cpu":
         raise DlcpHookError(
-            step, index, None, f"unsupported gradient bucket ({buf.dtype}, {buf.device}): dlcp reduces CPU float32"
+            step,
+            index,
+            None,
+            f"unsupported gradient bucket ({buf.dtype}, {buf.device}): dlcp reduces CPU float32, float16, bfloat16",
         )
     try:
-        name, arena = state._arena_tensor(index, buf.numel())
+        name, arena = state._arena_tensor(index, buf.numel(), buf.dtype)
         tensor_id = state.client.tensor_id(name)
     except dlcp.DlcpError as e:
         raise waiter._fail(_why(e), e, caller=(step, index)) from e
     arena.copy_(buf.reshape(-1))  # the one copy: DDP's bucket -> shared memory
     layer = state._layer_of(bucket)
-    world = state.world_size or (dist.get_world_size() if dist.is_initialized() else 1)
-    op = _Op(step, index, layer, state.layers, name, tensor_id, arena, world, state.timeout, t0)
+    op = _Op(step, index, layer, state.layers, name, tensor_id, arena, state.timeout, t0)
     waiter.submit(
         op,
-        lambda: state.client.submit(name, layer=layer, layers=state.layers, budget=state.budget, flags=state.flags),
+        lambda: state.client.submit(
+            name, layer=layer, layers=state.layers, budget=state.budget, flags=state.flags, op="average"
+        ),
     )
     return op.fut.then(_value)

@@ -243,6 +243,35 @@ class ErrorTest(unittest.TestCase):
         with dlcp.attach(JOB7_SOCKET, job=7) as c:  # the right job is admitted
             self.assertEqual(c.job, 7)
 
+    def test_float16_and_bfloat16_tensors_and_the_op_argument(self):
+        with fresh() as c:
+            h = c.tensor("h", 10, dtype="float16")
+            self.assertEqual(h.dtype, np.float16)
+            b = c.tensor("b", 10, dtype="bf16")
+            self.assertEqual(b.dtype, np.uint16, "numpy has no bfloat16: raw bits")
+            f = c.tensor("f", 10, dtype=np.float32)
+            self.assertEqual(f.dtype, np.float32)
+            self.assertEqual(c._by_name["b"].dtype, "bfloat16")
+            # Element size: the next tensor starts after 10 * 2 bytes (64-aligned).
+            self.assertEqual(c._by_name["b"].addr - c._by_name["h"].addr, 64)
+            with self.assertRaises(dlcp.NameInUseError) as cm:
+                c.tensor("h", 10, dtype="bfloat16")
+            self.assertIn("10 float16 elements, not 10 bfloat16", str(cm.exception))
+            with self.assertRaises(dlcp.InvalidArgumentError) as cm:
+                c.tensor("x", 10, dtype=np.float64)
+            self.assertIn("numpy has no bfloat16", str(cm.exception))
+            with self.assertRaises(dlcp.InvalidArgumentError):
+                c.allreduce(h.astype(np.float32), budget=0)  # not the view
+            with self.assertRaises(dlcp.InvalidArgumentError) as cm:
+                c.submit(h, op="max")
+            self.assertIn("'sum' or 'average'", str(cm.exception))
+        # bfloat16 conversions: round to nearest even, exact back, NaN kept.
+        x = np.array([1.0, -2.5, 1 + 2 ** -8, 1 + 3 * 2 ** -8, np.inf], dtype=np.float32)
+        bits = dlcp.bf16_from_float32(x)
+        self.assertEqual(bits.tolist(), [0x3F80, 0xC020, 0x3F80, 0x3F82, 0x7F80])
+        np.testing.assert_array_equal(dlcp.bf16_to_float32(bits), [1.0, -2.5, 1.0, 1 + 2 ** -6, np.inf])
+        self.assertTrue(np.isnan(dlcp.bf16_to_float32(dlcp.bf16_from_float32(np.float32("nan")))))
+
     def test_budgets_are_fractions_or_percentages(self):
         self.assertEqual(dlcp.parse_budget("1%"), 0.01)
         self.assertEqual(dlcp.parse_budget(" 2.5 % "), 0.025)

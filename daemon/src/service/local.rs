@@ -16,6 +16,8 @@ use std::time::Instant;
 
 use dlcp_proto::endpoint::OpId;
 
+use crate::shm::{ElemType, Reduce};
+
 /// What every contribution to one op must agree on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Shape {
@@ -25,6 +27,10 @@ pub(super) struct Shape {
     pub(super) layer: u32,
     /// Layers in the step.
     pub(super) layers: u32,
+    /// Element type.
+    pub(super) dtype: ElemType,
+    /// The reduction.
+    pub(super) reduce: Reduce,
 }
 
 /// One trainer's contribution to an op (its tensor stays where it is until
@@ -206,7 +212,7 @@ impl<T> Collecting<T> {
 mod tests {
     use super::*;
 
-    const SHAPE: Shape = Shape { len: 3, layer: 0, layers: 1 };
+    const SHAPE: Shape = Shape { len: 3, layer: 0, layers: 1, dtype: ElemType::F32, reduce: Reduce::Sum };
     const ID: OpId = OpId { run: 1, seq: 1, tensor: 7 };
 
     fn part(rank: u32) -> Contribution<u32> {
@@ -313,7 +319,13 @@ mod tests {
 
     #[test]
     fn disagreeing_contributions_drop_the_op_and_return_every_ticket() {
-        for other in [Shape { len: 4, ..SHAPE }, Shape { layer: 1, ..SHAPE }, Shape { layers: 2, ..SHAPE }] {
+        for other in [
+            Shape { len: 4, ..SHAPE },
+            Shape { layer: 1, ..SHAPE },
+            Shape { layers: 2, ..SHAPE },
+            Shape { dtype: ElemType::Bf16, ..SHAPE },
+            Shape { reduce: Reduce::Average, ..SHAPE },
+        ] {
             let mut red = LocalReducer::new();
             let t0 = Instant::now();
             assert!(matches!(red.add(ID, 3, part(2), t0), Added::Waiting));

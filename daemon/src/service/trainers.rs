@@ -16,7 +16,8 @@ use std::time::{Duration as StdDuration, Instant as StdInstant};
 
 use dlcp_config::Config;
 use dlcp_config::schema::Fill as CfgFill;
-use dlcp_proto::endpoint::{Endpoint, Fill, OpId, OpOptions, ReduceOp};
+use dlcp_proto::elem;
+use dlcp_proto::endpoint::{DType, Endpoint, Fill, OpId, OpOptions, ReduceOp};
 use dlcp_proto::time::Instant;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
@@ -24,7 +25,7 @@ use mio::{Interest, Registry, Token};
 use super::counters::ServiceCounters;
 use super::local::{Added, Contribution, LocalReducer, Reduced, Shape, Source, sum_in_rank_order};
 use super::setup;
-use crate::shm::{ArenaError, Attachment, Liveness, Status, Submission};
+use crate::shm::{ArenaError, Attachment, ElemType, Liveness, Reduce, Status, Submission};
 
 /// The first mio token of the attachments: attachment slot `i` has the
 /// control socket at `ATTACH_BASE + 2i` and the doorbell at `ATTACH_BASE + 2i + 1`.
@@ -70,21 +71,68 @@ impl Completion<'_> {
     }
 }
 
-/// A contribution where it lies: a trainer's arena, from byte `offset`.
+/// A contribution where it lies: a trainer's arena, from byte `offset`, of
+/// elements of `dtype` (f16 and bf16 are widened to `f32` as they are read:
+/// the local sum is accumulated in `f32`).
 struct Arena<'a> {
     att: &'a Attachment,
     offset: u64,
+    dtype: ElemType,
+}
+
+impl Arena<'_> {
+    /// Elements `at ..` of a 2-byte tensor widened into (or added to) `out`.
+    fn widen(&self, at: usize, out: &mut [f32], add: bool) -> Result<(), ArenaError> {
+        const N: usize = 4096;
+        let dtype = wire_dtype(self.dtype);
+        let mut raw = [0u8; 2 * N];
+        for (i, dst) in out.chunks_mut(N).enumerate() {
+            let bytes = &mut raw[..2 * dst.len()];
+            self.att.copy_u16s_from_arena_into(self.offset + (at + i * N) as u64 * 2, bytes)?;
+            if add { elem::decode_add(dtype, bytes, dst) } else { elem::decode(dtype, bytes, dst) }
+        }
+        Ok(())
+    }
 }
 
 impl Source for Arena<'_> {
     type Error = ArenaError;
 
     fn copy_into(&self, at: usize, out: &mut [f32]) -> Result<(), ArenaError> {
-        self.att.copy_from_arena_into(self.offset + at as u64 * 4, out)
+        match self.dtype {
+            ElemType::F32 => self.att.copy_from_arena_into(self.offset + at as u64 * 4, out),
+            _ => self.widen(at, out, false),
+        }
     }
 
     fn add_into(&self, at: usize, out: &mut [f32]) -> Result<(), ArenaError> {
-        self.att.add_from_arena_into(self.offset + at as u64 * 4, out)
+        match self.dtype {
+            ElemType::F32 => self.att.add_from_arena_into(self.offset + at as u64 * 4, out),
+            _ => self.widen(at, out, true),
+        }
+    }
+}
+
+/// The wire's element type for a descriptor's.
+fn wire_dtype(t: ElemType) -> DType {
+    match t {
+        ElemType::F32 => DType::F32,
+        ElemType::F16 => DType::F16,
+        ElemType::Bf16 => DType::Bf16,
+    }
+}
+
+/// Copy an op's result into the tensor of `sub`, narrowed to its element
+/// type (exact: the owners rounded every value to it).
+fn write_result(att: &Attachment, sub: &Submission, r: &[f32]) -> Result<(), ArenaError> {
+    match sub.span.dtype {
+        ElemType::F32 => att.copy_to_arena(sub.span.offset, r),
+        t => {
+            let dtype = wire_dtype(t);
+            let mut bytes = vec![0u8; r.len() * dtype.size()];
+            elem::encode(dtype, r, &mut bytes);
+            att.copy_u16s_to_arena(sub.span.offset, &bytes)
+        }
     }
 }
 
@@ -332,7 +380,13 @@ impl Trainers {
         }
         // The tensor stays in the trainer's arena until all K are in; then the
         // local sum reads every arena once (see `start_op`).
-        let shape = Shape { len: sub.span.len_elems, layer: sub.layer, layers: sub.layers };
+        let shape = Shape {
+            len: sub.span.len_elems,
+            layer: sub.layer,
+            layers: sub.layers,
+            dtype: sub.span.dtype,
+            reduce: sub.reduce,
+        };
         let c = Contribution { local_rank, shape, ticket: Ticket { attachment: att_id, sub } };
         match self.reducer.add(id, world, c, StdInstant::now()) {
             Added::Waiting => {}
@@ -341,7 +395,8 @@ impl Trainers {
             Added::Mismatch { first, ticket, others } => {
                 ctx.counters.local_mismatch += 1;
                 let why = format!(
-                    "the local trainers disagree on op {}/{}: length {} vs {}, layer {}/{} vs {}/{}",
+                    "the local trainers disagree on op {}/{}: length {} vs {}, layer {}/{} vs {}/{}, \
+                     dtype {:?} vs {:?}, reduce {:?} vs {:?}",
                     id.seq,
                     id.tensor,
                     first.len,
@@ -349,7 +404,11 @@ impl Trainers {
                     first.layer,
                     first.layers,
                     ticket.sub.layer,
-                    ticket.sub.layers
+                    ticket.sub.layers,
+                    first.dtype,
+                    ticket.sub.span.dtype,
+                    first.reduce,
+                    ticket.sub.reduce,
                 );
                 log::warn!("{why}");
                 ctx.counters.ops_failed += 1;
@@ -380,7 +439,7 @@ impl Trainers {
             .iter()
             .map(|t| {
                 let att = self.slots[self.slot_of(t.attachment)?].as_ref()?;
-                Some(Arena { att, offset: t.sub.span.offset })
+                Some(Arena { att, offset: t.sub.span.offset, dtype: t.sub.span.dtype })
             })
             .collect();
         let summed = match sources {
@@ -412,7 +471,15 @@ impl Trainers {
                 CfgFill::Zero => Fill::Zero,
             },
             rescale: ctx.cfg.loss.rescale || sub.flags & crate::shm::layout::FLAG_RESCALE != 0,
-            reduce: ReduceOp::Sum,
+            reduce: match sub.reduce {
+                Reduce::Sum => ReduceOp::Sum,
+                Reduce::Average => ReduceOp::Average,
+            },
+            // The endpoint rounds this daemon's local sum to the type once,
+            // and each owner its shard once (`dlcp_proto::elem`).
+            dtype: wire_dtype(sub.span.dtype),
+            // An average is over every trainer of the job: K on every host.
+            contributors: ctx.endpoint.config().world * self.local_world.unwrap_or(1),
         };
         match ctx.endpoint.start_allreduce(now, id, sum, opts) {
             Ok(()) => {
@@ -451,7 +518,7 @@ impl Trainers {
             let Some(att) = self.slots[slot].as_mut() else { continue };
             let (mut st, mut why) = (done.status, done.reason.map(str::to_owned));
             if let Some(r) = done.result
-                && let Err(e) = att.copy_to_arena(c.sub.span.offset, r)
+                && let Err(e) = write_result(att, &c.sub, r)
             {
                 log::warn!("attachment {}: cannot write result: {e}", c.attachment);
                 st = Status::InvalidDescriptor;

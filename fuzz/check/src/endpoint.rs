@@ -29,7 +29,7 @@
 use std::collections::BTreeMap;
 
 use dlcp_proto::endpoint::{
-    Endpoint, EndpointConfig, Event, Fill, OpError, OpId, OpOptions, OpReport, ReduceOp, Timers,
+    DType, Endpoint, EndpointConfig, Event, Fill, OpError, OpId, OpOptions, OpReport, ReduceOp, Timers,
     allowed_missing,
 };
 use dlcp_proto::oracle;
@@ -89,9 +89,11 @@ fn op(input: &mut Input<'_>, i: u64, world: u32) -> Op {
         fill: if input.bool() { Fill::Zero } else { Fill::Local },
         rescale: input.bool(),
         reduce: if input.bool() { ReduceOp::Sum } else { ReduceOp::Average },
+        dtype: input.pick(&DType::ALL),
         ..OpOptions::default()
     };
-    // Small integers and halves: every sum is exact, whatever the order.
+    // Small integers and halves (values of every dtype): every sum is exact,
+    // whatever the order.
     let inputs = (0..world)
         .map(|r| {
             (0..len).map(|e| ((u64::from(r) * 31 + e as u64 * 7 + i * 13) % 17) as f32 * 0.5 - 4.0).collect()
@@ -445,7 +447,7 @@ fn check_op(net: &Net, i: usize) {
     }
     let reports: Vec<&OpReport> = done.iter().map(|d| &d.1).collect();
     let inputs: Vec<&[f32]> = op.inputs.iter().map(Vec::as_slice).collect();
-    let want = oracle::recompute(&inputs, &reports, op.opts, CHUNK_BYTES / 4);
+    let want = oracle::recompute(&inputs, &reports, op.opts, CHUNK_BYTES / op.opts.dtype.size());
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for (r, (result, report)) in done.iter().enumerate() {
         assert_eq!(bits(result), bits(&want), "op {:?}: rank {r} differs from the oracle", op.id);

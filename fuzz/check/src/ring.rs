@@ -49,7 +49,8 @@ fn good(offset: u64, len_elems: u64) -> SubmitDesc {
         flags: 0,
         dtype: ElemType::F32 as u16,
         opcode: Opcode::AllReduce as u16,
-        reserved: [0; 8],
+        reduce: 0,
+        reserved: [0; 7],
     }
 }
 
@@ -69,7 +70,10 @@ fn descriptor(input: &mut Input<'_>, arena: u64) -> SubmitDesc {
         6 => d.flags = v as u32,
         7 => d.dtype = v as u16,
         8 => d.opcode = v as u16,
-        9 => d.reserved = v.to_le_bytes(),
+        9 => {
+            d.reduce = v as u8;
+            d.reserved.copy_from_slice(&v.to_le_bytes()[1..]);
+        }
         10 => {
             let mut w = [0u64; DESC_WORDS];
             w.iter_mut().for_each(|x| *x = input.u64());

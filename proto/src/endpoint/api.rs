@@ -7,6 +7,7 @@ use crate::priority::ClassifierConfig;
 use crate::rate::RateConfig;
 use crate::time::{Duration, Instant};
 use crate::transfer::TransferReport;
+pub use crate::wire::{DType, ReduceOp};
 use crate::wire::{FailReason, JobKey, PacketAuth, Phase};
 
 /// Identity of an op: matched across ranks by (job, run, `seq`, `tensor`).
@@ -64,15 +65,6 @@ pub enum Fill {
     Local,
 }
 
-/// The reduction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReduceOp {
-    /// Element-wise sum.
-    Sum,
-    /// Element-wise mean over the world size.
-    Average,
-}
-
 /// Per-op options (what the trainer asks for).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpOptions {
@@ -90,6 +82,23 @@ pub struct OpOptions {
     pub rescale: bool,
     /// The reduction.
     pub reduce: ReduceOp,
+    /// Element type: the input is rounded to it when the op starts (a no-op
+    /// for values of that type), the owner accumulates in `f32` and rounds
+    /// its shard once to it, and DATA carries it on the wire ([`crate::elem`]).
+    pub dtype: DType,
+    /// What [`ReduceOp::Average`] divides by: 0 for the world size (one
+    /// contribution per rank); a caller whose contribution is already the sum
+    /// of K local ones (a daemon with K trainers) passes world × K. Every
+    /// rank of an op must pass the same.
+    pub contributors: u32,
+}
+
+impl OpOptions {
+    /// What an average divides by: [`OpOptions::contributors`], or `world`
+    /// when it is 0.
+    pub fn divisor(&self, world: u32) -> f32 {
+        if self.contributors == 0 { world as f32 } else { self.contributors as f32 }
+    }
 }
 
 impl Default for OpOptions {
@@ -102,6 +111,8 @@ impl Default for OpOptions {
             fill: Fill::Zero,
             rescale: false,
             reduce: ReduceOp::Sum,
+            dtype: DType::F32,
+            contributors: 0,
         }
     }
 }

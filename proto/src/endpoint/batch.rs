@@ -13,9 +13,11 @@
 //! touched once, by the kernel's (or the NIC's) copy; the tag is computed
 //! over the same slices just before, while they are in cache.
 //!
-//! Payload elements are little-endian `f32`s on the wire: viewing an `f32`
-//! slice as its bytes is the wire form only on a little-endian host, which is
-//! why the crate does not build on a big-endian one.
+//! Payload elements are little-endian on the wire: viewing an `f32` slice as
+//! its bytes is the wire form only on a little-endian host, which is why the
+//! crate does not build on a big-endian one. An f16 or bf16 op sends from an
+//! encoded copy of its input and of its reduced shard, made once each
+//! (`allreduce::Op::payload`).
 
 use std::ops::Range;
 
@@ -213,7 +215,7 @@ fn view_entry<'a>(bytes: &'a [u8], ops: &'a OpTable, e: Entry, tag_len: usize) -
     let payload: &[u8] = match e.payload {
         Payload::Inline(n) => &bytes[e.off + wire::HEADER_LEN..e.off + wire::HEADER_LEN + n],
         Payload::Op { op, buffer, start, len } => match ops.by_key(op) {
-            Some(op) => bytemuck::cast_slice(&op.buffer(buffer)[start..start + len]),
+            Some(op) => op.payload(buffer, start, len),
             // Cannot happen: the view borrows the endpoint, no op ends meanwhile.
             None => &[],
         },

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use crate::bitmap::Bitmap;
 use crate::endpoint::api::OpId;
 use crate::time::{Duration, Instant};
-use crate::wire::{self, FailReason};
+use crate::wire::{self, DType, FailReason, ReduceOp};
 
 /// A completed op that still answers late PROBEs and BITMAPs.
 #[derive(Debug)]
@@ -22,6 +22,8 @@ pub(crate) struct Linger {
     pub own_chunks: u32,
     /// The agreed mask of this rank's shard (an all-gather DONE carries it).
     pub mask: Bitmap,
+    /// The op's element type and reduction, which its answers carry.
+    pub kind: (DType, ReduceOp),
 }
 
 /// A failed op that still tells its peers so (a failing DONE) when their
@@ -32,6 +34,8 @@ pub(crate) struct Failed {
     pub until: Instant,
     /// Why it failed, as the notice says.
     pub reason: FailReason,
+    /// The op's element type and reduction, which the notice carries.
+    pub kind: (DType, ReduceOp),
     /// The peers told so far and when last: at most one notice per peer per
     /// probe interval ([`History::notice_due`]).
     told: Vec<(u32, Instant)>,
@@ -40,7 +44,7 @@ pub(crate) struct Failed {
 impl Failed {
     /// Op failed for `reason`, remembered until `until`.
     pub(crate) fn new(until: Instant, reason: FailReason) -> Failed {
-        Failed { until, reason, told: Vec::new() }
+        Failed { until, reason, kind: Default::default(), told: Vec::new() }
     }
 }
 
@@ -97,6 +101,11 @@ impl History {
     /// Why op `id` failed here, while that is remembered.
     pub(crate) fn failure(&self, id: &OpId) -> Option<FailReason> {
         self.failed.get(id).map(|f| f.reason)
+    }
+
+    /// The element type and reduction of failed op `id`, if remembered.
+    pub(crate) fn failed_kind(&self, id: &OpId) -> Option<(DType, ReduceOp)> {
+        self.failed.get(id).map(|f| f.kind)
     }
 
     /// Op `id` failed at `now`: remembered as `f` (bounded by
@@ -322,7 +331,7 @@ mod tests {
     #[test]
     fn expiry_follows_the_order_of_deadlines() {
         let (mut h, t, ms) = (History::default(), Instant::ZERO, Duration::from_millis);
-        let linger = |until| Linger { until, own_chunks: 1, mask: Bitmap::new(1) };
+        let linger = |until| Linger { until, own_chunks: 1, mask: Bitmap::new(1), kind: Default::default() };
         h.completed(t, id(1), linger(t + ms(30)));
         h.completed(t, id(2), linger(t + ms(10)));
         h.buffer(t + ms(5), id(7), &[1, 2, 3], 1 << 20);

@@ -30,14 +30,16 @@
 //! ## Allreduce ("transpose" / colocated parameter server)
 //!
 //! A tensor of `L` elements is cut into `N` contiguous shards; rank `s` owns
-//! shard `s`. Each shard is cut into chunks of `chunk_bytes / 4` elements (one
-//! DATA packet each).
+//! shard `s`. Each shard is cut into chunks of `chunk_bytes / size` elements
+//! (one DATA packet each), `size` the bytes of the op's element type: 4 for
+//! f32, 2 for f16 and bf16 ([`OpOptions::dtype`]; wire version 6).
 //!
 //! 1. **Reduce-scatter**: every rank sends shard `s` of its input to rank `s`
 //!    (one *transfer* per (op, tensor, phase, sender)). The owner reduces the
 //!    contributions in rank order `0, 1, …, N−1`, filling a missing chunk with
 //!    zero or with its own value ([`Fill`]), optionally rescaling by
-//!    `N / delivered`.
+//!    `N / delivered`, dividing once for an average, and rounding once to the
+//!    op's element type (f16, bf16: accumulated in `f32`; [`crate::elem`]).
 //! 2. **All-gather**: the owner sends its reduced shard to every rank. Replicas
 //!    must not diverge, so the owner collects every receiver's bitmap, repairs
 //!    the union of what is missing until it fits the (stricter) gather budget,
@@ -82,7 +84,7 @@ use crate::pool::BufferPool;
 use crate::priority::ClassifierConfig;
 use crate::rate::{RateAdapter, RateConfig, SendTotals};
 use crate::time::Instant;
-use crate::wire::{self, DType, Header, KeyCache, PacketType, Phase, WireError};
+use crate::wire::{self, Header, KeyCache, PacketType, Phase, WireError};
 
 pub(crate) mod allreduce;
 pub(crate) mod api;
@@ -103,8 +105,8 @@ pub(crate) mod tx;
 pub use crate::stats::{PacketCount, RxDrops, Stats};
 pub use crate::transfer::{MAX_BUDGET_PPM, PROBE_COPIES, TransferReport, allowed_missing, select_repairs};
 pub use api::{
-    EndpointConfig, Event, Fill, Footprint, MISMATCH_REPORT_INTERVAL, Mismatch, OpError, OpId, OpOptions,
-    OpReport, ReduceOp, StartError, Timers,
+    DType, EndpointConfig, Event, Fill, Footprint, MISMATCH_REPORT_INTERVAL, Mismatch, OpError, OpId,
+    OpOptions, OpReport, ReduceOp, StartError, Timers,
 };
 pub use batch::{Datagram, TxBatch, TxView};
 pub use digest::settings_digest;
@@ -125,7 +127,6 @@ use tx::{TxItem, TxKind};
 pub struct Endpoint {
     /// Configuration, transmit queues, counters, estimators.
     sh: Shared,
-    chunk_elems: usize,
     ops: OpTable,
     /// Finished ops, and datagrams for ops not started yet.
     history: History,
@@ -169,7 +170,6 @@ impl Endpoint {
         let rate = cfg.rate_adapt.map(|r| RateAdapter::new(r, now, SendTotals::default()));
         Endpoint {
             rate,
-            chunk_elems: cfg.chunk_bytes / 4,
             ops: OpTable::default(),
             history: History::default(),
             pacer: Pacer::new(cfg.pacing_rate, cfg.pacing_burst, now),
@@ -185,6 +185,12 @@ impl Endpoint {
             keys: KeyCache::new(cfg.key.clone(), cfg.world),
             sh: Shared::new(cfg),
         }
+    }
+
+    /// Elements per chunk of an op of `dtype`: `chunk_bytes` of them (an f16
+    /// or bf16 chunk holds twice the elements of an f32 one).
+    pub fn chunk_elems(&self, dtype: DType) -> usize {
+        self.sh.cfg.chunk_bytes / dtype.size()
     }
 
     /// This rank.
@@ -354,7 +360,7 @@ impl Endpoint {
         if opts.layers == 0 || opts.layer >= opts.layers {
             return Err(StartError::BadLayer { layer: opts.layer, layers: opts.layers });
         }
-        let layout = Layout::new(data.len(), self.sh.cfg.world, self.chunk_elems);
+        let layout = Layout::new(data.len(), self.sh.cfg.world, self.chunk_elems(opts.dtype));
         if layout.too_large() {
             return Err(StartError::TooLarge);
         }
@@ -372,7 +378,7 @@ impl Endpoint {
     /// Start a validated op of the agreed run.
     fn start_now(&mut self, now: Instant, h: HeldOp) {
         let HeldOp { id, data, opts, .. } = h;
-        let layout = Layout::new(data.len(), self.sh.cfg.world, self.chunk_elems);
+        let layout = Layout::new(data.len(), self.sh.cfg.world, self.chunk_elems(opts.dtype));
         let key = OpKey::new(id, self.ops.vacant());
         let mut op = Op::start(now, key, layout, data, opts, &mut self.pool, &mut self.sh);
         op.reduce(key, &mut self.sh);
@@ -517,10 +523,6 @@ impl Endpoint {
             rejected.wrong_rank += 1;
             return;
         }
-        if h.dtype != DType::F32 && h.ty == PacketType::Data {
-            rejected.mismatch += 1;
-            return;
-        }
         if !self.settings_agree(now, &h, payload) {
             self.sh.stats.rejected.settings_mismatch += 1;
             return;
@@ -615,6 +617,7 @@ impl Endpoint {
             until: now + self.sh.cfg.timers.linger,
             own_chunks: report.own_chunks,
             mask: report.own_mask.clone(),
+            kind: op.kind(),
         };
         self.history.completed(now, id, linger);
         let result = op.take_result();
@@ -649,10 +652,13 @@ impl Endpoint {
 
     fn fail(&mut self, id: OpId, error: OpError) {
         if let Some(op) = self.ops.remove(&id) {
+            let kind = op.kind();
             self.release(op);
             self.sh.stats.ops_failed += 1;
             let until = self.now + self.sh.cfg.timers.linger;
-            self.history.failed(self.now, id, Failed::new(until, error.fail_reason()));
+            let mut failed = Failed::new(until, error.fail_reason());
+            failed.kind = kind;
+            self.history.failed(self.now, id, failed);
             self.events.push_back(Event::OpFailed { id, error });
         }
     }
@@ -827,7 +833,7 @@ impl Endpoint {
                 self.park(qi, item.peer, now);
                 continue;
             }
-            let len = op.chunk_len(item.phase, item.peer, chunk, self.sh.me()) * 4 + wire::OVERHEAD;
+            let len = op.chunk_bytes(item.phase, item.peer, chunk, self.sh.me()) + wire::OVERHEAD;
             if !self.pacer.try_consume(now, len) {
                 return false;
             }

@@ -281,15 +281,16 @@ impl Receiver {
         if self.got.is_full() { 1 } else { Bitmap::segment_count(self.n, seg_bytes) }
     }
 
-    /// Check a DATA chunk of `payload_len` bytes, for a chunk of `chunk_elems`
-    /// elements, against the transfer, and mark it arrived.
+    /// Check a DATA chunk of `payload_len` bytes, for a chunk of `chunk_bytes`
+    /// bytes (its elements times the op's element size), against the
+    /// transfer, and mark it arrived.
     pub(crate) fn admit(
         &mut self,
         h: &Header,
         payload_len: usize,
-        chunk_elems: usize,
+        chunk_bytes: usize,
     ) -> Result<(), Refused> {
-        if h.chunk_count != self.n || h.chunk_index >= self.n || payload_len != chunk_elems * 4 {
+        if h.chunk_count != self.n || h.chunk_index >= self.n || payload_len != chunk_bytes {
             return Err(Refused::Mismatch);
         }
         if self.closed_at.is_some() {

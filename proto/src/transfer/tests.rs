@@ -62,7 +62,7 @@ fn probe(last: u32, n: u32, seq: u32, required: u32, budget_ppm: u32) -> Header 
 
 /// Chunk `i` arrives at `now` (first pass unless `flags` says otherwise).
 fn arrive(r: &mut Receiver, h: &Header, now: Instant) -> Arrived {
-    r.admit(h, ELEMS * 4, ELEMS).unwrap();
+    r.admit(h, ELEMS * 4, ELEMS * 4).unwrap();
     r.on_data(h, now, &est(), retry().rto).then
 }
 
@@ -117,15 +117,18 @@ fn select_repairs_takes_required_then_highest_class_until_within_budget() {
 fn admission_refuses_misfits_duplicates_and_late_chunks() {
     let mut r = Receiver::new(4, vec![0.0; 4 * ELEMS], Mode::Own);
     let h = data(0, 4, 0, 0, Flags::default());
-    assert_eq!(r.admit(&h, ELEMS * 4, ELEMS), Ok(()));
-    assert_eq!(r.admit(&h, ELEMS * 4, ELEMS), Err(Refused::Duplicate));
-    assert_eq!(r.admit(&data(4, 4, 0, 0, Flags::default()), ELEMS * 4, ELEMS), Err(Refused::Mismatch));
-    assert_eq!(r.admit(&data(1, 5, 0, 0, Flags::default()), ELEMS * 4, ELEMS), Err(Refused::Mismatch));
-    assert_eq!(r.admit(&data(1, 4, 0, 0, Flags::default()), ELEMS * 4 - 4, ELEMS), Err(Refused::Mismatch));
+    assert_eq!(r.admit(&h, ELEMS * 4, ELEMS * 4), Ok(()));
+    assert_eq!(r.admit(&h, ELEMS * 4, ELEMS * 4), Err(Refused::Duplicate));
+    assert_eq!(r.admit(&data(4, 4, 0, 0, Flags::default()), ELEMS * 4, ELEMS * 4), Err(Refused::Mismatch));
+    assert_eq!(r.admit(&data(1, 5, 0, 0, Flags::default()), ELEMS * 4, ELEMS * 4), Err(Refused::Mismatch));
+    assert_eq!(
+        r.admit(&data(1, 4, 0, 0, Flags::default()), ELEMS * 4 - 4, ELEMS * 4),
+        Err(Refused::Mismatch)
+    );
     assert_eq!(r.got().count_ones(), 1);
     assert!(r.close(at(5), false).is_some_and(|c| c.incomplete));
     assert!(r.close(at(6), false).is_none(), "closes once");
-    assert_eq!(r.admit(&data(1, 4, 0, 0, Flags::default()), ELEMS * 4, ELEMS), Err(Refused::Late));
+    assert_eq!(r.admit(&data(1, 4, 0, 0, Flags::default()), ELEMS * 4, ELEMS * 4), Err(Refused::Late));
     // A PROBE of another size, and a second copy of one already acted on.
     assert_eq!(r.on_probe(&probe(3, 5, 1, 0, 0), at(7), us(0), &est(), None), Err(Refused::Mismatch));
     assert!(r.on_probe(&probe(3, 4, 1, 0, 0), at(7), us(0), &est(), None).is_ok());
@@ -343,7 +346,7 @@ fn after_a_probe_the_receiver_waits_for_the_chunk_it_overtook() {
         assert_eq!(p.answer, Answer::Nothing, "{mode:?}: settle first");
         assert!(r.timers().any(|t| t == at(120)), "{mode:?}: grace armed");
         arrive(&mut r, &data(2, n, 0, 0, Flags::default()), at(30));
-        r.admit(&data(3, n, 0, 0, Flags::default()), ELEMS * 4, ELEMS).unwrap();
+        r.admit(&data(3, n, 0, 0, Flags::default()), ELEMS * 4, ELEMS * 4).unwrap();
         let got = r.on_data(&data(3, n, 0, 0, Flags::default()), at(45), &est(), retry().rto);
         assert_eq!(got.overtake, Some(us(25)), "{mode:?}: the PROBE overtook chunk 3 by 25 µs");
         // The awaited chunk landed: the answer is due now, not at the grace's end.

@@ -58,6 +58,13 @@ pub enum WireError {
     /// Unknown element type.
     #[error("unknown dtype {0}")]
     UnknownDType(u8),
+    /// Unknown reduction (the low four bits of `kind`, version 6).
+    #[error("unknown reduce op {0}")]
+    UnknownReduceOp(u8),
+    /// A collective this version does not define (the high four bits of
+    /// `kind`, version 6: only 0, allreduce).
+    #[error("unknown collective {0}")]
+    UnknownCollective(u8),
     /// Reserved bytes were not zero.
     #[error("reserved bytes are not zero")]
     ReservedNonZero,

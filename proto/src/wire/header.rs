@@ -9,7 +9,7 @@ use crate::wire::layout::{HEADER_LEN, MAGIC, PPM, VERSION, field};
 use crate::wire::mac::SenderId;
 use crate::wire::packet::Packet;
 use crate::wire::settings::SETTINGS_LEN;
-use crate::wire::types::{DType, Flags, PacketType, Phase};
+use crate::wire::types::{Collective, DType, Flags, PacketType, Phase, ReduceOp};
 
 /// A parsed, validated header (the "representation", in smoltcp's terms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -22,8 +22,13 @@ pub struct Header {
     pub class: Class,
     /// Phase.
     pub phase: Phase,
-    /// Element type.
+    /// Element type: of DATA payloads, and of the op every op packet
+    /// belongs to (version 6); [`DType::F32`] on HELLO, GRANT and GOODBYE.
     pub dtype: DType,
+    /// The op's reduction (version 6); [`ReduceOp::Sum`] on HELLO, GRANT and GOODBYE.
+    pub reduce: ReduceOp,
+    /// The op's collective (version 6: allreduce only).
+    pub collective: Collective,
     /// Job id.
     pub job: u32,
     /// Sender rank.
@@ -68,6 +73,8 @@ impl Header {
             class,
             phase,
             dtype: DType::F32,
+            reduce: ReduceOp::Sum,
+            collective: Collective::Allreduce,
             job: 0,
             src: 0,
             dst: 0,
@@ -96,15 +103,16 @@ impl Header {
         let class = Class::new(p.raw_class()).ok_or(WireError::BadClass(p.raw_class()))?;
         let phase = Phase::from_u8(p.raw_phase())?;
         let dtype = DType::from_u8(p.raw_dtype())?;
-        if p.reserved().iter().any(|&b| b != 0) {
-            return Err(WireError::ReservedNonZero);
-        }
+        let collective = Collective::from_u8(p.raw_kind() >> 4)?;
+        let reduce = ReduceOp::from_u8(p.raw_kind() & 0x0F)?;
         let h = Header {
             ty,
             flags,
             class,
             phase,
             dtype,
+            reduce,
+            collective,
             job: p.job(),
             src: p.src(),
             dst: p.dst(),
@@ -140,6 +148,13 @@ impl Header {
         let phaseless = self.ty.is_phaseless();
         if phaseless && self.run != 0 {
             return Err(WireError::BadField("run"));
+        }
+        // A packet about no op names no element type or reduction (version 6).
+        if phaseless && self.dtype != DType::F32 {
+            return Err(WireError::BadField("dtype"));
+        }
+        if phaseless && (self.reduce != ReduceOp::Sum || self.collective != Collective::Allreduce) {
+            return Err(WireError::BadField("kind"));
         }
         match (phaseless, self.phase) {
             (true, Phase::None) => {}
@@ -268,7 +283,7 @@ impl Header {
         buf[field::SEQ].copy_from_slice(&self.seq.to_be_bytes());
         buf[field::PAYLOAD_LEN].copy_from_slice(&self.payload_len.to_be_bytes());
         buf[field::AUTH] = self.auth as u8;
-        buf[field::RESERVED].fill(0);
+        buf[field::KIND] = (self.collective as u8) << 4 | self.reduce as u8;
         buf[field::SESSION].copy_from_slice(&self.session.to_be_bytes());
         buf[field::PACKET].copy_from_slice(&self.packet.to_be_bytes());
         Ok(())

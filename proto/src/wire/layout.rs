@@ -5,7 +5,7 @@
 /// `0xD1C9`, the first two bytes of every dlcp datagram.
 pub const MAGIC: u16 = 0xD1C9;
 /// Wire version this crate speaks.
-pub const VERSION: u8 = 5;
+pub const VERSION: u8 = 6;
 /// Length of the fixed header (a multiple of 16: one GCM block of plaintext per 16 bytes).
 pub const HEADER_LEN: usize = 80;
 /// Length of the authentication tag (absent under `packet_auth = "none"`).
@@ -34,7 +34,7 @@ pub(crate) mod field {
     pub const JOB: Range<usize> = 8..12;
     pub const PAYLOAD_LEN: Range<usize> = 12..14;
     pub const AUTH: usize = 14;
-    pub const RESERVED: Range<usize> = 15..16;
+    pub const KIND: usize = 15;
     pub const SRC: Range<usize> = 16..20;
     pub const DST: Range<usize> = 20..24;
     pub const OP: Range<usize> = 24..32;

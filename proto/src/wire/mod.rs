@@ -10,21 +10,21 @@
 //! job, the sender's session, the run, op, tensor, phase and chunk
 //! it belongs to.
 //!
-//! ## Header layout (version 5)
+//! ## Header layout (version 6)
 //!
 //! | offset | size | field          | meaning                                                             |
 //! |-------:|-----:|----------------|---------------------------------------------------------------------|
 //! | 0      | 2    | `magic`        | `0xD1C9`                                                            |
-//! | 2      | 1    | `version`      | `5`                                                                 |
+//! | 2      | 1    | `version`      | `6`                                                                 |
 //! | 3      | 1    | `type`         | 1 DATA, 2 PROBE, 3 BITMAP, 4 DONE, 5 HELLO, 6 GRANT, 7 GOODBYE      |
 //! | 4      | 1    | `flags`        | bit 0 REPAIR, bit 1 COMPLETE, bit 2 MASK_EMPTY, bit 3 REQUIRED, bit 4 REQUEST, bit 5 BACKLOG, bit 6 FAILED; bit 7 0 |
 //! | 5      | 1    | `class`        | priority class 0–7 (7 = control)                                    |
 //! | 6      | 1    | `phase`        | 0 none (HELLO, GRANT, GOODBYE), 1 reduce-scatter, 2 all-gather      |
-//! | 7      | 1    | `dtype`        | 0 f32, 1 f16, 2 bf16 (element type of DATA payloads; any known value on control packets) |
+//! | 7      | 1    | `dtype`        | 0 f32, 1 f16, 2 bf16: the op's element type, and so of DATA payloads (version 6: every op packet carries its op's; 0 on HELLO, GRANT, GOODBYE) |
 //! | 8      | 4    | `job`          | job id                                                              |
 //! | 12     | 2    | `payload_len`  | bytes of payload that follow the header                             |
 //! | 14     | 1    | `auth`         | packet authentication: 0 none (no tag), 1 AES-128-GMAC (16-byte tag) |
-//! | 15     | 1    | reserved       | must be zero                                                        |
+//! | 15     | 1    | `kind`         | version 6: bits 0–3 the op's reduction ([`ReduceOp`]: 0 sum, 1 average), bits 4–7 its collective ([`Collective`]: 0 allreduce; 1–15 left to later versions and refused); 0 on HELLO, GRANT, GOODBYE (versions 4–5: reserved, zero) |
 //! | 16     | 4    | `src`          | sender rank                                                         |
 //! | 20     | 4    | `dst`          | destination rank                                                    |
 //! | 24     | 8    | `op`           | op sequence number                                                  |
@@ -44,13 +44,18 @@
 //!
 //! | version | what changed | why |
 //! |--------:|--------------|-----|
+//! | 6 | the `dtype` byte is meaningful: f16 and bf16 ops are reduced (elements of 2 bytes, so a chunk holds twice the elements of an f32 one); byte 15, reserved before, is `kind`: the op's reduction (sum, average) in its low four bits and its collective (0 allreduce, the only one defined) in its high four; every op packet carries its op's dtype and kind, HELLO, GRANT and GOODBYE carry 0 in both; a packet of an op (DATA or control) with another dtype or reduction than the op has at its receiver is refused and counted (`op_kind_mismatch`); the key schedule names version 6 | issue 18: allreduce of bfloat16 and float16 gradients, averaged by the daemon. Each owner accumulates its shard in f32 and rounds once to the op's dtype (after the division, for average) before the all-gather, which carries the rounded values, so every rank holds the same bytes; a rank whose op disagreed about the dtype or the reduction would otherwise read another rank's payload in the wrong format or divide a different shard differently, silently. The collective nibble is where broadcast, allgather, reduce-scatter and barrier go, without another layout change |
 //! | 5 | DONE flag FAILED (bit 6): "the sender failed this op", its payload a one-byte reason code ([`FailReason`]: timeout, deadline, peer left, peer incompatible, peer failed, other; unknown codes read as other); the key schedule names version 5 ([`KEY_SALT`], [`KEY_INFO`]); header layout unchanged | a rank that failed an op (hard timeout, op deadline, a peer that left) dropped the op's later packets as stale and the other ranks learnt nothing: they probed it at the capped backoff until their own hard timeout (fuzz finding 3: 7,782 PROBEs in 200 ms). Now it answers a PROBE, BITMAP or DATA of the op with a failing DONE, and the prober fails the op at once, naming it |
 //! | 4 | op identity: no generation in the header, `run` at 56, GOODBYE, a 56-byte HELLO (below) | issue 15: incarnations and runs agreed, not wall-clock |
 //! | 3 | flow control: GRANT, BACKLOG, `dseq`, a PROBE's DATA count (below) | issue 16 |
 //!
-//! Version 4 datagrams (a HELLO included) are refused as
-//! `UnsupportedVersion(4)`, and the endpoint reports such a peer as
-//! incompatible, naming both versions.
+//! Version 5 datagrams (a HELLO included) are refused as
+//! `UnsupportedVersion(5)`, and the endpoint reports such a peer as
+//! incompatible, naming both versions; so are versions 1–4.
+//!
+//! Version 5 differed from version 6 by: the `dtype` byte reserved for
+//! f16/bf16 but only f32 reduced (a DATA of another dtype was dropped), byte
+//! 15 reserved (zero), and its key schedule's version 5 strings.
 //!
 //! Version 4 differed from version 3 by op identity (issue 15): the sender's
 //! wall-clock `generation` (offset 12 in versions 2–3) is gone — an
@@ -71,8 +76,9 @@
 //! of any version is recognised, attributed to its sender ([`peek_src`]) and
 //! refused with [`WireError::UnsupportedVersion`].
 //!
-//! Payload elements are little-endian IEEE 754 (the byte order of every host dlcp
-//! targets, so a receive is a plain copy); header fields are big-endian.
+//! Payload elements are little-endian IEEE 754 binary32 or binary16, or
+//! bfloat16 (the byte order of every host dlcp targets, so an f32 receive is a
+//! plain copy); header fields are big-endian.
 //!
 //! Decoding never panics and never allocates: [`Packet::new_checked`] validates
 //! lengths and the fixed fields, [`Packet::verify`] the tag, and [`Header::parse`]
@@ -92,7 +98,7 @@
 //! 3. the tag ([`WireError::BadTag`]), with the key of the sender the header
 //!    names: nothing past this point is looked at unless the sender holds the
 //!    job secret;
-//! 4. fields: type, flag bits, class, phase, dtype, reserved bytes, then the
+//! 4. fields: type, flag bits, class, phase, dtype, `kind` (collective, then reduction), then the
 //!    per-type rules of [`Header::check`] (the same rules [`Header::emit`]
 //!    enforces), then a HELLO's [`Settings`] (known values, zero reserved
 //!    bytes, the header's version and `auth`).
@@ -106,6 +112,7 @@
 //! - `src != dst`; `budget_ppm ≤ 1 000 000`;
 //! - class 7 exactly for control packets, 0–6 for DATA;
 //! - phase 0 and run 0 exactly for HELLO, GRANT and GOODBYE, phase 1 or 2 for every other type;
+//! - dtype 0 (f32) and `kind` 0 on HELLO, GRANT and GOODBYE (`BadField("dtype")`, `BadField("kind")`);
 //! - flags: DATA may carry REPAIR, REQUIRED and BACKLOG, BITMAP COMPLETE, DONE MASK_EMPTY or FAILED (not both),
 //!   GRANT REQUEST, PROBE, HELLO and GOODBYE none;
 //! - every type but HELLO, GRANT and GOODBYE: `chunk_count ≥ 1`, `required ≤ chunk_count`;
@@ -130,12 +137,12 @@
 //!
 //! ## How the format is pinned
 //!
-//! - `proto/tests/wire_golden.rs` + `proto/tests/golden/v5/*.hex`: exact bytes
-//!   for every packet type and flag and both `auth` modes, generated
-//!   independently of this encoder (`golden/v5/gen.py`: Python's `cryptography`
-//!   HKDF and AES-GCM) and one header written out by hand;
-//!   `golden/v1/` to `golden/v4/`, the older versions' vectors, are refused
-//!   with `UnsupportedVersion(1)` to `(4)`;
+//! - `proto/tests/wire_golden.rs` + `proto/tests/golden/v6/*.hex`: exact bytes
+//!   for every packet type and flag, every dtype and reduction and both
+//!   `auth` modes, generated independently of this encoder
+//!   (`golden/v6/gen.py`: Python's `cryptography` HKDF and AES-GCM) and two
+//!   headers written out by hand; `golden/v1/` to `golden/v5/`, the older
+//!   versions' vectors, are refused with `UnsupportedVersion(1)` to `(5)`;
 //! - `proto/tests/wire_bitflip.rs`: every single-bit flip is rejected;
 //! - `proto/tests/wire_errors.rs`: the input that produces each [`WireError`];
 //! - `proto/tests/wire_proptest.rs`: round trip and never-panic properties;
@@ -206,7 +213,7 @@ pub use layout::{HEADER_LEN, MAGIC, MAX_PAYLOAD, OVERHEAD, PPM, TAG_LEN, VERSION
 pub use mac::{JobKey, KEY_INFO, KEY_SALT, MacKey, SenderId};
 pub use packet::Packet;
 pub use settings::{RUN_FRESH, SETTINGS_LEN, Settings};
-pub use types::{DType, Flags, PacketType, Phase};
+pub use types::{Collective, DType, Flags, PacketType, Phase, ReduceOp};
 
 #[cfg(test)]
 mod tests {

@@ -125,9 +125,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn auth(&self) -> PacketAuth {
         PacketAuth::from_u8(self.b()[field::AUTH]).unwrap_or_default()
     }
-    /// Reserved bytes.
-    pub fn reserved(&self) -> &[u8] {
-        &self.b()[field::RESERVED]
+    /// Raw `kind` byte (version 6): collective in the high four bits, reduction in the low four.
+    pub fn raw_kind(&self) -> u8 {
+        self.b()[field::KIND]
     }
     /// The sender's session (random per endpoint incarnation).
     pub fn session(&self) -> u64 {

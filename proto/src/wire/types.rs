@@ -90,14 +90,16 @@ impl Phase {
 }
 
 /// Element type of DATA payloads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(u8)]
 pub enum DType {
     /// IEEE 754 binary32.
+    #[default]
     F32 = 0,
-    /// IEEE 754 binary16 (reserved on the wire; reduction not implemented yet).
+    /// IEEE 754 binary16 (version 6: reduced with `f32` accumulation,
+    /// rounded once to nearest even; [`crate::elem`]).
     F16 = 1,
-    /// bfloat16 (reserved on the wire; reduction not implemented yet).
+    /// bfloat16, the upper half of a binary32 (version 6: as [`DType::F16`]).
     Bf16 = 2,
 }
 
@@ -112,11 +114,82 @@ impl DType {
         })
     }
 
+    /// Every element type, in wire-value order.
+    pub const ALL: [DType; 3] = [DType::F32, DType::F16, DType::Bf16];
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::Bf16 => 2,
+        }
+    }
+
+    /// Lower-case name (`f32`, `f16`, `bf16`), as configuration and command
+    /// lines spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::Bf16 => "bf16",
+        }
+    }
+}
+
+/// The reduction an op applies (version 6: the low four bits of header byte
+/// 15, `kind`). Every datagram of an op carries it; a packet whose reduction
+/// (or dtype) is not its op's is refused and counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum ReduceOp {
+    /// Element-wise sum.
+    #[default]
+    Sum = 0,
+    /// Element-wise mean: each owner divides its reduced shard once, before
+    /// the one rounding to the op's dtype.
+    Average = 1,
+}
+
+impl ReduceOp {
+    /// Every reduction, in wire-value order.
+    pub const ALL: [ReduceOp; 2] = [ReduceOp::Sum, ReduceOp::Average];
+
+    /// Parse the wire value (the low four bits of `kind`).
+    pub fn from_u8(v: u8) -> Result<ReduceOp, WireError> {
+        Ok(match v {
+            0 => ReduceOp::Sum,
+            1 => ReduceOp::Average,
+            _ => return Err(WireError::UnknownReduceOp(v)),
+        })
+    }
+
+    /// Lower-case name (`sum`, `average`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Average => "average",
+        }
+    }
+}
+
+/// The collective an op is (version 6: the high four bits of header byte 15,
+/// `kind`). Version 6 defines allreduce only; the other values are where a
+/// later version puts broadcast, allgather, reduce-scatter and barrier, and
+/// version 6 refuses them ([`WireError::UnknownCollective`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum Collective {
+    /// Reduce-scatter then all-gather of the reduced shards.
+    #[default]
+    Allreduce = 0,
+}
+
+impl Collective {
+    /// Parse the wire value (the high four bits of `kind`).
+    pub fn from_u8(v: u8) -> Result<Collective, WireError> {
+        match v {
+            0 => Ok(Collective::Allreduce),
+            _ => Err(WireError::UnknownCollective(v)),
         }
     }
 }

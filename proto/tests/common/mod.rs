@@ -6,6 +6,7 @@ use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::rc::Rc;
 
+use dlcp_proto::elem;
 use dlcp_proto::endpoint::{
     Endpoint, EndpointConfig, Event, Fill, OpError, OpId, OpOptions, OpReport, ReduceOp, Timers,
 };
@@ -218,16 +219,21 @@ impl Cluster {
 }
 
 /// The value every rank must hold, recomputed from the inputs, the owners'
-/// delivery bitmaps and masks, and the fill rule — summed in rank order.
+/// delivery bitmaps and masks, and the fill rule — summed in rank order, in
+/// `f32`, from the inputs rounded to `opts.dtype`, and the sum (divided for
+/// an average) rounded once to it.
 pub fn expected(inputs: &[Vec<f32>], reports: &[&OpReport], opts: OpOptions) -> Vec<f32> {
     let world = inputs.len() as u32;
     let len = inputs[0].len();
+    let inputs: Vec<Vec<f32>> =
+        inputs.iter().map(|x| x.iter().map(|&v| elem::round(opts.dtype, v)).collect()).collect();
+    let chunk_elems = CHUNK_BYTES / opts.dtype.size();
     let mut out = vec![0.0f32; len];
     for s in 0..world {
         let sh = shard(len, world, s);
         let rep = reports[s as usize];
-        for (c, chunk) in sh.clone().step_by(CHUNK_ELEMS).enumerate() {
-            let end = (chunk + CHUNK_ELEMS).min(sh.end);
+        for (c, chunk) in sh.clone().step_by(chunk_elems).enumerate() {
+            let end = (chunk + chunk_elems).min(sh.end);
             let present = |j: u32| {
                 j == s || rep.scatter.iter().find(|t| t.peer == j).is_some_and(|t| t.delivered.get(c as u32))
             };
@@ -251,16 +257,80 @@ pub fn expected(inputs: &[Vec<f32>], reports: &[&OpReport], opts: OpOptions) -> 
                     acc *= world as f32 / delivered as f32;
                 }
                 if opts.reduce == ReduceOp::Average {
-                    acc /= world as f32;
+                    acc /= if opts.contributors == 0 { world as f32 } else { opts.contributors as f32 };
                 }
                 if rep.own_mask.get(c as u32) {
                     acc = 0.0;
                 }
-                out[e] = acc;
+                out[e] = elem::round(opts.dtype, acc);
             }
         }
     }
     out
+}
+
+/// Checks shared by the lossy tests: within budget per (tensor, phase, sender),
+/// every REQUIRED chunk the sender sent arrived before close, reported bitmaps
+/// equal the simulator's delivery log up to the close, results equal the value
+/// recomputed from inputs, bitmaps and fill rule, and all ranks are identical.
+pub fn check_lossy(
+    c: &Cluster,
+    id: OpId,
+    x: &[Vec<f32>],
+    o: dlcp_proto::endpoint::OpOptions,
+    res: &[(Vec<f32>, dlcp_proto::endpoint::OpReport)],
+) {
+    use dlcp_proto::wire::Phase;
+    let world = c.world;
+    let log = c.sim.log();
+    let trace = c.trace.borrow();
+    for (r, (_, rep)) in res.iter().enumerate() {
+        let r = r as u32;
+        for t in rep.scatter.iter().chain(&rep.gather) {
+            let budget = if t.phase == Phase::Scatter { o.budget_ppm } else { o.gather_budget_ppm };
+            let min = 1.0 - f64::from(budget) / 1e6;
+            assert!(
+                t.delivered_fraction() >= min - 1e-12,
+                "rank {r} {:?} from {}: delivered {} < {min}",
+                t.phase,
+                t.peer,
+                t.delivered_fraction()
+            );
+            // The report's bitmap is exactly what the network delivered before close.
+            let logged: Vec<u32> = log
+                .transfer(r, id.seq, id.tensor, t.phase, t.peer)
+                .filter(|&(_, at)| at <= t.closed_at)
+                .map(|(c, _)| c)
+                .collect();
+            let reported: Vec<u32> = t.delivered.iter_ones().collect();
+            assert_eq!(
+                reported, logged,
+                "rank {r} {:?} from {}: bitmap differs from the delivery log",
+                t.phase, t.peer
+            );
+            // Every chunk sent as non-droppable arrived (scatter) or is unmasked (gather).
+            for (dst, key) in trace.required_sent.iter() {
+                if *dst == r
+                    && key.op == id.seq
+                    && key.tensor == id.tensor
+                    && key.phase == t.phase
+                    && key.src == t.peer
+                {
+                    assert!(t.delivered.get(key.chunk), "rank {r}: required chunk {key:?} missing");
+                    if let Some(m) = &t.mask {
+                        assert!(!m.get(key.chunk), "rank {r}: required chunk {key:?} masked");
+                    }
+                }
+            }
+        }
+    }
+    let reports: Vec<_> = res.iter().map(|(_, rep)| rep).collect();
+    let want = bits(&expected(x, &reports, o));
+    for (r, (v, _)) in res.iter().enumerate() {
+        assert!(bits(v) == want, "rank {r}: result differs from the recomputed value");
+    }
+    assert_identical(res);
+    assert_eq!(world as usize, res.len());
 }
 
 /// Plain reference: the exact sum in rank order (what loss 0 must give).

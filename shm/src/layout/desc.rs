@@ -23,6 +23,11 @@ const _: () = assert!(size_of::<CompletionDesc>() == DESC_SIZE as usize);
 pub enum ElemType {
     /// IEEE 754 binary32.
     F32 = 1,
+    /// IEEE 754 binary16: reduced with `f32` accumulation, the result
+    /// rounded once (to nearest even) to binary16.
+    F16 = 2,
+    /// bfloat16 (the upper half of a binary32): as [`ElemType::F16`].
+    Bf16 = 3,
 }
 
 impl ElemType {
@@ -30,6 +35,8 @@ impl ElemType {
     pub fn from_raw(raw: u16) -> Option<ElemType> {
         match raw {
             1 => Some(ElemType::F32),
+            2 => Some(ElemType::F16),
+            3 => Some(ElemType::Bf16),
             _ => None,
         }
     }
@@ -38,6 +45,32 @@ impl ElemType {
     pub fn size(self) -> u64 {
         match self {
             ElemType::F32 => 4,
+            ElemType::F16 | ElemType::Bf16 => 2,
+        }
+    }
+}
+
+/// The reduction a submission asks for. Raw value in [`SubmitDesc::reduce`]
+/// (0, what every earlier client wrote in that reserved byte, is the sum).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum Reduce {
+    /// Element-wise sum over every trainer of the job.
+    #[default]
+    Sum = 0,
+    /// Element-wise mean over every trainer of the job: the daemons divide
+    /// once, before the one rounding to the tensor's type (the trainer does
+    /// not divide).
+    Average = 1,
+}
+
+impl Reduce {
+    /// The reduction for a raw descriptor value, if known.
+    pub fn from_raw(raw: u8) -> Option<Reduce> {
+        match raw {
+            0 => Some(Reduce::Sum),
+            1 => Some(Reduce::Average),
+            _ => None,
         }
     }
 }
@@ -80,9 +113,10 @@ pub const KNOWN_FLAGS: u32 = FLAG_RESCALE | FLAG_FILL_LOCAL;
 /// | 40     | 4    | `layers`       |
 /// | 44     | 4    | `budget_ppm`   |
 /// | 48     | 4    | `flags`        |
-/// | 52     | 2    | `dtype`        |
+/// | 52     | 2    | `dtype` ([`ElemType`]: 1 f32, 2 f16, 3 bf16) |
 /// | 54     | 2    | `opcode`       |
-/// | 56     | 8    | `reserved` (must be zero) |
+/// | 56     | 1    | `reduce` ([`Reduce`]: 0 sum, 1 average) |
+/// | 57     | 7    | `reserved` (must be zero) |
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SubmitDesc {
@@ -108,8 +142,10 @@ pub struct SubmitDesc {
     pub dtype: u16,
     /// Raw [`Opcode`].
     pub opcode: u16,
+    /// Raw [`Reduce`] (a reserved zero byte before: 0 is the sum).
+    pub reduce: u8,
     /// Must be zero (room for later fields).
-    pub reserved: [u8; 8],
+    pub reserved: [u8; 7],
 }
 
 /// A completion descriptor (daemon → trainer), 64 bytes.
@@ -206,6 +242,7 @@ desc_codec!(SubmitDesc {
     flags: u32,
     dtype: u16,
     opcode: u16,
+    reduce: u8,
 });
 
 desc_codec!(CompletionDesc {
@@ -280,7 +317,8 @@ pub(crate) mod tests {
             flags: FLAG_RESCALE,
             dtype: ElemType::F32 as u16,
             opcode: Opcode::AllReduce as u16,
-            reserved: [0; 8],
+            reduce: Reduce::Sum as u8,
+            reserved: [0; 7],
         }
     }
 
@@ -297,7 +335,8 @@ pub(crate) mod tests {
         assert_eq!(offset_of!(SubmitDesc, flags), 48);
         assert_eq!(offset_of!(SubmitDesc, dtype), 52);
         assert_eq!(offset_of!(SubmitDesc, opcode), 54);
-        assert_eq!(offset_of!(SubmitDesc, reserved), 56);
+        assert_eq!(offset_of!(SubmitDesc, reduce), 56);
+        assert_eq!(offset_of!(SubmitDesc, reserved), 57);
         assert_eq!(offset_of!(CompletionDesc, cookie), 0);
         assert_eq!(offset_of!(CompletionDesc, op_seq), 8);
         assert_eq!(offset_of!(CompletionDesc, duration_ns), 16);
@@ -311,7 +350,7 @@ pub(crate) mod tests {
 
     #[test]
     fn descriptors_round_trip_through_words() {
-        let d = SubmitDesc { reserved: [1, 2, 3, 4, 5, 6, 7, 8], ..good() };
+        let d = SubmitDesc { reduce: 1, reserved: [2, 3, 4, 5, 6, 7, 8], ..good() };
         assert_eq!(SubmitDesc::from_words(d.to_words()), d);
         // The first word is op_seq in native order: the layout is the repr(C) one.
         assert_eq!(d.to_words()[0], 7);

@@ -5,7 +5,7 @@
 
 use thiserror::Error;
 
-use super::desc::{ElemType, KNOWN_FLAGS, Opcode, SubmitDesc};
+use super::desc::{ElemType, KNOWN_FLAGS, Opcode, Reduce, SubmitDesc};
 use super::segment::ARENA_ALIGN;
 
 /// Per-daemon bounds a submission must respect beyond the arena itself.
@@ -45,8 +45,11 @@ pub enum DescError {
     #[error("opcode: unknown opcode {0}")]
     UnknownOpcode(u16),
     /// Unknown dtype.
-    #[error("dtype: unknown dtype {0}")]
+    #[error("dtype: unknown dtype {0} (1 f32, 2 f16, 3 bf16)")]
     UnknownDtype(u16),
+    /// Unknown reduction.
+    #[error("reduce: unknown reduction {0} (0 sum, 1 average)")]
+    UnknownReduce(u8),
     /// A flag bit this version does not know.
     #[error("flags: unknown flag bits {0:#x}")]
     UnknownFlags(u32),
@@ -138,14 +141,27 @@ impl DescError {
             DescError::LayerOutOfRange { .. } => 11,
             DescError::BudgetOutOfRange { .. } => 12,
             DescError::TensorTooLarge { .. } => 13,
+            DescError::UnknownReduce(_) => 14,
         }
     }
 
     /// Number of distinct codes (codes are `1..=COUNT`).
-    pub const COUNT: usize = 13;
+    pub const COUNT: usize = 14;
 }
 
-/// A byte range of the arena that passed validation: `offset + len_elems * 4 <= arena_size`.
+/// A tensor range that is not inside the arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error("{len_elems} elements at arena offset {offset} lie outside the {arena_size}-byte arena")]
+pub struct ArenaError {
+    /// Offset asked for.
+    pub offset: u64,
+    /// Length asked for.
+    pub len_elems: u64,
+    /// Arena size.
+    pub arena_size: u64,
+}
+
+/// A byte range of the arena that passed validation: `offset + len_elems * dtype size <= arena_size`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArenaSpan {
     /// Byte offset from the start of the arena.
@@ -184,17 +200,20 @@ pub struct Submission {
     pub budget_ppm: u32,
     /// Known flag bits only.
     pub flags: u32,
+    /// The reduction.
+    pub reduce: Reduce,
 }
 
 impl SubmitDesc {
     /// Checks a descriptor that was already copied out of shared memory against the
     /// arena size and the limits. Checks run in [`DescError`] variant order.
     pub fn validate(&self, arena_size: u64, limits: &Limits) -> Result<Submission, DescError> {
-        if self.reserved != [0u8; 8] {
+        if self.reserved != [0u8; 7] {
             return Err(DescError::ReservedNonZero);
         }
         let opcode = Opcode::from_raw(self.opcode).ok_or(DescError::UnknownOpcode(self.opcode))?;
         let dtype = ElemType::from_raw(self.dtype).ok_or(DescError::UnknownDtype(self.dtype))?;
+        let reduce = Reduce::from_raw(self.reduce).ok_or(DescError::UnknownReduce(self.reduce))?;
         if self.flags & !KNOWN_FLAGS != 0 {
             return Err(DescError::UnknownFlags(self.flags & !KNOWN_FLAGS));
         }
@@ -235,6 +254,7 @@ impl SubmitDesc {
             layers: self.layers,
             budget_ppm: self.budget_ppm,
             flags: self.flags,
+            reduce,
         })
     }
 }
@@ -256,6 +276,12 @@ mod tests {
         assert_eq!(s.span, ArenaSpan { offset: 4096, len_elems: 1000, dtype: ElemType::F32 });
         assert_eq!(s.span.bytes(), 4000);
         assert_eq!((s.op_seq, s.cookie, s.tensor_id, s.layer, s.layers), (7, 0xdead_beef, 3, 1, 4));
+        // f16 and bf16: 2 bytes an element; the reduction as asked.
+        for (raw, dtype) in [(2u16, ElemType::F16), (3, ElemType::Bf16)] {
+            let s = check(SubmitDesc { dtype: raw, reduce: 1, ..good() }).unwrap();
+            assert_eq!((s.span.dtype, s.span.bytes(), s.reduce), (dtype, 2000, Reduce::Average));
+        }
+        assert_eq!(s.reduce, Reduce::Sum);
         // Exactly filling the arena is fine.
         let full = SubmitDesc { arena_offset: 0, len_elems: ARENA / 4, ..good() };
         assert!(check(full).is_ok());
@@ -266,11 +292,14 @@ mod tests {
     #[test]
     fn every_error_variant_is_reachable() {
         let cases: Vec<(SubmitDesc, DescError)> = vec![
-            (SubmitDesc { reserved: [0, 0, 0, 0, 0, 0, 0, 1], ..good() }, DescError::ReservedNonZero),
+            (SubmitDesc { reserved: [0, 0, 0, 0, 0, 0, 1], ..good() }, DescError::ReservedNonZero),
             (SubmitDesc { opcode: 0, ..good() }, DescError::UnknownOpcode(0)),
             (SubmitDesc { opcode: 99, ..good() }, DescError::UnknownOpcode(99)),
             (SubmitDesc { dtype: 0, ..good() }, DescError::UnknownDtype(0)),
             (SubmitDesc { dtype: 0xffff, ..good() }, DescError::UnknownDtype(0xffff)),
+            (SubmitDesc { dtype: 4, ..good() }, DescError::UnknownDtype(4)),
+            (SubmitDesc { reduce: 2, ..good() }, DescError::UnknownReduce(2)),
+            (SubmitDesc { reduce: 0xff, ..good() }, DescError::UnknownReduce(0xff)),
             (SubmitDesc { flags: 1 << 31 | FLAG_RESCALE, ..good() }, DescError::UnknownFlags(1 << 31)),
             (SubmitDesc { len_elems: 0, ..good() }, DescError::EmptyTensor),
             (

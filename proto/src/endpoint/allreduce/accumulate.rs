@@ -15,12 +15,16 @@
 //! into its sender's staging buffer and added when its turn comes. When the
 //! reduce-scatter transfers have closed, [`Accumulator::finish`] adds what is
 //! still pending in order (fills for the chunks that never came) and applies
-//! the rescale and the average. So the shard is read and written while the
-//! chunks come in, not in one pass over it at the end.
+//! the rescale and the average, then rounds the shard once to the op's
+//! element type ([`crate::elem`]: f16 and bf16 contributions are widened to
+//! `f32` as they are read, and everything before the rounding is `f32`). So
+//! the shard is read and written while the chunks come in, not in one pass
+//! over it at the end.
 
 use crate::bitmap::Bitmap;
+use crate::elem;
 use crate::endpoint::allreduce::shard::Layout;
-use crate::endpoint::api::{Fill, OpOptions, ReduceOp};
+use crate::endpoint::api::{DType, Fill, OpOptions, ReduceOp};
 use crate::transfer::Receiver;
 
 /// What the accumulator reads of the other ranks' contributions to this
@@ -62,8 +66,11 @@ pub(crate) struct Shard<'a> {
     pub layout: &'a Layout,
     /// This rank (the shard's owner).
     pub me: u32,
-    /// This rank's contribution to its shard (shard-relative).
+    /// This rank's contribution to its shard (shard-relative), already
+    /// rounded to the op's element type.
     pub own: &'a [f32],
+    /// The op's element type: of the DATA payloads read.
+    pub dtype: DType,
 }
 
 /// See the module docs.
@@ -101,8 +108,8 @@ impl Accumulator {
         self.next.get(c as usize) == Some(&j)
     }
 
-    /// Add rank `j`'s contribution to chunk `c` (little-endian `f32` bytes,
-    /// authenticated; [`Accumulator::is_next`] said it is the next term),
+    /// Add rank `j`'s contribution to chunk `c` (little-endian elements of
+    /// the op's type, authenticated; [`Accumulator::is_next`] said it is the next term),
     /// then every term behind it that is here already.
     pub(crate) fn add_now(
         &mut self,
@@ -115,9 +122,9 @@ impl Accumulator {
         let j = self.next[c as usize];
         let dst = &mut out[s.layout.chunk(s.me, c)];
         if j == 0 {
-            read_f32s(payload, dst);
+            elem::decode(s.dtype, payload, dst);
         } else {
-            add_f32s(payload, dst);
+            elem::decode_add(s.dtype, payload, dst);
         }
         self.next[c as usize] = j + 1;
         self.advance(c, s, theirs, out);
@@ -144,7 +151,8 @@ impl Accumulator {
     /// Every transfer into the shard has closed: add the terms still
     /// pending, in order (a contribution that never came filled per
     /// `opts.fill`), then rescale by `N / delivered` and average as `opts`
-    /// say. Every chunk of `out` is then written.
+    /// say, and round once to `opts.dtype`. Every chunk of `out` is then
+    /// written.
     pub(crate) fn finish(
         &mut self,
         s: Shard<'_>,
@@ -176,9 +184,10 @@ impl Accumulator {
                 dst.iter_mut().for_each(|d| *d *= f);
             }
             if opts.reduce == ReduceOp::Average {
-                let w = world as f32;
+                let w = opts.divisor(world);
                 dst.iter_mut().for_each(|d| *d /= w);
             }
+            elem::round_all(opts.dtype, dst);
         }
     }
 }
@@ -192,20 +201,6 @@ fn term(j: u32, src: Option<&[f32]>, dst: &mut [f32]) {
         (0, None) => dst.fill(0.0),
         (_, Some(s)) => dst.iter_mut().zip(s).for_each(|(d, x)| *d += *x),
         (_, None) => dst.iter_mut().for_each(|d| *d += 0.0),
-    }
-}
-
-/// Little-endian `f32`s of a DATA payload into `dst`.
-pub(crate) fn read_f32s(src: &[u8], dst: &mut [f32]) {
-    for (d, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
-        *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    }
-}
-
-/// Little-endian `f32`s of a DATA payload added to `dst`.
-fn add_f32s(src: &[u8], dst: &mut [f32]) {
-    for (d, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
-        *d += f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     }
 }
 
@@ -242,9 +237,9 @@ mod tests {
                     acc *= world as f32 / delivered as f32;
                 }
                 if opts.reduce == ReduceOp::Average {
-                    acc /= world as f32;
+                    acc /= opts.divisor(world);
                 }
-                out.push(acc);
+                out.push(elem::round(opts.dtype, acc));
             }
         }
         assert_eq!(out.len(), shard.len());
@@ -253,8 +248,10 @@ mod tests {
 
     /// Contributions arriving in a random order, some never, added as they
     /// come: bit-identical to the reduction in rank order at the end, for
-    /// every rank as owner, both fills, rescale and average, with values whose
-    /// sum depends on the order (large and small, and signed zeros).
+    /// every rank as owner, both fills, rescale and average, every element
+    /// type (contributions of that type, one rounding at the end), with
+    /// values whose sum depends on the order (large and small, and signed
+    /// zeros).
     #[test]
     fn adding_as_they_arrive_is_bit_identical_to_rank_order() {
         let mut rng = Rng::stream(7, 1, 1);
@@ -269,15 +266,24 @@ mod tests {
                 3 => 0.0,
                 _ => (rng.below(2000) as f32 - 1000.0) / 7.0,
             };
+            let dtype = DType::ALL[case as usize % 3];
             let inputs: Vec<Vec<f32>> =
-                (0..world).map(|_| (0..len).map(|_| value(&mut rng)).collect()).collect();
+                (0..world).map(|_| (0..len).map(|_| elem::round(dtype, value(&mut rng))).collect()).collect();
             let fill = if case % 2 == 0 { Fill::Zero } else { Fill::Local };
-            let reduce = if case % 3 == 0 { ReduceOp::Average } else { ReduceOp::Sum };
-            let opts = OpOptions { fill, rescale: case % 5 == 0, reduce, ..OpOptions::default() };
+            let reduce = if case % 4 == 0 { ReduceOp::Average } else { ReduceOp::Sum };
+            let contributors = if case % 8 == 4 { 3 * world } else { 0 };
+            let opts = OpOptions {
+                fill,
+                rescale: case % 5 == 0,
+                reduce,
+                dtype,
+                contributors,
+                ..OpOptions::default()
+            };
             for me in 0..world {
                 let (shard, n) = (layout.shard(me), layout.chunks(me));
                 let own = &inputs[me as usize][shard.clone()];
-                let s = Shard { layout: &layout, me, own };
+                let s = Shard { layout: &layout, me, own, dtype };
                 // Arrivals: every (rank, chunk) but a few lost, shuffled.
                 let mut arrivals: Vec<(u32, u32)> = (0..world)
                     .filter(|&j| j != me)
@@ -294,15 +300,14 @@ mod tests {
                 acc.start(s, theirs.as_slice(), &mut out);
                 for &(j, c) in &arrivals {
                     let cr = layout.chunk(me, c);
-                    let bytes: Vec<u8> = inputs[j as usize][shard.start + cr.start..shard.start + cr.end]
-                        .iter()
-                        .flat_map(|x| x.to_le_bytes())
-                        .collect();
+                    let values = &inputs[j as usize][shard.start + cr.start..shard.start + cr.end];
+                    let mut bytes = vec![0u8; values.len() * dtype.size()];
+                    elem::encode(dtype, values, &mut bytes);
                     theirs[j as usize].0.set(c);
                     if acc.is_next(c, j) {
                         acc.add_now(c, &bytes, s, theirs.as_slice(), &mut out);
                     } else {
-                        read_f32s(&bytes, &mut theirs[j as usize].1[cr]);
+                        elem::decode(dtype, &bytes, &mut theirs[j as usize].1[cr]);
                     }
                 }
                 acc.finish(s, theirs.as_slice(), &opts, &mut out);

@@ -18,7 +18,8 @@ use std::ops::Range;
 
 use crate::bitmap::Bitmap;
 use crate::class::Class;
-use crate::endpoint::api::{OpId, OpKey, OpOptions, OpReport};
+use crate::elem;
+use crate::endpoint::api::{DType, OpId, OpKey, OpOptions, OpReport};
 use crate::endpoint::shared::Shared;
 use crate::endpoint::tx::{TxItem, TxKind};
 use crate::pool::BufferPool;
@@ -30,7 +31,7 @@ use crate::transfer::{
 };
 use crate::wire::{self, Flags, Header, PacketType, Phase};
 
-use accumulate::{Accumulator, Shard, read_f32s};
+use accumulate::{Accumulator, Shard};
 pub(crate) use shard::Layout;
 pub(crate) use table::{Side, Transfers};
 
@@ -42,8 +43,17 @@ pub(crate) struct Op {
     /// Last time the op learned something (the hard timeout counts from here).
     last_progress: Instant,
     layout: Layout,
+    /// This rank's contribution, rounded to the op's element type.
     input: Vec<f32>,
     result: Vec<f32>,
+    /// f16/bf16 ops: the input as the wire carries it (reduce-scatter DATA
+    /// is sent from here); empty for f32, whose DATA is sent from `input`.
+    wire_input: Vec<u8>,
+    /// f16/bf16 ops: this rank's reduced shard as the wire carries it
+    /// (all-gather DATA is sent from here), once reduced; empty for f32.
+    wire_result: Vec<u8>,
+    /// First element of this rank's shard (where `wire_result` starts).
+    own_start: usize,
     /// Classes of the chunks of each shard in reduce-scatter (empty for own shard).
     classes: Vec<Vec<Class>>,
     /// Classes of own shard's chunks in all-gather.
@@ -91,12 +101,20 @@ impl Op {
         now: Instant,
         key: OpKey,
         layout: Layout,
-        input: Vec<f32>,
+        mut input: Vec<f32>,
         opts: OpOptions,
         pool: &mut BufferPool,
         sh: &mut Shared,
     ) -> Op {
         let (world, me) = (sh.cfg.world, sh.me());
+        // A contribution is a value of the op's type: rounded once here (a
+        // no-op for values of that type), and sent as that type.
+        elem::round_all(opts.dtype, &mut input);
+        let mut wire_input = Vec::new();
+        if opts.dtype != DType::F32 {
+            wire_input.resize(input.len() * opts.dtype.size(), 0);
+            elem::encode(opts.dtype, &input, &mut wire_input);
+        }
         let mut op = Op {
             opts,
             started: now,
@@ -106,6 +124,9 @@ impl Op {
             // the others: gathered, or zero-filled by the agreed mask).
             result: pool.take(input.len()),
             input,
+            wire_input,
+            wire_result: Vec::new(),
+            own_start: layout.shard(me).start,
             classes: vec![Vec::new(); world as usize],
             gclasses: Vec::new(),
             transfers: Transfers::new(world as usize),
@@ -147,7 +168,7 @@ impl Op {
             }
         }
         // This rank's own term goes into the sum at once where it comes first.
-        let shard = Shard { layout: &op.layout, me, own: &op.input[op.layout.shard(me)] };
+        let shard = Shard { layout: &op.layout, me, own: &op.input[op.layout.shard(me)], dtype: opts.dtype };
         let out = &mut op.result[op.layout.shard(me)];
         op.acc.start(shard, op.transfers.receivers(Phase::Scatter), out);
         op.first_pass(key, Phase::Scatter, sh);
@@ -200,9 +221,15 @@ impl Op {
         self.reduced = true;
         let (world, me) = (sh.cfg.world, sh.me());
         let layout = &self.layout;
-        let shard = Shard { layout, me, own: &self.input[layout.shard(me)] };
+        let dtype = self.opts.dtype;
+        let shard = Shard { layout, me, own: &self.input[layout.shard(me)], dtype };
         let out = &mut self.result[layout.shard(me)];
         self.acc.finish(shard, self.transfers.receivers(Phase::Scatter), &self.opts, out);
+        if dtype != DType::F32 {
+            // The rounded shard as the all-gather carries it.
+            self.wire_result.resize(out.len() * dtype.size(), 0);
+            elem::encode(dtype, out, &mut self.wire_result);
+        }
         // Gather classes: rank own chunks by magnitude within the shard.
         let n = layout.chunks(me);
         let ranks = layout.magnitude_ranks(&self.result, [me].into_iter(), self.classifier.magnitude_levels);
@@ -234,6 +261,11 @@ impl Op {
         sh: &mut Shared,
     ) {
         let src = h.src as usize;
+        if (h.dtype, h.reduce) != (self.opts.dtype, self.opts.reduce) {
+            // Its ranks' trainers disagree about the op (wire version 6).
+            sh.stats.rejected.op_kind_mismatch += 1;
+            return;
+        }
         match self.peer_gen[src] {
             None => self.peer_gen[src] = Some(h.session),
             Some(g) if g != h.session => {
@@ -265,17 +297,18 @@ impl Op {
         let owner = if phase == Phase::Gather { peer } else { sh.me() };
         let r = self.transfers.receiver_mut(phase, peer).ok_or(Refused::Mismatch)?;
         let range = self.layout.chunk(owner, c);
-        r.admit(h, payload.len(), range.len())?;
+        let dtype = self.opts.dtype;
+        r.admit(h, payload.len(), range.len() * dtype.size())?;
         self.last_progress = now;
         let layout = &self.layout;
         if phase == Phase::Gather {
-            read_f32s(payload, &mut self.result[layout.chunk_in_tensor(owner, c)]);
+            elem::decode(dtype, payload, &mut self.result[layout.chunk_in_tensor(owner, c)]);
         } else if self.acc.is_next(c, peer) {
-            let shard = Shard { layout, me: owner, own: &self.input[layout.shard(owner)] };
+            let shard = Shard { layout, me: owner, own: &self.input[layout.shard(owner)], dtype };
             let out = &mut self.result[layout.shard(owner)];
             self.acc.add_now(c, payload, shard, self.transfers.receivers(Phase::Scatter), out);
         } else {
-            read_f32s(payload, &mut r.buf_mut()[range]);
+            elem::decode(dtype, payload, &mut r.buf_mut()[range]);
         }
         let r = self.transfers.receiver_mut(phase, peer).ok_or(Refused::Mismatch)?;
         if h.flags.contains(Flags::REPAIR) {
@@ -559,10 +592,16 @@ impl Op {
         }
     }
 
-    /// Elements of a chunk this rank sends to `peer` in `phase`.
-    pub(crate) fn chunk_len(&self, phase: Phase, peer: u32, chunk: u32, me: u32) -> usize {
+    /// Payload bytes of a chunk this rank sends to `peer` in `phase`.
+    pub(crate) fn chunk_bytes(&self, phase: Phase, peer: u32, chunk: u32, me: u32) -> usize {
         let owner = if phase == Phase::Scatter { peer } else { me };
-        self.layout.chunk(owner, chunk).len()
+        self.layout.chunk(owner, chunk).len() * self.opts.dtype.size()
+    }
+
+    /// The op's element type and reduction, which every packet of it
+    /// carries (wire version 6).
+    pub(crate) fn kind(&self) -> (DType, crate::wire::ReduceOp) {
+        (self.opts.dtype, self.opts.reduce)
     }
 
     /// The header of DATA `item`, and where its payload lies (elements
@@ -579,9 +618,10 @@ impl Op {
             if phase == Phase::Scatter { (peer, Buffer::Input) } else { (sh.me(), Buffer::Result) };
         let cr = self.layout.chunk_in_tensor(owner, chunk);
         let mut h = sh.header(PacketType::Data, class, phase, item.op.id(), peer);
+        (h.dtype, h.reduce) = (self.opts.dtype, self.opts.reduce);
         h.chunk_index = chunk;
         st.fill_data(&mut h);
-        h.payload_len = (cr.len() * 4) as u16;
+        h.payload_len = (cr.len() * self.opts.dtype.size()) as u16;
         if repair {
             h.flags = h.flags.with(Flags::REPAIR);
         }
@@ -592,12 +632,20 @@ impl Op {
         Some((h, buffer, cr))
     }
 
-    /// The op's input or result, where DATA payloads are sent from.
-    pub(crate) fn buffer(&self, b: Buffer) -> &[f32] {
-        match b {
-            Buffer::Input => &self.input,
-            Buffer::Result => &self.result,
-        }
+    /// The wire bytes of elements `start .. start + len` of the op's input
+    /// or result, where DATA payloads are sent from: the `f32` memory itself
+    /// for an f32 op, its encoded copy for f16/bf16 (the result's: this
+    /// rank's shard only, which is all the all-gather sends).
+    pub(crate) fn payload(&self, b: Buffer, start: usize, len: usize) -> &[u8] {
+        let size = self.opts.dtype.size();
+        let (wire, base) = match (self.opts.dtype, b) {
+            (DType::F32, Buffer::Input) => return bytemuck::cast_slice(&self.input[start..start + len]),
+            (DType::F32, Buffer::Result) => return bytemuck::cast_slice(&self.result[start..start + len]),
+            (_, Buffer::Input) => (&self.wire_input, 0),
+            (_, Buffer::Result) => (&self.wire_result, self.own_start),
+        };
+        let at = start.saturating_sub(base) * size;
+        wire.get(at..at + len * size).unwrap_or(&[])
     }
 
     /// A queued chunk for `peer` in `phase` left the queue. Returns a probe
@@ -655,6 +703,7 @@ impl Op {
             + self.peer_gen.capacity() * size_of::<Option<u64>>()
             + self.acc.bytes()
             + self.gmask.as_ref().map_or(0, Bitmap::heap_bytes);
-        (state, tensor + (self.input.capacity() + self.result.capacity()) * 4, open)
+        let wire = self.wire_input.capacity() + self.wire_result.capacity();
+        (state, tensor + (self.input.capacity() + self.result.capacity()) * 4 + wire, open)
     }
 }

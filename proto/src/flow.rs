@@ -66,6 +66,7 @@
 //! port: 5–9% of the datagrams into it, against 55% with the window alone).
 //! A delay or rate signal at the receiver is the next step.
 
+use crate::class::Class;
 use crate::time::{Duration, Instant};
 
 /// Flow-control parameters of an endpoint.
@@ -160,6 +161,15 @@ struct RxCredit {
     clean: u64,
     /// No second cut before `high` passes this (one window after a cut).
     cut_until: u64,
+    /// Per class, one past the highest `dseq` of a new chunk: one path
+    /// keeps a class in order (a higher class may overtake a lower one in
+    /// priority queues), so a chunk below it arrived reordered.
+    class_high: [u64; Class::COUNT],
+    /// `high` when a new chunk last arrived after a later-sent one of its
+    /// class (the sender's datagrams take paths of different delays).
+    late_at: Option<u64>,
+    /// DATA datagrams received (duplicates too).
+    count: u64,
 }
 
 impl RxCredit {
@@ -171,6 +181,10 @@ impl RxCredit {
 /// Consecutive datagrams of one sender that must be missing for a receiver
 /// to take their loss as congestion (and halve that sender's window).
 const LOSS_RUN: u64 = 3;
+
+/// How many of a sender's DATA datagrams a reordering is remembered for
+/// ([`Flow::reordering`]).
+const REORDER_MEMORY: u64 = 1 << 16;
 
 /// Largest exponent of the credit request backoff (as the probes').
 const MAX_BACKOFF: u32 = 3;
@@ -299,6 +313,7 @@ impl Flow {
         let enabled = self.enabled();
         let floor = self.floor();
         let Some(r) = self.rx.get_mut(src as usize) else { return false };
+        r.count += 1;
         // Extend to 64 bits around the highest seen (serial arithmetic: the
         // window is far below 2^31).
         let delta = i64::from(dseq.wrapping_sub(r.high as u32) as i32);
@@ -345,6 +360,37 @@ impl Flow {
         // Never believe more than a window beyond what was granted.
         r.high = r.high.max(sent.min(r.granted));
         r.granted = r.granted.max(r.high + r.win);
+    }
+
+    /// A new chunk (not a duplicate) of `class` with `dseq` arrived from
+    /// `src`: note whether it came after a later-sent chunk of its class
+    /// (reordering: they took paths of different delays).
+    pub(crate) fn new_chunk(&mut self, src: u32, dseq: u32, class: Class) {
+        let Some(r) = self.rx.get_mut(src as usize) else { return };
+        let d = r.high.saturating_add_signed(i64::from(dseq.wrapping_sub(r.high as u32) as i32));
+        let high = &mut r.class_high[class.index()];
+        if d + 1 < *high {
+            r.late_at = Some(r.high);
+        }
+        *high = (*high).max(d + 1);
+    }
+
+    /// Whether `src`'s datagrams were seen reordered within its last
+    /// [`REORDER_MEMORY`] DATA datagrams: then its latest chunk having
+    /// arrived does not mean the earlier ones did.
+    pub(crate) fn reordering(&self, src: u32) -> bool {
+        self.rx
+            .get(src as usize)
+            .and_then(|r| r.late_at.map(|at| r.high - at <= REORDER_MEMORY))
+            .unwrap_or(false)
+    }
+
+    /// How far `src`'s DATA to this rank has come, to compare with the count
+    /// a PROBE carries: [`Flow::high`], or while its datagrams arrive
+    /// reordered ([`Flow::reordering`]), how many arrived (the highest says
+    /// nothing of the ones before it that are still on slower paths).
+    pub(crate) fn seen(&self, src: u32) -> u64 {
+        if self.reordering(src) { self.rx.get(src as usize).map_or(0, |r| r.count) } else { self.high(src) }
     }
 
     /// One past the highest `dseq` received from `src` (or written off on

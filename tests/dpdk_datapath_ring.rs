@@ -62,6 +62,7 @@ fn arp_resolves_itself_and_classes_use_their_queues() {
         // A static neighbour: no ARP for it.
         neighbours: vec![("10.98.0.7".parse().unwrap(), dlcp::datapath::frame::Mac([2, 0, 0, 0, 0, 7]))],
         mtu: 1500,
+        paths: 1,
     };
     let mut dp = DpdkDatapath::new(cfg).expect("DPDK datapath on net_ring0");
     assert!(dp.describe().starts_with("dpdk (port 0 net_ring0"), "{}", dp.describe());

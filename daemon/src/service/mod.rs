@@ -82,6 +82,7 @@ mod local;
 mod operations;
 mod pump;
 mod setup;
+mod sources;
 mod trainers;
 mod view;
 
@@ -177,7 +178,7 @@ impl Service {
                 cfg.bind_addr()
             );
         }
-        let pump = Pump::new(datapath, peers);
+        let pump = Pump::new(datapath, peers, cfg.network.paths);
         let mut service = Service {
             cfg,
             endpoint,

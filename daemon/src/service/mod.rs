@@ -178,7 +178,8 @@ impl Service {
                 cfg.bind_addr()
             );
         }
-        let pump = Pump::new(datapath, peers, cfg.network.paths);
+        let paths = cfg.network.paths;
+        let pump = Pump::new(datapath, peers, paths);
         let mut service = Service {
             cfg,
             endpoint,
@@ -188,7 +189,10 @@ impl Service {
             admin: Admin::new(),
             admin_socket,
             operations,
-            counters: ServiceCounters::default(),
+            counters: ServiceCounters {
+                rx_packets_path: vec![0; usize::from(paths)],
+                ..ServiceCounters::default()
+            },
             poll,
             signals,
             timer,

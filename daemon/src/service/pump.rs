@@ -66,10 +66,6 @@ impl Pump {
     /// belongs to.
     pub(super) fn receive(&mut self, endpoint: &mut Endpoint, counters: &mut ServiceCounters, now: Instant) {
         let Pump { datapath, sources, .. } = self;
-        let per_path = &mut counters.rx_packets_path;
-        if per_path.len() != usize::from(sources.paths()) {
-            per_path.resize(usize::from(sources.paths()), 0);
-        }
         // The last source looked up: datagrams come in runs from one peer.
         let mut last: Option<(SocketAddr, Option<(u32, u16)>)> = None;
         // Bounded, so a flood cannot starve timers, trainers and transmit.
@@ -85,8 +81,10 @@ impl Pump {
                     }
                 };
                 let peer = source.map(|(rank, _)| rank);
-                if let Some((_, path)) = source {
-                    counters.rx_packets_path[usize::from(path)] += 1;
+                if let Some(n) =
+                    source.and_then(|(_, path)| counters.rx_packets_path.get_mut(usize::from(path)))
+                {
+                    *n += 1;
                 }
                 match fate {
                     Fate::Dropped(_) => {

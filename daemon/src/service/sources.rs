@@ -37,11 +37,6 @@ impl Sources {
             .find(|&&(first, _)| port >= first && u32::from(port - first) < u32::from(self.paths))
             .map(|&(first, rank)| (rank, port - first))
     }
-
-    /// Paths per peer.
-    pub(super) fn paths(&self) -> u16 {
-        self.paths
-    }
 }
 
 /// An IPv4 address for a v4-mapped IPv6 one.

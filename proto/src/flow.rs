@@ -168,6 +168,10 @@ struct RxCredit {
     /// `high` when a new chunk last arrived after a later-sent one of its
     /// class (the sender's datagrams take paths of different delays).
     late_at: Option<u64>,
+    /// How far behind `high` such late chunks recently arrived (in data
+    /// sequence numbers; jumps up, decays by 1/8 per late chunk): a gap no
+    /// longer than this is taken for reordering, not for a loss run.
+    late_depth: u64,
     /// DATA datagrams received (duplicates too).
     count: u64,
 }
@@ -324,7 +328,7 @@ impl Flow {
             if !enabled {
                 return false;
             }
-            if missing >= LOSS_RUN && r.high > r.cut_until {
+            if missing >= LOSS_RUN.max(r.late_depth + 1) && r.high > r.cut_until {
                 // A run of lost datagrams: a queue on the way overflowed
                 // (random loss rarely takes three in a row). Halve the window.
                 r.cut_until = r.high + r.win;
@@ -371,6 +375,8 @@ impl Flow {
         let high = &mut r.class_high[class.index()];
         if d + 1 < *high {
             r.late_at = Some(r.high);
+            let depth = r.high - (d + 1);
+            r.late_depth = depth.max(r.late_depth - r.late_depth / 8);
         }
         *high = (*high).max(d + 1);
     }
@@ -604,6 +610,49 @@ mod tests {
         assert!(r.rx[0].win > 8 && r.rx[0].win <= 16, "grows back: {}", r.rx[0].win);
         assert!(r.grant(0) >= before);
         assert!(r.grant(0) <= 43 + 16);
+    }
+
+    /// Reordering within a class (paths of different delays) is noticed;
+    /// then a gap no deeper than the late chunks came is not a loss run, but
+    /// a longer one still is. One path (priority reordering across classes
+    /// only) changes nothing.
+    #[test]
+    fn gaps_as_deep_as_seen_reordering_are_not_loss_runs() {
+        let c = |k| Class::new(k).unwrap();
+        let mut r = flow(64, 3); // 32 per sender
+        for d in 0..4 {
+            r.on_data(0, d, true);
+            r.new_chunk(0, d, c(3));
+        }
+        // Class 5 overtakes class 3 in a priority queue: not reordering.
+        r.on_data(0, 5, true);
+        r.new_chunk(0, 5, c(5));
+        r.on_data(0, 4, true);
+        r.new_chunk(0, 4, c(3));
+        assert!(!r.reordering(0) && r.seen(0) == r.high(0));
+        // dseq 6..=9 of class 3 go on a slow path: 10 arrives first, and the
+        // gap of 4 is a loss run (nothing reordered within a class yet)...
+        r.on_data(0, 10, true);
+        r.new_chunk(0, 10, c(3));
+        assert_eq!(r.cuts, 1);
+        // ...until they land, late, within their class.
+        for d in 6..9 {
+            r.on_data(0, d, true);
+            r.new_chunk(0, d, c(3));
+        }
+        assert!(r.reordering(0));
+        // 9 is still on its way: the highest says 11, the count 10.
+        assert_eq!((r.seen(0), r.high(0)), (10, 11), "while reordering, a PROBE is compared with the count");
+        r.on_data(0, 9, true);
+        r.new_chunk(0, 9, c(3));
+        assert!(r.rx[0].late_depth >= 4, "{}", r.rx[0].late_depth);
+        // Past the cut's window: a gap of 4 again is reordering, not loss...
+        r.rx[0].cut_until = 0;
+        r.on_data(0, 15, true);
+        assert_eq!(r.cuts, 1);
+        // ...a gap deeper than any late chunk came is a loss run.
+        r.on_data(0, 40, true);
+        assert_eq!(r.cuts, 2);
     }
 
     #[test]

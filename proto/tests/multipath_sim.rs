@@ -172,7 +172,12 @@ fn paths_of_different_delays_reorder_without_harm() {
     let overtaken = order.borrow().overtaken;
     let (closes, timeouts, repairs) =
         (st(|s| s.deadline_closes), st(|s| s.hard_timeouts), st(|s| s.repairs_sent));
-    eprintln!("PROBEs that overtook their data: {overtaken}; repairs {repairs}; deadline closes {closes}");
+    let cuts = st(|s| s.flow_window_cuts);
+    let drops: u64 = c.sim.stats().switch_drops.iter().sum();
+    eprintln!(
+        "PROBEs that overtook their data: {overtaken}; repairs {repairs} (switch queue drops {drops}); \
+         deadline closes {closes}; flow-control window cuts {cuts}"
+    );
     assert!(overtaken > 0, "the paths' delays let PROBEs overtake their data");
     assert_eq!((closes, timeouts), (0, 0), "no spurious deadline closure");
 }

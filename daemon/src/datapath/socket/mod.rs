@@ -534,7 +534,7 @@ impl Datapath for SocketDatapath {
         // Peers send to path 0's port: the other paths' receive sockets only
         // see strays, read every RX_OTHER_PATHS_EVERY calls. Unsteered, the
         // class sockets of every path are read too.
-        let others = self.rx_calls.is_multiple_of(RX_OTHER_PATHS_EVERY);
+        let others = self.rx_calls % RX_OTHER_PATHS_EVERY == 0;
         self.rx_calls += 1;
         let rx_socks = if others { self.rx.len() } else { 1 };
         let sockets = rx_socks + if self.extra.rx_steered { 0 } else { self.tx.len() };

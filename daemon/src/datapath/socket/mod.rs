@@ -41,6 +41,17 @@
 //! socket of the *same user* (the kernel's reuseport rule); with steering it
 //! receives nothing.
 //!
+//! **Paths.** With `paths` > 1 (`network.paths`, per-packet load balancing,
+//! see `dlcp_proto::paths`) the nine sockets are opened on each of the ports
+//! `port .. port + paths` (`bind.rs`), and every class has a queue per path:
+//! a datagram on path `p` ([`Outgoing::path`]) leaves from port `port + p`,
+//! so ECMP switches hash a peer pair's datagrams onto up to `paths` fabric
+//! paths. Within a class, datagrams keep their order per path (across paths
+//! order means nothing: the fabric reorders them anyway); the would-block
+//! contract below holds per path and class. Peers send to path 0's port, so
+//! the other paths' receive sockets only see strays and are read every
+//! [`RX_OTHER_PATHS_EVERY`]th [`recv`](Datapath::recv).
+//!
 //! Unconnected UDP sockets ignore ICMP errors (no `IP_RECVERR`), so an
 //! unreachable peer does not poison the sockets with `ECONNREFUSED`.
 //!

@@ -49,8 +49,8 @@
 //! paths. Within a class, datagrams keep their order per path (across paths
 //! order means nothing: the fabric reorders them anyway); the would-block
 //! contract below holds per path and class. Peers send to path 0's port, so
-//! the other paths' receive sockets only see strays and are read every
-//! [`RX_OTHER_PATHS_EVERY`]th [`recv`](Datapath::recv).
+//! the other paths' receive sockets only see strays and are read every 16th
+//! [`recv`](Datapath::recv).
 //!
 //! Unconnected UDP sockets ignore ICMP errors (no `IP_RECVERR`), so an
 //! unreachable peer does not poison the sockets with `ECONNREFUSED`.

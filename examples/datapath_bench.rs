@@ -80,6 +80,7 @@ fn open_dpdk(from: SocketAddr, to: SocketAddr, eal: &[String]) -> Box<dyn Datapa
         local,
         neighbours: vec![(*peer.ip(), Mac([0x02, 0, 0, 0, 0, 0x01]))],
         mtu: 9000,
+        paths: 1,
     };
     Box::new(DpdkDatapath::new(cfg).expect("DPDK datapath"))
 }
@@ -119,6 +120,7 @@ fn send(mut dp: Box<dyn Datapath>, to: SocketAddr, dur: Duration, size: usize, l
         .map(|i| Outgoing {
             dst: to,
             class,
+            path: 0,
             parts: [
                 &heads[64 * i..64 * (i + 1)],
                 &tensor[body * i..body * (i + 1)],

@@ -39,7 +39,7 @@ fn datagram(c: u8, seq: u32, len: usize) -> Vec<u8> {
 fn lent(dst: SocketAddr, c: u8, d: &[u8]) -> Outgoing<'_> {
     let (a, rest) = d.split_at(64.min(d.len()));
     let (b, t) = rest.split_at(rest.len().saturating_sub(16));
-    Outgoing { dst, class: class(c), parts: [a, b, t] }
+    Outgoing { dst, class: class(c), path: 0, parts: [a, b, t] }
 }
 
 /// Receives on `rx` until `want` datagrams arrived or the deadline passed.

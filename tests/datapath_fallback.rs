@@ -15,7 +15,7 @@ mod prereq;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use daemon_common::{Cluster, Options};
+use daemon_common::{Cluster, Options, PORT_BLOCK};
 
 /// EAL arguments for a development box: no hugepages, no PCI, a null device that
 /// receives nothing (`no-rx=1`; by default `net_null` receives an endless stream).
@@ -33,7 +33,7 @@ fn dpdk_kind_fails_fast_naming_the_reason() {
     let extra = format!("[datapath]\nkind = \"dpdk\"\n[datapath.dpdk]\nport_id = 5\n{}\n", eal("a"));
     let text = daemon_common::config_text(
         0,
-        &[47_001, 47_002],
+        &[47_001, 47_001 + PORT_BLOCK],
         &dir.path().join("d.sock"),
         &Options { extra, ..Default::default() },
     );

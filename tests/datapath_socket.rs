@@ -793,3 +793,71 @@ fn invalid_config_is_rejected() {
     let err = SocketDatapath::new(SocketConfig { batch: 0, ..config(v4()) }).unwrap_err();
     assert!(matches!(err, DatapathError::InvalidConfig { field: "batch", .. }), "{err}");
 }
+
+/// A datapath with `paths` paths on consecutive ports of 127.0.0.1 (the
+/// first port found free with the ones after it).
+fn multipath(paths: usize, base: SocketConfig) -> SocketDatapath {
+    for _ in 0..200 {
+        let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if usize::from(port) + paths > 65536 {
+            continue;
+        }
+        let bind = SocketAddr::new("127.0.0.1".parse().unwrap(), port);
+        if let Ok(d) = SocketDatapath::new(SocketConfig { bind, paths, ..base.clone() }) {
+            return d;
+        }
+    }
+    panic!("no {paths} consecutive free UDP ports on 127.0.0.1");
+}
+
+/// Per-packet load balancing (issue 19): a datagram on path `p` leaves from
+/// port `local port + p`, each path's in order; GSO still groups each path's
+/// run to one destination; a path beyond the configured ones wraps round.
+#[test]
+fn each_path_sends_from_its_own_port() {
+    use dlcp::datapath::Outgoing;
+    const PATHS: usize = 4;
+    let mut a = multipath(PATHS, gso_config(v4()));
+    let mut rx = SocketDatapath::new(config(v4())).unwrap();
+    let dst = rx.local_addr();
+    let base = a.local_addr().port();
+    assert!(a.describe().contains("+ 3 more source ports"), "{}", a.describe());
+    let msgs: Vec<(u8, Vec<u8>)> = (0..160u32).map(|i| ((i % 5) as u8, datagram(5, i, 1200))).collect();
+    let batch: Vec<Outgoing<'_>> =
+        msgs.iter().map(|(p, d)| Outgoing { dst, class: class(5), path: *p, parts: [d, &[], &[]] }).collect();
+    a.send_batch(&batch).unwrap();
+    a.flush().unwrap();
+    let mut got = Vec::new();
+    drain(&mut rx, &mut got, msgs.len());
+    assert_eq!(got.len(), msgs.len());
+    // Path 4 of 4 wraps round to path 0.
+    let mut by_port: BTreeMap<u16, Vec<Vec<u8>>> = BTreeMap::new();
+    for (from, d) in &got {
+        by_port.entry(from.port()).or_default().push(d.clone());
+    }
+    let ports: Vec<u16> = by_port.keys().copied().collect();
+    assert_eq!(ports, (0..PATHS as u16).map(|p| base + p).collect::<Vec<_>>());
+    for (port, have) in &by_port {
+        let p = usize::from(port - base);
+        let want: Vec<Vec<u8>> =
+            msgs.iter().filter(|(q, _)| usize::from(*q) % PATHS == p).map(|(_, d)| d.clone()).collect();
+        assert!(*have == want, "path {p}: {} datagrams, in order", want.len());
+    }
+    let s = a.socket_stats();
+    eprintln!("four paths: {s:?}, tx_syscalls {}", a.stats().tx_syscalls);
+    assert_eq!(s.paths, PATHS);
+    if !s.gso_available {
+        return skip(Prereq::Gso, "GSO not available: only the source ports were checked");
+    }
+    // Path 0 carries 64 datagrams (paths 0 and 4), the others 32: messages of
+    // up to 16 segments each.
+    assert_eq!((s.gso_segments, s.gso_sends), (160, 4 + 2 + 2 + 2));
+}
+
+#[test]
+fn several_paths_need_a_fixed_port() {
+    let e = SocketDatapath::new(SocketConfig { paths: 2, ..config(v4()) }).unwrap_err();
+    assert!(matches!(e, DatapathError::InvalidConfig { field: "paths", .. }), "{e}");
+    let e = SocketDatapath::new(SocketConfig { paths: 0, ..config(v4()) }).unwrap_err();
+    assert!(matches!(e, DatapathError::InvalidConfig { field: "paths", .. }), "{e}");
+}

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 #[cfg(dpdk)]
 use dlcp::datapath::dpdk::{DpdkConfig, DpdkDatapath};
 #[cfg(dpdk)]
-use dlcp::datapath::{Datapath, SendOutcome};
+use dlcp::datapath::{Datapath, Outgoing, SendOutcome};
 #[cfg(dpdk)]
 use dlcp::proto::class::Class;
 
@@ -62,6 +62,8 @@ fn arp_resolves_itself_and_classes_use_their_queues() {
         // A static neighbour: no ARP for it.
         neighbours: vec![("10.98.0.7".parse().unwrap(), dlcp::datapath::frame::Mac([2, 0, 0, 0, 0, 7]))],
         mtu: 1500,
+        // Four source ports: `send` uses path 0, `send_batch` each datagram's.
+        paths: 4,
     };
     let mut dp = DpdkDatapath::new(cfg).expect("DPDK datapath on net_ring0");
     assert!(dp.describe().starts_with("dpdk (port 0 net_ring0"), "{}", dp.describe());
@@ -138,6 +140,25 @@ fn arp_resolves_itself_and_classes_use_their_queues() {
     }
     let s = dp.dpdk_stats();
     assert_eq!((n, s.rx_bad_ip_checksum, s.rx_bad_udp_checksum), (8, 0, 0), "{s:?}");
+    // Per-packet load balancing: a datagram on path p leaves from source port
+    // 7700 + p (a path beyond the four configured wraps round).
+    let bodies: Vec<Vec<u8>> = (0..6u8).map(|p| vec![p; 64]).collect();
+    let class5 = Class::new(5).unwrap();
+    let batch: Vec<Outgoing<'_>> = bodies
+        .iter()
+        .enumerate()
+        .map(|(p, b)| Outgoing { dst: me, class: class5, path: p as u8, parts: [b, &[], &[]] })
+        .collect();
+    dp.send_batch(&batch).unwrap();
+    let mut seen: Vec<(u16, u8)> = Vec::new();
+    let t0 = Instant::now();
+    while seen.len() < bodies.len() && t0.elapsed() < Duration::from_secs(5) {
+        dp.flush().unwrap();
+        dp.recv(&mut |from, b| seen.push((from.port() - 7700, b[0]))).unwrap();
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    seen.sort();
+    assert_eq!(seen, [(0, 0), (0, 4), (1, 1), (1, 5), (2, 2), (3, 3)], "source port = 7700 + path");
     // Idle: the hint backs off towards 1 ms.
     for _ in 0..20 {
         dp.recv(&mut |_, _| {}).unwrap();

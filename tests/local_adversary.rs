@@ -8,7 +8,7 @@
 mod daemon_common;
 
 use std::io::{Read, Write};
-use std::net::{TcpStream, UdpSocket};
+use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -22,9 +22,7 @@ use dlcp::shm::{AttachError, RejectReason, Status, SubmitOptions, TrainerChannel
 /// through `edit` first.
 fn start_with(hosts: u32, edit: impl Fn(String) -> String) -> Cluster {
     let dir = tempfile::Builder::new().prefix("dlcp-adversary-").tempdir().unwrap();
-    let socks: Vec<UdpSocket> = (0..hosts).map(|_| UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
-    let ports: Vec<u16> = socks.iter().map(|s| s.local_addr().unwrap().port()).collect();
-    drop(socks);
+    let ports = free_ports(hosts as usize, false);
     let mut c = Cluster { dir, daemons: Vec::new(), ports };
     let o = Options { hosts, ..Options::default() };
     for r in 0..hosts {
@@ -344,7 +342,7 @@ fn a_tensor_above_max_tensor_bytes_is_refused_naming_the_limit_and_others_go_on(
 #[test]
 fn secrets_others_may_read_are_refused_naming_the_file_and_the_fix() {
     let dir = tempfile::tempdir().unwrap();
-    let port = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_ports(1, false)[0];
     let body = format!(
         "[[peers]]\nrank = 0\naddress = \"127.0.0.1\"\nport = {port}\n[control]\nsocket_path = \"{}\"\n[metrics]\nenabled = false\n",
         dir.path().join("d.sock").display()

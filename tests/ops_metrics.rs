@@ -354,7 +354,8 @@ fn dropped_datagrams_are_counted_per_class_and_per_peer() {
     let (_, body) = scrape(&addr);
     let (before, _) = parse_exposition(&body);
     let peer = UdpSocket::bind(("127.0.0.1", c.ports[1])).unwrap();
-    let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
+    // From no peer's address: a port outside every daemon's block (one per path).
+    let stranger = socket_apart(&c.ports);
     let dst = ("127.0.0.1", c.ports[0]);
 
     let forged_key = JobKey::new(b"not this job's secret");

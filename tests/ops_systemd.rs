@@ -34,7 +34,7 @@ fn readiness_after_the_control_socket_watchdog_pings_reload_and_stopping() {
     let rx = UnixDatagram::bind(&notify).unwrap();
     let socket = dir.path().join("d.sock");
     let config = dir.path().join("d.toml");
-    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_ports(1, false)[0];
     write_config(&config, &config_text(0, &[port], &socket, &Options { hosts: 1, ..Options::default() }));
     let log = dir.path().join("d.log");
     let logf = std::fs::File::create(&log).unwrap();

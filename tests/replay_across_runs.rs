@@ -143,8 +143,10 @@ fn run(c: &Cluster, inputs: &[Vec<f32>; 2], before_submit: impl FnOnce()) -> Vec
 #[test]
 fn a_captured_run_replayed_into_the_next_is_rejected_and_counted() {
     let mut c = Cluster::start(&Options { hosts: 2, late: vec![0, 1], ..Options::default() });
-    let a = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+    // The relay's ports stand in for the peers' in the configurations: apart
+    // from the daemons' blocks of ports (one per path), and from each other.
+    let a = socket_apart(&c.ports);
+    let b = socket_apart(&[c.ports[0], c.ports[1], a.local_addr().unwrap().port()]);
     let (pa, pb) = (a.local_addr().unwrap().port(), b.local_addr().unwrap().port());
     // Daemon 0 knows rank 1 at b; daemon 1 knows rank 0 at a. A fixed generation on both.
     let ports = [[c.ports[0], pb], [pa, c.ports[1]]];

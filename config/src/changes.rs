@@ -41,6 +41,7 @@ pub const SETTINGS: &[(&str, Reload)] = &[
     ("network.mtu", Restart),
     ("network.chunk_bytes", Restart),
     ("network.flow_window_bytes", Restart),
+    ("network.paths", Restart),
     ("network.heartbeat_interval_ms", Runtime),
     ("network.peer_timeout_ms", Runtime),
     ("datapath.kind", Restart),

@@ -253,7 +253,20 @@ pub struct Network {
     /// socket hold) is sensible. Must be the same on every daemon of the job
     /// (announced in HELLO). Default 2097152 (2 MiB). Restart-only.
     pub flow_window_bytes: u64,
+    /// Paths per peer pair (1 ..= 256): this daemon sends from the UDP source
+    /// ports `port .. port + paths` of its `[[peers]]` entry (one socket set
+    /// each; the DPDK datapath writes the port into the header), so ECMP
+    /// switches spread a peer pair's datagrams over up to that many paths,
+    /// and it accepts datagrams of every configured peer from that peer's
+    /// range (the same `paths` on every daemon). The endpoint picks a path per
+    /// datagram by path health (`dlcp_proto::paths`). 1: today's single
+    /// 5-tuple. Ranges of peers on one address must not overlap. Default 16.
+    /// Restart-only.
+    pub paths: u16,
 }
+
+/// Default of [`Network::paths`].
+pub const DEFAULT_PATHS: u16 = 16;
 
 impl Default for Network {
     fn default() -> Self {
@@ -264,6 +277,7 @@ impl Default for Network {
             heartbeat_interval_ms: 100,
             peer_timeout_ms: 3000,
             flow_window_bytes: dlcp_proto::flow::FlowConfig::DEFAULT_WINDOW_BYTES,
+            paths: DEFAULT_PATHS,
         }
     }
 }

@@ -242,6 +242,9 @@ fn network(cfg: &mut Config) -> R {
     if net.flow_window_bytes != 0 {
         in_range("network.flow_window_bytes", net.flow_window_bytes, 65536, 1 << 30)?;
     }
+    in_range("network.paths", net.paths, 1, dlcp_proto::paths::MAX_PATHS)?;
+    path_ports(&cfg.peers, cfg.network.paths)?;
+    let net = &mut cfg.network;
     let max_chunk = max_chunk_bytes(net.mtu, v6);
     match net.chunk_bytes {
         Some(c) => {
@@ -264,6 +267,44 @@ fn network(cfg: &mut Config) -> R {
     in_range("network.peer_timeout_ms", net.peer_timeout_ms, min_timeout, 3_600_000)
         .map_err(|b| Bad::new(b.path, format!("{} (2 × heartbeat_interval_ms is the minimum)", b.message)))?;
     net.bind_address.get_or_insert(own);
+    Ok(())
+}
+
+/// Every peer sends from ports `port .. port + paths`: the range must fit
+/// and not overlap another peer's on the same address.
+fn path_ports(peers: &[Peer], paths: u16) -> R {
+    for (i, p) in peers.iter().enumerate() {
+        let last = u32::from(p.port) + u32::from(paths) - 1;
+        if last > 65535 {
+            return Err(Bad::new(
+                format!("peers[{i}].port"),
+                format!(
+                    "{} + network.paths {paths} runs past port 65535 (allowed: 1 ..= {})",
+                    p.port,
+                    65536 - u32::from(paths)
+                ),
+            ));
+        }
+        let overlap = peers.iter().enumerate().find(|(j, q)| {
+            *j != i
+                && q.address == p.address
+                && q.port <= p.port
+                && u32::from(q.port) + u32::from(paths) > u32::from(p.port)
+        });
+        if let Some((j, q)) = overlap {
+            return Err(Bad::new(
+                format!("peers[{i}].port"),
+                format!(
+                    "{} is in the source ports {} ..= {} of peers[{j}] on {} (network.paths = {paths}; allowed: \
+                     ports of peers on one address at least `paths` apart)",
+                    p.port,
+                    q.port,
+                    u32::from(q.port) + u32::from(paths) - 1,
+                    q.address
+                ),
+            ));
+        }
+    }
     Ok(())
 }
 

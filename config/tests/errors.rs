@@ -87,7 +87,7 @@ fn unknown_field_exact_line() {
     let e = err(&t);
     assert_eq!(
         e.to_string(),
-        "/etc/dlcp/dlcp.toml:16:1: network.mtuu: unknown field (allowed: bind_address, mtu, chunk_bytes, heartbeat_interval_ms, peer_timeout_ms, flow_window_bytes)"
+        "/etc/dlcp/dlcp.toml:16:1: network.mtuu: unknown field (allowed: bind_address, mtu, chunk_bytes, heartbeat_interval_ms, peer_timeout_ms, flow_window_bytes, paths)"
     );
     assert_eq!(e.kind(), Some(ErrorKind::UnknownField));
 }
@@ -509,6 +509,36 @@ fn network_rules() {
     let e =
         check(&t, "network.peer_timeout_ms", "[network]", "3000 is out of range (allowed: 4000 ..= 3600000)");
     assert!(e.message().contains("this is the default"), "{e}");
+}
+
+#[test]
+fn path_rules() {
+    check(
+        &with("[network]\npaths = 0\n"),
+        "network.paths",
+        "paths",
+        "0 is out of range (allowed: 1 ..= 256)",
+    );
+    check(&with("[network]\npaths = 257\n"), "network.paths", "paths", "(allowed: 1 ..= 256)");
+    // Two daemons on one host: their source port ranges must not overlap.
+    let t = BASE.replace("10.77.0.2", "10.77.0.1").replacen("port = 7700\n\n", "port = 7710\n\n", 1);
+    check(
+        &format!("{t}[network]\npaths = 16\n"),
+        "peers[0].port",
+        "port = 7710",
+        "7710 is in the source ports 7700 ..= 7715 of peers[1] on 10.77.0.1 (network.paths = 16;",
+    );
+    assert!(load(&format!("{t}[network]\npaths = 10\n")).is_ok(), "ten paths fit between 7700 and 7710");
+    // The default is 16 paths.
+    let e = check(&t, "peers[0].port", "port = 7710", "(network.paths = 16;");
+    assert!(e.message().contains("allowed: ports of peers on one address at least `paths` apart"), "{e}");
+    check(
+        &BASE.replacen("port = 7700\n\n", "port = 65530\n\n", 1),
+        "peers[0].port",
+        "port = 65530",
+        "65530 + network.paths 16 runs past port 65535 (allowed: 1 ..= 65520)",
+    );
+    assert_eq!(load(BASE).unwrap().network.paths, 16);
 }
 
 #[test]

@@ -134,7 +134,7 @@ mod tests {
              [[peers]]\nrank = 0\naddress = \"10.0.0.1\"\nport = 7701\n\n\
              [[peers]]\nrank = 1\naddress = \"10.0.0.3\"\nport = 7700\n\n\
              [network]\nbind_address = \"0.0.0.0\"\nmtu = 9000\nchunk_bytes = 8000\n\
-             heartbeat_interval_ms = 50\npeer_timeout_ms = 900\n\n\
+             heartbeat_interval_ms = 50\npeer_timeout_ms = 900\npaths = 4\n\n\
              [datapath]\nkind = \"socket\"\n[datapath.socket]\ngso = false\nbatch = 8\n\n\
              [priority]\nscatter_band = [0, 2]\ngather_band = [3, 6]\nlayer_levels = 4\nmagnitude_levels = 1\ndroppable = [0, 1]\n\
              dscp = [0, 8, 16, 24, 32, 40, 46, 56]\nso_priority = [0, 0, 1, 1, 2, 2, 3, 3]\n\n\
@@ -163,8 +163,9 @@ mod tests {
         let left = p.merged.diff(&new);
         assert!(left.iter().all(|c| c.reload == Reload::Restart), "{left:?}");
         assert_eq!(left.len(), p.restart.len(), "{left:?} vs {:?}", p.restart);
-        // Nothing restart-class moved.
+        // Nothing restart-class moved (the number of paths among them).
         assert!(old.diff(&p.merged).iter().all(|c| c.reload == Reload::Runtime));
+        assert!(p.restart.iter().any(|c| c.path == "network.paths"), "{:?}", p.restart);
     }
 
     #[test]

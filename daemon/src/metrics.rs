@@ -85,7 +85,7 @@ fn l(k: &'static str, v: impl ToString) -> Labels {
     vec![(k, v.to_string())]
 }
 
-/// The labels of one value: its class, peer or reason, then the
+/// The labels of one value: its class, peer, reason or path, then the
 /// description's fixed ones.
 fn labels(d: &Desc, label: Label) -> Labels {
     let unknown = || "unknown".to_owned();
@@ -93,6 +93,7 @@ fn labels(d: &Desc, label: Label) -> Labels {
         Label::Class(c) => vec![("class", c.map_or_else(unknown, |c| c.to_string()))],
         Label::Peer(p) => vec![("peer", p.map_or_else(unknown, |p| p.to_string()))],
         Label::Reason(r) => vec![("reason", r.to_owned())],
+        Label::Path(p) => vec![("path", p.to_string())],
         Label::None => Vec::new(),
     };
     out.extend(d.fixed.iter().map(|&(k, v)| (k, v.to_owned())));

@@ -66,6 +66,7 @@
 //! port: 5–9% of the datagrams into it, against 55% with the window alone).
 //! A delay or rate signal at the receiver is the next step.
 
+use crate::class::Class;
 use crate::time::{Duration, Instant};
 
 /// Flow-control parameters of an endpoint.
@@ -160,6 +161,19 @@ struct RxCredit {
     clean: u64,
     /// No second cut before `high` passes this (one window after a cut).
     cut_until: u64,
+    /// Per class, one past the highest `dseq` of a new chunk: one path
+    /// keeps a class in order (a higher class may overtake a lower one in
+    /// priority queues), so a chunk below it arrived reordered.
+    class_high: [u64; Class::COUNT],
+    /// `high` when a new chunk last arrived after a later-sent one of its
+    /// class (the sender's datagrams take paths of different delays).
+    late_at: Option<u64>,
+    /// How far behind `high` such late chunks recently arrived (in data
+    /// sequence numbers; jumps up, decays by 1/8 per late chunk): a gap no
+    /// longer than this is taken for reordering, not for a loss run.
+    late_depth: u64,
+    /// DATA datagrams received (duplicates too).
+    count: u64,
 }
 
 impl RxCredit {
@@ -171,6 +185,10 @@ impl RxCredit {
 /// Consecutive datagrams of one sender that must be missing for a receiver
 /// to take their loss as congestion (and halve that sender's window).
 const LOSS_RUN: u64 = 3;
+
+/// How many of a sender's DATA datagrams a reordering is remembered for
+/// ([`Flow::reordering`]).
+const REORDER_MEMORY: u64 = 1 << 16;
 
 /// Largest exponent of the credit request backoff (as the probes').
 const MAX_BACKOFF: u32 = 3;
@@ -299,6 +317,7 @@ impl Flow {
         let enabled = self.enabled();
         let floor = self.floor();
         let Some(r) = self.rx.get_mut(src as usize) else { return false };
+        r.count += 1;
         // Extend to 64 bits around the highest seen (serial arithmetic: the
         // window is far below 2^31).
         let delta = i64::from(dseq.wrapping_sub(r.high as u32) as i32);
@@ -309,7 +328,7 @@ impl Flow {
             if !enabled {
                 return false;
             }
-            if missing >= LOSS_RUN && r.high > r.cut_until {
+            if missing >= LOSS_RUN.max(r.late_depth + 1) && r.high > r.cut_until {
                 // A run of lost datagrams: a queue on the way overflowed
                 // (random loss rarely takes three in a row). Halve the window.
                 r.cut_until = r.high + r.win;
@@ -345,6 +364,39 @@ impl Flow {
         // Never believe more than a window beyond what was granted.
         r.high = r.high.max(sent.min(r.granted));
         r.granted = r.granted.max(r.high + r.win);
+    }
+
+    /// A new chunk (not a duplicate) of `class` with `dseq` arrived from
+    /// `src`: note whether it came after a later-sent chunk of its class
+    /// (reordering: they took paths of different delays).
+    pub(crate) fn new_chunk(&mut self, src: u32, dseq: u32, class: Class) {
+        let Some(r) = self.rx.get_mut(src as usize) else { return };
+        let d = r.high.saturating_add_signed(i64::from(dseq.wrapping_sub(r.high as u32) as i32));
+        let high = &mut r.class_high[class.index()];
+        if d + 1 < *high {
+            r.late_at = Some(r.high);
+            let depth = r.high - (d + 1);
+            r.late_depth = depth.max(r.late_depth - r.late_depth / 8);
+        }
+        *high = (*high).max(d + 1);
+    }
+
+    /// Whether `src`'s datagrams were seen reordered within its last
+    /// [`REORDER_MEMORY`] DATA datagrams: then its latest chunk having
+    /// arrived does not mean the earlier ones did.
+    pub(crate) fn reordering(&self, src: u32) -> bool {
+        self.rx
+            .get(src as usize)
+            .and_then(|r| r.late_at.map(|at| r.high - at <= REORDER_MEMORY))
+            .unwrap_or(false)
+    }
+
+    /// How far `src`'s DATA to this rank has come, to compare with the count
+    /// a PROBE carries: [`Flow::high`], or while its datagrams arrive
+    /// reordered ([`Flow::reordering`]), how many arrived (the highest says
+    /// nothing of the ones before it that are still on slower paths).
+    pub(crate) fn seen(&self, src: u32) -> u64 {
+        if self.reordering(src) { self.rx.get(src as usize).map_or(0, |r| r.count) } else { self.high(src) }
     }
 
     /// One past the highest `dseq` received from `src` (or written off on
@@ -558,6 +610,49 @@ mod tests {
         assert!(r.rx[0].win > 8 && r.rx[0].win <= 16, "grows back: {}", r.rx[0].win);
         assert!(r.grant(0) >= before);
         assert!(r.grant(0) <= 43 + 16);
+    }
+
+    /// Reordering within a class (paths of different delays) is noticed;
+    /// then a gap no deeper than the late chunks came is not a loss run, but
+    /// a longer one still is. One path (priority reordering across classes
+    /// only) changes nothing.
+    #[test]
+    fn gaps_as_deep_as_seen_reordering_are_not_loss_runs() {
+        let c = |k| Class::new(k).unwrap();
+        let mut r = flow(64, 3); // 32 per sender
+        for d in 0..4 {
+            r.on_data(0, d, true);
+            r.new_chunk(0, d, c(3));
+        }
+        // Class 5 overtakes class 3 in a priority queue: not reordering.
+        r.on_data(0, 5, true);
+        r.new_chunk(0, 5, c(5));
+        r.on_data(0, 4, true);
+        r.new_chunk(0, 4, c(3));
+        assert!(!r.reordering(0) && r.seen(0) == r.high(0));
+        // dseq 6..=9 of class 3 go on a slow path: 10 arrives first, and the
+        // gap of 4 is a loss run (nothing reordered within a class yet)...
+        r.on_data(0, 10, true);
+        r.new_chunk(0, 10, c(3));
+        assert_eq!(r.cuts, 1);
+        // ...until they land, late, within their class.
+        for d in 6..9 {
+            r.on_data(0, d, true);
+            r.new_chunk(0, d, c(3));
+        }
+        assert!(r.reordering(0));
+        // 9 is still on its way: the highest says 11, the count 10.
+        assert_eq!((r.seen(0), r.high(0)), (10, 11), "while reordering, a PROBE is compared with the count");
+        r.on_data(0, 9, true);
+        r.new_chunk(0, 9, c(3));
+        assert!(r.rx[0].late_depth >= 4, "{}", r.rx[0].late_depth);
+        // Past the cut's window: a gap of 4 again is reordering, not loss...
+        r.rx[0].cut_until = 0;
+        r.on_data(0, 15, true);
+        assert_eq!(r.cuts, 1);
+        // ...a gap deeper than any late chunk came is a loss run.
+        r.on_data(0, 40, true);
+        assert_eq!(r.cuts, 2);
     }
 
     #[test]

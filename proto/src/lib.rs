@@ -12,6 +12,7 @@
 //! - [`priority`]: the chunk classifier.
 //! - [`bitmap`]: chunk bitmaps and their segmented wire form.
 //! - [`pacer`]: token-bucket pacing on virtual time.
+//! - [`paths`]: per-packet spraying over many paths, and path health.
 //! - [`rate`]: loss-driven adaptation of the pacing rate (AIMD).
 //! - [`estimator`]: Jacobson/Karels estimators for probe timers and deadlines.
 //! - [`time`]: virtual [`time::Instant`].
@@ -30,6 +31,7 @@ pub mod estimator;
 pub mod flow;
 pub mod oracle;
 pub mod pacer;
+pub mod paths;
 pub mod pool;
 pub mod priority;
 pub mod rate;

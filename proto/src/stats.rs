@@ -31,6 +31,8 @@ pub enum By {
     Peer,
     /// Reason of a rejection (label `reason`, this name).
     Reason(&'static str),
+    /// Path (label `path`): one value per path index ([`crate::paths`]).
+    Path,
 }
 
 impl By {
@@ -41,6 +43,7 @@ impl By {
             By::Class => Label::Class(index.map(|i| i as u8)),
             By::Peer => Label::Peer(index.map(|i| i as u32)),
             By::Reason(r) => Label::Reason(r),
+            By::Path => Label::Path(index.unwrap_or(0) as u16),
         }
     }
 }
@@ -56,6 +59,8 @@ pub enum Label {
     Peer(Option<u32>),
     /// `reason="name"`.
     Reason(&'static str),
+    /// `path="i"`: the path index (the source port's offset from the first).
+    Path(u16),
 }
 
 /// How one counter is reported.
@@ -497,6 +502,28 @@ crate::counters! {
             "Authenticated bytes received per peer rank",
         )
         .by(By::Peer)],
+        /// Datagrams sent per path, every peer's path `i` together (one path
+        /// unless `paths` > 1; see [`crate::paths`]).
+        pub tx_packets_path: Vec<u64> => [
+            Desc::new("tx_packets_per_path", "path_tx_packets", "Datagrams sent per path (source port offset), all peers")
+                .by(By::Path),
+        ],
+        /// DATA chunks receivers reported missing, per path they were sent on.
+        pub lost_path: Vec<u64> => [Desc::new(
+            "lost_per_path",
+            "path_lost",
+            "DATA chunks the receivers reported missing, per path they were sent on",
+        )
+        .by(By::Path)],
+        /// The lowest weight any peer gives each path (1024: healthy; a path
+        /// whose losses stand out is cut to 16 and probed back).
+        pub path_weight: Vec<u64> => [Desc::new(
+            "weight_per_path",
+            "path_weight",
+            "Lowest share weight any peer gives the path (1024 healthy, 16 cut for loss)",
+        )
+        .by(By::Path)
+        .gauge()],
         /// Received datagrams discarded on arrival, per class and per peer.
         pub rx_dropped: RxDrops => [],
         /// Rejections.
@@ -705,6 +732,9 @@ mod tests {
     fn the_visitor_reports_every_counter_once_under_unique_names() {
         let world = 3;
         let mut s = Stats::new(world);
+        s.tx_packets_path = vec![0; 2];
+        s.lost_path = vec![0; 2];
+        s.path_weight = vec![0; 2];
         let mut next = 1_000_000u64;
         s.visit_mut(&mut |_, _, v| {
             next += 1;
@@ -725,6 +755,7 @@ mod tests {
                 (By::Nothing, Label::None) | (By::Reason(_), Label::Reason(_)) => {}
                 (By::Class, Label::Class(c)) => assert!(c.is_none_or(|c| usize::from(c) < Class::COUNT)),
                 (By::Peer, Label::Peer(p)) => assert!(p.is_none_or(|p| (p as usize) < world)),
+                (By::Path, Label::Path(p)) => assert!(p < 2),
                 other => panic!("{} labelled {other:?}", d.json),
             }
         });
@@ -736,9 +767,9 @@ mod tests {
         let mut in_debug = numbers(&format!("{s:?}"));
         in_debug.sort_unstable();
         assert_eq!(in_debug, given);
-        // 4×8 + 4×3 per class / per peer, 2×(8+1+3+1) dropped, 21 reasons,
-        // 2 + 4×8 + 2×2×3 repairs, 6 flow control, 12 others.
-        assert_eq!(given.len(), 32 + 12 + 26 + 21 + 2 + 32 + 12 + 6 + 12);
+        // 4×8 + 4×3 per class / per peer, 3×2 per path, 2×(8+1+3+1) dropped,
+        // 21 reasons, 2 + 4×8 + 2×2×3 repairs, 6 flow control, 12 others.
+        assert_eq!(given.len(), 32 + 12 + 6 + 26 + 21 + 2 + 32 + 12 + 6 + 12);
     }
 
     #[test]

@@ -124,7 +124,7 @@ fn batched_transmit_matches_one_at_a_time() {
             let view = many.poll_transmit_batch(now, 64, &mut batch);
             for d in view.iter() {
                 let s = one.poll_transmit(now, &mut single).expect("one-at-a-time has it too");
-                assert_eq!(s, Transmit { dst: d.dst, len: d.len(), class: d.class });
+                assert_eq!(s, Transmit { dst: d.dst, len: d.len(), class: d.class, path: d.path });
                 let mut whole = vec![0u8; d.len()];
                 assert_eq!(d.write_to(&mut whole), d.len());
                 assert_eq!(&single[..s.len], &whole[..]);

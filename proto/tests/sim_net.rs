@@ -138,7 +138,7 @@ impl Node for Toy {
         h.payload_len = PAYLOAD as u16;
         let len = wire::encode_in_place(&self.key, &h, buf, |b| b.fill(p.chunk as u8)).unwrap();
         self.next_send = now + self.gap;
-        Some(Transmit { dst: p.dst, len, class: p.class })
+        Some(Transmit { dst: p.dst, len, class: p.class, path: 0 })
     }
 
     fn poll_timeout(&self) -> Option<Instant> {

@@ -24,11 +24,49 @@ pub struct Cluster {
     pub ports: Vec<u16>,
 }
 
-/// Free UDP ports on 127.0.0.1 (bound then released; the window is tiny).
-fn free_ports(n: usize, ipv6: bool) -> Vec<u16> {
-    let any = if ipv6 { "[::1]:0" } else { "127.0.0.1:0" };
-    let socks: Vec<UdpSocket> = (0..n).map(|_| UdpSocket::bind(any).unwrap()).collect();
-    socks.iter().map(|s| s.local_addr().unwrap().port()).collect()
+/// Ports a daemon binds: one per path (`network.paths`, 16 by default; a
+/// test may configure fewer), from its `[[peers]]` port up.
+pub const PORT_BLOCK: u16 = 16;
+
+/// The first ports of `n` blocks of [`PORT_BLOCK`] free UDP ports each on
+/// 127.0.0.1 (or ::1), not overlapping: every port is bound until all blocks
+/// are found, then released (the window is tiny).
+pub fn free_ports(n: usize, ipv6: bool) -> Vec<u16> {
+    let ip = if ipv6 { "::1" } else { "127.0.0.1" };
+    let mut held: Vec<UdpSocket> = Vec::new();
+    let mut bases = Vec::new();
+    for _ in 0..10_000 {
+        if bases.len() == n {
+            return bases;
+        }
+        let first = UdpSocket::bind((ip, 0)).unwrap();
+        let base = first.local_addr().unwrap().port();
+        if u32::from(base) + u32::from(PORT_BLOCK) > 65536 {
+            continue;
+        }
+        let rest: Option<Vec<UdpSocket>> =
+            (1..PORT_BLOCK).map(|k| UdpSocket::bind((ip, base + k)).ok()).collect();
+        if let Some(rest) = rest {
+            held.push(first);
+            held.extend(rest);
+            bases.push(base);
+        }
+    }
+    panic!("no {n} blocks of {PORT_BLOCK} free UDP ports on {ip}");
+}
+
+/// A UDP socket on 127.0.0.1 whose port is outside every daemon's block of
+/// ports starting at one of `bases` and at least [`PORT_BLOCK`] from each
+/// (so it can stand in a configuration as another peer's port).
+pub fn socket_apart(bases: &[u16]) -> UdpSocket {
+    for _ in 0..10_000 {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let p = s.local_addr().unwrap().port();
+        if bases.iter().all(|&b| p.abs_diff(b) >= PORT_BLOCK) {
+            return s;
+        }
+    }
+    panic!("no UDP port on 127.0.0.1 apart from {bases:?}");
 }
 
 pub struct Options {
@@ -40,6 +78,8 @@ pub struct Options {
     pub late: Vec<u32>,
     /// Use ::1 instead of 127.0.0.1.
     pub ipv6: bool,
+    /// `network.paths` (None: the default, 16; at most [`PORT_BLOCK`]).
+    pub paths: Option<u16>,
 }
 
 impl Default for Options {
@@ -51,6 +91,7 @@ impl Default for Options {
             rx_loss_pct: 0.0,
             late: Vec::new(),
             ipv6: false,
+            paths: None,
         }
     }
 }
@@ -72,7 +113,8 @@ pub fn config_text(rank: u32, ports: &[u16], socket: &Path, o: &Options) -> Stri
         t += &format!("[[peers]]\nrank = {r}\naddress = \"{addr}\"\nport = {p}\n\n");
     }
     t += &format!(
-        "[network]\nheartbeat_interval_ms = 100\npeer_timeout_ms = 1000\n\n[loss]\nhard_timeout_ms = {}\n\n[control]\nsocket_path = \"{}\"\nsocket_mode = \"0600\"\n\n[shm]\narena_bytes = 134217728\nmax_tensor_bytes = 134217728\n\n[log]\nlevel = \"info\"\n\n[metrics]\naddress = \"127.0.0.1:0\"\n{}\n",
+        "[network]\nheartbeat_interval_ms = 100\npeer_timeout_ms = 1000\n{}\n[loss]\nhard_timeout_ms = {}\n\n[control]\nsocket_path = \"{}\"\nsocket_mode = \"0600\"\n\n[shm]\narena_bytes = 134217728\nmax_tensor_bytes = 134217728\n\n[log]\nlevel = \"info\"\n\n[metrics]\naddress = \"127.0.0.1:0\"\n{}\n",
+        o.paths.map_or(String::new(), |n| format!("paths = {n}\n")),
         o.hard_timeout_ms,
         socket.display(),
         o.extra

@@ -417,6 +417,28 @@ fn print_traffic_tables(w: &mut String, v: &Value) {
         row(w, &r.to_string(), cols.each_ref().map(|x| g(x, r)));
     }
     row(w, "unknown", unknown("rx_dropped_unknown_peer"));
+    print_path_table(w, v);
+}
+
+/// Per path (source port offset): sent, chunks reported lost, the lowest
+/// weight any peer gives it, received.
+fn print_path_table(w: &mut String, v: &Value) {
+    let p = &v["protocol"];
+    let cols = [
+        list(&p["tx_packets_per_path"]),
+        list(&p["lost_per_path"]),
+        list(&p["weight_per_path"]),
+        list(&v["service"]["rx_packets_per_path"]),
+    ];
+    let n = cols.iter().map(Vec::len).max().unwrap_or(0);
+    if n == 0 {
+        return;
+    }
+    outln!(w, "\n{:>7} {:>12} {:>12} {:>8} {:>12}", "path", "tx packets", "lost", "weight", "rx packets");
+    for i in 0..n {
+        let [a, b, c, d] = cols.each_ref().map(|x| x.get(i).copied().unwrap_or(0));
+        outln!(w, "{i:>7} {a:>12} {b:>12} {c:>8} {d:>12}");
+    }
 }
 
 /// The last ten ops, newest first.

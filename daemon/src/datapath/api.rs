@@ -72,7 +72,7 @@ pub enum SendOutcome {
     WouldBlock,
 }
 
-/// One datagram to send: to `dst`, marked with `class`'s DSCP, its bytes the
+/// One datagram to send: to `dst`, marked with `class`'s DSCP, on `path`, its bytes the
 /// concatenation of `parts` (dlcpd lends a datagram as header, payload and
 /// tag, where each lies: see `dlcp_proto::endpoint::TxView`).
 #[derive(Debug, Clone, Copy)]
@@ -81,14 +81,17 @@ pub struct Outgoing<'a> {
     pub dst: SocketAddr,
     /// Priority class.
     pub class: Class,
+    /// The path: it leaves from source port `local port + path`
+    /// (`dlcp_proto::paths`; a path the datapath does not have wraps round).
+    pub path: u8,
     /// The datagram's bytes, in three slices sent back to back.
     pub parts: [&'a [u8]; 3],
 }
 
 impl<'a> Outgoing<'a> {
-    /// A datagram that is one slice.
+    /// A datagram that is one slice, on path 0.
     pub fn whole(dst: SocketAddr, class: Class, datagram: &'a [u8]) -> Outgoing<'a> {
-        Outgoing { dst, class, parts: [datagram, &[], &[]] }
+        Outgoing { dst, class, path: 0, parts: [datagram, &[], &[]] }
     }
 
     /// Its length.

@@ -74,6 +74,9 @@ pub struct DpdkConfig {
     pub neighbours: Vec<(Ipv4Addr, Mac)>,
     /// IP MTU.
     pub mtu: u32,
+    /// Paths, 1 ..= 256: a datagram on path `p` leaves from UDP source port
+    /// `local.port() + p` (a path beyond wraps round; see `dlcp_proto::paths`).
+    pub paths: u16,
 }
 
 impl DpdkConfig {
@@ -109,6 +112,7 @@ impl DpdkConfig {
                 .map(|(ip, mac)| (ip, Mac(mac)))
                 .collect(),
             mtu: cfg.network.mtu,
+            paths: cfg.network.paths,
         })
     }
 }
@@ -168,7 +172,7 @@ pub struct DpdkStats {
 struct Pending {
     first: Instant,
     last_request: Instant,
-    datagrams: Vec<(Class, SocketAddrV4, Vec<u8>)>,
+    datagrams: Vec<(Class, SocketAddrV4, u8, Vec<u8>)>,
 }
 
 /// The DPDK datapath (see the module docs).
@@ -186,7 +190,7 @@ pub struct DpdkDatapath {
     pending: HashMap<Ipv4Addr, Pending>,
     /// Lent datagrams copied because the mbuf pool was empty (or earlier
     /// ones waited), staged first when mbufs are free again.
-    unsent: VecDeque<(Class, SocketAddrV4, Vec<u8>)>,
+    unsent: VecDeque<(Class, SocketAddrV4, u8, Vec<u8>)>,
     rx_buf: Vec<Mbuf>,
     rx_more: bool,
     blocked: bool,
@@ -324,7 +328,21 @@ impl DpdkDatapath {
     /// Build one UDP frame for `dst_mac` in a fresh mbuf and stage it on
     /// `class`'s queue: the datagram is the concatenation of `parts`, each
     /// copied once, into the mbuf. Returns false if the pool is empty.
-    fn stage_udp(&mut self, dst_mac: Mac, dst: SocketAddrV4, class: Class, parts: &[&[u8]]) -> bool {
+    /// The source address of a datagram on `path`: the local port plus the
+    /// path (per-packet load balancing: ECMP hashes the source port).
+    fn source(&self, path: u8) -> SocketAddrV4 {
+        let p = u16::from(path) % self.cfg.paths.max(1);
+        SocketAddrV4::new(*self.cfg.local.ip(), self.cfg.local.port().wrapping_add(p))
+    }
+
+    fn stage_udp(
+        &mut self,
+        dst_mac: Mac,
+        dst: SocketAddrV4,
+        class: Class,
+        path: u8,
+        parts: &[&[u8]],
+    ) -> bool {
         let Some(mut m) = self.pool.alloc() else {
             self.extra.tx_pool_empty += 1;
             return false;
@@ -333,7 +351,7 @@ impl DpdkDatapath {
         let f = UdpFrame {
             src_mac: self.mac,
             dst_mac,
-            src: self.cfg.local,
+            src: self.source(path),
             dst,
             dscp: self.cfg.dscp[class.index()],
             ident: self.ident,
@@ -435,25 +453,25 @@ impl DpdkDatapath {
         }
         match self.neighbours.get(dst.ip()) {
             Some(mac) if self.unsent.is_empty() => {
-                if !self.stage_udp(mac, dst, d.class, &d.parts) {
-                    self.unsent.push_back((d.class, dst, d.to_vec()));
+                if !self.stage_udp(mac, dst, d.class, d.path, &d.parts) {
+                    self.unsent.push_back((d.class, dst, d.path, d.to_vec()));
                 }
             }
-            Some(_) => self.unsent.push_back((d.class, dst, d.to_vec())),
-            None => self.wait_for_neighbour(Instant::now(), d.class, dst, d.to_vec()),
+            Some(_) => self.unsent.push_back((d.class, dst, d.path, d.to_vec())),
+            None => self.wait_for_neighbour(Instant::now(), d.class, dst, d.path, d.to_vec()),
         }
     }
 
     /// Stage the datagrams kept because the pool was empty, in order, while
     /// the pool has mbufs.
     fn stage_unsent(&mut self) {
-        while let Some((class, dst, d)) = self.unsent.pop_front() {
+        while let Some((class, dst, path, d)) = self.unsent.pop_front() {
             let Some(mac) = self.neighbours.get(dst.ip()) else {
-                self.wait_for_neighbour(Instant::now(), class, dst, d);
+                self.wait_for_neighbour(Instant::now(), class, dst, path, d);
                 continue;
             };
-            if !self.stage_udp(mac, dst, class, &[&d]) {
-                self.unsent.push_front((class, dst, d));
+            if !self.stage_udp(mac, dst, class, path, &[&d]) {
+                self.unsent.push_front((class, dst, path, d));
                 return;
             }
         }
@@ -461,17 +479,17 @@ impl DpdkDatapath {
 
     /// Keep datagram `d` for `dst` until ARP resolves its neighbour (asking if
     /// nobody asked yet); bounded.
-    fn wait_for_neighbour(&mut self, now: Instant, class: Class, dst: SocketAddrV4, d: Vec<u8>) {
+    fn wait_for_neighbour(&mut self, now: Instant, class: Class, dst: SocketAddrV4, path: u8, d: Vec<u8>) {
         let ip = *dst.ip();
         let ask = match self.pending.entry(ip) {
             Entry::Vacant(v) => {
-                v.insert(Pending { first: now, last_request: now, datagrams: vec![(class, dst, d)] });
+                v.insert(Pending { first: now, last_request: now, datagrams: vec![(class, dst, path, d)] });
                 true
             }
             Entry::Occupied(mut o) => {
                 let p = o.get_mut();
                 if p.datagrams.len() < ARP_PENDING_MAX {
-                    p.datagrams.push((class, dst, d));
+                    p.datagrams.push((class, dst, path, d));
                 } else {
                     self.extra.tx_unresolved_dropped += 1;
                 }
@@ -502,8 +520,8 @@ impl DpdkDatapath {
             self.stage_arp(a.sender_mac, reply);
         }
         if let Some(p) = self.pending.remove(&a.sender_ip) {
-            for (class, dst, d) in p.datagrams {
-                if !self.stage_udp(a.sender_mac, dst, class, &[&d]) {
+            for (class, dst, path, d) in p.datagrams {
+                if !self.stage_udp(a.sender_mac, dst, class, path, &[&d]) {
                     self.extra.tx_unresolved_dropped += 1;
                 }
             }
@@ -569,14 +587,14 @@ impl Datapath for DpdkDatapath {
             }
         }
         if let Some(mac) = self.neighbours.get(dst.ip()) {
-            if !self.stage_udp(mac, dst, class, &[datagram]) {
+            if !self.stage_udp(mac, dst, class, 0, &[datagram]) {
                 self.push();
                 self.blocked = true;
                 return Ok(SendOutcome::WouldBlock);
             }
             return Ok(SendOutcome::Sent);
         }
-        self.wait_for_neighbour(Instant::now(), class, dst, datagram.to_vec());
+        self.wait_for_neighbour(Instant::now(), class, dst, 0, datagram.to_vec());
         Ok(SendOutcome::Sent)
     }
 

@@ -380,7 +380,7 @@ impl Admin {
 
 /// Place one counter value in the stats document: at `section` (empty: the
 /// top), then the description's key, whose dots nest objects; a value by
-/// class or by peer is element `i` of an array under its key (the unknown
+/// class, peer or path is element `i` of an array under its key (the unknown
 /// bucket has a key of its own).
 fn put_counter(doc: &mut serde_json::Value, section: &str, key: &str, label: Label, value: u64) {
     use serde_json::Value;
@@ -394,6 +394,7 @@ fn put_counter(doc: &mut serde_json::Value, section: &str, key: &str, label: Lab
     let index = match label {
         Label::Class(Some(c)) => Some(usize::from(c)),
         Label::Peer(Some(p)) => Some(p as usize),
+        Label::Path(p) => Some(usize::from(p)),
         _ => None,
     };
     match index {

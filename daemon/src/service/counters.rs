@@ -17,6 +17,14 @@ dlcp_proto::counters! {
     /// Counters of the service itself (`service` in `dlcpctl stats --json`).
     #[derive(Debug, Clone, Default, PartialEq, Eq)]
     pub struct ServiceCounters {
+        /// Datagrams received from configured peers, per path: the offset of
+        /// their source port from the peer's `[[peers]]` port (`network.paths`).
+        pub rx_packets_path: Vec<u64> => [Desc::new(
+            "rx_packets_per_path",
+            "path_rx_packets",
+            "Datagrams received from configured peers, per path (source port offset from the peer's port)",
+        )
+        .by(By::Path)],
         /// Trainers attached since start.
         pub trainers_attached: u64 => [Desc::new(
             "trainers_attached",

@@ -82,6 +82,7 @@ mod local;
 mod operations;
 mod pump;
 mod setup;
+mod sources;
 mod trainers;
 mod view;
 
@@ -177,7 +178,8 @@ impl Service {
                 cfg.bind_addr()
             );
         }
-        let pump = Pump::new(datapath, peers);
+        let paths = cfg.network.paths;
+        let pump = Pump::new(datapath, peers, paths);
         let mut service = Service {
             cfg,
             endpoint,
@@ -187,7 +189,10 @@ impl Service {
             admin: Admin::new(),
             admin_socket,
             operations,
-            counters: ServiceCounters::default(),
+            counters: ServiceCounters {
+                rx_packets_path: vec![0; usize::from(paths)],
+                ..ServiceCounters::default()
+            },
             poll,
             signals,
             timer,

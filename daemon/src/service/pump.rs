@@ -5,7 +5,6 @@
 //! sets the endpoint's transmit rate is the endpoint's own
 //! (`dlcp_proto::rate`, on its virtual clock).
 
-use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 
@@ -13,6 +12,7 @@ use dlcp_proto::endpoint::{Endpoint, TxBatch};
 use dlcp_proto::time::Instant;
 
 use super::counters::ServiceCounters;
+use super::sources::Sources;
 use crate::datapath::fault::{Fate, FaultInjector};
 use crate::datapath::{Datapath, Outgoing};
 
@@ -26,16 +26,18 @@ pub(super) struct Pump {
     datapath: FaultInjector,
     /// Peer addresses by rank.
     peers: Vec<SocketAddr>,
-    peer_rank: HashMap<SocketAddr, u32>,
+    /// Peer ranks by source address (a peer sends from one port per path).
+    sources: Sources,
     /// The datagrams of one `poll_transmit_batch` call.
     tx_batch: TxBatch,
 }
 
 impl Pump {
-    /// A pump over `datapath` for the peers at `peers` (by rank).
-    pub(super) fn new(datapath: FaultInjector, peers: Vec<SocketAddr>) -> Pump {
-        let peer_rank = peers.iter().enumerate().map(|(r, a)| (*a, r as u32)).collect();
-        Pump { datapath, peers, peer_rank, tx_batch: TxBatch::new() }
+    /// A pump over `datapath` for the peers at `peers` (by rank), each
+    /// sending from `paths` ports.
+    pub(super) fn new(datapath: FaultInjector, peers: Vec<SocketAddr>, paths: u16) -> Pump {
+        let sources = Sources::new(&peers, paths);
+        Pump { datapath, peers, sources, tx_batch: TxBatch::new() }
     }
 
     /// The datapath.
@@ -63,21 +65,27 @@ impl Pump {
     /// there, then places its payload), with the peer its source address
     /// belongs to.
     pub(super) fn receive(&mut self, endpoint: &mut Endpoint, counters: &mut ServiceCounters, now: Instant) {
-        let Pump { datapath, peer_rank, .. } = self;
+        let Pump { datapath, sources, .. } = self;
         // The last source looked up: datagrams come in runs from one peer.
-        let mut last: Option<(SocketAddr, Option<u32>)> = None;
+        let mut last: Option<(SocketAddr, Option<(u32, u16)>)> = None;
         // Bounded, so a flood cannot starve timers, trainers and transmit.
         for _ in 0..64 {
             let r = datapath.recv_reporting(&mut |from: SocketAddr, bytes: &[u8], fate: Fate| {
                 // A configured peer's rank, or none (one bounded "unknown" bucket).
-                let peer = match last {
+                let source = match last {
                     Some((a, p)) if a == from => p,
                     _ => {
-                        let p = peer_rank.get(&from).copied();
+                        let p = sources.peer(from);
                         last = Some((from, p));
                         p
                     }
                 };
+                let peer = source.map(|(rank, _)| rank);
+                if let Some(n) =
+                    source.and_then(|(_, path)| counters.rx_packets_path.get_mut(usize::from(path)))
+                {
+                    *n += 1;
+                }
                 match fate {
                     Fate::Dropped(_) => {
                         counters.rx_debug_dropped += 1;
@@ -116,7 +124,8 @@ impl Pump {
             let batch: Vec<Outgoing<'_>> = view
                 .iter()
                 .filter_map(|d| {
-                    Some(Outgoing { dst: *peers.get(d.dst as usize)?, class: d.class, parts: d.parts() })
+                    let dst = *peers.get(d.dst as usize)?;
+                    Some(Outgoing { dst, class: d.class, path: d.path, parts: d.parts() })
                 })
                 .collect();
             if let Err(e) = datapath.send_batch(&batch) {

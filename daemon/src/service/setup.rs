@@ -93,6 +93,7 @@ pub fn endpoint_config(cfg: &Config, generation: u32, session: u64) -> EndpointC
     let mut e = EndpointConfig::new(rank, world, job, generation, session, cfg.job_key());
     e.chunk_bytes = cfg.chunk_bytes() as usize;
     e.flow = cfg.network.flow(cfg.chunk_bytes());
+    e.paths = cfg.network.paths;
     e.classifier = cfg.classifier();
     e.timers = timers(cfg);
     e.pacing_rate = cfg.pacing.rate_bytes_per_sec().unwrap_or(0);

@@ -205,6 +205,11 @@ pub struct EndpointConfig {
     /// Receiver-driven flow control ([`crate::flow`]); must agree across
     /// the job (announced in HELLO).
     pub flow: FlowConfig,
+    /// Path candidates per peer, `1..=`[`crate::paths::MAX_PATHS`]: every
+    /// datagram names the one it goes on ([`crate::endpoint::Transmit::path`]),
+    /// chosen by path health ([`crate::paths`]). 1: one path (one 5-tuple).
+    /// Peers need not agree on it.
+    pub paths: u16,
 }
 
 impl EndpointConfig {
@@ -225,6 +230,7 @@ impl EndpointConfig {
             rate_adapt: None,
             early_buffer_bytes: 64 << 20,
             flow: FlowConfig::default(),
+            paths: 1,
         }
     }
 }

@@ -45,10 +45,19 @@ enum Payload {
 struct Entry {
     dst: u32,
     class: Class,
+    path: u8,
     /// Offset of the header in the batch's buffer; an inline payload and the
     /// tag follow it.
     off: usize,
     payload: Payload,
+}
+
+/// Where a datagram goes: rank `dst`, in `class`, on `path`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct To {
+    pub dst: u32,
+    pub class: Class,
+    pub path: u8,
 }
 
 /// The datagrams of one [`Endpoint::poll_transmit_batch`](super::Endpoint::poll_transmit_batch)
@@ -91,11 +100,11 @@ impl TxBatch {
 
     /// A control datagram of `len` bytes (header, payload, room for the tag)
     /// was written into the room [`TxBatch::inline_room`] gave.
-    pub(crate) fn push_inline(&mut self, dst: u32, class: Class, len: usize) {
+    pub(crate) fn push_inline(&mut self, dst: u32, class: Class, path: u8, len: usize) {
         let off = self.entries_end();
         self.bytes.truncate(off + len);
         let payload = Payload::Inline(len - wire::HEADER_LEN - self.tag_len);
-        self.entries.push(Entry { dst, class, off, payload });
+        self.entries.push(Entry { dst, class, path, off, payload });
     }
 
     /// Give back the room of a control datagram that was not written.
@@ -104,12 +113,11 @@ impl TxBatch {
         self.bytes.truncate(end);
     }
 
-    /// A DATA datagram: `header` (its [`wire::HEADER_LEN`] bytes), then
-    /// elements `range` of `op`'s `buffer`.
+    /// A DATA datagram on `path`: `header` (its [`wire::HEADER_LEN`] bytes),
+    /// then elements `range` of `op`'s `buffer`.
     pub(crate) fn push_data(
         &mut self,
-        dst: u32,
-        class: Class,
+        to: To,
         header: &[u8],
         op: OpKey,
         buffer: Buffer,
@@ -120,7 +128,8 @@ impl TxBatch {
         self.bytes.extend_from_slice(&header[..wire::HEADER_LEN]);
         self.bytes.resize(self.bytes.len() + self.tag_len, 0);
         let (start, len) = (range.start, range.len());
-        self.entries.push(Entry { dst, class, off, payload: Payload::Op { op, buffer, start, len } });
+        let To { dst, class, path } = to;
+        self.entries.push(Entry { dst, class, path, off, payload: Payload::Op { op, buffer, start, len } });
     }
 
     /// End of the last datagram's bytes in the buffer.
@@ -168,6 +177,8 @@ pub struct Datagram<'a> {
     pub dst: u32,
     /// Priority class.
     pub class: Class,
+    /// The path to send it on ([`crate::endpoint::Transmit::path`]).
+    pub path: u8,
     /// The [`wire::HEADER_LEN`]-byte header.
     pub header: &'a [u8],
     /// The payload (may be empty).
@@ -220,7 +231,8 @@ fn view_entry<'a>(bytes: &'a [u8], ops: &'a OpTable, e: Entry, tag_len: usize) -
             None => &[],
         },
     };
-    Datagram { dst: e.dst, class: e.class, header, payload, tag: &bytes[tag_at..tag_at + tag_len] }
+    let tag = &bytes[tag_at..tag_at + tag_len];
+    Datagram { dst: e.dst, class: e.class, path: e.path, header, payload, tag }
 }
 
 /// The datagrams of one [`Endpoint::poll_transmit_batch`](super::Endpoint::poll_transmit_batch)

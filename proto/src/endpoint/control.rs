@@ -18,7 +18,9 @@ impl Endpoint {
         let room = batch.inline_room(wire::OVERHEAD + self.sh.seg_bytes());
         match self.write_control(now, item, room) {
             Some(n) => {
-                batch.push_inline(item.peer, Class::CONTROL, n);
+                let probe = item.kind == TxKind::Probe;
+                let path = self.sh.pick_path(item.peer, None, probe, now);
+                batch.push_inline(item.peer, Class::CONTROL, path, n);
                 self.sh.count_transmit(item.peer, Class::CONTROL, n);
                 true
             }

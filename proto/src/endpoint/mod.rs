@@ -802,6 +802,7 @@ impl Endpoint {
                 dst: d.dst,
                 len: d.write_to(buf),
                 class: d.class,
+                path: d.path,
             })
         };
         self.scratch = batch;
@@ -858,8 +859,9 @@ impl Endpoint {
     /// Add DATA `item` to `batch`: its header, and where its payload lies.
     fn encode_data(&mut self, item: TxItem, batch: &mut TxBatch) -> bool {
         let TxKind::Data { repair, class, .. } = item.kind else { return false };
-        let Some((h, buffer, range)) =
-            self.ops.by_key_mut(item.op).and_then(|op| op.data_header(item, &self.sh))
+        let now = self.now;
+        let Some((h, buffer, range, path)) =
+            self.ops.by_key_mut(item.op).and_then(|op| op.data_header(item, now, &mut self.sh))
         else {
             return false;
         };
@@ -872,7 +874,7 @@ impl Endpoint {
             return false;
         }
         let len = h.packet_len();
-        batch.push_data(item.peer, class, &header, item.op, buffer, range);
+        batch.push_data(batch::To { dst: item.peer, class, path }, &header, item.op, buffer, range);
         if repair {
             self.sh.stats.count_repair_sent(item.peer, class, len);
         }

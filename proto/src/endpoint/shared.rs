@@ -1,7 +1,8 @@
 //! What every op's handlers share with the endpoint: the configuration, the
 //! transmit queues, the counters and the learned timing (probe RTT, receive
-//! deadlines, how far PROBEs overtake data), and the framing of packets:
-//! this incarnation's packet key and packet numbers.
+//! deadlines, how far PROBEs overtake data), the paths datagrams are sprayed
+//! over and their health, and the framing of packets: this incarnation's
+//! packet key and packet numbers.
 
 use std::cell::Cell;
 
@@ -10,9 +11,10 @@ use crate::endpoint::api::{EndpointConfig, OpId};
 use crate::endpoint::tx::TxQueues;
 use crate::estimator::{DeadlineEstimator, RttEstimator};
 use crate::flow::Flow;
+use crate::paths::{FULL, Paths};
 use crate::run::Runs;
 use crate::stats::Stats;
-use crate::time::Duration;
+use crate::time::{Duration, Instant};
 use crate::transfer::Retry;
 use crate::wire::{self, Header, MacKey, PacketType, Phase};
 
@@ -38,6 +40,8 @@ pub(crate) struct Shared {
     pub flow: Flow,
     /// The job's runs: this daemon's, its peers', the agreed ones ([`crate::run`]).
     pub runs: Runs,
+    /// The paths towards every peer and their health ([`crate::paths`]).
+    pub paths: Paths,
 }
 
 impl Shared {
@@ -46,9 +50,16 @@ impl Shared {
         let t = cfg.timers;
         let deadline = || DeadlineEstimator::new(t.initial_per_chunk, t.deadline_min, t.deadline_max);
         let me = wire::SenderId { job: cfg.job, rank: cfg.rank, session: cfg.session };
+        let paths = Paths::new(cfg.paths, cfg.world, cfg.session ^ u64::from(cfg.rank), Instant::ZERO);
+        let n = usize::from(paths.count());
+        let mut stats = Stats::new(cfg.world as usize);
+        stats.tx_packets_path = vec![0; n];
+        stats.lost_path = vec![0; n];
+        stats.path_weight = vec![u64::from(FULL); n];
         Shared {
             tx: TxQueues::default(),
-            stats: Stats::new(cfg.world as usize),
+            stats,
+            paths,
             rtt: RttEstimator::new(t.probe_initial, t.probe_min, t.probe_max),
             deadlines: [deadline(), deadline()],
             overtake: Duration::ZERO,
@@ -142,5 +153,28 @@ impl Shared {
     /// Count a datagram of `len` bytes to `peer` in `class` as sent.
     pub(crate) fn count_transmit(&mut self, peer: u32, class: Class, len: usize) {
         self.stats.count_tx(peer, class, len);
+    }
+
+    /// The path of the next datagram to `peer` (a `probe`'s copies take
+    /// different paths; a repair `avoid`s its chunk's last), counted as sent.
+    pub(crate) fn pick_path(&mut self, peer: u32, avoid: Option<u8>, probe: bool, now: Instant) -> u8 {
+        let path = if probe { self.paths.pick_probe(peer, now) } else { self.paths.pick(peer, avoid, now) };
+        if let Some(c) = self.stats.tx_packets_path.get_mut(usize::from(path)) {
+            *c += 1;
+        }
+        path
+    }
+
+    /// `peer`'s feedback on a chunk sent on `path`: `delivered`, or reported
+    /// missing (a loss on that path).
+    pub(crate) fn judge_path(&mut self, peer: u32, path: u8, delivered: bool, now: Instant) {
+        if !delivered && let Some(c) = self.stats.lost_path.get_mut(usize::from(path)) {
+            *c += 1;
+        }
+        if self.paths.judge(peer, path, delivered, now) {
+            for (i, w) in self.stats.path_weight.iter_mut().enumerate() {
+                *w = u64::from(self.paths.min_weight(i as u8));
+            }
+        }
     }
 }

@@ -16,7 +16,7 @@ use crate::wire::Phase;
 
 /// One datagram an endpoint wants to send: `len` bytes written into the
 /// buffer passed to [`super::Endpoint::poll_transmit`], to rank `dst`, with
-/// priority `class`.
+/// priority `class`, on `path`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transmit {
     /// Destination rank.
@@ -25,6 +25,9 @@ pub struct Transmit {
     pub len: usize,
     /// Priority class (the simulated switch serves and drops by it).
     pub class: Class,
+    /// The path to send it on, `0..paths` ([`crate::paths`]; always 0 with
+    /// one path): a datapath sends it from source port `base + path`.
+    pub path: u8,
 }
 
 /// The kind of a queued packet.

@@ -35,6 +35,13 @@
 //!     delivered uniformly `[0, duplicate_delay]` after the first;
 //!   - *corrupted* with probability [`NetConfig::corrupt`], independently per
 //!     delivered copy: one random bit is flipped (the receiver's MAC check rejects it).
+//! - **Paths.** With [`NetConfig::paths`], every datagram goes on the path its
+//!   sender named ([`Transmit::path`]) between its uplink and the switch
+//!   (a spine of a leaf–spine fabric): lost with the path's probability
+//!   (drawn from a stream of its own, so the other faults do not shift),
+//!   serialized at the path's rate in one FIFO shared by every sender, and
+//!   delayed by the path's delay. Paths of different delays reorder a
+//!   sender's datagrams.
 //! - **Dead hosts.** [`Sim::set_silent`] freezes a node: it is no longer driven at all
 //!   and every datagram to or from it that would be delivered while it is silent is
 //!   dropped instead.
@@ -72,11 +79,11 @@ mod net;
 mod observe;
 mod switch;
 
-pub use net::NetConfig;
 use net::nanos;
+pub use net::{NetConfig, PathConfig};
 use observe::data_key;
 pub use observe::{
-    ChunkKey, DeliveryLog, DropFn, NetStats, PerClass, PortStats, TraceEvent, TraceFn, TraceRecord,
+    ChunkKey, DeliveryLog, DropFn, NetStats, PathStats, PerClass, PortStats, TraceEvent, TraceFn, TraceRecord,
 };
 use switch::{Admit, PrioQueue};
 
@@ -250,6 +257,8 @@ pub struct Sim<N> {
     stats: NetStats,
     trace: Option<TraceFn>,
     drop: Option<DropFn>,
+    /// Per path: when it is free to serialize the next datagram.
+    path_free: Vec<Instant>,
 }
 
 impl<N> fmt::Debug for Sim<N> {
@@ -286,9 +295,14 @@ impl<N: Node> Sim<N> {
             now: Instant::ZERO,
             pool: Vec::new(),
             log: DeliveryLog::new(n),
-            stats: NetStats { ports: vec![PortStats::default(); n], ..NetStats::default() },
+            stats: NetStats {
+                ports: vec![PortStats::default(); n],
+                paths: vec![PathStats::default(); config.paths.len()],
+                ..NetStats::default()
+            },
             trace: None,
             drop: None,
+            path_free: vec![Instant::ZERO; config.paths.len()],
             nodes,
             cfg: config,
         };
@@ -621,8 +635,39 @@ impl<N: Node> Sim<N> {
             self.recycle(data);
             return;
         }
+        let Some(at) = self.on_path(rank, n, tx, now + ser + self.cfg.prop_delay) else {
+            self.stats.lost[c] += 1;
+            self.emit(TraceEvent::Lost, rank, tx.dst, tx.class, &data);
+            self.recycle(data);
+            return;
+        };
         let pkt = Pkt { src: rank, dst: tx.dst, class: tx.class, data, faults };
-        self.push(now + ser + self.cfg.prop_delay, What::Arrive(pkt));
+        self.push(at, What::Arrive(pkt));
+    }
+
+    /// Datagram `n` of `rank` (`tx`) enters its path at `at`: when it reaches
+    /// the switch, or `None` if the path loses it (see the module docs).
+    fn on_path(&mut self, rank: u32, n: u64, tx: Transmit, at: Instant) -> Option<Instant> {
+        if self.cfg.paths.is_empty() {
+            return Some(at);
+        }
+        let i = usize::from(tx.path) % self.cfg.paths.len();
+        let path = &self.cfg.paths[i];
+        let c = tx.class.index();
+        self.stats.paths[i].offered[c] += 1;
+        let mut rng = Rng::stream(self.cfg.seed ^ 0x9A7B_5EED, u64::from(rank), n);
+        if rng.chance(path.loss) {
+            self.stats.paths[i].lost[c] += 1;
+            return None;
+        }
+        let done = if path.rate_bps == 0 {
+            at
+        } else {
+            let start = at.max(self.path_free[i]);
+            start + self.cfg.serialization(tx.len, path.rate_bps)
+        };
+        self.path_free[i] = self.path_free[i].max(done);
+        Some(done + path.delay)
     }
 
     fn start_port(&mut self, port: u32, pkt: Pkt) {

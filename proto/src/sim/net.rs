@@ -5,6 +5,28 @@ use std::collections::BTreeMap;
 use crate::time::Duration;
 use crate::wire;
 
+/// One of several paths between the nodes and the switch (think of a spine
+/// of a leaf–spine fabric): every datagram goes on the path its sender named
+/// ([`Transmit::path`](crate::endpoint::Transmit::path)), after its uplink
+/// and before the switch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PathConfig {
+    /// Probability that a datagram on this path is lost.
+    pub loss: f64,
+    /// Extra one-way delay of the path.
+    pub delay: Duration,
+    /// Rate of the path, bits/s, shared by every sender in FIFO order
+    /// (0: no limit of its own).
+    pub rate_bps: u64,
+}
+
+impl PathConfig {
+    /// A path that loses nothing, adds no delay and has no rate limit.
+    pub fn clean() -> PathConfig {
+        PathConfig { loss: 0.0, delay: Duration::ZERO, rate_bps: 0 }
+    }
+}
+
 /// Network parameters of a simulation. Build with [`NetConfig::default`] and the
 /// `with_*` methods, or set the public fields directly.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,6 +61,9 @@ pub struct NetConfig {
     /// How many times in a row a node may get `handle_timeout` at the same instant
     /// without sending or receiving before the simulator panics.
     pub max_timer_spins: u32,
+    /// Paths between the nodes and the switch (empty: one path with no
+    /// behaviour of its own). A datagram on path `i` takes `paths[i % len]`.
+    pub paths: Vec<PathConfig>,
 }
 
 impl Default for NetConfig {
@@ -60,6 +85,7 @@ impl Default for NetConfig {
             seed: 1,
             max_datagram: wire::MAX_PAYLOAD + wire::OVERHEAD,
             max_timer_spins: 1000,
+            paths: Vec::new(),
         }
     }
 }
@@ -117,6 +143,12 @@ impl NetConfig {
         self
     }
 
+    /// Set the paths between the nodes and the switch.
+    pub fn with_paths(mut self, paths: Vec<PathConfig>) -> Self {
+        self.paths = paths;
+        self
+    }
+
     /// The rate of the egress port towards `rank`.
     pub fn port_rate(&self, rank: u32) -> u64 {
         self.port_rates_bps.get(&rank).copied().unwrap_or(self.link_rate_bps)
@@ -138,6 +170,13 @@ impl NetConfig {
             assert!((0.0..=1.0).contains(&p), "NetConfig::{name} = {p} is not a probability in [0, 1]");
         }
         assert!(self.link_rate_bps > 0, "NetConfig::link_rate_bps must be positive");
+        for (i, p) in self.paths.iter().enumerate() {
+            assert!(
+                (0.0..=1.0).contains(&p.loss),
+                "NetConfig::paths[{i}].loss = {} is not a probability",
+                p.loss
+            );
+        }
         for (rank, &bps) in &self.port_rates_bps {
             assert!(bps > 0, "NetConfig::port_rates_bps[{rank}] must be positive");
         }

@@ -95,6 +95,15 @@ impl DeliveryLog {
 /// Per-class counters, indexed by [`Class::index`].
 pub type PerClass = [u64; Class::COUNT];
 
+/// Counters of one path ([`NetConfig::paths`](crate::sim::NetConfig::paths)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PathStats {
+    /// Datagrams handed over on this path, per class.
+    pub offered: PerClass,
+    /// Datagrams the path lost, per class.
+    pub lost: PerClass,
+}
+
 /// Counters of one switch egress port.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PortStats {
@@ -151,6 +160,8 @@ pub struct NetStats {
     pub timers_fired: u64,
     /// Per egress port, indexed by destination rank.
     pub ports: Vec<PortStats>,
+    /// Per path, when the network has paths ([`NetConfig::paths`](crate::sim::NetConfig::paths)).
+    pub paths: Vec<PathStats>,
 }
 
 impl NetStats {

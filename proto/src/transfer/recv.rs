@@ -49,11 +49,15 @@ impl TransferReport {
 
 /// What a PROBE said of its sender's DATA to this rank: `sent` datagrams
 /// before the PROBE, of which the receiver has seen up to `seen` (one past
-/// the highest data sequence number; see [`crate::flow`]).
+/// the highest data sequence number; see [`crate::flow`]); `reordering`:
+/// the sender's datagrams were seen to arrive out of order (they take paths
+/// of different delays, [`crate::paths`]), so neither `seen` nor the arrival
+/// of the last chunk sent proves that the earlier ones are not in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Behind {
     pub sent: u64,
     pub seen: u64,
+    pub reordering: bool,
 }
 
 /// The receive side of one transfer.
@@ -89,6 +93,9 @@ pub(crate) struct Receiver {
     settle: Option<(Duration, Instant, u64)>,
     /// The sender's DATA count to this rank when it sent the last PROBE.
     probe_sent: Option<u64>,
+    /// The last PROBE found the sender's datagrams arriving reordered
+    /// ([`Behind::reordering`]): the chunk it names landing ends no settle.
+    reordered: bool,
     /// How far the sender's DATA to this rank had come when the deadline
     /// last looked (a deadline waits while it moves).
     seen_mark: u64,
@@ -206,6 +213,7 @@ impl Receiver {
             grace: None,
             settle: None,
             probe_sent: None,
+            reordered: false,
             seen_mark: 0,
             awaited: None,
             probe_at: None,
@@ -318,7 +326,7 @@ impl Receiver {
         }
         self.last_at = Some(now);
         let mut overtake = None;
-        if self.awaited == Some(h.chunk_index) {
+        if self.awaited == Some(h.chunk_index) && !self.reordered {
             // The chunk the PROBE overtook has landed: answer the PROBE now.
             self.awaited = None;
             self.settle = None;
@@ -326,6 +334,17 @@ impl Receiver {
             // Only a first-pass chunk proves it was queued behind the PROBE; a
             // repair of a lost one says nothing about queueing.
             overtake = self.probe_at.take().filter(|_| !h.flags.contains(Flags::REPAIR)).map(|p| now - p);
+        } else if let Some(p) = self.probe_at
+            && self.grace.is_some()
+            && self.reordered
+            && !h.flags.contains(Flags::REPAIR)
+        {
+            // The sender's datagrams take paths of different delays: the
+            // PROBE overtook this chunk on a faster path, and the chunk it
+            // names landing says nothing of the others (the settle goes on
+            // while chunks land: see `on_timer`). Learn by how much, so the
+            // grace after the next PROBE lasts long enough.
+            overtake = Some(now - p);
         }
         if h.flags.contains(Flags::REPAIR) {
             self.repaired += 1;
@@ -372,6 +391,7 @@ impl Receiver {
         }
         self.probe_seq = self.probe_seq.max(h.seq);
         self.probe_sent = behind.map(|b| b.sent);
+        self.reordered = behind.is_some_and(|b| b.reordering);
         self.arm_deadline(now, est);
         let answer = if self.closed_at.is_some() {
             if self.mode == Mode::Own { Answer::Done } else { Answer::Nothing }
@@ -410,8 +430,11 @@ impl Receiver {
             return self.grace;
         }
         // The chunk the sender sent last has arrived: nothing the PROBE could
-        // have overtaken is left in flight (per-class FIFO, lowest class last).
-        if self.got.get(last_sent) {
+        // have overtaken is left in flight (per-class FIFO, lowest class last)
+        // — unless its datagrams take paths of different delays: then wait
+        // while chunks are still landing (below).
+        let reordering = behind.is_some_and(|b| b.reordering);
+        if self.got.get(last_sent) && !reordering {
             return None;
         }
         // The sender's DATA sent before the PROBE has not all arrived: what

@@ -41,7 +41,16 @@ pub(crate) struct Sender {
     reported: bool,
     done: bool,
     repairs: u32,
+    /// With more than one path ([`crate::paths`]): the path each chunk was
+    /// last sent on (one byte per chunk; empty with one path) ...
+    path_of: Vec<u8>,
+    /// ... and the chunks sent since the receiver's last verdict on them.
+    outstanding: Bitmap,
 }
+
+/// What the sender learned about one chunk it sent on a path: delivered,
+/// or reported missing (see [`crate::paths`]).
+pub(crate) type Verdict<'a> = &'a mut dyn FnMut(u8, bool);
 
 /// What a drained send queue leads to ([`Sender::dequeued`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +82,17 @@ pub(crate) struct Heard {
 impl Sender {
     /// A transfer of `n` chunks, `required` of them not droppable, whose
     /// receiver reports in BITMAP segments of `seg_bytes` bytes.
-    pub(crate) fn new(n: u32, required: u32, budget_ppm: u32, seg_bytes: usize, mode: Mode) -> Sender {
+    /// With `multipath`, it remembers the path of every chunk it sends and
+    /// gives a [`Verdict`] on it when the receiver reports.
+    pub(crate) fn new(
+        n: u32,
+        required: u32,
+        budget_ppm: u32,
+        seg_bytes: usize,
+        mode: Mode,
+        multipath: bool,
+    ) -> Sender {
+        let per_chunk = if multipath { n } else { 0 };
         Sender {
             n,
             required,
@@ -92,6 +111,8 @@ impl Sender {
             reported: false,
             done: false,
             repairs: 0,
+            path_of: vec![0; per_chunk as usize],
+            outstanding: Bitmap::new(per_chunk),
         }
     }
 
@@ -112,7 +133,11 @@ impl Sender {
 
     /// Heap and struct bytes (for the endpoint's footprint).
     pub(crate) fn bytes(&self) -> usize {
-        size_of::<Sender>() + self.have.heap_bytes() + self.segs_seen.heap_bytes()
+        size_of::<Sender>()
+            + self.have.heap_bytes()
+            + self.segs_seen.heap_bytes()
+            + self.path_of.capacity()
+            + self.outstanding.heap_bytes()
     }
 
     /// `k` more first-pass chunks were queued.
@@ -132,9 +157,29 @@ impl Sender {
         h.budget_ppm = self.budget_ppm;
     }
 
-    /// `chunk` went out.
-    pub(crate) fn sent(&mut self, chunk: u32) {
+    /// `chunk` went out, on `path`.
+    pub(crate) fn sent(&mut self, chunk: u32, path: u8) {
         self.last_sent = chunk;
+        if let Some(p) = self.path_of.get_mut(chunk as usize) {
+            *p = path;
+            self.outstanding.set(chunk);
+        }
+    }
+
+    /// The path `chunk` was last sent on (`None` with one path).
+    pub(crate) fn path_of(&self, chunk: u32) -> Option<u8> {
+        self.path_of.get(chunk as usize).copied()
+    }
+
+    /// A verdict on every outstanding chunk in `first..first + len`:
+    /// delivered if the receiver holds it.
+    fn judge(&mut self, first: u32, len: u32, verdict: Verdict<'_>) {
+        let end = first.saturating_add(len).min(self.outstanding.len());
+        for c in first..end {
+            if self.outstanding.clear(c) {
+                verdict(self.path_of[c as usize], self.have.get(c));
+            }
+        }
     }
 
     /// A queued chunk left the queue (sent or no longer wanted): when the
@@ -195,7 +240,19 @@ impl Sender {
 
     /// A BITMAP segment (or a COMPLETE bitmap) from the receiver. The caller
     /// checked that it names this transfer's chunk count.
-    pub(crate) fn on_bitmap(&mut self, h: &Header, payload: &[u8], now: Instant, seg_bytes: usize) -> Heard {
+    ///
+    /// With more than one path, a BITMAP is a [`Verdict`] on the chunks sent
+    /// since the last one when it answers the current PROBE (every chunk
+    /// queued went out before it, so one not here is lost or overtaken), or
+    /// when it is COMPLETE.
+    pub(crate) fn on_bitmap(
+        &mut self,
+        h: &Header,
+        payload: &[u8],
+        now: Instant,
+        seg_bytes: usize,
+        verdict: Verdict<'_>,
+    ) -> Heard {
         // A BITMAP names the budget its receiver holds the transfer to (the
         // lower of its own and ours): repair to that.
         if self.mode == Mode::Own {
@@ -206,12 +263,17 @@ impl Sender {
             self.probe_sent = None;
         }
         let known = self.have.count_ones();
+        let current = self.stage == Stage::Probing && h.seq == self.seq;
         if h.flags.contains(Flags::COMPLETE) {
             set_all(&mut self.have);
             set_all(&mut self.segs_seen);
+            self.judge(0, self.n, verdict);
         } else {
             self.have.merge_segment(h.chunk_index, payload);
             self.segs_seen.set(h.chunk_index / (seg_bytes * 8) as u32);
+            if current {
+                self.judge(h.chunk_index, (seg_bytes * 8) as u32, verdict);
+            }
         }
         // Only news is progress: an unchanged bitmap (a receiver nudging an
         // owner that waits for a dead rank) must not defer the hard timeout.
@@ -299,8 +361,17 @@ impl Sender {
         self.probe_timer = None;
     }
 
-    /// [`Mode::Own`]: the receiver's DONE.
-    pub(crate) fn on_done(&mut self, seq: u32, now: Instant) -> Heard {
+    /// [`Mode::Own`]: the receiver's DONE. Under a budget of 0 it closed
+    /// with every chunk: a [`Verdict`] of delivered on the outstanding ones
+    /// (under a larger one it does not say which were lost: no verdict).
+    pub(crate) fn on_done(&mut self, seq: u32, now: Instant, verdict: Verdict<'_>) -> Heard {
+        if allowed_missing(self.n, self.budget_ppm) == 0 {
+            for c in 0..self.outstanding.len() {
+                if self.outstanding.clear(c) {
+                    verdict(self.path_of[c as usize], true);
+                }
+            }
+        }
         let heard = Heard { rtt: self.answered(seq, now), news: !self.done, round: false };
         self.done = true;
         self.probe_sent = None;

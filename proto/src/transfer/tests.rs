@@ -81,13 +81,13 @@ fn report(r: &Receiver) -> Vec<(Header, Vec<u8>)> {
 
 /// A sender of `n` chunks in `mode` whose first pass went out: probing.
 fn drained_sender(n: u32, required: u32, budget_ppm: u32, mode: Mode) -> Sender {
-    let mut s = Sender::new(n, required, budget_ppm, SEG, mode);
+    let mut s = Sender::new(n, required, budget_ppm, SEG, mode, false);
     s.queue(n);
     for c in 0..n - 1 {
         assert_eq!(s.dequeued(at(0), &retry()), Drained::Busy);
-        s.sent(c);
+        s.sent(c, 0);
     }
-    s.sent(n - 1);
+    s.sent(n - 1, 0);
     assert_eq!(s.dequeued(at(0), &retry()), Drained::Probe);
     s
 }
@@ -196,7 +196,7 @@ fn the_sender_repairs_exactly_enough_highest_class_first() {
         // example) is put back so the sender's selection is what is tested.
         assert_eq!(h.budget_ppm, MAX_BUDGET_PPM);
         h.budget_ppm = budget;
-        let heard = s.on_bitmap(&h, &payload, at(30), SEG);
+        let heard = s.on_bitmap(&h, &payload, at(30), SEG, &mut |_, _| {});
         assert!(heard.news && heard.round);
     }
     assert_eq!(s.decide_alone(at(30), class_of, droppable), vec![4, 7, 1, 3, 2]);
@@ -215,7 +215,7 @@ fn the_sender_repairs_exactly_enough_highest_class_first() {
     s.fill_probe(&mut h, at(60), &retry()).unwrap();
     for (mut h, payload) in report(&r) {
         h.budget_ppm = budget;
-        assert!(s.on_bitmap(&h, &payload, at(70), SEG).round);
+        assert!(s.on_bitmap(&h, &payload, at(70), SEG, &mut |_, _| {}).round);
     }
     assert!(s.decide_alone(at(70), class_of, droppable).is_empty());
     assert_eq!(s.timer(), Some(at(70)));
@@ -245,11 +245,11 @@ fn the_probe_timer_backs_off_to_its_cap_and_news_resets_it() {
     let mut b = header(PacketType::Bitmap, 10, 0);
     b.seq = h.seq;
     b.payload_len = 2;
-    let heard = s.on_bitmap(&b, &[0xFF, 0x01], now + us(300), SEG); // chunks 0-8
+    let heard = s.on_bitmap(&b, &[0xFF, 0x01], now + us(300), SEG, &mut |_, _| {}); // chunks 0-8
     assert_eq!(heard.rtt, Some(us(300)));
     assert!(heard.news && heard.round);
     assert_eq!(s.decide_alone(now, |_| Class::new(0).unwrap(), ClassSet::EMPTY), [9]);
-    s.sent(9);
+    s.sent(9, 0);
     assert_eq!(s.dequeued(now, &retry()), Drained::Probe, "no backoff left");
     let later = at(100_000);
     assert_eq!(s.fill_probe(&mut h, later, &retry()), Some(later + us(1000)));
@@ -258,12 +258,12 @@ fn the_probe_timer_backs_off_to_its_cap_and_news_resets_it() {
     // (Sent unprompted, its deadline's: it answers no PROBE.)
     let mut b = header(PacketType::Bitmap, 10, 0);
     (b.seq, b.flags) = (h.seq - 1, Flags::COMPLETE);
-    assert!(s.on_bitmap(&b, &[], later + us(300), SEG).news);
+    assert!(s.on_bitmap(&b, &[], later + us(300), SEG, &mut |_, _| {}).news);
     assert!(s.decide_alone(later, |_| Class::new(0).unwrap(), ClassSet::EMPTY).is_empty());
     assert_eq!((s.timer(), s.fill_probe(&mut h, later, &retry())), (None, None));
     assert!(!s.on_timer(at(1_000_000)), "no probe timer fires");
     // The receiver's DONE ends it.
-    assert!(s.on_done(h.seq, later + us(500)).rtt == Some(us(500)) && s.is_done());
+    assert!(s.on_done(h.seq, later + us(500), &mut |_, _| {}).rtt == Some(us(500)) && s.is_done());
     assert_eq!(s.timer(), None);
 }
 
@@ -276,14 +276,14 @@ fn a_receiver_that_reported_complete_is_not_probed_again() {
     s.fill_probe(&mut h, at(0), &retry()).unwrap();
     let mut b = header(PacketType::Bitmap, 10, 0);
     (b.seq, b.flags) = (h.seq, Flags::COMPLETE);
-    assert!(s.on_bitmap(&b, &[], at(100), SEG).round);
+    assert!(s.on_bitmap(&b, &[], at(100), SEG, &mut |_, _| {}).round);
     assert!(s.is_reported() && s.timer().is_none());
     assert!(s.decide_jointly(&[3, 4]).is_empty(), "it holds them");
     for t in [1_000, 10_000, 100_000] {
         assert!(!s.on_timer(at(t)) && s.fill_probe(&mut h, at(t), &retry()).is_none());
     }
     // Its COMPLETE bitmap again (a nudge): still no PROBE.
-    assert!(s.on_bitmap(&b, &[], at(200_000), SEG).round);
+    assert!(s.on_bitmap(&b, &[], at(200_000), SEG, &mut |_, _| {}).round);
     assert!(s.timer().is_none() && s.fill_probe(&mut h, at(200_000), &retry()).is_none());
 }
 
@@ -392,7 +392,7 @@ fn after_a_probe_the_receiver_waits_for_the_chunk_it_overtook() {
     for c in (0..n - 1).filter(|&c| c != 50) {
         arrive(&mut r, &data(c, n, 0, 10_000, Flags::default()), at(10));
     }
-    let behind = Some(Behind { sent: 1000, seen: 960 });
+    let behind = Some(Behind { sent: 1000, seen: 960, reordering: false });
     let p = r.on_probe(&probe(n - 1, n, 1, 0, 10_000), at(20), grace, &est(), behind).unwrap();
     assert_eq!(p.answer, Answer::Nothing, "closable, but the sender's data is still coming");
     assert_eq!(r.on_timer(at(120), &retry(), 980), Fired::Nothing, "moved: wait");
@@ -420,7 +420,7 @@ fn an_all_gather_transfer_reports_to_the_owner_and_closes_on_the_agreed_mask() {
         Answer::Bitmap
     );
     for (h, payload) in report(&r) {
-        assert!(s.on_bitmap(&h, &payload, at(20), SEG).round);
+        assert!(s.on_bitmap(&h, &payload, at(20), SEG, &mut |_, _| {}).round);
     }
     // Reported: no probing of its own while the owner decides.
     assert!(s.is_reported() && s.timer().is_none());
@@ -434,7 +434,7 @@ fn an_all_gather_transfer_reports_to_the_owner_and_closes_on_the_agreed_mask() {
     assert_eq!(arrive(&mut r, &data(1, n, 0, 0, Flags::REPAIR), at(30)), Arrived::Complete);
     let (h, payload) = report(&r).remove(0);
     assert!(h.flags.contains(Flags::COMPLETE));
-    assert!(!s.on_bitmap(&h, &payload, at(40), SEG).round, "still sending");
+    assert!(!s.on_bitmap(&h, &payload, at(40), SEG, &mut |_, _| {}).round, "still sending");
     assert_eq!(s.dequeued(at(50), &retry()), Drained::Report);
     // Complete, waiting for the mask: the nudge re-sends the COMPLETE bitmap,
     // backing off (rto 1 ms, then 2 ms).
@@ -457,4 +457,43 @@ fn an_all_gather_transfer_reports_to_the_owner_and_closes_on_the_agreed_mask() {
         (Some(0), 1, 1.0)
     );
     assert_eq!(r.timers().count(), 0);
+}
+
+/// With more than one path, the sender remembers each chunk's path and
+/// turns the BITMAP answering its PROBE into one verdict per chunk sent:
+/// delivered, or lost on its path. A stale bitmap gives none; a DONE under
+/// budget 0 says every outstanding chunk arrived.
+#[test]
+fn a_multipath_sender_judges_each_chunk_on_its_path_once() {
+    let mut s = Sender::new(10, 0, 0, SEG, Mode::Own, true);
+    s.queue(10);
+    for c in 0..10 {
+        s.sent(c, (c % 3) as u8);
+        s.dequeued(at(0), &retry());
+    }
+    assert_eq!(s.path_of(4), Some(1));
+    let mut h = header(PacketType::Hello, 10, 0);
+    s.fill_probe(&mut h, at(0), &retry()).unwrap();
+    let mut b = header(PacketType::Bitmap, 10, 0);
+    b.payload_len = 2;
+    // A stale bitmap (an older round): merged, but no verdicts.
+    b.seq = h.seq.wrapping_sub(1);
+    let mut seen = Vec::new();
+    s.on_bitmap(&b, &[0xFF, 0x00], at(10), SEG, &mut |p, ok| seen.push((p, ok)));
+    assert!(seen.is_empty());
+    // The answer to the PROBE: chunks 8 and 9 (paths 2 and 0) missing.
+    b.seq = h.seq;
+    s.on_bitmap(&b, &[0xFF, 0x00], at(20), SEG, &mut |p, ok| seen.push((p, ok)));
+    let lost: Vec<u8> = seen.iter().filter(|v| !v.1).map(|v| v.0).collect();
+    assert_eq!((seen.len(), lost), (10, vec![2, 0]));
+    // Judged once: the same report again gives nothing.
+    seen.clear();
+    s.on_bitmap(&b, &[0xFF, 0x00], at(30), SEG, &mut |p, ok| seen.push((p, ok)));
+    assert!(seen.is_empty());
+    // Repairs go out on other paths; the DONE (budget 0) delivers them.
+    assert_eq!(s.decide_alone(at(30), |_| Class::new(0).unwrap(), ClassSet::EMPTY), [8, 9]);
+    s.sent(8, 1);
+    s.sent(9, 1);
+    s.on_done(h.seq + 1, at(40), &mut |p, ok| seen.push((p, ok)));
+    assert_eq!(seen, [(1, true), (1, true)]);
 }

@@ -46,7 +46,15 @@ pub struct SocketConfig {
     /// Receive with UDP GRO (`UDP_GRO`) when the kernel has it: fewer receive
     /// calls, at the cost of 64 KiB receive buffers (`batch` of them).
     pub gro: bool,
+    /// Paths, 1 ..= [`MAX_PATHS`]: one set of sockets on each of the ports
+    /// `bind.port() .. bind.port() + paths` (the bind port must not be 0
+    /// with more than one); a datagram on path `p` leaves from port
+    /// `bind.port() + p` (see `dlcp_proto::paths`).
+    pub paths: usize,
 }
+
+/// Most paths (source ports) a socket datapath binds.
+pub const MAX_PATHS: usize = dlcp_proto::paths::MAX_PATHS as usize;
 
 impl SocketConfig {
     /// The defaults of `dlcp.toml` (`[priority]` DSCP and `SO_PRIORITY` maps,
@@ -69,6 +77,7 @@ impl SocketConfig {
             gso_max_segments: d.gso_max_segments as usize,
             max_datagram: (dlcp_config::schema::DEFAULT_MTU - overhead) as usize,
             gro: true,
+            paths: 1,
         }
     }
 
@@ -94,6 +103,7 @@ impl SocketConfig {
             gso_max_segments: s.gso_max_segments as usize,
             max_datagram: cfg.network.mtu.saturating_sub(overhead) as usize,
             gro: true,
+            paths: usize::from(cfg.network.paths),
         }
     }
 
@@ -121,6 +131,20 @@ impl SocketConfig {
             return bad(
                 "max_datagram",
                 format!("{} is not in 1 ..= {}", self.max_datagram, self.max_payload()),
+            );
+        }
+        if !(1..=MAX_PATHS).contains(&self.paths) {
+            return bad("paths", format!("{} is not in 1 ..= {MAX_PATHS}", self.paths));
+        }
+        let last = usize::from(self.bind.port()) + self.paths - 1;
+        if self.paths > 1 && (self.bind.port() == 0 || last > 65535) {
+            return bad(
+                "paths",
+                format!(
+                    "{} ports from port {} do not fit (a fixed port, at most 65535 − paths + 1)",
+                    self.paths,
+                    self.bind.port()
+                ),
             );
         }
         Ok(())
@@ -192,6 +216,9 @@ pub struct SocketStats {
     /// Datagrams copied into a class queue: by `send`, or by `send_batch`
     /// when the class's socket would block (or its queue still held some).
     pub tx_copied: u64,
-    /// Datagrams queued per class, not yet handed to the kernel.
+    /// Datagrams queued per class (every path's queue), not yet handed to
+    /// the kernel.
     pub tx_queued: [usize; CLASSES],
+    /// Paths: socket sets on consecutive ports.
+    pub paths: usize,
 }

@@ -41,6 +41,17 @@
 //! socket of the *same user* (the kernel's reuseport rule); with steering it
 //! receives nothing.
 //!
+//! **Paths.** With `paths` > 1 (`network.paths`, per-packet load balancing,
+//! see `dlcp_proto::paths`) the nine sockets are opened on each of the ports
+//! `port .. port + paths` (`bind.rs`), and every class has a queue per path:
+//! a datagram on path `p` ([`Outgoing::path`]) leaves from port `port + p`,
+//! so ECMP switches hash a peer pair's datagrams onto up to `paths` fabric
+//! paths. Within a class, datagrams keep their order per path (across paths
+//! order means nothing: the fabric reorders them anyway); the would-block
+//! contract below holds per path and class. Peers send to path 0's port, so
+//! the other paths' receive sockets only see strays and are read every 16th
+//! [`recv`](Datapath::recv).
+//!
 //! Unconnected UDP sockets ignore ICMP errors (no `IP_RECVERR`), so an
 //! unreachable peer does not poison the sockets with `ECONNREFUSED`.
 //!
@@ -133,13 +144,15 @@ use dlcp_proto::class::Class;
 use log::{debug, warn};
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
-use socket2::{Domain, Protocol, Socket, Type};
+use socket2::{Domain, Socket};
 
+use self::bind::bind_port;
 use self::handover::{Link, Tally, hand_over};
 use self::queue::{ClassQueue, Group, Pending, Regroup, regroup, segments};
 use self::sys::RxMeta;
 use super::api::{Datapath, DatapathStats, Outgoing, SendOutcome};
 
+mod bind;
 mod config;
 mod handover;
 mod procfs;
@@ -150,12 +163,15 @@ mod sys;
 pub use self::queue::fuzzing;
 
 pub use self::config::{
-    DatapathError, MAX_BATCH, MAX_GSO_SEGMENTS, MAX_UDP_PAYLOAD_V4, MAX_UDP_PAYLOAD_V6, SocketConfig,
-    SocketStats,
+    DatapathError, MAX_BATCH, MAX_GSO_SEGMENTS, MAX_PATHS, MAX_UDP_PAYLOAD_V4, MAX_UDP_PAYLOAD_V6,
+    SocketConfig, SocketStats,
 };
 
 /// Receive rounds (`recvmmsg` calls of `batch`) per [`Datapath::recv`] call.
 const RX_ROUNDS: usize = 8;
+/// The receive sockets of paths other than 0 (which peers do not send to)
+/// are read once every this many [`Datapath::recv`] calls.
+const RX_OTHER_PATHS_EVERY: u64 = 16;
 /// Number of classes.
 const CLASSES: usize = Class::COUNT;
 
@@ -170,10 +186,15 @@ pub fn open(cfg: &dlcp_config::Config) -> Result<SocketDatapath, DatapathError> 
 pub struct SocketDatapath {
     cfg: SocketConfig,
     local: SocketAddr,
-    rx: Socket,
-    /// Send socket per class (index = class).
+    /// Receive socket per path (index = path; path 0's port is `local`'s).
+    rx: Vec<Socket>,
+    /// Send socket per path and class (index = path × 8 + class).
     tx: Vec<Socket>,
+    /// Queue per path and class (index as `tx`).
     queues: Vec<ClassQueue>,
+    /// [`Datapath::recv`] calls so far (the other paths' receive sockets
+    /// are read every [`RX_OTHER_PATHS_EVERY`]th).
+    rx_calls: u64,
     gso_max_payload: usize,
     stats: DatapathStats,
     extra: SocketStats,
@@ -200,80 +221,28 @@ impl SocketDatapath {
     /// `cfg.bind` (see the [module documentation](self)).
     pub fn new(cfg: SocketConfig) -> Result<SocketDatapath, DatapathError> {
         cfg.validate()?;
-        let addr = cfg.bind;
-        let v6 = addr.is_ipv6();
-        let domain = if v6 { Domain::IPV6 } else { Domain::IPV4 };
-        let fail = |what: &str| {
-            let what = what.to_string();
-            move |source| DatapathError::Socket { addr, what, source }
-        };
-
-        let rx = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))
-            .map_err(fail("create the receive socket"))?;
-        rx.set_reuse_port(true).map_err(fail("set SO_REUSEPORT"))?;
-        let steered = match sys::attach_steering(rx.as_fd()) {
-            Ok(()) => true,
-            Err(e) => {
-                warn!(
-                    "socket datapath {addr}: reuseport steering unavailable ({e}); reading every class socket"
-                );
-                false
+        let domain = if cfg.bind.is_ipv6() { Domain::IPV6 } else { Domain::IPV4 };
+        let mut extra = SocketStats { rx_steered: true, paths: cfg.paths, ..SocketStats::default() };
+        let (mut rx, mut tx) = (Vec::with_capacity(cfg.paths), Vec::with_capacity(cfg.paths * CLASSES));
+        let mut local = cfg.bind;
+        for p in 0..cfg.paths {
+            // Path p on the port p above the first (whose port 0 resolves once).
+            let addr = if p == 0 { cfg.bind } else { SocketAddr::new(local.ip(), local.port() + p as u16) };
+            let port = bind_port(&cfg, addr, &mut extra)?;
+            if p == 0 {
+                local = port.local;
             }
-        };
-        rx.set_nonblocking(true).map_err(fail("make the receive socket non-blocking"))?;
-        if cfg.recv_buffer_bytes > 0 {
-            rx.set_recv_buffer_size(cfg.recv_buffer_bytes).map_err(fail("set SO_RCVBUF"))?;
+            extra.rx_steered &= port.steered;
+            rx.push(port.rx);
+            tx.extend(port.tx);
         }
-        rx.bind(&addr.into()).map_err(|source| DatapathError::Bind { addr, source })?;
-        let local = rx
-            .local_addr()
-            .map_err(fail("read the bound address"))?
-            .as_socket()
-            .ok_or_else(|| fail("read the bound address")(io::Error::other("not an IP address")))?;
-
-        let mut extra = SocketStats { rx_steered: steered, ..SocketStats::default() };
-        let mut tx = Vec::with_capacity(CLASSES);
-        for c in 0..CLASSES {
-            let s = Socket::new(domain, Type::DGRAM, Some(Protocol::UDP))
-                .map_err(fail(&format!("create the class {c} socket")))?;
-            s.set_reuse_port(true).map_err(fail("set SO_REUSEPORT"))?;
-            s.set_nonblocking(true).map_err(fail("make a class socket non-blocking"))?;
-            if cfg.send_buffer_bytes > 0 {
-                s.set_send_buffer_size(cfg.send_buffer_bytes).map_err(fail("set SO_SNDBUF"))?;
-            }
-            let tos = u32::from(cfg.dscp[c]) << 2;
-            if v6 {
-                s.set_tclass_v6(tos).map_err(fail(&format!("set IPV6_TCLASS {tos:#x} for class {c}")))?;
-                // IPv4 destinations (dual stack, or a v4-mapped bind address)
-                // leave with IP_TOS, not IPV6_TCLASS.
-                if let Err(e) = s.set_tos_v4(tos) {
-                    debug!("socket datapath {addr}: IP_TOS on an IPv6 socket: {e}");
-                }
-            } else {
-                s.set_tos_v4(tos).map_err(fail(&format!("set IP_TOS {tos:#x} for class {c}")))?;
-            }
-            // After the TOS: setting IP_TOS resets SO_PRIORITY.
-            if let Err(e) = s.set_priority(cfg.so_priority[c]) {
-                extra.so_priority_failures += 1;
-                if extra.so_priority_failures == 1 {
-                    warn!(
-                        "socket datapath {local}: cannot set SO_PRIORITY {} for class {c}: {e} \
-                         (values above 6 need CAP_NET_ADMIN); further failures logged at debug",
-                        cfg.so_priority[c]
-                    );
-                } else {
-                    debug!("socket datapath {local}: SO_PRIORITY {} for class {c}: {e}", cfg.so_priority[c]);
-                }
-            }
-            s.bind(&local.into()).map_err(|source| DatapathError::Bind { addr: local, source })?;
-            tx.push(s);
-        }
+        let steered = extra.rx_steered;
 
         extra.gso_available = cfg.gso && cfg.gso_max_segments > 1 && sys::probe_gso(domain);
         extra.gso_active = extra.gso_available;
         if cfg.gro {
             let read: Vec<&Socket> =
-                if steered { vec![&rx] } else { std::iter::once(&rx).chain(&tx).collect() };
+                if steered { rx.iter().collect() } else { rx.iter().chain(&tx).collect() };
             extra.gro_active = true;
             for s in read {
                 if let Err(e) = sys::enable_gro(s.as_fd()) {
@@ -282,7 +251,7 @@ impl SocketDatapath {
                 }
             }
             if !extra.gro_active {
-                for s in std::iter::once(&rx).chain(&tx) {
+                for s in rx.iter().chain(&tx) {
                     let _ = sys::disable_gro(s.as_fd());
                 }
             }
@@ -292,14 +261,15 @@ impl SocketDatapath {
         let rx_slot = if extra.gro_active { 1 << 16 } else { cfg.max_datagram };
         let rx_buf = vec![0; cfg.batch * rx_slot];
         let rx_meta = vec![RxMeta::default(); cfg.batch];
-        let inodes = std::iter::once(&rx).chain(&tx).filter_map(|s| procfs::inode(s.as_fd())).collect();
+        let inodes = rx.iter().chain(&tx).filter_map(|s| procfs::inode(s.as_fd())).collect();
         Ok(SocketDatapath {
             inodes,
-            cfg,
             local,
             rx,
+            queues: (0..tx.len()).map(|_| ClassQueue::default()).collect(),
             tx,
-            queues: (0..CLASSES).map(|_| ClassQueue::default()).collect(),
+            cfg,
+            rx_calls: 0,
             gso_max_payload,
             stats: DatapathStats::default(),
             extra,
@@ -324,8 +294,8 @@ impl SocketDatapath {
     /// Counters and state beyond [`DatapathStats`].
     pub fn socket_stats(&self) -> SocketStats {
         let mut s = self.extra.clone();
-        for (c, q) in self.queues.iter().enumerate() {
-            s.tx_queued[c] = q.items.len();
+        for (i, q) in self.queues.iter().enumerate() {
+            s.tx_queued[i % CLASSES] += q.items.len();
         }
         s
     }
@@ -336,22 +306,23 @@ impl SocketDatapath {
         self.rx_drained
     }
 
-    /// The send socket of `class` (for inspection, e.g. `getsockopt`). Token
-    /// `first_token + 1 + class` in [`Datapath::register`].
+    /// The send socket of `class` on path 0 (for inspection, e.g.
+    /// `getsockopt`). Token `first_token + 1 + class` in [`Datapath::register`]
+    /// (path `p`'s: `first_token + 9p + 1 + class`).
     pub fn class_socket(&self, class: Class) -> BorrowedFd<'_> {
         self.tx[class.index()].as_fd()
     }
 
-    /// The receive socket. Token `first_token` in [`Datapath::register`].
+    /// The receive socket of path 0. Token `first_token` in
+    /// [`Datapath::register`] (path `p`'s: `first_token + 9p`).
     pub fn rx_socket(&self) -> BorrowedFd<'_> {
-        self.rx.as_fd()
+        self.rx[0].as_fd()
     }
 
     /// Removes the sockets from a mio registry (dropping the datapath also
     /// removes them, by closing them).
     pub fn deregister(&mut self, registry: &Registry) -> io::Result<()> {
-        registry.deregister(&mut SourceFd(&self.rx.as_raw_fd()))?;
-        for s in &self.tx {
+        for s in self.rx.iter().chain(&self.tx) {
             registry.deregister(&mut SourceFd(&s.as_raw_fd()))?;
         }
         Ok(())
@@ -375,27 +346,30 @@ impl SocketDatapath {
         }
     }
 
-    /// Flushes every class, highest first.
+    /// Flushes every class, highest first (each class on every path).
     fn flush_all(&mut self) {
         for c in (0..CLASSES).rev() {
-            if !self.queues[c].items.is_empty() {
-                self.flush_class(c);
+            for q in (c..self.queues.len()).step_by(CLASSES) {
+                if !self.queues[q].items.is_empty() {
+                    self.flush_queue(q);
+                }
             }
         }
     }
 
-    /// Hands class `c`'s queue to its socket until it is empty or the socket
-    /// would block.
-    fn flush_class(&mut self, c: usize) {
+    /// Hands queue `qi` (path `qi / 8`, class `qi % 8`) to its socket until
+    /// it is empty or the socket would block.
+    fn flush_queue(&mut self, qi: usize) {
+        let c = qi % CLASSES;
         if self.extra.gso_active && self.cfg.gso_max_segments > 1 {
-            self.queues[c].group_by_destination(&mut self.regroup);
+            self.queues[qi].group_by_destination(&mut self.regroup);
         }
-        let link = link(&self.tx, &self.cfg, self.gso_max_payload, self.local, c);
-        let q = &self.queues[c];
+        let link = link(&self.tx, &self.cfg, self.gso_max_payload, self.local, qi);
+        let q = &self.queues[qi];
         let tally = Tally { stats: &mut self.stats, extra: &mut self.extra, refusals: &mut self.refusals[c] };
         let bytes = |it: &Pending| -> [&[u8]; 3] { [&q.buf[it.off..it.off + it.len], &[], &[]] };
         let handed = hand_over(&link, tally, &q.items, &bytes, &mut self.groups);
-        let q = &mut self.queues[c];
+        let q = &mut self.queues[qi];
         q.consume(handed.done);
         q.blocked = handed.blocked && !q.items.is_empty();
     }
@@ -422,10 +396,11 @@ impl SocketDatapath {
         normalised
     }
 
-    /// Hand `run`, consecutive datagrams of class `c`, to its socket from
-    /// where they lie (regrouped by destination for GSO); what the socket
-    /// refuses, and everything behind a class queue that is not empty, is
-    /// copied into the class's queue.
+    /// Hand `run`, consecutive datagrams of class `c`, to the class's socket
+    /// of each datagram's path, from where they lie (each path's regrouped by
+    /// destination for GSO); what a socket refuses, and everything behind a
+    /// queue that is not empty, is copied into the queue of its path and
+    /// class.
     fn send_run(&mut self, c: usize, run: &[Outgoing<'_>]) {
         let mut items = std::mem::take(&mut self.lent);
         items.clear();
@@ -434,41 +409,62 @@ impl SocketDatapath {
                 items.push(Pending { dst, off: k, len: d.len() });
             }
         }
+        if self.extra.gso_active && self.cfg.gso_max_segments > 1 {
+            regroup(&mut items, &mut self.regroup);
+        }
+        let paths = self.cfg.paths;
+        let path = |it: &Pending| usize::from(run[it.off].path) % paths;
+        // One path after the other; the sort is stable, so each path's
+        // datagrams keep their order and stay grouped by destination.
+        if paths > 1 {
+            items.sort_by_key(path);
+        }
+        let mut at = 0;
+        while at < items.len() {
+            let p = path(&items[at]);
+            let n = items[at..].iter().take_while(|it| path(it) == p).count();
+            self.send_path_run(p * CLASSES + c, run, &items[at..at + n]);
+            at += n;
+        }
+        self.lent = items;
+    }
+
+    /// [`SocketDatapath::send_run`] of the datagrams `items` (of `run`) on
+    /// the path and class of queue `qi`.
+    fn send_path_run(&mut self, qi: usize, run: &[Outgoing<'_>], items: &[Pending]) {
+        let c = qi % CLASSES;
         let mut done = 0;
-        if self.queues[c].items.is_empty() {
-            if self.extra.gso_active && self.cfg.gso_max_segments > 1 {
-                regroup(&mut items, &mut self.regroup);
-            }
-            let link = link(&self.tx, &self.cfg, self.gso_max_payload, self.local, c);
+        if self.queues[qi].items.is_empty() {
+            let link = link(&self.tx, &self.cfg, self.gso_max_payload, self.local, qi);
             let tally =
                 Tally { stats: &mut self.stats, extra: &mut self.extra, refusals: &mut self.refusals[c] };
             let sent_before = tally.stats.tx_packets[c];
-            let handed = hand_over(&link, tally, &items, &|it: &Pending| run[it.off].parts, &mut self.groups);
+            let handed = hand_over(&link, tally, items, &|it: &Pending| run[it.off].parts, &mut self.groups);
             self.extra.tx_lent += self.stats.tx_packets[c] - sent_before;
             done = handed.done;
-            self.queues[c].blocked = handed.blocked;
+            self.queues[qi].blocked = handed.blocked;
         }
-        let q = &mut self.queues[c];
+        let q = &mut self.queues[qi];
         for it in &items[done..] {
             q.push(it.dst, &run[it.off].parts);
         }
         self.extra.tx_copied += (items.len() - done) as u64;
         q.blocked &= !q.items.is_empty();
-        self.lent = items;
     }
 }
 
-/// Class `c`'s socket (of `tx`) and the settings a hand-over to it needs.
+/// The socket of queue `qi` (of `tx`: path `qi / 8`, class `qi % 8`) and
+/// the settings a hand-over to it needs.
 fn link<'a>(
     tx: &'a [Socket],
     cfg: &SocketConfig,
     gso_max_payload: usize,
     local: SocketAddr,
-    c: usize,
+    qi: usize,
 ) -> Link<'a> {
     Link {
-        fd: tx[c].as_fd(),
-        class: c,
+        fd: tx[qi].as_fd(),
+        class: qi % CLASSES,
         batch: cfg.batch,
         gso_limits: (cfg.gso_max_segments, gso_max_payload),
         local,
@@ -481,9 +477,12 @@ impl Datapath for SocketDatapath {
     }
 
     fn describe(&self) -> String {
+        let ports = match self.rx.len() {
+            1 => format!("udp {}", self.local),
+            n => format!("udp {} + {} more source ports (paths)", self.local, n - 1),
+        };
         format!(
-            "socket (udp {}, 8 class sockets + 1 receive socket, receive {}, GSO {}, GRO {}, batch {})",
-            self.local,
+            "socket ({ports}, 8 class sockets + 1 receive socket per port, receive {}, GSO {}, GRO {}, batch {})",
             if self.extra.rx_steered { "steered by reuseport BPF" } else { "from every socket" },
             if self.extra.gso_active {
                 format!("on (max {} segments)", self.cfg.gso_max_segments)
@@ -543,10 +542,16 @@ impl Datapath for SocketDatapath {
         let slot = self.rx_slot;
         let mut taken = 0;
         let mut delivered = 0;
-        let sockets = if self.extra.rx_steered { 1 } else { 1 + CLASSES };
+        // Peers send to path 0's port: the other paths' receive sockets only
+        // see strays, read every RX_OTHER_PATHS_EVERY calls. Unsteered, the
+        // class sockets of every path are read too.
+        let others = self.rx_calls % RX_OTHER_PATHS_EVERY == 0;
+        self.rx_calls += 1;
+        let rx_socks = if others { self.rx.len() } else { 1 };
+        let sockets = rx_socks + if self.extra.rx_steered { 0 } else { self.tx.len() };
         self.rx_drained = true;
         for k in 0..sockets {
-            let fd = if k == 0 { self.rx.as_fd() } else { self.tx[k - 1].as_fd() };
+            let fd = if k < rx_socks { self.rx[k].as_fd() } else { self.tx[k - rx_socks].as_fd() };
             loop {
                 if taken >= limit {
                     self.rx_drained = false;
@@ -609,14 +614,19 @@ impl Datapath for SocketDatapath {
         self.queues.iter().any(|q| q.blocked)
     }
 
+    /// Path `p`'s receive socket gets token `first_token + 9p`, its class
+    /// sockets the eight after it.
     fn register(&mut self, registry: &Registry, first_token: usize) -> io::Result<usize> {
-        registry.register(&mut SourceFd(&self.rx.as_raw_fd()), Token(first_token), Interest::READABLE)?;
         let interest =
             if self.extra.rx_steered { Interest::WRITABLE } else { Interest::READABLE | Interest::WRITABLE };
-        for (c, s) in self.tx.iter().enumerate() {
-            registry.register(&mut SourceFd(&s.as_raw_fd()), Token(first_token + 1 + c), interest)?;
+        for (p, rx) in self.rx.iter().enumerate() {
+            let base = first_token + p * (1 + CLASSES);
+            registry.register(&mut SourceFd(&rx.as_raw_fd()), Token(base), Interest::READABLE)?;
+            for (c, s) in self.tx[p * CLASSES..(p + 1) * CLASSES].iter().enumerate() {
+                registry.register(&mut SourceFd(&s.as_raw_fd()), Token(base + 1 + c), interest)?;
+            }
         }
-        Ok(1 + CLASSES)
+        Ok(self.rx.len() * (1 + CLASSES))
     }
 
     /// The counters, with the kernel's receive-buffer drops on these
@@ -638,17 +648,9 @@ impl Datapath for SocketDatapath {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("class {c}: DSCP above 63")));
         }
         let _ = Datapath::flush(self);
-        let v6 = self.local.is_ipv6();
-        for (c, s) in self.tx.iter().enumerate() {
-            let tos = u32::from(dscp[c]) << 2;
-            if v6 {
-                s.set_tclass_v6(tos)?;
-                if let Err(e) = s.set_tos_v4(tos) {
-                    debug!("socket datapath {}: IP_TOS on an IPv6 socket: {e}", self.local);
-                }
-            } else {
-                s.set_tos_v4(tos)?;
-            }
+        for (i, s) in self.tx.iter().enumerate() {
+            let c = i % CLASSES;
+            bind::mark(s, self.local, c, dscp[c])?;
             if let Err(e) = s.set_priority(u32::from(so_priority[c])) {
                 self.extra.so_priority_failures += 1;
                 warn!(

@@ -152,7 +152,14 @@ impl Op {
             let n = layout.chunks(j);
             if n > 0 {
                 let required = op.required(&op.classes[j as usize]);
-                let st = Sender::new(n, required, opts.budget_ppm, sh.seg_bytes(), Mode::Own);
+                let st = Sender::new(
+                    n,
+                    required,
+                    opts.budget_ppm,
+                    sh.seg_bytes(),
+                    Mode::Own,
+                    sh.paths.multipath(),
+                );
                 op.transfers.set_sender(Phase::Scatter, j, st);
             }
             if own_chunks > 0 {
@@ -244,7 +251,14 @@ impl Op {
         }
         let required = self.required(&self.gclasses);
         for j in (0..world).filter(|&j| j != me) {
-            let st = Sender::new(n, required, self.opts.gather_budget_ppm, sh.seg_bytes(), Mode::Agreed);
+            let st = Sender::new(
+                n,
+                required,
+                self.opts.gather_budget_ppm,
+                sh.seg_bytes(),
+                Mode::Agreed,
+                sh.paths.multipath(),
+            );
             self.transfers.set_sender(Phase::Gather, j, st);
         }
         self.first_pass(key, Phase::Gather, sh);
@@ -299,6 +313,7 @@ impl Op {
         let range = self.layout.chunk(owner, c);
         let dtype = self.opts.dtype;
         r.admit(h, payload.len(), range.len() * dtype.size())?;
+        sh.flow.new_chunk(peer, h.seq, h.class);
         self.last_progress = now;
         let layout = &self.layout;
         if phase == Phase::Gather {
@@ -332,7 +347,8 @@ impl Op {
         // How many DATA datagrams the sender had sent this rank before the
         // PROBE, and how many of them are here: the rest are in flight behind
         // it (or lost).
-        let sent = wire::parse_grant(payload).map(|sent| Behind { sent, seen: sh.flow.high(peer) });
+        let (seen, reordering) = (sh.flow.seen(peer), sh.flow.reordering(peer));
+        let sent = wire::parse_grant(payload).map(|sent| Behind { sent, seen, reordering });
         let r = self.transfers.receiver_mut(phase, peer).ok_or(Refused::Mismatch)?;
         let est = &sh.deadlines[usize::from(phase == Phase::Gather)];
         let probed = r.on_probe(h, now, grace, est, sent)?;
@@ -368,7 +384,8 @@ impl Op {
             sh.tx.push_mask(key, peer, mask, sh.seg_bytes());
             return Ok(());
         }
-        let heard = st.on_bitmap(h, payload, now, sh.seg_bytes());
+        let seg_bytes = sh.seg_bytes();
+        let heard = st.on_bitmap(h, payload, now, seg_bytes, &mut |p, ok| sh.judge_path(peer, p, ok, now));
         if let Some(rtt) = heard.rtt {
             sh.rtt.observe(rtt);
         }
@@ -387,7 +404,7 @@ impl Op {
     /// Reduce-scatter DONE: the receiver closed our transfer.
     fn on_done(&mut self, now: Instant, h: &Header, sh: &mut Shared) -> Handled {
         let st = self.transfers.sender_mut(Phase::Scatter, h.src).ok_or(Refused::Mismatch)?;
-        let heard = st.on_done(h.seq, now);
+        let heard = st.on_done(h.seq, now, &mut |p, ok| sh.judge_path(h.src, p, ok, now));
         if let Some(rtt) = heard.rtt {
             sh.rtt.observe(rtt);
         }
@@ -567,7 +584,7 @@ impl Op {
         for &(side, j) in keys.iter().filter(|k| !k.0.is_send()) {
             let phase = side.phase();
             let Some(r) = self.transfers.receiver_mut(phase, j) else { continue };
-            let fired = r.on_timer(now, &retry, sh.flow.high(j));
+            let fired = r.on_timer(now, &retry, sh.flow.seen(j));
             if matches!(fired, Fired::Close { deadline: true } | Fired::Bitmap { deadline: true }) {
                 sh.stats.deadlines_fired += 1;
             }
@@ -604,13 +621,15 @@ impl Op {
         (self.opts.dtype, self.opts.reduce)
     }
 
-    /// The header of DATA `item`, and where its payload lies (elements
-    /// `range` of `buffer`); the chunk counts as sent.
+    /// The header of DATA `item`, where its payload lies (elements `range`
+    /// of `buffer`), and the path it goes on (a repair avoids the path its
+    /// chunk was last sent on); the chunk counts as sent.
     pub(crate) fn data_header(
         &mut self,
         item: TxItem,
-        sh: &Shared,
-    ) -> Option<(Header, Buffer, Range<usize>)> {
+        now: Instant,
+        sh: &mut Shared,
+    ) -> Option<(Header, Buffer, Range<usize>, u8)> {
         let TxKind::Data { chunk, repair, class } = item.kind else { return None };
         let (phase, peer) = (item.phase, item.peer);
         let st = self.transfers.sender_mut(phase, peer)?;
@@ -628,8 +647,10 @@ impl Op {
         if !self.classifier.droppable.contains(class) {
             h.flags = h.flags.with(Flags::REQUIRED);
         }
-        st.sent(chunk);
-        Some((h, buffer, cr))
+        let avoid = if repair { st.path_of(chunk) } else { None };
+        let path = sh.pick_path(peer, avoid, false, now);
+        st.sent(chunk, path);
+        Some((h, buffer, cr, path))
     }
 
     /// The wire bytes of elements `start .. start + len` of the op's input

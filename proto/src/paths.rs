@@ -1,0 +1,317 @@
+//! Per-packet load balancing over many paths ("spraying"), and the health
+//! of every path as the sender sees it.
+//!
+//! Every dlcp datagram is self-describing and order-free, so the datagrams
+//! of one transfer need not follow one path through the fabric. A datapath
+//! gives each of a peer pair's `N` path candidates its own UDP source port
+//! (path `i` = base port + `i`): every ECMP switch hashes the 5-tuple, so a
+//! different source port is (likely) a different path. The endpoint picks a
+//! path for every datagram it sends ([`crate::endpoint::Transmit::path`],
+//! [`crate::endpoint::Datagram::path`]); the datapath only obeys.
+//!
+//! The idea is that of AWS SRD (Shalev et al., "A Cloud-Optimized Transport
+//! Protocol for Elastic and Scalable HPC", IEEE Micro 2020) and of
+//! Ultra Ethernet / UCCL multipath and MRC: spray every packet over many
+//! paths, watch each path, and steer away from one that loses (or delays)
+//! more than the others, probing it back later.
+//!
+//! - **Choice.** Each DATA datagram goes on a path drawn at random (the
+//!   crate's seeded [`Rng`], so a simulation is reproducible) with
+//!   probability proportional to the path's weight. A repair avoids the
+//!   path its chunk was last sent on (the sender keeps one byte per chunk
+//!   for that), and the copies of a PROBE go on different paths.
+//! - **Health, without a wire change.** The receiver does not know paths. It
+//!   already tells the sender which chunks arrived: a BITMAP answering the
+//!   current PROBE (or a COMPLETE one, or a DONE when the budget is 0) is a
+//!   verdict on every chunk sent since the last verdict: delivered, or lost
+//!   on the path it went on. Verdicts are counted per path in a window that
+//!   decays by half at every evaluation.
+//! - **Cut and probe back.** Every `max(64, 16·N)` verdicts the peer's paths
+//!   are evaluated. A path's baseline is the pooled loss rate of the other
+//!   paths; a path with enough verdicts whose losses stand out —
+//!   more than the baseline plus three standard deviations (and two), and more
+//!   than twice the baseline plus half a percent — is cut to [`FLOOR`] weight
+//!   (a small share, never zero: it still carries the odd packet, which is
+//!   how it is judged again). Any other path with enough verdicts doubles
+//!   its weight, up to [`FULL`]. A cut path with no verdicts also doubles its
+//!   weight every [`RECOVER_AFTER`] (time is passed in: no clocks), so a
+//!   path whose trouble is over comes back even while the budget hides its
+//!   losses; while it still loses, the next evaluation cuts it again.
+//!
+//! Uniform loss on every path cuts none (nothing stands out), and a lost
+//! chunk is repaired whatever path it took: path health only moves load.
+
+use crate::rng::Rng;
+use crate::time::{Duration, Instant};
+
+/// Most paths per peer (a path index is one byte).
+pub const MAX_PATHS: u16 = 256;
+/// Weight of a healthy path.
+pub const FULL: u32 = 1024;
+/// Weight of a path cut for loss (1/64 of [`FULL`]).
+pub const FLOOR: u32 = FULL / 64;
+/// A cut path's weight doubles after this long without a verdict that cuts it.
+pub const RECOVER_AFTER: Duration = Duration::from_millis(500);
+/// Verdicts a path needs in its window before its loss rate is compared.
+const EVIDENCE: f64 = 16.0;
+/// Verdicts per peer between evaluations (at least; see [`PeerPaths::epoch`]).
+const EPOCH_MIN: u32 = 64;
+
+/// One path of one peer.
+#[derive(Debug, Clone, Copy)]
+struct Path {
+    weight: u32,
+    /// Verdicts in the window (decayed): delivered and lost.
+    ok: f64,
+    lost: f64,
+    /// When the weight last changed by a cut or a recovery step.
+    since: Instant,
+}
+
+/// The paths towards one peer.
+#[derive(Debug, Clone)]
+struct PeerPaths {
+    paths: Vec<Path>,
+    total: u32,
+    /// Verdicts since the last evaluation.
+    judged: u32,
+    /// The path of the last PROBE (its next copy avoids it).
+    last_probe: u8,
+    /// When a cut path may next recover by time (`Instant::MAX`: none is cut).
+    recover_at: Instant,
+}
+
+impl PeerPaths {
+    fn new(n: u16, now: Instant) -> PeerPaths {
+        let p = Path { weight: FULL, ok: 0.0, lost: 0.0, since: now };
+        PeerPaths {
+            paths: vec![p; usize::from(n)],
+            total: FULL * u32::from(n),
+            judged: 0,
+            last_probe: 0,
+            recover_at: Instant::MAX,
+        }
+    }
+
+    /// Verdicts between evaluations.
+    fn epoch(&self) -> u32 {
+        EPOCH_MIN.max(16 * self.paths.len() as u32)
+    }
+
+    fn retotal(&mut self) {
+        self.total = self.paths.iter().map(|p| p.weight).sum();
+        self.recover_at = self
+            .paths
+            .iter()
+            .filter(|p| p.weight < FULL)
+            .map(|p| p.since + RECOVER_AFTER)
+            .min()
+            .unwrap_or(Instant::MAX);
+    }
+
+    /// A path drawn by weight, not `avoid` (unless it is the only one).
+    fn draw(&self, rng: &mut Rng, avoid: Option<u8>) -> u8 {
+        let skip = avoid.filter(|&a| usize::from(a) < self.paths.len() && self.paths.len() > 1);
+        let total = self.total - skip.map_or(0, |a| self.paths[usize::from(a)].weight);
+        let mut r = rng.below(u64::from(total)) as u32;
+        for (i, p) in self.paths.iter().enumerate() {
+            if skip == Some(i as u8) {
+                continue;
+            }
+            if r < p.weight {
+                return i as u8;
+            }
+            r -= p.weight;
+        }
+        // Unreachable with a positive total; the last path otherwise.
+        (self.paths.len() - 1) as u8
+    }
+
+    /// Double the weight of every cut path whose time has come.
+    fn recover(&mut self, now: Instant) {
+        if now < self.recover_at {
+            return;
+        }
+        for p in self.paths.iter_mut().filter(|p| p.weight < FULL && p.since + RECOVER_AFTER <= now) {
+            p.weight = (p.weight * 2).min(FULL);
+            p.since = now;
+        }
+        self.retotal();
+    }
+
+    /// Compare the paths' windows (see the module docs); the window decays.
+    fn evaluate(&mut self, now: Instant) {
+        self.judged = 0;
+        let (ok, lost) = self.paths.iter().fold((0.0, 0.0), |(o, l), p| (o + p.ok, l + p.lost));
+        for p in &mut self.paths {
+            let n = p.ok + p.lost;
+            if n < EVIDENCE {
+                continue;
+            }
+            // The loss rate of the other paths together: one bad path does
+            // not raise the bar it is measured against.
+            let others = ok + lost - n;
+            let base = if others > 0.0 { (lost - p.lost) / others } else { 0.0 };
+            let expected = n * base + 3.0 * (n * base * (1.0 - base)).sqrt() + 2.0;
+            if p.lost > expected && p.lost / n > 2.0 * base + 0.005 {
+                p.weight = FLOOR;
+            } else {
+                p.weight = (p.weight * 2).min(FULL);
+            }
+            p.since = now;
+            p.ok /= 2.0;
+            p.lost /= 2.0;
+        }
+        self.retotal();
+    }
+}
+
+/// The paths towards every peer (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Paths {
+    n: u16,
+    peers: Vec<PeerPaths>,
+    rng: Rng,
+}
+
+impl Paths {
+    /// `n` paths (clamped to `1..=`[`MAX_PATHS`]) towards each of `world`
+    /// peers, drawing from a generator seeded with `seed`.
+    pub fn new(n: u16, world: u32, seed: u64, now: Instant) -> Paths {
+        let n = n.clamp(1, MAX_PATHS);
+        Paths { n, peers: (0..world).map(|_| PeerPaths::new(n, now)).collect(), rng: Rng::new(seed) }
+    }
+
+    /// Paths per peer.
+    pub fn count(&self) -> u16 {
+        self.n
+    }
+
+    /// Whether there is more than one path (the sender keeps per-chunk paths).
+    pub fn multipath(&self) -> bool {
+        self.n > 1
+    }
+
+    /// The weight of `path` towards `peer` ([`FULL`]: healthy; 0 for a peer
+    /// or path that does not exist).
+    pub fn weight(&self, peer: u32, path: u8) -> u32 {
+        self.peers.get(peer as usize).and_then(|p| p.paths.get(usize::from(path))).map_or(0, |p| p.weight)
+    }
+
+    /// The lowest weight any peer gives `path`.
+    pub fn min_weight(&self, path: u8) -> u32 {
+        (0..self.peers.len() as u32).map(|j| self.weight(j, path)).min().unwrap_or(FULL)
+    }
+
+    /// The path of the next datagram to `peer`: drawn by weight, not `avoid`
+    /// (a repair avoids the path its chunk was lost on). Always 0 with one path.
+    pub fn pick(&mut self, peer: u32, avoid: Option<u8>, now: Instant) -> u8 {
+        if self.n == 1 {
+            return 0;
+        }
+        let Some(pp) = self.peers.get_mut(peer as usize) else { return 0 };
+        pp.recover(now);
+        pp.draw(&mut self.rng, avoid)
+    }
+
+    /// The path of a PROBE to `peer`: by weight, and not the previous PROBE's
+    /// (so the copies of one PROBE take different paths).
+    pub fn pick_probe(&mut self, peer: u32, now: Instant) -> u8 {
+        let last = self.peers.get(peer as usize).map(|p| p.last_probe);
+        let path = self.pick(peer, last, now);
+        if let Some(pp) = self.peers.get_mut(peer as usize) {
+            pp.last_probe = path;
+        }
+        path
+    }
+
+    /// A verdict from `peer`'s feedback: the chunk sent on `path` was
+    /// `delivered` (or reported missing). Returns true when the peer's paths
+    /// were evaluated (their weights may have changed).
+    pub fn judge(&mut self, peer: u32, path: u8, delivered: bool, now: Instant) -> bool {
+        let Some(pp) = self.peers.get_mut(peer as usize) else { return false };
+        let Some(p) = pp.paths.get_mut(usize::from(path)) else { return false };
+        if delivered {
+            p.ok += 1.0;
+        } else {
+            p.lost += 1.0;
+        }
+        pp.judged += 1;
+        if pp.judged < pp.epoch() {
+            return false;
+        }
+        pp.evaluate(now);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(ms: u64) -> Instant {
+        Instant::from_nanos(ms * 1_000_000)
+    }
+
+    fn shares(p: &mut Paths, peer: u32, draws: u32, now: Instant) -> Vec<u32> {
+        let mut c = vec![0; usize::from(p.count())];
+        for _ in 0..draws {
+            c[usize::from(p.pick(peer, None, now))] += 1;
+        }
+        c
+    }
+
+    #[test]
+    fn one_path_is_always_path_zero() {
+        let mut p = Paths::new(1, 2, 7, t(0));
+        assert!(!p.multipath());
+        assert!((0..100).all(|_| p.pick(1, Some(0), t(0)) == 0));
+    }
+
+    #[test]
+    fn healthy_paths_share_evenly_and_repairs_avoid_their_path() {
+        let mut p = Paths::new(8, 2, 7, t(0));
+        let c = shares(&mut p, 1, 80_000, t(0));
+        assert!(c.iter().all(|&k| (9_000..11_000).contains(&k)), "{c:?}");
+        assert!((0..1000).all(|_| p.pick(1, Some(3), t(0)) != 3));
+        let a = p.pick_probe(1, t(0));
+        assert_ne!(p.pick_probe(1, t(0)), a, "a PROBE's copies take different paths");
+    }
+
+    #[test]
+    fn a_lossy_path_is_cut_to_the_floor_and_probed_back() {
+        let mut p = Paths::new(8, 2, 7, t(0));
+        let mut rng = Rng::new(3);
+        // Path 5 loses 20%, the others 1%.
+        for _ in 0..4000 {
+            let path = p.pick(1, None, t(1));
+            let loss = if path == 5 { 0.2 } else { 0.01 };
+            p.judge(1, path, !rng.chance(loss), t(1));
+        }
+        assert_eq!(p.weight(1, 5), FLOOR);
+        let w: Vec<u32> = (0..8).map(|i| p.weight(1, i)).collect();
+        assert!((0..8usize).filter(|&i| i != 5).all(|i| w[i] == FULL), "no healthy path is cut: {w:?}");
+        let c = shares(&mut p, 1, 100_000, t(1));
+        assert!(c[5] < 1000, "the cut path carries under 1%: {c:?}");
+        assert!(c[5] > 0, "but not nothing");
+        // Its trouble over and no verdicts: it doubles every RECOVER_AFTER.
+        p.pick(1, None, t(1) + RECOVER_AFTER);
+        assert_eq!(p.weight(1, 5), 2 * FLOOR);
+        for k in 2..=7 {
+            p.pick(1, None, t(1) + RECOVER_AFTER * k);
+        }
+        assert_eq!(p.weight(1, 5), FULL);
+    }
+
+    #[test]
+    fn uniform_loss_cuts_no_path() {
+        let mut p = Paths::new(16, 2, 9, t(0));
+        let mut rng = Rng::new(4);
+        for _ in 0..50_000 {
+            let path = p.pick(1, None, t(0));
+            p.judge(1, path, !rng.chance(0.05), t(0));
+        }
+        assert!((0..16).all(|i| p.weight(1, i) == FULL));
+        assert_eq!(p.min_weight(3), FULL);
+    }
+}

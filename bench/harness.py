@@ -9,6 +9,8 @@ Systems, all over the same namespaces, veths (offloads off), switch qdiscs:
                used before; a separately labelled row, never the headline
   dlcp1-noauth / dlcp1-noflow  budget 1% without the MAC / without flow control: labelled
                rows that show what each costs and buys
+  dlcp1-path1  budget 1% with [network] paths = 1 (one 5-tuple per peer pair, no spraying):
+               what the default 16 paths cost on a one-link star
   gloo         torch.distributed Gloo (bench/peer.py), GLOO_SOCKET_IFNAME=eth0
   mpi          Open MPI MPI_Allreduce via mpi4py (bench/peer.py), TCP BTL on eth0
   floor        dlcp-bench floor: the same bytes over bare sendmmsg/recvmmsg (GSO/GRO), summed;
@@ -58,6 +60,8 @@ DLCP_NOAUTH = "[security]\npacket_auth = \"none\"\n"
 FLOW_SLOW_MBPS = 500
 # The same dlcpd without flow control (the window's drops and cost, issue 16).
 DLCP_NOFLOW = "flow_window_bytes = 0\n"
+# One path (one 5-tuple per peer pair, as before spraying): what 16-path spraying costs on one link.
+DLCP_PATH1 = "paths = 1\n"
 # dlcpd's default [shm] max_tensor_bytes / arena_bytes: a bigger workload must raise them.
 SHM_DEFAULT_MAX_TENSOR = 64 * MiB
 SHM_DEFAULT_ARENA = 256 * MiB
@@ -373,7 +377,8 @@ class Runner:
             # Owner-only: dlcpd refuses an inline secret in a file others may read.
             with open(os.open(cfg, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
                 f.write(self.dlcp_config(h, hosts, sock, extra(h) if callable(extra) else extra,
-                                         network=(DLCP_NOFLOW if "noflow" in system else "") + self.network_extra))
+                                         network=(DLCP_NOFLOW if "noflow" in system else "")
+                                         + (DLCP_PATH1 if "path1" in system else "") + self.network_extra))
             logf = open(os.path.join(d, f"d{h}.log"), "w")
             p = self.popen(system, ["ip", "netns", "exec", self.bed.ns(h), os.path.join(self.bindir, "dlcpd"),
                                     "--config", cfg], stdin=subprocess.DEVNULL, stdout=logf, stderr=logf)
@@ -756,7 +761,7 @@ class Bench:
         Clean and 1% loss at MTU 1500 and 9000; the floor in the clean ones."""
         if self.quick:
             size, n = 16 * MiB, 3
-            clean = [(s, n) for s in ("dlcp1", "dlcp0", "gloo", "mpi", "floor", "dlcp1-noauth")]
+            clean = [(s, n) for s in ("dlcp1", "dlcp0", "gloo", "mpi", "floor", "dlcp1-noauth", "dlcp1-path1")]
             lossy = [(s, n) for s in ("dlcp1", "dlcp0", "gloo", "mpi")]
             return [{"cond": c, "mtu": m, "tb": tb, "size": size, "systems": sy}
                     for c, tb, sy in (("clean", {}, clean), ("loss 1%", {"loss": 1}, lossy)) for m in (1500, 9000)]
@@ -768,10 +773,10 @@ class Bench:
         lossy = trio[:1] + [("dlcp0", 5)] + trio[1:]
         big = 64 * MiB
         return [{"cond": "clean", "mtu": 1500, "tb": {}, "size": big,
-                 "systems": main + [("floor", 10), ("dlcp1-noauth", 10), ("dlcp1-noflow", 5), ("dlcp1-paced", 5)]
+                 "systems": main + [("floor", 10), ("dlcp1-noauth", 10), ("dlcp1-noflow", 5), ("dlcp1-path1", 5), ("dlcp1-paced", 5)]
                  + bbr},
                 {"cond": "clean", "mtu": 9000, "tb": {}, "size": big,
-                 "systems": main + [("floor", 10), ("dlcp1-noauth", 10), ("dlcp1-noflow", 5)]},
+                 "systems": main + [("floor", 10), ("dlcp1-noauth", 10), ("dlcp1-noflow", 5), ("dlcp1-path1", 5)]},
                 {"cond": "loss 0.1%", "mtu": 1500, "tb": {"loss": 0.1}, "size": big, "systems": trio},
                 {"cond": "loss 1%", "mtu": 1500, "tb": {"loss": 1}, "size": big, "systems": lossy + bbr},
                 {"cond": "loss 1%", "mtu": 9000, "tb": {"loss": 1}, "size": big, "systems": lossy},
@@ -1259,9 +1264,10 @@ def check_config_and_plan():
             assert "dlcp1-noauth" in [s for s, _ in plan[("clean", mtu)]["systems"]], "the MAC's share"
         if not quick:
             assert "dlcp1-paced" in [s for s, _ in plan[("clean", 1500)]["systems"]]
-            main9000 = [(s, n) for s, n in plan[("clean", 9000)]["systems"] if s != "dlcp1-noflow"]
+            main9000 = [(s, n) for s, n in plan[("clean", 9000)]["systems"] if s not in ("dlcp1-noflow", "dlcp1-path1")]
             assert all(n == 10 for s, n in main9000), "p50 over 10 reps"
             assert "dlcp1-noflow" in [s for s, _ in plan[("clean", 9000)]["systems"]], "flow control off row"
+            assert "dlcp1-path1" in [s for s, _ in plan[("clean", 9000)]["systems"]], "one-path row"
     assert set(LABEL) >= {"dlcp1", "dlcp0", "dlcp1-paced", "floor", "gloo", "mpi"}
 
 

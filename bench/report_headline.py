@@ -7,8 +7,9 @@ MiB = 1 << 20
 LABEL = {"dlcp1": "dlcp b1%", "dlcp0": "dlcp b0", "dlcp1-paced": "dlcp b1% paced 3 Gbit/s (tuned)",
          "gloo": "Gloo cubic", "gloo-bbr": "Gloo bbr", "mpi": "Open MPI cubic", "mpi-bbr": "Open MPI bbr",
          "floor": "floor (bare UDP)", "dlcp1-noauth": "dlcp b1% packet_auth none",
-         "dlcp1-noflow": "dlcp b1% flow control off"}
-ORDER = ["dlcp1", "dlcp0", "floor", "gloo", "mpi", "dlcp1-noauth", "dlcp1-noflow", "dlcp1-paced", "gloo-bbr",
+         "dlcp1-noflow": "dlcp b1% flow control off",
+         "dlcp1-path1": "dlcp b1% paths = 1"}
+ORDER = ["dlcp1", "dlcp0", "floor", "gloo", "mpi", "dlcp1-noauth", "dlcp1-noflow", "dlcp1-path1", "dlcp1-paced", "gloo-bbr",
          "mpi-bbr"]
 
 

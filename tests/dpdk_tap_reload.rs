@@ -106,7 +106,8 @@ mod on_tap {
         let mut dump = Command::new("ip")
             .args(["netns", "exec", NS, "tcpdump", "-i", IFACE, "-nn", "-U", "-s", "2048", "-w"])
             .arg(&file)
-            .args(["udp and src host 10.78.0.2 and src port 7704"])
+            // Every source port of its paths (`[network] paths`, 16 by default).
+            .args(["udp and src host 10.78.0.2 and src portrange 7704-7719"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

@@ -22,8 +22,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use daemon_common::*;
-use prereq::{Prereq, skip};
-use python_common::{PYTHON, client_lib};
+use python_common::{PYTHON, numpy_and_client_lib};
 
 const HOSTS: u32 = 4;
 const TRAINERS: u32 = 2;
@@ -32,19 +31,7 @@ const OPS: usize = 12;
 
 #[test]
 fn python_f16_and_bf16_trainers_match_the_numpy_reference_bit_for_bit() {
-    let numpy = Command::new(PYTHON).args(["-c", "import numpy"]).output().is_ok_and(|o| o.status.success());
-    if !numpy {
-        return skip(
-            Prereq::Python,
-            &format!("{PYTHON} cannot import numpy (apt-get install -y python3-numpy)"),
-        );
-    }
-    let Some(lib) = client_lib() else {
-        return skip(
-            Prereq::Python,
-            "libdlcp_client.so not built for this profile (cargo build [--release] -p dlcp-client)",
-        );
-    };
+    let Some(lib) = numpy_and_client_lib() else { return };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let cluster = Cluster::start(&Options { hosts: HOSTS, ..Options::default() });
     let mut children = Vec::new();

@@ -17,13 +17,12 @@ mod prereq;
 mod python_common;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use daemon_common::*;
-use prereq::{Prereq, skip};
-use python_common::{PYTHON, client_lib};
+use python_common::{PYTHON, numpy_and_client_lib};
 
 const HOSTS: u32 = 2;
 const STEPS: usize = 8;
@@ -72,25 +71,9 @@ fn agreed_run(cluster: &Cluster) -> Option<String> {
     cluster.status(0)["run"]["id"].as_str().map(str::to_owned)
 }
 
-fn prerequisites() -> Option<PathBuf> {
-    let numpy = Command::new(PYTHON).args(["-c", "import numpy"]).output().is_ok_and(|o| o.status.success());
-    if !numpy {
-        skip(Prereq::Python, &format!("{PYTHON} cannot import numpy (apt-get install -y python3-numpy)"));
-        return None;
-    }
-    let lib = client_lib();
-    if lib.is_none() {
-        skip(
-            Prereq::Python,
-            "libdlcp_client.so not built for this profile (cargo build [--release] -p dlcp-client)",
-        );
-    }
-    lib
-}
-
 #[test]
 fn a_job_reruns_at_once_and_after_a_trainer_was_killed_mid_training() {
-    let Some(lib) = prerequisites() else { return };
+    let Some(lib) = numpy_and_client_lib() else { return };
     // The default hard timeout, so ops linger (and their ids are remembered) as long as in production.
     let cluster = Cluster::start(&Options { hosts: HOSTS, hard_timeout_ms: 10_000, ..Options::default() });
 

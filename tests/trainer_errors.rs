@@ -22,8 +22,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use daemon_common::*;
-use prereq::{Prereq, skip};
-use python_common::{PYTHON, client_lib};
+use python_common::{PYTHON, numpy_and_client_lib};
 
 /// A trainer in Python: prints its world and, in mode "all", the messages of
 /// a rejected descriptor (layer count above the daemon's limit) and of a
@@ -123,19 +122,7 @@ fn line<'a>(out: &'a str, prefix: &str) -> &'a str {
 
 #[test]
 fn failures_reach_python_and_c_trainers_with_their_reasons() {
-    let numpy = Command::new(PYTHON).args(["-c", "import numpy"]).output().is_ok_and(|o| o.status.success());
-    if !numpy {
-        return skip(
-            Prereq::Python,
-            &format!("{PYTHON} cannot import numpy (apt-get install -y python3-numpy)"),
-        );
-    }
-    let Some(lib) = client_lib() else {
-        return skip(
-            Prereq::Python,
-            "libdlcp_client.so not built for this profile (cargo build [--release] -p dlcp-client)",
-        );
-    };
+    let Some(lib) = numpy_and_client_lib() else { return };
     let cluster = Cluster::start(&Options { hosts: 2, hard_timeout_ms: 1000, ..Options::default() });
     let exe = build_c(lib.parent().unwrap(), cluster.dir.path()).unwrap_or_else(|e| panic!("{e}"));
     let (d0, d1) = (&cluster.daemons[0].socket, &cluster.daemons[1].socket);

@@ -459,15 +459,7 @@ pub extern "C" fn dlcp_submit_op(
     op: u32,
     out_op_seq: *mut u64,
 ) -> c_int {
-    code_of(guard("dlcp_submit_op", c, || {
-        if !out_op_seq.is_null() {
-            check_out(out_op_seq, "out_op_seq")?;
-        }
-        let o = options_op(layer, layers, budget_ppm, flags, op)?;
-        let seq = with_client(c, |cl| Ok(cl.submit(TensorId(tensor), o)?))?;
-        store(out_op_seq, seq);
-        Ok(())
-    }))
+    submit_with("dlcp_submit_op", c, tensor, || options_op(layer, layers, budget_ppm, flags, op), out_op_seq)
 }
 
 /// `dlcp_allreduce` with a reduction `op` (`enum dlcp_op`).
@@ -483,19 +475,8 @@ pub extern "C" fn dlcp_allreduce_op(
     timeout_ms: i64,
     out: *mut dlcp_completion,
 ) -> c_int {
-    code_of(guard("dlcp_allreduce_op", c, || {
-        if !out.is_null() {
-            check_out(out, "out_completion")?;
-        }
-        let o = options_op(layer, layers, budget_ppm, flags, op)?;
-        let (done, checked) = with_client(c, |cl| {
-            let seq = cl.submit(TensorId(tensor), o)?;
-            let done = cl.wait_for(seq, timeout(timeout_ms))?;
-            Ok((done, cl.check(TensorId(tensor), done)))
-        })?;
-        store(out, done.into());
-        checked.map(|_| ()).map_err(Failure::from)
-    }))
+    let opts = || options_op(layer, layers, budget_ppm, flags, op);
+    allreduce_with("dlcp_allreduce_op", c, tensor, opts, timeout_ms, out)
 }
 
 /// Submits an allreduce of `tensor`; stores its op sequence number in
@@ -511,12 +492,23 @@ pub extern "C" fn dlcp_submit(
     flags: u32,
     out_op_seq: *mut u64,
 ) -> c_int {
-    code_of(guard("dlcp_submit", c, || {
+    submit_with("dlcp_submit", c, tensor, || Ok(options(layer, layers, budget_ppm, flags)), out_op_seq)
+}
+
+/// The body of `dlcp_submit` and `dlcp_submit_op` (`name` is the one called).
+fn submit_with(
+    name: &str,
+    c: *mut dlcp_client,
+    tensor: dlcp_tensor,
+    opts: impl FnOnce() -> Result<Options, Failure>,
+    out_op_seq: *mut u64,
+) -> c_int {
+    code_of(guard(name, c, || {
         if !out_op_seq.is_null() {
             check_out(out_op_seq, "out_op_seq")?;
         }
-        let seq =
-            with_client(c, |cl| Ok(cl.submit(TensorId(tensor), options(layer, layers, budget_ppm, flags))?))?;
+        let o = opts()?;
+        let seq = with_client(c, |cl| Ok(cl.submit(TensorId(tensor), o)?))?;
         store(out_op_seq, seq);
         Ok(())
     }))
@@ -584,12 +576,26 @@ pub extern "C" fn dlcp_allreduce(
     timeout_ms: i64,
     out: *mut dlcp_completion,
 ) -> c_int {
-    code_of(guard("dlcp_allreduce", c, || {
+    let opts = || Ok(options(layer, layers, budget_ppm, flags));
+    allreduce_with("dlcp_allreduce", c, tensor, opts, timeout_ms, out)
+}
+
+/// The body of `dlcp_allreduce` and `dlcp_allreduce_op` (`name` is the one called).
+fn allreduce_with(
+    name: &str,
+    c: *mut dlcp_client,
+    tensor: dlcp_tensor,
+    opts: impl FnOnce() -> Result<Options, Failure>,
+    timeout_ms: i64,
+    out: *mut dlcp_completion,
+) -> c_int {
+    code_of(guard(name, c, || {
         if !out.is_null() {
             check_out(out, "out_completion")?;
         }
+        let o = opts()?;
         let (done, checked) = with_client(c, |cl| {
-            let seq = cl.submit(TensorId(tensor), options(layer, layers, budget_ppm, flags))?;
+            let seq = cl.submit(TensorId(tensor), o)?;
             let done = cl.wait_for(seq, timeout(timeout_ms))?;
             Ok((done, cl.check(TensorId(tensor), done)))
         })?;

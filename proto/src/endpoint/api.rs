@@ -7,7 +7,7 @@ use crate::priority::ClassifierConfig;
 use crate::rate::RateConfig;
 use crate::time::{Duration, Instant};
 use crate::transfer::TransferReport;
-pub use crate::wire::{DType, ReduceOp};
+pub use crate::wire::{Collective, DType, ReduceOp};
 use crate::wire::{FailReason, JobKey, PacketAuth, Phase};
 
 /// Identity of an op: matched across ranks by (job, run, `seq`, `tensor`).
@@ -91,6 +91,15 @@ pub struct OpOptions {
     /// of K local ones (a daemon with K trainers) passes world × K. Every
     /// rank of an op must pass the same.
     pub contributors: u32,
+    /// The collective (wire version 7). Allreduce and reduce-scatter take
+    /// `budget_ppm` for their scatter phase; allgather and broadcast have
+    /// only the gather phase, whose budget is `gather_budget_ppm`; a barrier
+    /// is exact whatever the budgets say. Allgather, broadcast and barrier
+    /// do not reduce: `reduce` must be [`ReduceOp::Sum`].
+    pub collective: Collective,
+    /// Broadcast: the rank whose input every rank receives (ignored by the
+    /// other collectives).
+    pub root: u32,
 }
 
 impl OpOptions {
@@ -113,6 +122,8 @@ impl Default for OpOptions {
             reduce: ReduceOp::Sum,
             dtype: DType::F32,
             contributors: 0,
+            collective: Collective::Allreduce,
+            root: 0,
         }
     }
 }
@@ -265,6 +276,22 @@ pub enum StartError {
         budget_ppm: u32,
         /// Gather budget.
         gather_budget_ppm: u32,
+    },
+    /// A broadcast root that is not a rank of the job.
+    #[error("broadcast root {root} is not a rank of this job (ranks 0..{world})")]
+    BadRoot {
+        /// The root asked for.
+        root: u32,
+        /// Ranks in the job.
+        world: u32,
+    },
+    /// A reduction other than sum for a collective that does not reduce.
+    #[error("{} does not reduce: its reduction must be sum, not {}", .collective.name(), .reduce.name())]
+    BadReduce {
+        /// The collective.
+        collective: Collective,
+        /// The reduction asked for.
+        reduce: ReduceOp,
     },
     /// The layer position is outside `0..layers`.
     #[error("layer {layer} outside 0..{layers}")]
@@ -566,4 +593,13 @@ pub struct Footprint {
     pub open_transfers: u32,
     /// Datagrams waiting in the transmit queues.
     pub queued: usize,
+}
+
+/// Element range of rank `rank`'s shard of a tensor of `len` elements over
+/// `world` ranks: `rank·len/world .. (rank+1)·len/world`, rounded down. This
+/// is the part a reduce-scatter leaves reduced at `rank` and the part an
+/// allgather takes from `rank`'s input.
+pub fn shard_range(len: usize, world: u32, rank: u32) -> std::ops::Range<usize> {
+    let at = |r: u32| (u128::from(r) * len as u128 / u128::from(world.max(1))) as usize;
+    at(rank.min(world))..at((rank + 1).min(world))
 }

@@ -105,8 +105,8 @@ pub(crate) mod tx;
 pub use crate::stats::{PacketCount, RxDrops, Stats};
 pub use crate::transfer::{MAX_BUDGET_PPM, PROBE_COPIES, TransferReport, allowed_missing, select_repairs};
 pub use api::{
-    DType, EndpointConfig, Event, Fill, Footprint, MISMATCH_REPORT_INTERVAL, Mismatch, OpError, OpId,
-    OpOptions, OpReport, ReduceOp, StartError, Timers,
+    Collective, DType, EndpointConfig, Event, Fill, Footprint, MISMATCH_REPORT_INTERVAL, Mismatch, OpError,
+    OpId, OpOptions, OpReport, ReduceOp, StartError, Timers, shard_range,
 };
 pub use batch::{Datagram, TxBatch, TxView};
 pub use digest::settings_digest;

@@ -156,6 +156,19 @@ impl Header {
         if phaseless && (self.reduce != ReduceOp::Sum || self.collective != Collective::Allreduce) {
             return Err(WireError::BadField("kind"));
         }
+        // Version 7: a collective that does not reduce carries sum, and its
+        // packets belong to the phases it has.
+        if !phaseless && !self.collective.reduces() && self.reduce != ReduceOp::Sum {
+            return Err(WireError::BadField("kind"));
+        }
+        let has_phase = match self.phase {
+            Phase::Scatter => self.collective.scatters(),
+            Phase::Gather => self.collective.gathers(),
+            Phase::None => true,
+        };
+        if !phaseless && !has_phase {
+            return Err(WireError::BadPhase(self.phase as u8));
+        }
         match (phaseless, self.phase) {
             (true, Phase::None) => {}
             (true, p) | (_, p @ Phase::None) => {

@@ -172,25 +172,77 @@ impl ReduceOp {
     }
 }
 
-/// The collective an op is (version 6: the high four bits of header byte 15,
-/// `kind`). Version 6 defines allreduce only; the other values are where a
-/// later version puts broadcast, allgather, reduce-scatter and barrier, and
-/// version 6 refuses them ([`WireError::UnknownCollective`]).
+/// The collective an op is (the high four bits of header byte 15, `kind`;
+/// version 6 defined allreduce only, version 7 the other four). Values
+/// 5–15 are refused ([`WireError::UnknownCollective`]).
+///
+/// Which phases each uses (a packet of another phase is malformed): allreduce
+/// both, reduce-scatter and barrier only [`Phase::Scatter`], allgather and
+/// broadcast only [`Phase::Gather`]. Only allreduce and reduce-scatter
+/// reduce: the others carry [`ReduceOp::Sum`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(u8)]
 pub enum Collective {
     /// Reduce-scatter then all-gather of the reduced shards.
     #[default]
     Allreduce = 0,
+    /// The first half of allreduce: each rank ends with its reduced shard.
+    ReduceScatter = 1,
+    /// The second half: each rank sends its shard to every other.
+    Allgather = 2,
+    /// One root sends the whole tensor to every other rank (the root is the
+    /// only sender: its rank is the source of every DATA).
+    Broadcast = 3,
+    /// A reduce-scatter of one element per rank, exact: a rank leaves it
+    /// once every rank has entered it.
+    Barrier = 4,
 }
 
 impl Collective {
+    /// Every collective, in wire order.
+    pub const ALL: [Collective; 5] = [
+        Collective::Allreduce,
+        Collective::ReduceScatter,
+        Collective::Allgather,
+        Collective::Broadcast,
+        Collective::Barrier,
+    ];
+
     /// Parse the wire value (the high four bits of `kind`).
     pub fn from_u8(v: u8) -> Result<Collective, WireError> {
-        match v {
-            0 => Ok(Collective::Allreduce),
-            _ => Err(WireError::UnknownCollective(v)),
+        Collective::ALL.get(usize::from(v)).copied().ok_or(WireError::UnknownCollective(v))
+    }
+
+    /// Whether its ops have a reduce-scatter phase.
+    pub fn scatters(self) -> bool {
+        matches!(self, Collective::Allreduce | Collective::ReduceScatter | Collective::Barrier)
+    }
+
+    /// Whether its ops have an all-gather phase.
+    pub fn gathers(self) -> bool {
+        matches!(self, Collective::Allreduce | Collective::Allgather | Collective::Broadcast)
+    }
+
+    /// Whether it reduces (the others carry [`ReduceOp::Sum`] and add nothing).
+    pub fn reduces(self) -> bool {
+        matches!(self, Collective::Allreduce | Collective::ReduceScatter)
+    }
+
+    /// Lower-case name (`allreduce`, `reduce-scatter`, `allgather`,
+    /// `broadcast`, `barrier`), as the CLI and the reports spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::Allreduce => "allreduce",
+            Collective::ReduceScatter => "reduce-scatter",
+            Collective::Allgather => "allgather",
+            Collective::Broadcast => "broadcast",
+            Collective::Barrier => "barrier",
         }
+    }
+
+    /// The collective a [`Collective::name`] names.
+    pub fn from_name(name: &str) -> Option<Collective> {
+        Collective::ALL.into_iter().find(|c| c.name() == name)
     }
 }
 

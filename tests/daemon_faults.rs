@@ -167,7 +167,8 @@ fn garbage_descriptors_and_random_datagrams_are_counted_and_service_continues() 
             dtype: 0,
             opcode: 1,
             reduce: 0,
-            reserved: [0; 7],
+            reserved: [0; 3],
+            root: 0,
         };
         bad.debug_submit_raw(&d).unwrap();
         let done = bad.wait_completion(Duration::from_secs(10)).unwrap();
@@ -228,7 +229,8 @@ fn a_trainer_that_never_reads_its_reasons_costs_the_daemon_a_bounded_outbox() {
             dtype: dlcp::shm::ElemType::F32 as u16,
             opcode: 1,
             reduce: 0,
-            reserved: [0; 7],
+            reserved: [0; 3],
+            root: 0,
         };
         bad.debug_submit_raw(&d).unwrap();
         // Only the completion ring is read (try_completion never reads the socket).

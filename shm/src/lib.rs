@@ -158,7 +158,8 @@ pub mod trainer;
 pub use control::{JobPlace, PeerCred, PeerPolicy, Registration, RejectReason};
 pub use handshake::Handshake;
 pub use layout::{
-    ArenaError, CompletionDesc, DescError, ElemType, Geometry, Limits, Reduce, Status, Submission, SubmitDesc,
+    ArenaError, CompletionDesc, DescError, ElemType, Geometry, Limits, Opcode, Reduce, Status, Submission,
+    SubmitDesc,
 };
 pub use ring::RingError;
 pub use server::{

@@ -861,18 +861,24 @@ impl Attachment {
         repairs: u32,
         duration: Duration,
     ) -> Result<(), CompleteError> {
+        let duration_ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        self.complete_submission_with(
+            s,
+            CompletionDesc { delivered_ppm, repairs, duration_ns, ..s.completion(status) },
+        )
+    }
+
+    /// Completes a valid submission with `c` (built from
+    /// [`Submission::completion`], e.g. with the shard of a reduce-scatter),
+    /// which ends it as outstanding (whether or not `c` could be posted).
+    pub fn complete_submission_with(
+        &mut self,
+        s: &Submission,
+        c: CompletionDesc,
+    ) -> Result<(), CompleteError> {
         self.outstanding = self.outstanding.saturating_sub(1);
         self.outstanding_bytes = self.outstanding_bytes.saturating_sub(s.span.bytes());
-        self.complete(CompletionDesc {
-            cookie: s.cookie,
-            op_seq: s.op_seq,
-            tensor_id: s.tensor_id,
-            status: status.to_raw(),
-            delivered_ppm,
-            repairs,
-            duration_ns: u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX),
-            ..CompletionDesc::default()
-        })
+        self.complete(c)
     }
 }
 

@@ -181,8 +181,12 @@ pub struct SubmitOptions {
     pub flags: u32,
     /// Echoed in the completion.
     pub cookie: u64,
-    /// The reduction (sum by default).
+    /// The reduction (sum by default; only sum for a collective that does not reduce).
     pub reduce: Reduce,
+    /// The collective (allreduce by default).
+    pub opcode: Opcode,
+    /// [`Opcode::Broadcast`]: the root's daemon rank; 0 for the others.
+    pub root: u32,
 }
 
 impl Default for SubmitOptions {
@@ -195,6 +199,8 @@ impl Default for SubmitOptions {
             flags: 0,
             cookie: 0,
             reduce: Reduce::Sum,
+            opcode: Opcode::AllReduce,
+            root: 0,
         }
     }
 }
@@ -218,6 +224,10 @@ pub struct Completion {
     pub repairs: u32,
     /// Time the daemon spent.
     pub duration: Duration,
+    /// A reduce-scatter or allgather: the first element of this host's shard.
+    pub shard_offset: u64,
+    /// A reduce-scatter or allgather: the elements of this host's shard (0 otherwise).
+    pub shard_len: u64,
 }
 
 impl From<CompletionDesc> for Completion {
@@ -231,6 +241,8 @@ impl From<CompletionDesc> for Completion {
             delivered_ppm: c.delivered_ppm,
             repairs: c.repairs,
             duration: Duration::from_nanos(c.duration_ns),
+            shard_offset: c.shard_offset,
+            shard_len: c.shard_len,
         }
     }
 }
@@ -504,24 +516,41 @@ impl TrainerChannel {
         self.next_seq
     }
 
-    /// Submits an allreduce of `t`; returns its op_seq. The result replaces the
-    /// tensor's contents when the completion arrives.
+    /// Submits `o.opcode` (an allreduce by default) of `t`; returns its
+    /// op_seq. The result replaces the tensor's contents (a reduce-scatter's
+    /// only in this host's shard) when the completion arrives.
     pub fn submit(&mut self, t: &Tensor, o: SubmitOptions) -> Result<u64, TrainerError> {
+        self.submit_span(t.arena_offset, t.len_elems, t.dtype, o)
+    }
+
+    /// Submits a barrier (no tensor; `o.opcode` is ignored); returns its op_seq.
+    pub fn submit_barrier(&mut self, o: SubmitOptions) -> Result<u64, TrainerError> {
+        self.submit_span(0, 0, ElemType::F32, SubmitOptions { opcode: Opcode::Barrier, ..o })
+    }
+
+    fn submit_span(
+        &mut self,
+        offset: u64,
+        len: u64,
+        dtype: ElemType,
+        o: SubmitOptions,
+    ) -> Result<u64, TrainerError> {
         let seq = self.next_seq;
         let d = SubmitDesc {
             op_seq: seq,
             cookie: o.cookie,
-            arena_offset: t.arena_offset,
-            len_elems: t.len_elems,
+            arena_offset: offset,
+            len_elems: len,
             tensor_id: o.tensor_id,
             layer: o.layer,
             layers: o.layers,
             budget_ppm: o.budget_ppm,
             flags: o.flags,
-            dtype: t.dtype as u16,
-            opcode: Opcode::AllReduce as u16,
+            dtype: dtype as u16,
+            opcode: o.opcode as u16,
             reduce: o.reduce as u8,
-            reserved: [0; 7],
+            reserved: [0; 3],
+            root: o.root,
         };
         self.push(&d)?;
         self.next_seq += 1;

@@ -185,7 +185,8 @@ fn desc(seq: u64, offset: u64, len_elems: u64) -> SubmitDesc {
         dtype: ElemType::F32 as u16,
         opcode: Opcode::AllReduce as u16,
         reduce: 0,
-        reserved: [0; 7],
+        reserved: [0; 3],
+        root: 0,
     }
 }
 

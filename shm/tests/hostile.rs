@@ -53,7 +53,8 @@ fn good(arena: u64) -> SubmitDesc {
         dtype: ElemType::F32 as u16,
         opcode: Opcode::AllReduce as u16,
         reduce: 0,
-        reserved: [0; 7],
+        reserved: [0; 3],
+        root: 0,
     }
 }
 
@@ -64,11 +65,16 @@ fn garbage_descriptors_are_rejected_counted_and_answered() {
     let arena = att.geometry().arena_size;
     let g = good(arena);
     let cases: Vec<(SubmitDesc, DescError)> = vec![
-        (SubmitDesc { reserved: [0xff; 7], ..g }, DescError::ReservedNonZero),
+        (SubmitDesc { reserved: [0xff; 3], ..g }, DescError::ReservedNonZero),
         (SubmitDesc { opcode: 77, ..g }, DescError::UnknownOpcode(77)),
         (SubmitDesc { dtype: 0xdead, ..g }, DescError::UnknownDtype(0xdead)),
         (SubmitDesc { reduce: 9, ..g }, DescError::UnknownReduce(9)),
         (SubmitDesc { flags: 0xf000_0000, ..g }, DescError::UnknownFlags(0xf000_0000)),
+        (
+            SubmitDesc { opcode: Opcode::Broadcast as u16, reduce: 1, ..g },
+            DescError::ReduceNotSum { opcode: Opcode::Broadcast, reduce: 1 },
+        ),
+        (SubmitDesc { root: 1, ..g }, DescError::RootNotZero { opcode: Opcode::AllReduce, root: 1 }),
         (SubmitDesc { len_elems: 0, ..g }, DescError::EmptyTensor),
         (
             SubmitDesc { len_elems: u64::MAX, ..g },

@@ -149,6 +149,7 @@ pub(super) fn shm_server(cfg: &Config, group: Option<u32>) -> Result<ShmServer, 
     sc.place = crate::shm::JobPlace { node_rank: cfg.rank(), nodes: cfg.world_size() };
     // Enforced on every submission (the trainer's completion says which rule).
     sc.limits.max_tensor_bytes = cfg.shm.max_tensor_bytes;
+    sc.limits.nodes = cfg.world_size();
     ShmServer::bind(sc)
         .map_err(|e| ServiceError::Control { path: cfg.control.socket_path.display().to_string(), source: e })
 }

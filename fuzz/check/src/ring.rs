@@ -50,7 +50,8 @@ fn good(offset: u64, len_elems: u64) -> SubmitDesc {
         dtype: ElemType::F32 as u16,
         opcode: Opcode::AllReduce as u16,
         reduce: 0,
-        reserved: [0; 7],
+        reserved: [0; 3],
+        root: 0,
     }
 }
 
@@ -72,7 +73,8 @@ fn descriptor(input: &mut Input<'_>, arena: u64) -> SubmitDesc {
         8 => d.opcode = v as u16,
         9 => {
             d.reduce = v as u8;
-            d.reserved.copy_from_slice(&v.to_le_bytes()[1..]);
+            d.reserved.copy_from_slice(&v.to_le_bytes()[1..4]);
+            d.root = u32::from_le_bytes(v.to_le_bytes()[4..].try_into().expect("4 bytes"));
         }
         10 => {
             let mut w = [0u64; DESC_WORDS];
@@ -154,6 +156,7 @@ pub fn check(data: &[u8]) {
         max_layers: input.pick(&[1 << 16, 1, 3]),
         max_budget_ppm: input.pick(&[100_000, 0]),
         max_tensor_bytes: input.pick(&[u64::MAX, 4096, 64, 4]),
+        nodes: input.pick(&[u32::MAX, 4, 1]),
     };
     let (_server, mut att, mut t) = setup(g, limits);
     let mut taken: Vec<Submission> = Vec::new();

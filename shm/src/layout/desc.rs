@@ -76,19 +76,59 @@ impl Reduce {
 }
 
 /// Operation a submission asks for. Raw value in [`SubmitDesc::opcode`].
+///
+/// A host's "shard" is the element range `r·len/nodes .. (r+1)·len/nodes`
+/// (rounded down) of its daemon's rank `r` of `nodes`; the completion of a
+/// reduce-scatter or an allgather names it ([`CompletionDesc::shard_offset`],
+/// [`CompletionDesc::shard_len`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u16)]
 pub enum Opcode {
-    /// Allreduce (sum) the tensor across all ranks of the job; the result replaces it.
+    /// Allreduce the tensor across all trainers of the job; the result replaces it.
     AllReduce = 1,
+    /// Reduce-scatter: the host's shard of the tensor is replaced by the
+    /// reduced shard (as an allreduce reduces it); the rest is left as it was.
+    ReduceScatter = 2,
+    /// Allgather: each host contributes its shard of the tensor (the sum of
+    /// its trainers' tensors over that range); the whole gathered tensor
+    /// replaces it. Does not reduce: `reduce` must be sum.
+    Allgather = 3,
+    /// Broadcast from the host of daemon rank [`SubmitDesc::root`]: its
+    /// local rank 0's tensor replaces every trainer's. Does not reduce:
+    /// `reduce` must be sum.
+    Broadcast = 4,
+    /// Barrier: completes once every trainer of the job has entered it. No
+    /// tensor (`len_elems` may be 0; a tensor given is neither read nor
+    /// written). Does not reduce: `reduce` must be sum.
+    Barrier = 5,
 }
 
 impl Opcode {
+    /// Every opcode, in raw-value order.
+    pub const ALL: [Opcode; 5] =
+        [Opcode::AllReduce, Opcode::ReduceScatter, Opcode::Allgather, Opcode::Broadcast, Opcode::Barrier];
+
     /// The opcode for a raw descriptor value, if known.
     pub fn from_raw(raw: u16) -> Option<Opcode> {
-        match raw {
-            1 => Some(Opcode::AllReduce),
-            _ => None,
+        Opcode::ALL.into_iter().find(|o| *o as u16 == raw)
+    }
+
+    /// Whether it reduces (allreduce and reduce-scatter); the others take
+    /// only [`Reduce::Sum`].
+    pub fn reduces(self) -> bool {
+        matches!(self, Opcode::AllReduce | Opcode::ReduceScatter)
+    }
+
+    /// Lower-case name, as the daemon's reports and the CLI spell the
+    /// collective (`allreduce`, `reduce-scatter`, `allgather`, `broadcast`,
+    /// `barrier`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Opcode::AllReduce => "allreduce",
+            Opcode::ReduceScatter => "reduce-scatter",
+            Opcode::Allgather => "allgather",
+            Opcode::Broadcast => "broadcast",
+            Opcode::Barrier => "barrier",
         }
     }
 }
@@ -114,9 +154,13 @@ pub const KNOWN_FLAGS: u32 = FLAG_RESCALE | FLAG_FILL_LOCAL;
 /// | 44     | 4    | `budget_ppm`   |
 /// | 48     | 4    | `flags`        |
 /// | 52     | 2    | `dtype` ([`ElemType`]: 1 f32, 2 f16, 3 bf16) |
-/// | 54     | 2    | `opcode`       |
+/// | 54     | 2    | `opcode` ([`Opcode`]: 1 allreduce, 2 reduce-scatter, 3 allgather, 4 broadcast, 5 barrier) |
 /// | 56     | 1    | `reduce` ([`Reduce`]: 0 sum, 1 average) |
-/// | 57     | 7    | `reserved` (must be zero) |
+/// | 57     | 3    | `reserved` (must be zero) |
+/// | 60     | 4    | `root` (broadcast: the root's daemon rank; 0 otherwise) |
+///
+/// `reserved` and `root` were one 7-byte reserved field before the
+/// collectives: a client that zeroes them asks for the same ops as before.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SubmitDesc {
@@ -145,7 +189,11 @@ pub struct SubmitDesc {
     /// Raw [`Reduce`] (a reserved zero byte before: 0 is the sum).
     pub reduce: u8,
     /// Must be zero (room for later fields).
-    pub reserved: [u8; 7],
+    pub reserved: [u8; 3],
+    /// [`Opcode::Broadcast`]: the daemon rank (`node.rank`) of the host whose
+    /// local rank 0 sends its tensor; must be below the job's number of
+    /// daemons. Must be 0 for every other opcode.
+    pub root: u32,
 }
 
 /// A completion descriptor (daemon → trainer), 64 bytes.
@@ -160,7 +208,12 @@ pub struct SubmitDesc {
 /// | 32     | 4    | `delivered_ppm` |
 /// | 36     | 4    | `repairs`       |
 /// | 40     | 4    | `detail`        |
-/// | 44     | 20   | `reserved` (zero) |
+/// | 44     | 4    | `reserved` (zero) |
+/// | 48     | 8    | `shard_offset`  |
+/// | 56     | 8    | `shard_len`     |
+///
+/// `shard_offset` and `shard_len` were reserved zero bytes before the
+/// collectives; a client that ignores them loses nothing for an allreduce.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CompletionDesc {
@@ -181,7 +234,14 @@ pub struct CompletionDesc {
     /// Status detail: for [`Status::InvalidDescriptor`] the [`DescError::code`](super::validate::DescError::code).
     pub detail: u32,
     /// Zero.
-    pub reserved: [u8; 20],
+    pub reserved: [u8; 4],
+    /// A completed [`Opcode::ReduceScatter`] or [`Opcode::Allgather`]: the
+    /// first element of this host's shard (the part a reduce-scatter wrote,
+    /// the part an allgather took from this host). 0 otherwise.
+    pub shard_offset: u64,
+    /// Elements of that shard (0 for other opcodes and failed ops; a shard
+    /// may be empty when the tensor has fewer elements than the job has hosts).
+    pub shard_len: u64,
 }
 
 fn put(b: &mut [u8; 64], off: usize, src: &[u8]) {
@@ -243,6 +303,7 @@ desc_codec!(SubmitDesc {
     dtype: u16,
     opcode: u16,
     reduce: u8,
+    root: u32,
 });
 
 desc_codec!(CompletionDesc {
@@ -254,6 +315,8 @@ desc_codec!(CompletionDesc {
     delivered_ppm: u32,
     repairs: u32,
     detail: u32,
+    shard_offset: u64,
+    shard_len: u64,
 });
 
 /// Outcome of an operation, raw value in [`CompletionDesc::status`].
@@ -318,7 +381,8 @@ pub(crate) mod tests {
             dtype: ElemType::F32 as u16,
             opcode: Opcode::AllReduce as u16,
             reduce: Reduce::Sum as u8,
-            reserved: [0; 7],
+            reserved: [0; 3],
+            root: 0,
         }
     }
 
@@ -337,6 +401,7 @@ pub(crate) mod tests {
         assert_eq!(offset_of!(SubmitDesc, opcode), 54);
         assert_eq!(offset_of!(SubmitDesc, reduce), 56);
         assert_eq!(offset_of!(SubmitDesc, reserved), 57);
+        assert_eq!(offset_of!(SubmitDesc, root), 60);
         assert_eq!(offset_of!(CompletionDesc, cookie), 0);
         assert_eq!(offset_of!(CompletionDesc, op_seq), 8);
         assert_eq!(offset_of!(CompletionDesc, duration_ns), 16);
@@ -346,11 +411,13 @@ pub(crate) mod tests {
         assert_eq!(offset_of!(CompletionDesc, repairs), 36);
         assert_eq!(offset_of!(CompletionDesc, detail), 40);
         assert_eq!(offset_of!(CompletionDesc, reserved), 44);
+        assert_eq!(offset_of!(CompletionDesc, shard_offset), 48);
+        assert_eq!(offset_of!(CompletionDesc, shard_len), 56);
     }
 
     #[test]
     fn descriptors_round_trip_through_words() {
-        let d = SubmitDesc { reduce: 1, reserved: [2, 3, 4, 5, 6, 7, 8], ..good() };
+        let d = SubmitDesc { reduce: 1, reserved: [2, 3, 4], root: 0x0807_0605, ..good() };
         assert_eq!(SubmitDesc::from_words(d.to_words()), d);
         // The first word is op_seq in native order: the layout is the repr(C) one.
         assert_eq!(d.to_words()[0], 7);
@@ -363,11 +430,33 @@ pub(crate) mod tests {
             delivered_ppm: 6,
             repairs: 7,
             detail: 8,
-            reserved: [9; 20],
+            reserved: [9; 4],
+            shard_offset: 10,
+            shard_len: 11,
         };
         assert_eq!(CompletionDesc::from_words(c.to_words()), c);
         let w: [u64; 8] = core::array::from_fn(|i| (i as u64 + 1) * 0x0101_0101_0101_0101);
         assert_eq!(SubmitDesc::from_words(w).to_words(), w);
+        assert_eq!(CompletionDesc::from_words(w).to_words(), w);
+        // The root is the last word's upper half (native order), where an
+        // older client's zero reserved bytes were.
+        let r = SubmitDesc { root: 3, ..good() }.to_words()[7];
+        assert_eq!(r.to_ne_bytes()[4..], 3u32.to_ne_bytes());
+        let c = CompletionDesc { shard_offset: 5, shard_len: 6, ..CompletionDesc::default() }.to_words();
+        assert_eq!((c[6], c[7]), (5, 6));
+    }
+
+    #[test]
+    fn opcodes_round_trip_and_know_which_reduce() {
+        for (i, o) in Opcode::ALL.into_iter().enumerate() {
+            assert_eq!(o as u16, i as u16 + 1);
+            assert_eq!(Opcode::from_raw(o as u16), Some(o));
+        }
+        assert_eq!(Opcode::from_raw(0), None);
+        assert_eq!(Opcode::from_raw(6), None);
+        let reducing: Vec<_> = Opcode::ALL.into_iter().filter(|o| o.reduces()).collect();
+        assert_eq!(reducing, [Opcode::AllReduce, Opcode::ReduceScatter]);
+        assert_eq!(Opcode::ReduceScatter.name(), "reduce-scatter");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use thiserror::Error;
 
-use super::desc::{ElemType, KNOWN_FLAGS, Opcode, Reduce, SubmitDesc};
+use super::desc::{CompletionDesc, ElemType, KNOWN_FLAGS, Opcode, Reduce, Status, SubmitDesc};
 use super::segment::ARENA_ALIGN;
 
 /// Per-daemon bounds a submission must respect beyond the arena itself.
@@ -19,16 +19,19 @@ pub struct Limits {
     pub max_budget_ppm: u32,
     /// A tensor's bytes must be at most this (the daemon's `shm.max_tensor_bytes`).
     pub max_tensor_bytes: u64,
+    /// The job's number of daemons (hosts): a broadcast root must be below it.
+    pub nodes: u32,
 }
 
 impl Default for Limits {
-    /// No limit on tensor size beyond the arena's.
+    /// No limit on tensor size beyond the arena's, nor on the broadcast root.
     fn default() -> Self {
         Limits {
             max_tensor_ids: 1 << 20,
             max_layers: 1 << 16,
             max_budget_ppm: 100_000,
             max_tensor_bytes: u64::MAX,
+            nodes: u32::MAX,
         }
     }
 }
@@ -53,7 +56,32 @@ pub enum DescError {
     /// A flag bit this version does not know.
     #[error("flags: unknown flag bits {0:#x}")]
     UnknownFlags(u32),
-    /// Zero-length tensor.
+    /// A reduction other than sum for a collective that does not reduce
+    /// (allgather, broadcast, barrier).
+    #[error("reduce: {} does not reduce: its reduction must be 0 (sum), not {reduce}", .opcode.name())]
+    ReduceNotSum {
+        /// The opcode.
+        opcode: Opcode,
+        /// The raw reduction in the descriptor.
+        reduce: u8,
+    },
+    /// A root given for a collective other than broadcast.
+    #[error("root: {} has no root: root must be 0, not {root}", .opcode.name())]
+    RootNotZero {
+        /// The opcode.
+        opcode: Opcode,
+        /// The root in the descriptor.
+        root: u32,
+    },
+    /// A broadcast root that is not a daemon rank of the job.
+    #[error("root: broadcast root {root} is not a daemon rank of this job (0..{nodes})")]
+    RootOutOfRange {
+        /// The root in the descriptor.
+        root: u32,
+        /// The job's number of daemons.
+        nodes: u32,
+    },
+    /// Zero-length tensor (only a barrier may have none).
     #[error("len_elems: tensor length is zero")]
     EmptyTensor,
     /// `len_elems * dtype size` or `offset + bytes` overflows u64.
@@ -142,11 +170,14 @@ impl DescError {
             DescError::BudgetOutOfRange { .. } => 12,
             DescError::TensorTooLarge { .. } => 13,
             DescError::UnknownReduce(_) => 14,
+            DescError::ReduceNotSum { .. } => 15,
+            DescError::RootNotZero { .. } => 16,
+            DescError::RootOutOfRange { .. } => 17,
         }
     }
 
     /// Number of distinct codes (codes are `1..=COUNT`).
-    pub const COUNT: usize = 14;
+    pub const COUNT: usize = 17;
 }
 
 /// A tensor range that is not inside the arena.
@@ -161,7 +192,8 @@ pub struct ArenaError {
     pub arena_size: u64,
 }
 
-/// A byte range of the arena that passed validation: `offset + len_elems * dtype size <= arena_size`.
+/// A byte range of the arena that passed validation: `offset + len_elems * dtype size <= arena_size`
+/// (a barrier without a tensor: offset 0, no elements).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArenaSpan {
     /// Byte offset from the start of the arena.
@@ -200,15 +232,31 @@ pub struct Submission {
     pub budget_ppm: u32,
     /// Known flag bits only.
     pub flags: u32,
-    /// The reduction.
+    /// The reduction (sum for a collective that does not reduce).
     pub reduce: Reduce,
+    /// Broadcast: the root's daemon rank (below [`Limits::nodes`]); 0 otherwise.
+    pub root: u32,
+}
+
+impl Submission {
+    /// Its completion with `status`: cookie, op_seq and tensor id echoed,
+    /// everything else zero (the report and the shard are the caller's).
+    pub fn completion(&self, status: Status) -> CompletionDesc {
+        CompletionDesc {
+            cookie: self.cookie,
+            op_seq: self.op_seq,
+            tensor_id: self.tensor_id,
+            status: status.to_raw(),
+            ..CompletionDesc::default()
+        }
+    }
 }
 
 impl SubmitDesc {
     /// Checks a descriptor that was already copied out of shared memory against the
     /// arena size and the limits. Checks run in [`DescError`] variant order.
     pub fn validate(&self, arena_size: u64, limits: &Limits) -> Result<Submission, DescError> {
-        if self.reserved != [0u8; 7] {
+        if self.reserved != [0u8; 3] {
             return Err(DescError::ReservedNonZero);
         }
         let opcode = Opcode::from_raw(self.opcode).ok_or(DescError::UnknownOpcode(self.opcode))?;
@@ -217,18 +265,21 @@ impl SubmitDesc {
         if self.flags & !KNOWN_FLAGS != 0 {
             return Err(DescError::UnknownFlags(self.flags & !KNOWN_FLAGS));
         }
-        if self.len_elems == 0 {
-            return Err(DescError::EmptyTensor);
+        if !opcode.reduces() && reduce != Reduce::Sum {
+            return Err(DescError::ReduceNotSum { opcode, reduce: self.reduce });
         }
-        let overflow = DescError::LengthOverflow { offset: self.arena_offset, len_elems: self.len_elems };
-        let bytes = self.len_elems.checked_mul(dtype.size()).ok_or(overflow.clone())?;
-        let end = self.arena_offset.checked_add(bytes).ok_or(overflow)?;
-        if self.arena_offset % ARENA_ALIGN != 0 {
-            return Err(DescError::Misaligned { offset: self.arena_offset });
+        if opcode != Opcode::Broadcast && self.root != 0 {
+            return Err(DescError::RootNotZero { opcode, root: self.root });
         }
-        if end > arena_size {
-            return Err(DescError::OutOfArena { offset: self.arena_offset, end, arena_size });
+        if self.root >= limits.nodes {
+            return Err(DescError::RootOutOfRange { root: self.root, nodes: limits.nodes });
         }
+        let span = if opcode == Opcode::Barrier && self.len_elems == 0 {
+            // A barrier without a tensor: nothing in the arena to check.
+            ArenaSpan { offset: 0, len_elems: 0, dtype }
+        } else {
+            self.arena_span(dtype, arena_size)?
+        };
         if self.tensor_id >= limits.max_tensor_ids {
             return Err(DescError::TensorIdOutOfRange { id: self.tensor_id, max: limits.max_tensor_ids });
         }
@@ -241,21 +292,39 @@ impl SubmitDesc {
         if self.budget_ppm > limits.max_budget_ppm {
             return Err(DescError::BudgetOutOfRange { ppm: self.budget_ppm, max: limits.max_budget_ppm });
         }
-        if bytes > limits.max_tensor_bytes {
-            return Err(DescError::TensorTooLarge { bytes, max: limits.max_tensor_bytes });
+        if span.bytes() > limits.max_tensor_bytes {
+            return Err(DescError::TensorTooLarge { bytes: span.bytes(), max: limits.max_tensor_bytes });
         }
         Ok(Submission {
             op_seq: self.op_seq,
             cookie: self.cookie,
             opcode,
-            span: ArenaSpan { offset: self.arena_offset, len_elems: self.len_elems, dtype },
+            span,
             tensor_id: self.tensor_id,
             layer: self.layer,
             layers: self.layers,
             budget_ppm: self.budget_ppm,
             flags: self.flags,
             reduce,
+            root: self.root,
         })
+    }
+
+    /// The tensor's span, checked: not empty, no overflow, aligned, inside the arena.
+    fn arena_span(&self, dtype: ElemType, arena_size: u64) -> Result<ArenaSpan, DescError> {
+        if self.len_elems == 0 {
+            return Err(DescError::EmptyTensor);
+        }
+        let overflow = DescError::LengthOverflow { offset: self.arena_offset, len_elems: self.len_elems };
+        let bytes = self.len_elems.checked_mul(dtype.size()).ok_or(overflow.clone())?;
+        let end = self.arena_offset.checked_add(bytes).ok_or(overflow)?;
+        if self.arena_offset % ARENA_ALIGN != 0 {
+            return Err(DescError::Misaligned { offset: self.arena_offset });
+        }
+        if end > arena_size {
+            return Err(DescError::OutOfArena { offset: self.arena_offset, end, arena_size });
+        }
+        Ok(ArenaSpan { offset: self.arena_offset, len_elems: self.len_elems, dtype })
     }
 }
 
@@ -292,7 +361,7 @@ mod tests {
     #[test]
     fn every_error_variant_is_reachable() {
         let cases: Vec<(SubmitDesc, DescError)> = vec![
-            (SubmitDesc { reserved: [0, 0, 0, 0, 0, 0, 1], ..good() }, DescError::ReservedNonZero),
+            (SubmitDesc { reserved: [0, 0, 1], ..good() }, DescError::ReservedNonZero),
             (SubmitDesc { opcode: 0, ..good() }, DescError::UnknownOpcode(0)),
             (SubmitDesc { opcode: 99, ..good() }, DescError::UnknownOpcode(99)),
             (SubmitDesc { dtype: 0, ..good() }, DescError::UnknownDtype(0)),
@@ -348,6 +417,28 @@ mod tests {
             seen[got.code() as usize] = true;
             assert!(!got.to_string().is_empty());
         }
+        // The collectives' rules: no reduction but sum where nothing is
+        // reduced, a root only for broadcast, and below the job's daemons.
+        let limits = Limits { nodes: 4, ..Limits::default() };
+        let collective_cases = [
+            (Opcode::Allgather, 1, 0, DescError::ReduceNotSum { opcode: Opcode::Allgather, reduce: 1 }),
+            (Opcode::Broadcast, 1, 0, DescError::ReduceNotSum { opcode: Opcode::Broadcast, reduce: 1 }),
+            (Opcode::Barrier, 1, 0, DescError::ReduceNotSum { opcode: Opcode::Barrier, reduce: 1 }),
+            (Opcode::AllReduce, 0, 1, DescError::RootNotZero { opcode: Opcode::AllReduce, root: 1 }),
+            (Opcode::ReduceScatter, 0, 2, DescError::RootNotZero { opcode: Opcode::ReduceScatter, root: 2 }),
+            (Opcode::Allgather, 0, 3, DescError::RootNotZero { opcode: Opcode::Allgather, root: 3 }),
+            (Opcode::Barrier, 0, 1, DescError::RootNotZero { opcode: Opcode::Barrier, root: 1 }),
+            (Opcode::Broadcast, 0, 4, DescError::RootOutOfRange { root: 4, nodes: 4 }),
+            (Opcode::Broadcast, 0, u32::MAX, DescError::RootOutOfRange { root: u32::MAX, nodes: 4 }),
+        ];
+        for (opcode, reduce, root, want) in collective_cases {
+            let d = SubmitDesc { opcode: opcode as u16, reduce, root, ..good() };
+            let got = d.validate(ARENA, &limits).unwrap_err();
+            assert_eq!(got, want, "descriptor {d:?}");
+            let field = if reduce != 0 { "reduce: " } else { "root: " };
+            assert!(got.to_string().starts_with(field), "{got}");
+            seen[got.code() as usize] = true;
+        }
         // The tensor-size limit (none by default): at it passes, above it not.
         let limits = Limits { max_tensor_bytes: 4000, ..Limits::default() };
         assert!(good().validate(ARENA, &limits).is_ok(), "exactly at the limit");
@@ -356,5 +447,32 @@ mod tests {
         assert!(got.to_string().contains("shm.max_tensor_bytes = 4000"), "{got}");
         seen[got.code() as usize] = true;
         assert!(seen[1..].iter().all(|&s| s), "every code covered: {seen:?}");
+    }
+
+    #[test]
+    fn every_collective_validates_and_a_barrier_needs_no_tensor() {
+        let limits = Limits { nodes: 4, ..Limits::default() };
+        for opcode in Opcode::ALL {
+            let root = if opcode == Opcode::Broadcast { 3 } else { 0 };
+            let s = SubmitDesc { opcode: opcode as u16, root, ..good() }.validate(ARENA, &limits).unwrap();
+            assert_eq!((s.opcode, s.root, s.span.len_elems), (opcode, root, 1000));
+        }
+        // The reducing ones take an average.
+        for opcode in [Opcode::AllReduce, Opcode::ReduceScatter] {
+            let s = check(SubmitDesc { opcode: opcode as u16, reduce: 1, ..good() }).unwrap();
+            assert_eq!(s.reduce, Reduce::Average);
+        }
+        // A barrier of no elements: its offset is not looked at.
+        let b = SubmitDesc { opcode: Opcode::Barrier as u16, len_elems: 0, arena_offset: 3, ..good() };
+        let s = check(b).unwrap();
+        assert_eq!(s.span, ArenaSpan { offset: 0, len_elems: 0, dtype: ElemType::F32 });
+        // Only a barrier: the others still need a tensor.
+        for opcode in [Opcode::AllReduce, Opcode::ReduceScatter, Opcode::Allgather, Opcode::Broadcast] {
+            let d = SubmitDesc { opcode: opcode as u16, len_elems: 0, ..good() };
+            assert_eq!(check(d).unwrap_err(), DescError::EmptyTensor);
+        }
+        // A barrier with a tensor has it checked like any other.
+        let b = SubmitDesc { opcode: Opcode::Barrier as u16, arena_offset: 4100, ..good() };
+        assert_eq!(check(b).unwrap_err(), DescError::Misaligned { offset: 4100 });
     }
 }

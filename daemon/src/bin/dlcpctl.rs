@@ -539,6 +539,7 @@ fn print_report(w: &mut String, v: &Value) {
         v["repairs_sent"],
         yes(&v["deadline_fired"])
     );
+    outln!(w, "collective: {}", v["collective"].as_str().unwrap_or("allreduce"));
     outln!(
         w,
         "started at {} µs, finished at {} µs (since the daemon started)",

@@ -37,6 +37,9 @@ pub struct OpRecord {
     pub op: u64,
     /// Tensor id.
     pub tensor: u32,
+    /// The collective (`allreduce`, `reduce-scatter`, `allgather`,
+    /// `broadcast`, `barrier`; `unknown` for a failed op no local trainer waited on).
+    pub collective: String,
     /// Elements.
     pub len: usize,
     /// Duration in microseconds.
@@ -190,6 +193,11 @@ pub struct ReportReply {
     pub tensor: u32,
     /// The reporting rank (owner of the shard described by `own_*` and `scatter`).
     pub rank: u32,
+    /// The collective (`allreduce`, `reduce-scatter`, `allgather`,
+    /// `broadcast`, `barrier`); `allreduce` in a reply from a daemon older
+    /// than this field.
+    #[serde(default = "allreduce")]
+    pub collective: String,
     /// Time from local start to completion, microseconds.
     pub duration_us: u64,
     /// When this daemon started the op (every local trainer had submitted
@@ -236,13 +244,19 @@ pub struct TransferReply {
     pub delivered_fraction: f64,
 }
 
+/// What a `report` reply without a `collective` was.
+fn allreduce() -> String {
+    "allreduce".to_owned()
+}
+
 impl ReportReply {
-    /// The reply for `report` of rank `rank`.
-    pub fn new(r: &OpReport, rank: u32) -> ReportReply {
+    /// The reply for `report` of rank `rank`, of an op of `collective`.
+    pub fn new(r: &OpReport, rank: u32, collective: &str) -> ReportReply {
         ReportReply {
             op: r.id.seq,
             tensor: r.id.tensor,
             rank,
+            collective: collective.to_owned(),
             duration_us: r.duration().as_micros() as u64,
             started_us: r.started.as_nanos() / 1000,
             finished_us: r.finished.as_nanos() / 1000,
@@ -318,7 +332,7 @@ impl Request {
 /// (The socket and its connections are `admin_socket`'s.)
 pub(super) struct Admin {
     recent: VecDeque<OpRecord>,
-    reports: BTreeMap<OpId, Box<OpReport>>,
+    reports: BTreeMap<OpId, (&'static str, Box<OpReport>)>,
 }
 
 impl Admin {
@@ -335,12 +349,12 @@ impl Admin {
         self.recent.push_back(r);
     }
 
-    /// Keep `report` for `report OP TENSOR` (the last 1024).
-    pub(super) fn keep_report(&mut self, id: OpId, report: Box<OpReport>) {
+    /// Keep `report` of an op of `collective` for `report OP TENSOR` (the last 1024).
+    pub(super) fn keep_report(&mut self, id: OpId, collective: &'static str, report: Box<OpReport>) {
         if self.reports.len() >= KEEP {
             self.reports.pop_first();
         }
-        self.reports.insert(id, report);
+        self.reports.insert(id, (collective, report));
     }
 
     /// The reply to `report OP TENSOR` on rank `rank`: per reduce-scatter
@@ -350,7 +364,7 @@ impl Admin {
         let latest = self.reports.iter().rev().find(|(k, _)| k.seq == id.seq && k.tensor == id.tensor);
         let found = if id.run == 0 { latest.map(|(_, r)| r) } else { self.reports.get(&id) };
         match found {
-            Some(r) => Ok(ReportReply::new(r, rank)),
+            Some((c, r)) => Ok(ReportReply::new(r, rank, c)),
             None => Err(ErrorReply {
                 error: format!(
                     "no report for op {} tensor {} (unknown, failed, or too old)",
@@ -565,10 +579,10 @@ mod tests {
             repairs_sent: 6,
             deadline_fired: true,
         };
-        let json = to_json(&ReportReply::new(&r, 2));
+        let json = to_json(&ReportReply::new(&r, 2, "reduce-scatter"));
         assert_eq!(
             json.to_string(),
-            r#"{"deadline_fired":true,"duration_us":5000,"finished_us":5001,"gather":[{"chunks":10,"#
+            r#"{"collective":"reduce-scatter","deadline_fired":true,"duration_us":5000,"finished_us":5001,"gather":[{"chunks":10,"#
                 .to_owned()
                 + r#""deadline_fired":true,"#
                 + r#""delivered_fraction":0.9,"mask":[2],"missing":[],"peer":1,"repaired":4}],"op":9,"own_chunks":10,"#
@@ -577,6 +591,10 @@ mod tests {
                 + r#""deadline_fired":true,"delivered_fraction":1.0,"mask":null,"missing":[],"peer":2,"#
                 + r#""repaired":4}],"started_us":1,"tensor":3}"#
         );
+        // A reply from a daemon older than `collective` was an allreduce's.
+        let mut old = json.clone();
+        old.as_object_mut().unwrap().remove("collective");
+        assert_eq!(ReportReply::deserialize(&old).unwrap().collective, "allreduce");
         let back = report_from_json(&json);
         assert_eq!(back.id, r.id);
         assert_eq!((back.started, back.finished), (r.started, r.finished));

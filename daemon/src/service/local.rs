@@ -1,7 +1,8 @@
 //! The local reduce: the K trainers on this host each contribute their tensor
 //! to an op, and the daemon sends one sum into the network allreduce.
 //! [`LocalReducer`] collects an op's contributions until all K are in and
-//! checks they agree ([`Shape`]: length and layer); [`sum_in_rank_order`] then
+//! checks they agree ([`Shape`]: length, layer, type, reduction, collective
+//! and root); [`sum_in_rank_order`] then
 //! adds them up in local-rank order, so the bytes of the sum do not depend on
 //! the order the trainers submitted in. The tensors are read where they lie
 //! (the trainers' arenas) only then, in one pass: block by block, the first
@@ -16,7 +17,7 @@ use std::time::Instant;
 
 use dlcp_proto::endpoint::OpId;
 
-use crate::shm::{ElemType, Reduce};
+use crate::shm::{ElemType, Opcode, Reduce};
 
 /// What every contribution to one op must agree on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +32,10 @@ pub(super) struct Shape {
     pub(super) dtype: ElemType,
     /// The reduction.
     pub(super) reduce: Reduce,
+    /// The collective.
+    pub(super) opcode: Opcode,
+    /// A broadcast's root (0 for the others).
+    pub(super) root: u32,
 }
 
 /// One trainer's contribution to an op (its tensor stays where it is until
@@ -212,7 +217,15 @@ impl<T> Collecting<T> {
 mod tests {
     use super::*;
 
-    const SHAPE: Shape = Shape { len: 3, layer: 0, layers: 1, dtype: ElemType::F32, reduce: Reduce::Sum };
+    const SHAPE: Shape = Shape {
+        len: 3,
+        layer: 0,
+        layers: 1,
+        dtype: ElemType::F32,
+        reduce: Reduce::Sum,
+        opcode: Opcode::Broadcast,
+        root: 0,
+    };
     const ID: OpId = OpId { run: 1, seq: 1, tensor: 7 };
 
     fn part(rank: u32) -> Contribution<u32> {
@@ -325,6 +338,9 @@ mod tests {
             Shape { layers: 2, ..SHAPE },
             Shape { dtype: ElemType::Bf16, ..SHAPE },
             Shape { reduce: Reduce::Average, ..SHAPE },
+            Shape { opcode: Opcode::AllReduce, ..SHAPE },
+            Shape { opcode: Opcode::Allgather, ..SHAPE },
+            Shape { root: 1, ..SHAPE },
         ] {
             let mut red = LocalReducer::new();
             let t0 = Instant::now();

@@ -426,17 +426,11 @@ impl Service {
                     self.counters.ops_completed += 1;
                     let Some(op) = self.trainers.finish(id) else { continue };
                     let min = report.min_delivered_fraction();
-                    let done = Completion {
-                        status: Status::Ok,
-                        delivered_ppm: (min * 1e6).round() as u32,
-                        repairs: report.repairs_sent,
-                        duration: op.first_at.elapsed(),
-                        result: Some(&result),
-                        reason: None,
-                    };
+                    let done = op.done(&result, (min * 1e6).round() as u32, report.repairs_sent);
                     self.admin.record(OpRecord {
                         op: id.seq,
                         tensor: id.tensor,
+                        collective: op.opcode.name().to_owned(),
                         len: result.len(),
                         duration_us: report.duration().as_micros() as u64,
                         min_delivered: min,
@@ -447,15 +441,17 @@ impl Service {
                     self.trainers.complete(&op, done, &mut self.counters);
                     self.endpoint.recycle(result);
                     self.operations.op_completed(&report, op.budget_ppm);
-                    self.admin.keep_report(id, report);
+                    self.admin.keep_report(id, op.opcode.name(), report);
                 }
                 Event::OpFailed { id, error } => {
                     self.counters.ops_failed += 1;
                     log::warn!("op {}/{} failed: {error}", id.seq, id.tensor);
                     let status = trainer_status(&error);
+                    let op = self.trainers.finish(id);
                     self.admin.record(OpRecord {
                         op: id.seq,
                         tensor: id.tensor,
+                        collective: op.as_ref().map_or("unknown", |o| o.opcode.name()).to_owned(),
                         len: 0,
                         duration_us: 0,
                         min_delivered: 0.0,
@@ -463,7 +459,7 @@ impl Service {
                         deadline_fired: false,
                         error: Some(error.to_string()),
                     });
-                    if let Some(op) = self.trainers.finish(id) {
+                    if let Some(op) = op {
                         let why = error.to_string();
                         let done = Completion::failed(status, op.first_at.elapsed(), &why);
                         self.trainers.complete(&op, done, &mut self.counters);

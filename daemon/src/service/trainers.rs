@@ -6,6 +6,21 @@
 //! posting completions (the result copied into each trainer's arena, one pass
 //! each).
 //!
+//! The collectives ([`Opcode`] → [`Collective`]) differ in what the host
+//! contributes and what comes back:
+//!
+//! | opcode         | the host's input                         | written back            |
+//! |----------------|------------------------------------------|-------------------------|
+//! | allreduce      | the local sum                            | the whole result        |
+//! | reduce-scatter | the local sum                            | the host's shard only   |
+//! | allgather      | the local sum (its shard is what counts) | the whole result        |
+//! | broadcast      | at the root: local rank 0's tensor; elsewhere none (zeros) | the whole result |
+//! | barrier        | none                                     | nothing                 |
+//!
+//! So with K > 1 trainers a host's allgather shard is the sum of its
+//! trainers' tensors over that range (with K = 1, exactly the trainer's);
+//! a broadcast's other local contributions are checked for shape only.
+//!
 //! A trainer whose control socket closes is gone: its attachment is dropped
 //! (segment reclaimed) and local ops waiting for it fail for the other
 //! trainers.
@@ -17,7 +32,7 @@ use std::time::{Duration as StdDuration, Instant as StdInstant};
 use dlcp_config::Config;
 use dlcp_config::schema::Fill as CfgFill;
 use dlcp_proto::elem;
-use dlcp_proto::endpoint::{DType, Endpoint, Fill, OpId, OpOptions, ReduceOp};
+use dlcp_proto::endpoint::{Collective, DType, Endpoint, Fill, OpId, OpOptions, ReduceOp, shard_range};
 use dlcp_proto::time::Instant;
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
@@ -25,7 +40,7 @@ use mio::{Interest, Registry, Token};
 use super::counters::ServiceCounters;
 use super::local::{Added, Contribution, LocalReducer, Reduced, Shape, Source, sum_in_rank_order};
 use super::setup;
-use crate::shm::{ArenaError, Attachment, ElemType, Liveness, Reduce, Status, Submission};
+use crate::shm::{ArenaError, Attachment, ElemType, Liveness, Opcode, Reduce, Status, Submission};
 
 /// The first mio token of the attachments: attachment slot `i` has the
 /// control socket at `ATTACH_BASE + 2i` and the doorbell at `ATTACH_BASE + 2i + 1`.
@@ -58,16 +73,37 @@ pub(super) struct Completion<'a> {
     pub(super) repairs: u32,
     /// Time since the first local contribution.
     pub(super) duration: StdDuration,
-    /// The reduced tensor, copied into each trainer's buffer.
-    pub(super) result: Option<&'a [f32]>,
+    /// What of the result is copied into each trainer's buffer, and from
+    /// which element on.
+    pub(super) result: Option<Written<'a>>,
+    /// The host's shard told in the completion (reduce-scatter, allgather):
+    /// its first element and its length.
+    pub(super) shard: Option<(u64, u64)>,
     /// Why the op failed, told to each trainer before its completion.
     pub(super) reason: Option<&'a str>,
+}
+
+/// Elements of a result written into each trainer's tensor, from element `at` on.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Written<'a> {
+    /// The values.
+    pub(super) values: &'a [f32],
+    /// The tensor element the first value goes to.
+    pub(super) at: usize,
 }
 
 impl Completion<'_> {
     /// An op that ended without a result after `duration`, for `reason`.
     pub(super) fn failed(status: Status, duration: StdDuration, reason: &str) -> Completion<'_> {
-        Completion { status, delivered_ppm: 0, repairs: 0, duration, result: None, reason: Some(reason) }
+        Completion {
+            status,
+            delivered_ppm: 0,
+            repairs: 0,
+            duration,
+            result: None,
+            shard: None,
+            reason: Some(reason),
+        }
     }
 }
 
@@ -122,17 +158,68 @@ fn wire_dtype(t: ElemType) -> DType {
     }
 }
 
-/// Copy an op's result into the tensor of `sub`, narrowed to its element
-/// type (exact: the owners rounded every value to it).
-fn write_result(att: &Attachment, sub: &Submission, r: &[f32]) -> Result<(), ArenaError> {
+/// Copy an op's result into the tensor of `sub` (from element `w.at` on),
+/// narrowed to its element type (exact: the owners rounded every value to it).
+fn write_result(att: &Attachment, sub: &Submission, w: Written<'_>) -> Result<(), ArenaError> {
+    let offset = sub.span.offset + w.at as u64 * sub.span.dtype.size();
     match sub.span.dtype {
-        ElemType::F32 => att.copy_to_arena(sub.span.offset, r),
+        ElemType::F32 => att.copy_to_arena(offset, w.values),
         t => {
             let dtype = wire_dtype(t);
-            let mut bytes = vec![0u8; r.len() * dtype.size()];
-            elem::encode(dtype, r, &mut bytes);
-            att.copy_u16s_to_arena(sub.span.offset, &bytes)
+            let mut bytes = vec![0u8; w.values.len() * dtype.size()];
+            elem::encode(dtype, w.values, &mut bytes);
+            att.copy_u16s_to_arena(offset, &bytes)
         }
+    }
+}
+
+/// The protocol's collective for a descriptor's opcode.
+pub(super) fn collective(o: Opcode) -> Collective {
+    match o {
+        Opcode::AllReduce => Collective::Allreduce,
+        Opcode::ReduceScatter => Collective::ReduceScatter,
+        Opcode::Allgather => Collective::Allgather,
+        Opcode::Broadcast => Collective::Broadcast,
+        Opcode::Barrier => Collective::Barrier,
+    }
+}
+
+/// The options of the network op for `sub` (the lowest local rank's
+/// submission, speaking for all K), under the running configuration.
+/// `contributors`: what an average divides by.
+fn op_options(sub: &Submission, cfg: &Config, contributors: u32) -> OpOptions {
+    // loss.budget is the operator's cap on what trainers may ask for.
+    let budget = sub.budget_ppm.min(cfg.loss.budget_ppm());
+    let (budget_ppm, gather_budget_ppm) = match sub.opcode {
+        Opcode::AllReduce | Opcode::ReduceScatter => (budget, cfg.loss.gather_budget_ppm().min(budget)),
+        // Only a gather phase: the trainer's budget is its budget.
+        Opcode::Allgather | Opcode::Broadcast => (budget, budget),
+        Opcode::Barrier => (0, 0),
+    };
+    OpOptions {
+        layer: sub.layer,
+        layers: sub.layers,
+        budget_ppm,
+        gather_budget_ppm,
+        // The trainer's flags can only ask for more than `[loss]` sets:
+        // a flag bit turns the behaviour on for this op, the config turns
+        // it on for every op.
+        fill: match cfg.loss.fill {
+            CfgFill::Local => Fill::Local,
+            CfgFill::Zero if sub.flags & crate::shm::layout::FLAG_FILL_LOCAL != 0 => Fill::Local,
+            CfgFill::Zero => Fill::Zero,
+        },
+        rescale: cfg.loss.rescale || sub.flags & crate::shm::layout::FLAG_RESCALE != 0,
+        reduce: match sub.reduce {
+            Reduce::Sum => ReduceOp::Sum,
+            Reduce::Average => ReduceOp::Average,
+        },
+        // The endpoint rounds this daemon's local sum to the type once,
+        // and each owner its shard once (`dlcp_proto::elem`).
+        dtype: wire_dtype(sub.span.dtype),
+        contributors,
+        collective: collective(sub.opcode),
+        root: sub.root,
     }
 }
 
@@ -152,6 +239,29 @@ pub(super) struct InFlight {
     pub(super) first_at: StdInstant,
     /// The budget the op started with (the trainer's, capped by `loss.budget`).
     pub(super) budget_ppm: u32,
+    /// The collective.
+    pub(super) opcode: Opcode,
+    /// This host's shard of the tensor (elements).
+    shard: std::ops::Range<usize>,
+}
+
+impl InFlight {
+    /// The completion of a successful op with `result` (the endpoint's).
+    pub(super) fn done<'a>(&self, result: &'a [f32], delivered_ppm: u32, repairs: u32) -> Completion<'a> {
+        let whole = Some(Written { values: result, at: 0 });
+        let told = Some((self.shard.start as u64, self.shard.len() as u64));
+        let (result, shard) = match self.opcode {
+            Opcode::AllReduce | Opcode::Broadcast => (whole, None),
+            Opcode::Allgather => (whole, told),
+            Opcode::ReduceScatter => {
+                let part = result.get(self.shard.clone()).unwrap_or_default();
+                (Some(Written { values: part, at: self.shard.start }), told)
+            }
+            Opcode::Barrier => (None, None),
+        };
+        let duration = self.first_at.elapsed();
+        Completion { status: Status::Ok, delivered_ppm, repairs, duration, result, shard, reason: None }
+    }
 }
 
 /// The attached trainers and their local ops.
@@ -386,6 +496,8 @@ impl Trainers {
             layers: sub.layers,
             dtype: sub.span.dtype,
             reduce: sub.reduce,
+            opcode: sub.opcode,
+            root: sub.root,
         };
         let c = Contribution { local_rank, shape, ticket: Ticket { attachment: att_id, sub } };
         match self.reducer.add(id, world, c, StdInstant::now()) {
@@ -396,7 +508,7 @@ impl Trainers {
                 ctx.counters.local_mismatch += 1;
                 let why = format!(
                     "the local trainers disagree on op {}/{}: length {} vs {}, layer {}/{} vs {}/{}, \
-                     dtype {:?} vs {:?}, reduce {:?} vs {:?}",
+                     dtype {:?} vs {:?}, reduce {:?} vs {:?}, collective {} vs {}, root {} vs {}",
                     id.seq,
                     id.tensor,
                     first.len,
@@ -409,6 +521,10 @@ impl Trainers {
                     ticket.sub.span.dtype,
                     first.reduce,
                     ticket.sub.reduce,
+                    first.opcode.name(),
+                    ticket.sub.opcode.name(),
+                    first.root,
+                    ticket.sub.root,
                 );
                 log::warn!("{why}");
                 ctx.counters.ops_failed += 1;
@@ -427,74 +543,90 @@ impl Trainers {
         self.answer(slot, sub, Status::InvalidDescriptor, &why);
     }
 
-    /// All K contributions of `id` are in: sum them out of the trainers'
-    /// arenas into a daemon-owned buffer (one pass, see [`sum_in_rank_order`])
-    /// and start the op on the network with it.
+    /// All K contributions of `id` are in: take the host's input out of the
+    /// trainers' arenas ([`Trainers::local_input`]) and start the op on the
+    /// network with it.
     fn start_op(&mut self, id: OpId, r: Reduced<Ticket>, ctx: &mut Ctx<'_>, now: Instant) {
         // The lowest local rank's submission speaks for the op (they agree).
         let Some(sub) = r.tickets.first().map(|t| t.sub) else { return };
-        let mut sum = ctx.endpoint.take_buffer(usize::try_from(sub.span.len_elems).unwrap_or(0));
-        let sources: Option<Vec<Arena<'_>>> = r
-            .tickets
+        let input = match self.local_input(&r.tickets, &sub, ctx.endpoint) {
+            Ok(v) => v,
+            Err(e) => {
+                let why = format!("cannot read the local contributions: {e}");
+                log::warn!("op {}/{}: {why}", id.seq, id.tensor);
+                ctx.counters.ops_failed += 1;
+                let done = Completion::failed(Status::InvalidDescriptor, StdDuration::ZERO, &why);
+                self.post(&r.tickets, done, ctx.counters);
+                return;
+            }
+        };
+        let (rank, world) = (ctx.endpoint.config().rank, ctx.endpoint.config().world);
+        // An average is over every trainer of the job: K on every host.
+        let opts = op_options(&sub, ctx.cfg, world * self.local_world.unwrap_or(1));
+        let shard = shard_range(usize::try_from(sub.span.len_elems).unwrap_or(0), world, rank);
+        match ctx.endpoint.start_allreduce(now, id, input, opts) {
+            Ok(()) => {
+                ctx.counters.ops_started += 1;
+                let op = InFlight {
+                    tickets: r.tickets,
+                    first_at: r.first_at,
+                    budget_ppm: opts.budget_ppm,
+                    opcode: sub.opcode,
+                    shard,
+                };
+                self.in_flight.insert(id, op);
+            }
+            Err(e) => {
+                let why = format!("the op could not start: {e}");
+                log::warn!("op {}/{}: {why}", id.seq, id.tensor);
+                // Every start error is the descriptor's (duplicate id, empty,
+                // too large, budget, layer, root, reduction).
+                ctx.counters.ops_failed += 1;
+                let done = Completion::failed(Status::InvalidDescriptor, StdDuration::ZERO, &why);
+                self.post(&r.tickets, done, ctx.counters);
+            }
+        }
+    }
+
+    /// The host's input to the network op of `sub` (see the module docs):
+    /// the contributions of `tickets` summed out of the trainers' arenas into
+    /// a daemon-owned buffer in one pass ([`sum_in_rank_order`]); at a
+    /// broadcast's root only local rank 0's; at its other hosts zeros, no
+    /// arena read; for a barrier one zero (its data is not used).
+    fn local_input(
+        &self,
+        tickets: &[Ticket],
+        sub: &Submission,
+        endpoint: &mut Endpoint,
+    ) -> Result<Vec<f32>, String> {
+        let len = usize::try_from(sub.span.len_elems).unwrap_or(0);
+        let read = match sub.opcode {
+            Opcode::Barrier => return Ok(vec![0.0]),
+            Opcode::Broadcast if sub.root != endpoint.config().rank => {
+                let mut zeros = endpoint.take_buffer(len);
+                zeros.fill(0.0);
+                return Ok(zeros);
+            }
+            Opcode::Broadcast => &tickets[..1],
+            Opcode::AllReduce | Opcode::ReduceScatter | Opcode::Allgather => tickets,
+        };
+        let sources: Option<Vec<Arena<'_>>> = read
             .iter()
             .map(|t| {
                 let att = self.slots[self.slot_of(t.attachment)?].as_ref()?;
                 Some(Arena { att, offset: t.sub.span.offset, dtype: t.sub.span.dtype })
             })
             .collect();
+        let mut sum = endpoint.take_buffer(len);
         let summed = match sources {
             Some(s) => sum_in_rank_order(&s, &mut sum).map_err(|e| e.to_string()),
             None => Err("a contributing trainer is gone".to_string()),
         };
-        if let Err(e) = summed {
-            let why = format!("cannot read the local contributions: {e}");
-            log::warn!("op {}/{}: {why}", id.seq, id.tensor);
-            ctx.endpoint.recycle(sum);
-            ctx.counters.ops_failed += 1;
-            let done = Completion::failed(Status::InvalidDescriptor, StdDuration::ZERO, &why);
-            self.post(&r.tickets, done, ctx.counters);
-            return;
-        }
-        // loss.budget is the operator's cap on what trainers may ask for.
-        let budget = sub.budget_ppm.min(ctx.cfg.loss.budget_ppm());
-        let opts = OpOptions {
-            layer: sub.layer,
-            layers: sub.layers,
-            budget_ppm: budget,
-            gather_budget_ppm: ctx.cfg.loss.gather_budget_ppm().min(budget),
-            // The trainer's flags can only ask for more than `[loss]` sets:
-            // a flag bit turns the behaviour on for this op, the config turns
-            // it on for every op.
-            fill: match ctx.cfg.loss.fill {
-                CfgFill::Local => Fill::Local,
-                CfgFill::Zero if sub.flags & crate::shm::layout::FLAG_FILL_LOCAL != 0 => Fill::Local,
-                CfgFill::Zero => Fill::Zero,
-            },
-            rescale: ctx.cfg.loss.rescale || sub.flags & crate::shm::layout::FLAG_RESCALE != 0,
-            reduce: match sub.reduce {
-                Reduce::Sum => ReduceOp::Sum,
-                Reduce::Average => ReduceOp::Average,
-            },
-            // The endpoint rounds this daemon's local sum to the type once,
-            // and each owner its shard once (`dlcp_proto::elem`).
-            dtype: wire_dtype(sub.span.dtype),
-            // An average is over every trainer of the job: K on every host.
-            contributors: ctx.endpoint.config().world * self.local_world.unwrap_or(1),
-        };
-        match ctx.endpoint.start_allreduce(now, id, sum, opts) {
-            Ok(()) => {
-                ctx.counters.ops_started += 1;
-                self.in_flight
-                    .insert(id, InFlight { tickets: r.tickets, first_at: r.first_at, budget_ppm: budget });
-            }
+        match summed {
+            Ok(()) => Ok(sum),
             Err(e) => {
-                let why = format!("the op could not start: {e}");
-                log::warn!("op {}/{}: {why}", id.seq, id.tensor);
-                // Every start error is the descriptor's (duplicate id, empty,
-                // too large, budget, layer).
-                ctx.counters.ops_failed += 1;
-                let done = Completion::failed(Status::InvalidDescriptor, StdDuration::ZERO, &why);
-                self.post(&r.tickets, done, ctx.counters);
+                endpoint.recycle(sum);
+                Err(e)
             }
         }
     }
@@ -517,8 +649,8 @@ impl Trainers {
             let Some(slot) = self.slot_of(c.attachment) else { continue };
             let Some(att) = self.slots[slot].as_mut() else { continue };
             let (mut st, mut why) = (done.status, done.reason.map(str::to_owned));
-            if let Some(r) = done.result
-                && let Err(e) = write_result(att, &c.sub, r)
+            if let Some(w) = done.result
+                && let Err(e) = write_result(att, &c.sub, w)
             {
                 log::warn!("attachment {}: cannot write result: {e}", c.attachment);
                 st = Status::InvalidDescriptor;
@@ -527,7 +659,16 @@ impl Trainers {
             if let Some(why) = &why {
                 att.send_reason(c.sub.op_seq, c.sub.tensor_id, why);
             }
-            if att.complete_submission(&c.sub, st, done.delivered_ppm, done.repairs, done.duration).is_err() {
+            let (shard_offset, shard_len) = done.shard.filter(|_| st == Status::Ok).unwrap_or_default();
+            let desc = crate::shm::CompletionDesc {
+                delivered_ppm: done.delivered_ppm,
+                repairs: done.repairs,
+                duration_ns: u64::try_from(done.duration.as_nanos()).unwrap_or(u64::MAX),
+                shard_offset,
+                shard_len,
+                ..c.sub.completion(st)
+            };
+            if att.complete_submission_with(&c.sub, desc).is_err() {
                 counters.completions_dropped += 1;
             }
         }

@@ -3,8 +3,9 @@
  *
  * A trainer attaches to the local dlcpd over its Unix control socket, allocates
  * named f32 (or f16, bf16) tensors in a shared-memory arena, writes gradients straight into them
- * (dlcp_tensor_data), submits allreduce operations and waits for completions; the
- * reduced result replaces the tensor's contents in place.
+ * (dlcp_tensor_data), submits allreduce operations (or reduce-scatter, allgather,
+ * broadcast, barrier) and waits for completions; the result replaces the
+ * tensor's contents in place.
  *
  *     dlcp_client *c;
  *     dlcp_tensor g;
@@ -205,6 +206,37 @@ int dlcp_allreduce(dlcp_client *c, dlcp_tensor tensor, uint32_t layer, uint32_t 
 /* dlcp_allreduce with a reduction `op` (enum dlcp_op). */
 int dlcp_allreduce_op(dlcp_client *c, dlcp_tensor tensor, uint32_t layer, uint32_t layers, uint32_t budget_ppm,
                       uint32_t flags, uint32_t op, int64_t timeout_ms, dlcp_completion *out);
+
+/* The other collectives: submit + wait, returning as dlcp_allreduce does.
+ * A host's shard is the element range r*len/nodes .. (r+1)*len/nodes (rounded
+ * down) of its daemon's rank r of nodes (dlcp_world.node_rank, .nodes); the
+ * shard out-params are optional (NULL) and set only on DLCP_OK. With several
+ * trainers on a host, what the host contributes to an allgather is the sum of
+ * its trainers' tensors over its shard (with one trainer: exactly its own). */
+
+/* Reduce-scatter: this host's shard of `tensor` is replaced by the reduced
+ * values (reduction `op`, enum dlcp_op; budget and flags as for dlcp_allreduce);
+ * the rest of the tensor is left as it was. */
+int dlcp_reduce_scatter(dlcp_client *c, dlcp_tensor tensor, uint32_t layer, uint32_t layers,
+                        uint32_t budget_ppm, uint32_t flags, uint32_t op, int64_t timeout_ms,
+                        dlcp_completion *out, uint64_t *out_shard_offset, uint64_t *out_shard_len);
+
+/* Allgather: this host contributes its shard of `tensor`; the whole tensor is
+ * replaced by every host's shard. budget_ppm is the loss budget of its one
+ * (gather) phase. */
+int dlcp_allgather(dlcp_client *c, dlcp_tensor tensor, uint32_t layer, uint32_t layers, uint32_t budget_ppm,
+                   int64_t timeout_ms, dlcp_completion *out, uint64_t *out_shard_offset,
+                   uint64_t *out_shard_len);
+
+/* Broadcast: every trainer's `tensor` is replaced by the tensor of local rank 0
+ * on the host of daemon rank `root` (< nodes, else DLCP_ERR_OP_FAILED naming
+ * the root). Exact with budget_ppm 0. */
+int dlcp_broadcast(dlcp_client *c, dlcp_tensor tensor, uint32_t root, uint32_t layer, uint32_t layers,
+                   uint32_t budget_ppm, int64_t timeout_ms, dlcp_completion *out);
+
+/* Barrier: returns once every trainer of the job has entered it. No tensor
+ * (out->tensor is 0). */
+int dlcp_barrier(dlcp_client *c, int64_t timeout_ms, dlcp_completion *out);
 
 /* The op sequence number the next dlcp_submit will use (1 after attach). The
  * daemon matches an op across trainers by (op_seq, tensor): every trainer of a job

@@ -26,7 +26,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::{AttachArgs, Client, Completion, ElemType, Error, ErrorCode, Options, Reduce, TensorId};
+use crate::{
+    AttachArgs, BARRIER_TENSOR, Client, Completion, ElemType, Error, ErrorCode, Opcode, Options, Reduce,
+    TensorId,
+};
 
 /// Opaque client handle (`dlcp_client` in C). Never dereferenced by the library.
 #[allow(non_camel_case_types)]
@@ -394,7 +397,7 @@ pub extern "C" fn dlcp_tensor_data(c: *mut dlcp_client, tensor: dlcp_tensor) -> 
 }
 
 fn options(layer: u32, layers: u32, budget_ppm: u32, flags: u32) -> Options {
-    Options { layer, layers, budget_ppm, flags, cookie: 0, reduce: Reduce::Sum }
+    Options { layer, layers, budget_ppm, flags, ..Options::default() }
 }
 
 /// [`options`] with the reduction `op` (`enum dlcp_op`: 0 sum, 1 average).
@@ -589,19 +592,115 @@ fn allreduce_with(
     timeout_ms: i64,
     out: *mut dlcp_completion,
 ) -> c_int {
+    let none = (core::ptr::null_mut(), core::ptr::null_mut());
+    collective_with(name, c, Some(tensor), opts, timeout_ms, out, none)
+}
+
+/// Submit + wait of any collective (`tensor` None: a barrier): the body of
+/// `dlcp_allreduce*`, `dlcp_reduce_scatter`, `dlcp_allgather`,
+/// `dlcp_broadcast` and `dlcp_barrier` (`name` is the one called). `*out`
+/// and the shard's `(*offset, *len)` are optional (NULL); the shard is
+/// stored when the op completed OK.
+fn collective_with(
+    name: &str,
+    c: *mut dlcp_client,
+    tensor: Option<dlcp_tensor>,
+    opts: impl FnOnce() -> Result<Options, Failure>,
+    timeout_ms: i64,
+    out: *mut dlcp_completion,
+    shard: (*mut u64, *mut u64),
+) -> c_int {
     code_of(guard(name, c, || {
         if !out.is_null() {
             check_out(out, "out_completion")?;
         }
+        for (p, what) in [(shard.0, "out_shard_offset"), (shard.1, "out_shard_len")] {
+            if !p.is_null() {
+                check_out(p, what)?;
+            }
+        }
         let o = opts()?;
         let (done, checked) = with_client(c, |cl| {
-            let seq = cl.submit(TensorId(tensor), o)?;
+            let (seq, id) = match tensor {
+                Some(t) => (cl.submit(TensorId(t), o)?, TensorId(t)),
+                None => (cl.submit_barrier(o)?, BARRIER_TENSOR),
+            };
             let done = cl.wait_for(seq, timeout(timeout_ms))?;
-            Ok((done, cl.check(TensorId(tensor), done)))
+            Ok((done, cl.check(id, done)))
         })?;
         store(out, done.into());
-        checked.map(|_| ()).map_err(Failure::from)
+        let report = checked.map_err(Failure::from)?;
+        store(shard.0, report.shard_offset);
+        store(shard.1, report.shard_len);
+        Ok(())
     }))
+}
+
+/// Reduce-scatter `tensor` (reduction `op`, `enum dlcp_op`) and wait: this
+/// host's shard, `*out_shard_offset .. + *out_shard_len` (both optional),
+/// holds the reduced values; the rest of the tensor is left as it was.
+#[unsafe(no_mangle)]
+pub extern "C" fn dlcp_reduce_scatter(
+    c: *mut dlcp_client,
+    tensor: dlcp_tensor,
+    layer: u32,
+    layers: u32,
+    budget_ppm: u32,
+    flags: u32,
+    op: u32,
+    timeout_ms: i64,
+    out: *mut dlcp_completion,
+    out_shard_offset: *mut u64,
+    out_shard_len: *mut u64,
+) -> c_int {
+    let opts = || Ok(options_op(layer, layers, budget_ppm, flags, op)?.collective(Opcode::ReduceScatter));
+    let shard = (out_shard_offset, out_shard_len);
+    collective_with("dlcp_reduce_scatter", c, Some(tensor), opts, timeout_ms, out, shard)
+}
+
+/// Allgather `tensor` and wait: this host contributes its shard,
+/// `*out_shard_offset .. + *out_shard_len` (both optional); the whole tensor
+/// is replaced by every host's shard. `budget_ppm`: its one phase's budget.
+#[unsafe(no_mangle)]
+pub extern "C" fn dlcp_allgather(
+    c: *mut dlcp_client,
+    tensor: dlcp_tensor,
+    layer: u32,
+    layers: u32,
+    budget_ppm: u32,
+    timeout_ms: i64,
+    out: *mut dlcp_completion,
+    out_shard_offset: *mut u64,
+    out_shard_len: *mut u64,
+) -> c_int {
+    let opts = || Ok(options(layer, layers, budget_ppm, 0).collective(Opcode::Allgather));
+    let shard = (out_shard_offset, out_shard_len);
+    collective_with("dlcp_allgather", c, Some(tensor), opts, timeout_ms, out, shard)
+}
+
+/// Broadcast `tensor` from local rank 0 of the host of daemon rank `root`
+/// and wait: every trainer's tensor is replaced by it (exact with budget 0).
+#[unsafe(no_mangle)]
+pub extern "C" fn dlcp_broadcast(
+    c: *mut dlcp_client,
+    tensor: dlcp_tensor,
+    root: u32,
+    layer: u32,
+    layers: u32,
+    budget_ppm: u32,
+    timeout_ms: i64,
+    out: *mut dlcp_completion,
+) -> c_int {
+    let opts = || Ok(options(layer, layers, budget_ppm, 0).collective(Opcode::Broadcast).root(root));
+    let none = (core::ptr::null_mut(), core::ptr::null_mut());
+    collective_with("dlcp_broadcast", c, Some(tensor), opts, timeout_ms, out, none)
+}
+
+/// Wait until every trainer of the job has entered this barrier (no tensor).
+#[unsafe(no_mangle)]
+pub extern "C" fn dlcp_barrier(c: *mut dlcp_client, timeout_ms: i64, out: *mut dlcp_completion) -> c_int {
+    let none = (core::ptr::null_mut(), core::ptr::null_mut());
+    collective_with("dlcp_barrier", c, None, || Ok(Options::default()), timeout_ms, out, none)
 }
 
 /// Stores the op sequence number the next submit will use in `*out_seq`.

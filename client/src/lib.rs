@@ -37,6 +37,20 @@
 //! # Ok::<(), dlcp_client::Error>(())
 //! ```
 //!
+//! ## Collectives
+//!
+//! Besides [`Client::allreduce`]: [`Client::reduce_scatter`] (this host's
+//! shard of the tensor reduced, the rest left as it was; [`Report::shard`]
+//! says which), [`Client::allgather`] (each host contributes its shard,
+//! everyone gets the whole tensor), [`Client::broadcast`] (every trainer gets
+//! the tensor of local rank 0 on the host of daemon rank `root`; exact unless
+//! a budget is given) and [`Client::barrier`] (no tensor). A host's shard is
+//! the element range `r·len/nodes .. (r+1)·len/nodes` of its daemon's rank
+//! `r` ([`World::node_rank`] of [`World::nodes`]); with several trainers on a
+//! host, what the host contributes to an allgather is the sum of its
+//! trainers' tensors over its shard. [`Options::collective`] and
+//! [`Options::root`] pick a collective for [`Client::submit`].
+//!
 //! ## Tensor ids
 //!
 //! [`TensorId`]s are handed out in allocation order (0, 1, 2, …) and are also the
@@ -64,7 +78,7 @@ use std::time::{Duration, Instant};
 
 pub use dlcp_shm::layout::{FLAG_FILL_LOCAL, FLAG_RESCALE, KNOWN_FLAGS};
 pub use dlcp_shm::{
-    AttachError, Completion, ElemType, Geometry, Reduce, Status, Tensor, TensorId, TrainerError,
+    AttachError, Completion, ElemType, Geometry, Opcode, Reduce, Status, Tensor, TensorId, TrainerError,
 };
 use dlcp_shm::{SubmitOptions, TrainerChannel};
 pub use env::{AttachArgs, DEFAULT_SOCKET, EnvError};
@@ -88,12 +102,27 @@ pub struct Options {
     pub cookie: u64,
     /// The reduction: [`Reduce::Sum`], or [`Reduce::Average`] over every
     /// trainer of the job (the daemons divide once; the trainer does not).
+    /// Only allreduce and reduce-scatter reduce: the others take only the sum.
     pub reduce: Reduce,
+    /// The collective [`Client::submit`] asks for ([`Opcode::AllReduce`] by default).
+    pub collective: Opcode,
+    /// [`Opcode::Broadcast`]: the daemon rank of the host whose local rank 0
+    /// sends its tensor; 0 for the other collectives.
+    pub root: u32,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { layer: 0, layers: 1, budget_ppm: 0, flags: 0, cookie: 0, reduce: Reduce::Sum }
+        Options {
+            layer: 0,
+            layers: 1,
+            budget_ppm: 0,
+            flags: 0,
+            cookie: 0,
+            reduce: Reduce::Sum,
+            collective: Opcode::AllReduce,
+            root: 0,
+        }
     }
 }
 
@@ -122,14 +151,24 @@ impl Options {
     pub fn reduce(self, reduce: Reduce) -> Options {
         Options { reduce, ..self }
     }
+
+    /// With a collective (allreduce by default).
+    pub fn collective(self, collective: Opcode) -> Options {
+        Options { collective, ..self }
+    }
+
+    /// With a broadcast root (a daemon rank).
+    pub fn root(self, root: u32) -> Options {
+        Options { root, ..self }
+    }
 }
 
-/// What a successful allreduce reports.
+/// What a successful op reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Report {
     /// The op's sequence number.
     pub op_seq: u64,
-    /// The tensor reduced.
+    /// The op's tensor (a barrier's is [`BARRIER_TENSOR`], which names none).
     pub tensor: TensorId,
     /// Fraction of the tensor that arrived, ppm (1_000_000 = all of it).
     pub delivered_ppm: u32,
@@ -137,7 +176,25 @@ pub struct Report {
     pub repairs: u32,
     /// Time the daemon spent on it.
     pub duration: Duration,
+    /// A reduce-scatter or allgather: the first element of this host's shard.
+    pub shard_offset: u64,
+    /// A reduce-scatter or allgather: the elements of this host's shard (0 otherwise).
+    pub shard_len: u64,
 }
+
+impl Report {
+    /// This host's shard of the tensor, as an element range: what a
+    /// reduce-scatter wrote, what an allgather took from this host (empty
+    /// for the other collectives).
+    pub fn shard(&self) -> std::ops::Range<usize> {
+        let start = self.shard_offset as usize;
+        start..start + self.shard_len as usize
+    }
+}
+
+/// The tensor id a barrier carries on the wire (it has no tensor; its op
+/// sequence number tells it apart).
+pub const BARRIER_TENSOR: TensorId = TensorId(0);
 
 /// Where a trainer stands in its job, from the daemon's attach reply.
 ///
@@ -387,6 +444,10 @@ pub fn descriptor_error_name(detail: u32) -> &'static str {
         11 => "layer not below the layer count",
         12 => "loss budget above the daemon's cap",
         13 => "tensor larger than the daemon's limit shm.max_tensor_bytes",
+        14 => "unknown reduction",
+        15 => "a collective that does not reduce with a reduction other than sum",
+        16 => "a root given for a collective other than broadcast",
+        17 => "broadcast root not a daemon rank of the job",
         _ => "unknown descriptor error",
     }
 }
@@ -409,9 +470,9 @@ fn describe_status(c: &Completion) -> String {
 pub struct Client {
     /// The channel: mapping, rings, doorbells and the tensor registry.
     channel: TrainerChannel,
-    /// op_seq → tensor, for ops submitted and not yet completed. A tensor is busy
-    /// (owned by the daemon) while an op on it is here.
-    ops: HashMap<u64, TensorId>,
+    /// op_seq → tensor (none for a barrier), for ops submitted and not yet
+    /// completed. A tensor is busy (owned by the daemon) while an op on it is here.
+    ops: HashMap<u64, Option<TensorId>>,
     /// Completions received while waiting for another op.
     ready: VecDeque<Completion>,
     /// As registered: local rank, local world.
@@ -551,7 +612,7 @@ impl Client {
     /// The tensor, if no op on it is in flight.
     fn idle(&self, id: TensorId) -> Result<&Tensor, Error> {
         let t = self.known(id)?;
-        match self.ops.iter().find(|&(_, &busy)| busy == id) {
+        match self.ops.iter().find(|&(_, &busy)| busy == Some(id)) {
             Some((&op_seq, _)) => Err(Error::TensorBusy { name: t.name.clone(), op_seq }),
             None => Ok(t),
         }
@@ -597,31 +658,33 @@ impl Client {
             .ok_or_else(|| Error::InvalidArgument(format!("tensor {} lies outside the arena", t.name)))
     }
 
-    /// Submits an allreduce of tensor `id`; returns its op_seq. When its
-    /// completion arrives (with [`Status::Ok`]) the result has replaced the
-    /// tensor's contents.
+    /// Submits `o.collective` (an allreduce by default) of tensor `id`;
+    /// returns its op_seq. When its completion arrives (with [`Status::Ok`])
+    /// the result has replaced the tensor's contents (a reduce-scatter's only
+    /// in this host's shard; a barrier's not at all).
     pub fn submit(&mut self, id: TensorId, o: Options) -> Result<u64, Error> {
-        if o.layers == 0 || o.layer >= o.layers {
-            return Err(Error::InvalidArgument(format!(
-                "layer {} is not below the layer count {}",
-                o.layer, o.layers
-            )));
-        }
-        if o.flags & !KNOWN_FLAGS != 0 {
-            return Err(Error::InvalidArgument(format!("unknown flag bits {:#x}", o.flags & !KNOWN_FLAGS)));
-        }
+        check_options(&o)?;
         let t = self.idle(id)?.clone();
-        let opts = SubmitOptions {
-            tensor_id: id.0,
-            layer: o.layer,
-            layers: o.layers,
-            budget_ppm: o.budget_ppm,
-            flags: o.flags,
-            cookie: o.cookie,
-            reduce: o.reduce,
+        let op_seq = self.channel.submit(&t, submit_options(id.0, o))?;
+        self.ops.insert(op_seq, Some(id));
+        Ok(op_seq)
+    }
+
+    /// Submits a barrier (no tensor; of `o` only the layer and cookie count);
+    /// returns its op_seq. It completes once every trainer of the job has
+    /// submitted it.
+    pub fn submit_barrier(&mut self, o: Options) -> Result<u64, Error> {
+        let o = Options {
+            collective: Opcode::Barrier,
+            budget_ppm: 0,
+            flags: 0,
+            root: 0,
+            reduce: Reduce::Sum,
+            ..o
         };
-        let op_seq = self.channel.submit(&t, opts)?;
-        self.ops.insert(op_seq, id);
+        check_options(&o)?;
+        let op_seq = self.channel.submit_barrier(submit_options(BARRIER_TENSOR.0, o))?;
+        self.ops.insert(op_seq, None);
         Ok(op_seq)
     }
 
@@ -676,14 +739,79 @@ impl Client {
         }
     }
 
-    /// Submits an allreduce of tensor `id` and waits for it: `Ok` only if it
-    /// completed with [`Status::Ok`], with the result in the tensor's buffer.
-    /// On [`ErrorCode::Timeout`] the op is still in flight (the tensor stays busy
-    /// until its completion is received).
+    /// Submits an allreduce (`o.collective`: see [`Client::submit`]) of
+    /// tensor `id` and waits for it: `Ok` only if it completed with
+    /// [`Status::Ok`], with the result in the tensor's buffer. On
+    /// [`ErrorCode::Timeout`] the op is still in flight (the tensor stays
+    /// busy until its completion is received).
     pub fn allreduce(&mut self, id: TensorId, o: Options, timeout: Duration) -> Result<Report, Error> {
         let op_seq = self.submit(id, o)?;
         let c = self.wait_for(op_seq, timeout)?;
         self.check(id, c)
+    }
+
+    /// Reduce-scatter tensor `id` (sum or average, budget as for an
+    /// allreduce) and wait: this host's shard ([`Report::shard`]) of the
+    /// tensor holds the reduced values, the rest is left as it was.
+    pub fn reduce_scatter(&mut self, id: TensorId, o: Options, timeout: Duration) -> Result<Report, Error> {
+        self.allreduce(id, o.collective(Opcode::ReduceScatter).root(0), timeout)
+    }
+
+    /// Allgather tensor `id` and wait: this host contributes its shard
+    /// ([`Report::shard`]) of the tensor, and the whole tensor is replaced by
+    /// every host's shard. `o.reduce` must be the sum; `o.budget_ppm` is the
+    /// loss budget of its one (gather) phase.
+    pub fn allgather(&mut self, id: TensorId, o: Options, timeout: Duration) -> Result<Report, Error> {
+        self.allreduce(id, o.collective(Opcode::Allgather).root(0), timeout)
+    }
+
+    /// Broadcast tensor `id` from local rank 0 of the host of daemon rank
+    /// `root` and wait: every trainer's tensor is replaced by it. Exact with
+    /// `o.budget_ppm` 0 (the default); `o.reduce` must be the sum.
+    pub fn broadcast(
+        &mut self,
+        id: TensorId,
+        root: u32,
+        o: Options,
+        timeout: Duration,
+    ) -> Result<Report, Error> {
+        self.allreduce(id, o.collective(Opcode::Broadcast).root(root), timeout)
+    }
+
+    /// Wait until every trainer of the job has entered this barrier.
+    pub fn barrier(&mut self, timeout: Duration) -> Result<Report, Error> {
+        let op_seq = self.submit_barrier(Options::default())?;
+        let c = self.wait_for(op_seq, timeout)?;
+        self.check(BARRIER_TENSOR, c)
+    }
+}
+
+/// The checks of [`Client::submit`] the daemon would make anyway.
+fn check_options(o: &Options) -> Result<(), Error> {
+    if o.layers == 0 || o.layer >= o.layers {
+        return Err(Error::InvalidArgument(format!(
+            "layer {} is not below the layer count {}",
+            o.layer, o.layers
+        )));
+    }
+    if o.flags & !KNOWN_FLAGS != 0 {
+        return Err(Error::InvalidArgument(format!("unknown flag bits {:#x}", o.flags & !KNOWN_FLAGS)));
+    }
+    Ok(())
+}
+
+/// The channel's options for `o` on tensor id `tensor_id`.
+fn submit_options(tensor_id: u32, o: Options) -> SubmitOptions {
+    SubmitOptions {
+        tensor_id,
+        layer: o.layer,
+        layers: o.layers,
+        budget_ppm: o.budget_ppm,
+        flags: o.flags,
+        cookie: o.cookie,
+        reduce: o.reduce,
+        opcode: o.collective,
+        root: o.root,
     }
 }
 
@@ -699,6 +827,8 @@ pub fn report(id: TensorId, c: Completion) -> Result<Report, Error> {
         delivered_ppm: c.delivered_ppm,
         repairs: c.repairs,
         duration: c.duration,
+        shard_offset: c.shard_offset,
+        shard_len: c.shard_len,
     })
 }
 

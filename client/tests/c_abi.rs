@@ -95,6 +95,12 @@ fn null_pointers_give_null_arg_with_a_message() {
     assert_eq!(dlcp_wait(null_mut(), 0, &mut done), E_NULL);
     assert_eq!(dlcp_wait_op(null_mut(), 1, 0, &mut done), E_NULL);
     assert_eq!(dlcp_allreduce(null_mut(), 0, 0, 1, 0, 0, 0, null_mut()), E_NULL);
+    let (o, l) = (null_mut(), null_mut());
+    assert_eq!(dlcp_reduce_scatter(null_mut(), 0, 0, 1, 0, 0, 0, 0, null_mut(), o, l), E_NULL);
+    assert_eq!(dlcp_allgather(null_mut(), 0, 0, 1, 0, 0, null_mut(), o, l), E_NULL);
+    assert_eq!(dlcp_broadcast(null_mut(), 0, 0, 0, 1, 0, 0, null_mut()), E_NULL);
+    assert_eq!(dlcp_barrier(null_mut(), 0, null_mut()), E_NULL);
+    assert!(last(null_mut()).contains("dlcp_barrier"), "{}", last(null_mut()));
     assert_eq!(dlcp_next_op_seq(null_mut(), &mut n), E_NULL);
     assert_eq!(dlcp_set_next_op_seq(null_mut(), 5), E_NULL);
     assert_eq!(dlcp_next_op_seq(c, null_mut()), E_NULL);
@@ -117,6 +123,12 @@ fn null_pointers_give_null_arg_with_a_message() {
     let mis = (buf.as_mut_ptr() as *mut u8).wrapping_add(1) as *mut u64;
     assert_eq!(dlcp_tensor_len(c, t, mis), E_ARG);
     assert!(last(c).contains("misaligned"), "{}", last(c));
+    // ... before the op runs: a shard out-param too.
+    let before = dlcp_next_op_seq(c, &mut n);
+    assert_eq!(dlcp_reduce_scatter(c, t, 0, 1, 0, 0, 0, 1000, null_mut(), mis, null_mut()), E_ARG);
+    assert!(last(c).contains("out_shard_offset"), "{}", last(c));
+    let mut m = 0u64;
+    assert_eq!((before, dlcp_next_op_seq(c, &mut m), m), (DLCP_OK, DLCP_OK, n), "nothing was submitted");
     assert_eq!(dlcp_detach(c), DLCP_OK);
 }
 

@@ -6,8 +6,12 @@ use std::time::Duration;
 
 use common::{
     FAKE_DELIVERED_PPM, FAKE_REPAIRS, FakeReducer, HOLD_BUDGET_PPM, PEER_DOWN_BUDGET_PPM, WAIT, data,
+    fake_shard,
 };
-use dlcp_client::{AttachArgs, Client, Error, ErrorCode, Options, Status, TensorId, TrainerError};
+use dlcp_client::{
+    AttachArgs, BARRIER_TENSOR, Client, Error, ErrorCode, Opcode, Options, Reduce, Status, TensorId,
+    TrainerError,
+};
 
 #[test]
 fn allreduce_writes_the_result_back_and_reports() {
@@ -32,6 +36,39 @@ fn allreduce_writes_the_result_back_and_reports() {
     assert!(r2.op_seq > r.op_seq);
     assert_eq!(c.read(a).unwrap(), x.iter().map(|v| v * 4.0).collect::<Vec<_>>());
     assert_eq!(fake.served(), 2);
+}
+
+#[test]
+fn every_collective_is_submitted_as_asked_and_reports_its_shard() {
+    let fake = FakeReducer::start();
+    let mut c = Client::attach(fake.socket(), 1, 0, 1).unwrap();
+    let a = c.alloc("a", 1000).unwrap();
+    let x = data(1, 1000);
+    c.write(a, &x).unwrap();
+    let (off, len) = fake_shard(1000);
+    let shard = off as usize..(off + len) as usize;
+    let r = c.reduce_scatter(a, Options::default().reduce(Reduce::Average), WAIT).unwrap();
+    assert_eq!((r.tensor, r.shard()), (a, shard.clone()));
+    let r = c.allgather(a, Options::default(), WAIT).unwrap();
+    assert_eq!(r.shard(), shard);
+    let r = c.broadcast(a, 0, Options::default(), WAIT).unwrap();
+    assert_eq!(r.shard(), 0..0, "no shard for a broadcast");
+    let r = c.allreduce(a, Options::default(), WAIT).unwrap();
+    assert_eq!(r.shard(), 0..0, "nor for an allreduce");
+    // The fake doubled the tensor each time.
+    assert_eq!(c.read(a).unwrap(), x.iter().map(|v| v * 16.0).collect::<Vec<_>>());
+    // A barrier holds no tensor: `a` stays usable while one is in flight.
+    let seq = c.submit_barrier(Options::default()).unwrap();
+    c.write(a, &x).unwrap();
+    let done = c.wait_for(seq, WAIT).unwrap();
+    assert_eq!((done.status, done.tensor_id, done.shard_len), (Status::Ok, BARRIER_TENSOR.0, 0));
+    let r = c.barrier(WAIT).unwrap();
+    assert_eq!((r.tensor, r.op_seq), (BARRIER_TENSOR, seq + 1));
+    assert_eq!(c.read(a).unwrap(), x, "the barriers left the tensor alone");
+    // submit with a collective: the same as the convenience method.
+    let seq = c.submit(a, Options::default().collective(Opcode::Allgather)).unwrap();
+    assert_eq!(c.wait_for(seq, WAIT).unwrap().shard_len, len);
+    assert_eq!(fake.served(), 7);
 }
 
 #[test]

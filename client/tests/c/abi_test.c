@@ -142,6 +142,22 @@ int main(int argc, char **argv) {
     CHECK(dlcp_set_next_op_seq(c, 100) == DLCP_OK);
     CHECK(dlcp_allreduce(c, t, 0, 1, 0, 0, 10000, &done) == DLCP_OK && done.op_seq == 100);
     CHECK(dlcp_next_op_seq(c, NULL) == DLCP_ERR_NULL_ARG);
+
+    /* The other collectives (the fake doubles each tensor and reports the
+     * shard N/4 .. N/4 + N/2 for reduce-scatter and allgather). */
+    uint64_t off = 7, slen = 7;
+    float before = g[5];
+    CHECK(dlcp_reduce_scatter(c, t, 0, 1, 0, 0, DLCP_AVERAGE, 10000, &done, &off, &slen) == DLCP_OK);
+    CHECK(done.op_seq == 101 && off == N / 4 && slen == N / 2 && g[5] == 2.0f * before);
+    off = slen = 7;
+    CHECK(dlcp_allgather(c, t, 0, 1, 0, 10000, NULL, &off, &slen) == DLCP_OK);
+    CHECK(off == N / 4 && slen == N / 2 && g[5] == 4.0f * before);
+    CHECK(dlcp_reduce_scatter(c, t, 0, 1, 0, 0, DLCP_SUM, 10000, NULL, NULL, NULL) == DLCP_OK);
+    CHECK(dlcp_broadcast(c, t, 0, 0, 1, 0, 10000, &done) == DLCP_OK && done.op_seq == 104);
+    CHECK(dlcp_barrier(c, 10000, &done) == DLCP_OK && done.op_seq == 105 && done.tensor == 0);
+    CHECK(dlcp_reduce_scatter(c, t, 0, 1, 0, 0, 9, 10000, &done, &off, &slen) == DLCP_ERR_INVALID_ARG);
+    CHECK(strstr(dlcp_last_error(c), "op: unknown reduction 9") != NULL);
+    CHECK(dlcp_barrier(NULL, 10000, &done) == DLCP_ERR_NULL_ARG);
     CHECK(dlcp_detach(c) == DLCP_OK);
     CHECK(dlcp_detach(c) == DLCP_ERR_BAD_HANDLE);
     CHECK(dlcp_alloc(c, "x", 1, &t2) == DLCP_ERR_BAD_HANDLE);

@@ -7,6 +7,9 @@
 //! the allreduce (it is NOT one: nothing crosses hosts), enough to prove the client
 //! path attach → write in place → submit → completion → result visible end to end.
 //!
+//! A reduce-scatter or allgather completes with a made-up shard (elements
+//! `len/4 .. len/4 + len/2`: [`fake_shard`]); a barrier has no tensor to double.
+//!
 //! Two budgets trigger other behaviour so error paths can be tested:
 //! [`HOLD_BUDGET_PPM`] (never completed: timeouts) and [`PEER_DOWN_BUDGET_PPM`]
 //! (completed with `Status::PeerDown`, tensor untouched).
@@ -20,7 +23,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use dlcp_shm::doorbell::poll_readable;
-use dlcp_shm::{Attachment, ChannelError, Geometry, Liveness, ServerConfig, ShmServer, Status};
+use dlcp_shm::{
+    Attachment, ChannelError, CompletionDesc, Geometry, Liveness, Opcode, ServerConfig, ShmServer, Status,
+};
 
 /// Bound for every wait in these tests.
 pub const WAIT: Duration = Duration::from_secs(10);
@@ -146,14 +151,31 @@ fn serve(mut server: ShmServer, stop: &AtomicBool, served: &AtomicU64) {
                         a.copy_to_arena(sub.span.offset, &x).unwrap();
                         // Counted before completing, so a client that saw the completion sees the count.
                         served.fetch_add(1, Ordering::Relaxed);
-                        let d = Duration::from_micros(5);
-                        let _ = a.complete_submission(&sub, Status::Ok, FAKE_DELIVERED_PPM, FAKE_REPAIRS, d);
+                        let (shard_offset, shard_len) = match sub.opcode {
+                            Opcode::ReduceScatter | Opcode::Allgather => fake_shard(sub.span.len_elems),
+                            _ => (0, 0),
+                        };
+                        let c = CompletionDesc {
+                            delivered_ppm: FAKE_DELIVERED_PPM,
+                            repairs: FAKE_REPAIRS,
+                            duration_ns: 5_000,
+                            shard_offset,
+                            shard_len,
+                            ..sub.completion(Status::Ok)
+                        };
+                        let _ = a.complete_submission_with(&sub, c);
                     }
                 }
             }
             a.liveness() == Liveness::Alive
         });
     }
+}
+
+/// The shard the fake reducer reports for a reduce-scatter or allgather of
+/// `len` elements: (offset, length).
+pub fn fake_shard(len: u64) -> (u64, u64) {
+    (len / 4, len / 2)
 }
 
 /// Deterministic non-integer data whose doubles are exact.

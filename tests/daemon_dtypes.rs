@@ -164,17 +164,6 @@ fn every_dtype_and_op_reliable_is_bit_exact() {
     }
 }
 
-fn dlcpctl_report(c: &Cluster, h: u32, op: u64, tensor: u32) -> serde_json::Value {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
-        .arg("--socket")
-        .arg(&c.daemons[h as usize].socket)
-        .args(["report", &op.to_string(), &tensor.to_string(), "--json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "dlcpctl report: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 #[test]
 fn every_dtype_and_op_under_1pct_receive_loss_matches_the_oracle_and_ranks_agree() {
     let c = Cluster::start(&Options { hosts: HOSTS, rx_loss_pct: 1.0, ..Options::default() });
@@ -182,7 +171,7 @@ fn every_dtype_and_op_under_1pct_receive_loss_matches_the_oracle_and_ranks_agree
     let mut lossy_ops = 0;
     for (i, dtype, reduce, n) in ops(LOSSY_SIZES) {
         // Op sequence numbers are the client's: 1, 2, 3, … in submission order.
-        let reports: Vec<_> = (0..HOSTS).map(|h| dlcpctl_report(&c, h, i as u64 + 1, i as u32)).collect();
+        let reports: Vec<_> = (0..HOSTS).map(|h| c.report(h, i as u64 + 1, i as u32)).collect();
         for (h, r) in reports.iter().enumerate() {
             for t in r["scatter"].as_array().unwrap().iter().chain(r["gather"].as_array().unwrap()) {
                 let f = t["delivered_fraction"].as_f64().unwrap();

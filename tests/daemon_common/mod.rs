@@ -185,12 +185,18 @@ impl Cluster {
         self.ctl_json(r, "status").unwrap_or_default()
     }
 
-    /// `dlcpctl CMD --json` of daemon `r`.
+    /// `dlcpctl report OP TENSOR --json` of daemon `r` (panics if it fails).
+    pub fn report(&self, r: u32, op: u64, tensor: u32) -> serde_json::Value {
+        self.ctl_json(r, &format!("report {op} {tensor}")).unwrap_or_else(|e| panic!("dlcpctl report: {e}"))
+    }
+
+    /// `dlcpctl CMD --json` of daemon `r` (CMD may be several words).
     fn ctl_json(&self, r: u32, cmd: &str) -> Result<serde_json::Value, String> {
         let out = Command::new(env!("CARGO_BIN_EXE_dlcpctl"))
             .arg("--socket")
             .arg(&self.daemons[r as usize].socket)
-            .args([cmd, "--json"])
+            .args(cmd.split(' '))
+            .arg("--json")
             .output()
             .map_err(|e| e.to_string())?;
         if !out.status.success() {

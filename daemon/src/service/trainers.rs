@@ -480,6 +480,7 @@ impl Trainers {
             dtype: wire_dtype(sub.span.dtype),
             // An average is over every trainer of the job: K on every host.
             contributors: ctx.endpoint.config().world * self.local_world.unwrap_or(1),
+            ..OpOptions::default()
         };
         match ctx.endpoint.start_allreduce(now, id, sum, opts) {
             Ok(()) => {

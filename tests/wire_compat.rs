@@ -1,6 +1,6 @@
 //! Daemons that cannot talk refuse each other, say why naming both sides, and
-//! count it: another `[security] packet_auth`, and a datagram of wire version 5
-//! or 4 (golden vectors of `proto/tests/golden/v5` and `v4`, the previous
+//! count it: another `[security] packet_auth`, and a datagram of wire version 6
+//! or 5 (golden vectors of `proto/tests/golden/v6` and `v5`, the previous
 //! releases) sent from a peer's address.
 
 mod daemon_common;
@@ -110,10 +110,10 @@ fn daemons_with_different_packet_auth_refuse_each_other_naming_both() {
     assert!(m0.contains("dlcp_packet_auth{mode=\"aes-128-gmac\"} 1\n"), "{m0}");
 }
 
-/// A datagram of wire version 5 (the previous release) or 4 (the one before).
+/// A datagram of wire version 6 (the previous release) or 5 (the one before).
 #[test]
-fn a_version_4_or_5_datagram_is_counted_and_reported_naming_both_versions() {
-    for old in [5u8, 4] {
+fn a_version_5_or_6_datagram_is_counted_and_reported_naming_both_versions() {
+    for old in [6u8, 5] {
         old_version_is_refused(old);
     }
 }
@@ -129,7 +129,7 @@ fn old_version_is_refused(old: u8) {
         std::thread::sleep(Duration::from_millis(5));
     }
     let want = format!(
-        "rank 1 (127.0.0.1:{}) speaks dlcp wire version {old}; this daemon speaks version 6",
+        "rank 1 (127.0.0.1:{}) speaks dlcp wire version {old}; this daemon speaks version 7",
         c.ports[1]
     );
     let log = wait_log(&c, 0, "version report", |l| l.contains(&format!("wire version {old}")));

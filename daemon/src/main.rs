@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use dlcp::datapath::fault::FaultInjector;
 use dlcp::demo::{self, DemoOptions};
 use dlcp::simulate::{self, SimOptions};
-use dlcp_proto::endpoint::{DType, ReduceOp};
+use dlcp_proto::endpoint::{Collective, DType, ReduceOp};
 
 #[derive(Parser)]
 #[command(
@@ -115,6 +115,19 @@ struct DemoArgs {
     /// The reduction: sum, or average (each owner divides once).
     #[arg(long, default_value = "sum", value_parser = op_arg)]
     op: ReduceOp,
+    /// The collective: allreduce, reduce-scatter, allgather, broadcast or barrier.
+    #[arg(long, default_value = "allreduce", value_parser = sim_collective_arg)]
+    collective: Collective,
+    /// Broadcast: the rank whose tensor every rank receives.
+    #[arg(long, default_value_t = 0)]
+    root: u32,
+}
+
+/// `dlcpd simulate --collective`: a collective's name.
+fn sim_collective_arg(s: &str) -> Result<Collective, String> {
+    Collective::from_name(s).ok_or_else(|| {
+        format!("unknown collective {s:?} (allreduce, reduce-scatter, allgather, broadcast, barrier)")
+    })
 }
 
 /// `--dtype`: f32, f16 or bf16.
@@ -266,6 +279,8 @@ fn main() -> ExitCode {
                 seed: a.seed,
                 dtype: a.dtype,
                 reduce: a.op,
+                collective: a.collective,
+                root: a.root,
             };
             if let Err(e) = opts.validate() {
                 eprintln!("dlcpd simulate: {e}");

@@ -14,7 +14,7 @@ use std::time::Instant as WallClock;
 
 use dlcp_proto::class::Class;
 use dlcp_proto::endpoint::{
-    DType, Endpoint, EndpointConfig, Event, Footprint, OpId, OpOptions, OpReport, ReduceOp,
+    Collective, DType, Endpoint, EndpointConfig, Event, Footprint, OpId, OpOptions, OpReport, ReduceOp,
 };
 use dlcp_proto::oracle;
 use dlcp_proto::rng::Rng;
@@ -39,6 +39,10 @@ pub struct SimOptions {
     pub dtype: DType,
     /// The reduction.
     pub reduce: ReduceOp,
+    /// The collective (allreduce by default).
+    pub collective: Collective,
+    /// Broadcast: the root rank.
+    pub root: u32,
     /// Random loss, percent.
     pub loss_pct: f64,
     /// Loss budget, a fraction (0.01 = 1 %; 0 = reliable).
@@ -60,6 +64,8 @@ impl Default for SimOptions {
             size_mb: 16.0,
             dtype: DType::F32,
             reduce: ReduceOp::Sum,
+            collective: Collective::Allreduce,
+            root: 0,
             loss_pct: 0.0,
             budget: 0.01,
             iters: 10,
@@ -92,7 +98,59 @@ impl SimOptions {
         if self.hosts < 1 || self.layers < 1 || self.iters < 1 {
             return Err("--hosts, --layers and --iters must be at least 1".into());
         }
+        if self.collective == Collective::Broadcast && self.root >= self.hosts {
+            return Err(format!(
+                "--root {} is not a rank of {} hosts (0 ..= {})",
+                self.root,
+                self.hosts,
+                self.hosts - 1
+            ));
+        }
+        if !self.collective.reduces() && self.reduce != ReduceOp::Sum {
+            return Err(format!(
+                "--op {}: {} does not reduce (only allreduce and reduce-scatter take --op)",
+                self.reduce.name(),
+                self.collective.name()
+            ));
+        }
         Ok(())
+    }
+
+    /// The options of layer `l`'s op.
+    fn op_options(&self, l: u32, budget_ppm: u32) -> OpOptions {
+        // Allgather and broadcast have only the all-gather phase: the budget is its.
+        let gather_budget_ppm = if self.collective.scatters() { 0 } else { budget_ppm };
+        OpOptions {
+            layer: l,
+            layers: self.layers,
+            budget_ppm,
+            gather_budget_ppm,
+            dtype: self.dtype,
+            reduce: self.reduce,
+            collective: self.collective,
+            root: self.root,
+            ..OpOptions::default()
+        }
+    }
+
+    /// Each rank's share of the DATA an op sends once (no repairs), in
+    /// chunks of `chunk_elems`, and the fraction of the data each link
+    /// carries at the busiest port (the physical limit of the scheme).
+    fn ideal(&self, elems: usize, chunk_elems: usize) -> (f64, f64) {
+        let world = self.hosts;
+        let n = f64::from(world);
+        let all_chunks: u64 =
+            (0..world).map(|s| oracle::shard(elems, world, s).len().div_ceil(chunk_elems) as u64).sum();
+        let once = all_chunks as f64 * (n - 1.0) / n;
+        match self.collective {
+            // Every rank sends every other owner's shard and its own reduced
+            // shard to every other rank: 2(N-1)/N of the data on each link.
+            Collective::Allreduce => (2.0 * once, 2.0 * (n - 1.0) / n),
+            Collective::ReduceScatter | Collective::Allgather => (once, (n - 1.0) / n),
+            // The root sends the whole tensor to each other rank.
+            Collective::Broadcast => (elems.div_ceil(chunk_elems) as f64 * (n - 1.0) / n, n - 1.0),
+            Collective::Barrier => (n - 1.0, 0.0),
+        }
     }
 
     fn elems_per_tensor(&self) -> usize {
@@ -248,8 +306,12 @@ pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
     let elems = opts.elems_per_tensor();
     writeln!(
         out,
-        "dlcpd simulate: {world} simulated hosts, {} tensors × {:.2} MB {} ({}) per iteration, {} Gbit/s star \
-         network, random loss {}%, budget {}, seed {} (times are virtual)",
+        "dlcpd simulate: {world} simulated hosts, {} of {} tensors × {:.2} MB {} ({}) per iteration, {} Gbit/s \
+         star network, random loss {}%, budget {}, seed {} (times are virtual)",
+        match opts.collective {
+            Collective::Broadcast => format!("broadcast from rank {}", opts.root),
+            c => c.name().to_string(),
+        },
         opts.layers,
         (elems * opts.dtype.size()) as f64 / 1e6,
         opts.dtype.name(),
@@ -332,14 +394,7 @@ impl Run<'_> {
         let mut batch = Vec::new();
         for l in 0..self.opts.layers {
             let id = OpId { run: 1, seq: u64::from(it), tensor: l };
-            let o = OpOptions {
-                layer: l,
-                layers: self.opts.layers,
-                budget_ppm: self.budget_ppm,
-                dtype: self.opts.dtype,
-                reduce: self.opts.reduce,
-                ..OpOptions::default()
-            };
+            let o = self.opts.op_options(l, self.budget_ppm);
             // The inputs move into the endpoints; the check regenerates them
             // from this copy of the generator (a world of inputs is big).
             let input_rng = self.rng.clone();
@@ -410,8 +465,19 @@ impl Run<'_> {
                 .iter()
                 .map(|x| x.to_bits())
                 .collect();
-            for (v, rep) in &res {
-                iter_ok &= v.iter().map(|x| x.to_bits()).eq(want.iter().copied());
+            for (r, (v, rep)) in res.iter().enumerate() {
+                iter_ok &= match o.collective {
+                    // A barrier's result is nothing: that every rank left it is the check.
+                    Collective::Barrier => true,
+                    // A reduce-scatter leaves rank r its shard, zero elsewhere.
+                    Collective::ReduceScatter => {
+                        let own = oracle::shard(self.elems, self.opts.hosts, r as u32);
+                        v.iter()
+                            .enumerate()
+                            .all(|(e, x)| x.to_bits() == if own.contains(&e) { want[e] } else { 0 })
+                    }
+                    _ => v.iter().map(|x| x.to_bits()).eq(want.iter().copied()),
+                };
                 self.op_times.push(rep.duration());
                 iter_end = iter_end.max(rep.finished);
                 iter_min = iter_min.min(rep.min_delivered_fraction());
@@ -439,12 +505,8 @@ impl Run<'_> {
         };
         self.iter_gbps.sort_by(f64::total_cmp);
         let ops_per_rank = f64::from(self.opts.iters) * f64::from(self.opts.layers);
-        // Every chunk once: each rank sends every other owner's shard and its own
-        // reduced shard to every other rank.
         let chunk_elems = CHUNK_BYTES / self.opts.dtype.size();
-        let all_chunks: u64 =
-            (0..world).map(|s| oracle::shard(self.elems, world, s).len().div_ceil(chunk_elems) as u64).sum();
-        let ideal_data = 2.0 * (all_chunks as f64) * f64::from(world - 1) / f64::from(world);
+        let (ideal_data, _) = self.opts.ideal(self.elems, chunk_elems);
         SimSummary {
             verified: self.verified,
             ops_completed: self.completed,
@@ -476,22 +538,40 @@ fn print_summary(opts: &SimOptions, summary: &SimSummary, out: &mut impl Write) 
         ms(summary.op_p50),
         ms(summary.op_p99)
     )?;
-    writeln!(
-        out,
-        "  goodput (median iteration)  {:.2} Gbit/s of gradients reduced on {} Gbit/s links",
-        summary.goodput_gbps, opts.link_gbps
-    )?;
-    // Physical limit of the scheme: every rank sends and receives 2(N-1)/N of the
-    // data, plus per-packet framing (28 IP/UDP + 14 Ethernet + 96 dlcp bytes).
-    let n = f64::from(world);
+    if opts.collective == Collective::Barrier {
+        writeln!(
+            out,
+            "  goodput                     none: a barrier moves one element per rank (the tensor size is unused)"
+        )?;
+    } else {
+        writeln!(
+            out,
+            "  goodput (median iteration)  {:.2} Gbit/s of tensor data on {} Gbit/s links",
+            summary.goodput_gbps, opts.link_gbps
+        )?;
+    }
+    // Physical limit of the scheme: the busiest link carries `share` of the
+    // data (allreduce: 2(N-1)/N), plus per-packet framing (28 IP/UDP + 14
+    // Ethernet + 96 dlcp bytes).
+    let (_, share) = opts.ideal(1, 1);
     let wire_eff = CHUNK_BYTES as f64 / (CHUNK_BYTES as f64 + 28.0 + 14.0 + OVERHEAD as f64);
-    let bound = if world > 1 { opts.link_gbps * n / (2.0 * (n - 1.0)) * wire_eff } else { f64::INFINITY };
-    writeln!(
-        out,
-        "  limit of the links          {:.2} Gbit/s (2(N-1)/N of the data crosses each link, framing included): ratio {:.3}",
-        bound,
-        summary.goodput_gbps / bound
-    )?;
+    let bound = if share > 0.0 { opts.link_gbps / share * wire_eff } else { f64::NAN };
+    let what = match opts.collective {
+        Collective::Allreduce => "2(N-1)/N of the data crosses each link",
+        Collective::ReduceScatter | Collective::Allgather => "(N-1)/N of the data crosses each link",
+        Collective::Broadcast => "the root's link carries the data N-1 times",
+        Collective::Barrier => "a barrier moves no data",
+    };
+    if bound.is_finite() {
+        writeln!(
+            out,
+            "  limit of the links          {:.2} Gbit/s ({what}, framing included): ratio {:.3}",
+            bound,
+            summary.goodput_gbps / bound
+        )?;
+    } else {
+        writeln!(out, "  limit of the links          none ({what})")?;
+    }
     writeln!(
         out,
         "  min delivered per transfer  {:.3}% (budget {})",
@@ -508,8 +588,10 @@ fn print_summary(opts: &SimOptions, summary: &SimSummary, out: &mut impl Write) 
     writeln!(
         out,
         "  verification                {}",
-        if summary.verified {
-            "every rank byte-identical and equal to the value recomputed from inputs, delivery bitmaps and fill rule"
+        if summary.verified && opts.collective == Collective::Barrier {
+            "every rank left every barrier"
+        } else if summary.verified {
+            "every rank equal to the value recomputed from inputs, delivery bitmaps, masks and fill rule"
         } else {
             "FAILED"
         }
@@ -580,11 +662,47 @@ mod tests {
         assert!(text.contains("packets per rank per op") && text.contains("per-rank peak"), "{text}");
     }
 
+    /// Every collective under loss verifies against the oracle on every
+    /// rank, and sends about its own ideal of DATA (a reduce-scatter half
+    /// an allreduce's).
+    #[test]
+    fn small_lossy_simulation_of_every_collective_verifies() {
+        let mut data = Vec::new();
+        for collective in Collective::ALL {
+            let o = SimOptions {
+                size_mb: 0.5,
+                loss_pct: 2.0,
+                iters: 2,
+                collective,
+                root: 3,
+                ..SimOptions::default()
+            };
+            let mut buf = Vec::new();
+            let s = run(&o, &mut buf).unwrap();
+            let text = String::from_utf8(buf).unwrap();
+            assert!(s.verified && s.ops_completed == 2 * 4 * 4, "{collective:?}: {text}");
+            assert!(text.contains(collective.name()), "{text}");
+            assert!(s.data_per_rank_op() >= s.ideal_data_per_rank_op, "{collective:?}: {text}");
+            data.push(s.ideal_data_per_rank_op);
+        }
+        // allreduce, reduce-scatter, allgather, broadcast, barrier
+        assert_eq!(data[0], data[1] + data[2], "{data:?}");
+        assert_eq!(data[4], 3.0, "{data:?}");
+    }
+
     #[test]
     fn options_are_checked() {
         assert!(
             SimOptions { budget: 0.11, ..SimOptions::default() }.validate().unwrap_err().contains("--budget")
         );
+        let bcast = SimOptions { collective: Collective::Broadcast, root: 4, ..SimOptions::default() };
+        assert!(bcast.validate().unwrap_err().contains("--root 4"));
+        let avg = SimOptions {
+            collective: Collective::Allgather,
+            reduce: ReduceOp::Average,
+            ..SimOptions::default()
+        };
+        assert!(avg.validate().unwrap_err().contains("allgather does not reduce"));
         assert!(SimOptions::default().validate().is_ok());
     }
 }

@@ -1,4 +1,4 @@
-//! The reference for what an allreduce must produce.
+//! The reference for what a collective must produce.
 //!
 //! Given every rank's input, the reports of every shard owner (which say which
 //! contributions arrived and which chunks were masked in the gather) and the op
@@ -10,9 +10,16 @@
 //! rounded once to the type ([`crate::elem`]). The daemon's tests and the demo use it to check
 //! results end to end; the protocol simulations check it against an
 //! independent implementation.
+//!
+//! The other collectives ([`OpOptions::collective`]): a reduce-scatter (and
+//! a barrier) reduces exactly as an allreduce whose all-gather masked
+//! nothing — rank `r` holds shard `r` of [`recompute`]'s tensor and zero
+//! elsewhere; an allgather's shard `s` is rank `s`'s input, its broadcast's
+//! tensor the root's, each rounded to the type and zero where the sender's
+//! agreed mask ([`OpReport::own_mask`]) says so.
 
 use crate::elem;
-use crate::endpoint::{Fill, OpOptions, OpReport, ReduceOp};
+use crate::endpoint::{Collective, Fill, OpOptions, OpReport, ReduceOp};
 
 /// Element range of shard `s` of a tensor of `len` elements over `world` ranks.
 pub fn shard(len: usize, world: u32, s: u32) -> core::ops::Range<usize> {
@@ -31,6 +38,11 @@ pub fn recompute(
     opts: OpOptions,
     chunk_elems: usize,
 ) -> Vec<f32> {
+    match opts.collective {
+        Collective::Allgather => return gathered(inputs, owner_reports, opts, chunk_elems),
+        Collective::Broadcast => return broadcast(inputs, owner_reports, opts, chunk_elems),
+        Collective::Allreduce | Collective::ReduceScatter | Collective::Barrier => {}
+    }
     let world = inputs.len() as u32;
     let len = inputs[0].len();
     let mut out = vec![0.0f32; len];
@@ -79,4 +91,46 @@ pub fn recompute(
         }
     }
     out
+}
+
+/// An allgather's result: shard `s` is rank `s`'s input, zero where its
+/// agreed mask says so.
+fn gathered(inputs: &[&[f32]], owner_reports: &[&OpReport], opts: OpOptions, chunk_elems: usize) -> Vec<f32> {
+    let world = inputs.len() as u32;
+    let mut out = vec![0.0f32; inputs[0].len()];
+    for s in 0..world {
+        let sh = shard(out.len(), world, s);
+        copy_masked(
+            &inputs[s as usize][sh.clone()],
+            owner_reports[s as usize],
+            opts,
+            chunk_elems,
+            &mut out[sh],
+        );
+    }
+    out
+}
+
+/// A broadcast's result: the root's input, zero where its agreed mask says so.
+fn broadcast(
+    inputs: &[&[f32]],
+    owner_reports: &[&OpReport],
+    opts: OpOptions,
+    chunk_elems: usize,
+) -> Vec<f32> {
+    let root = opts.root as usize;
+    let mut out = vec![0.0f32; inputs[0].len()];
+    copy_masked(inputs[root], owner_reports[root], opts, chunk_elems, &mut out);
+    out
+}
+
+/// `src` rounded to the op's type into `out`, chunk `c` zero where
+/// `rep.own_mask` has it.
+fn copy_masked(src: &[f32], rep: &OpReport, opts: OpOptions, chunk_elems: usize, out: &mut [f32]) {
+    for (c, (o, i)) in out.chunks_mut(chunk_elems.max(1)).zip(src.chunks(chunk_elems.max(1))).enumerate() {
+        let masked = rep.own_mask.get(c as u32);
+        for (o, &i) in o.iter_mut().zip(i) {
+            *o = if masked { 0.0 } else { elem::round(opts.dtype, i) };
+        }
+    }
 }

@@ -165,7 +165,7 @@ fn bad_magic() {
 
 #[test]
 fn unsupported_version() {
-    for v in [0u8, 1, 2, 3, 4, 5, 7, 255] {
+    for v in [0u8, 1, 2, 3, 4, 5, 6, 8, 255] {
         let r = decode_edited(PacketType::Hello, |b| b[2] = v);
         assert_eq!(r, Err(WireError::UnsupportedVersion(v)));
     }
@@ -344,20 +344,57 @@ fn reserved_non_zero() {
     }
 }
 
-/// Byte 15, `kind` (version 6): the reduction in the low four bits (0 sum,
-/// 1 average), the collective in the high four (0 allreduce, the only one).
+/// Byte 15, `kind` (versions 6, 7): the reduction in the low four bits (0
+/// sum, 1 average), the collective in the high four (version 7: 0 allreduce,
+/// 1 reduce-scatter, 2 allgather, 3 broadcast, 4 barrier). A collective's
+/// packets are of the phases it has, and one that does not reduce says sum.
 #[test]
 fn unknown_reduce_op_and_collective() {
+    let mut other_phase_checked = 0;
     for ty in [PacketType::Data, PacketType::Probe, PacketType::Bitmap, PacketType::Done] {
         let h = decode_edited(ty, |b| b[15] = 0x01).unwrap();
         assert_eq!(h.reduce, wire::ReduceOp::Average, "{ty:?}");
         for r in [2u8, 7, 15] {
             assert_eq!(decode_edited(ty, |b| b[15] = r), Err(WireError::UnknownReduceOp(r)), "{ty:?}");
         }
-        for c in [1u8, 4, 15] {
+        for c in [5u8, 9, 15] {
             assert_eq!(decode_edited(ty, |b| b[15] = c << 4), Err(WireError::UnknownCollective(c)), "{ty:?}");
         }
+        for c in wire::Collective::ALL {
+            let kind = (c as u8) << 4;
+            let phase = h.phase;
+            let fits = match phase {
+                Phase::Scatter => c.scatters(),
+                _ => c.gathers(),
+            };
+            let got = decode_edited(ty, |b| b[15] = kind);
+            if fits {
+                assert_eq!(got.unwrap().collective, c, "{ty:?} {c:?}");
+            } else {
+                assert_eq!(got, Err(WireError::BadPhase(phase as u8)), "{ty:?} {c:?} in {phase:?}");
+            }
+            // Only allreduce and reduce-scatter reduce: the others say sum.
+            let averaged = decode_edited(ty, |b| b[15] = kind | 1);
+            if fits && !c.reduces() {
+                assert_eq!(averaged, Err(WireError::BadField("kind")), "{ty:?} {c:?} average");
+            }
+        }
+        // The other phase: each collective that has it.
+        let other = if h.phase == Phase::Scatter { 2 } else { 1 };
+        let h2 = decode_edited(ty, |b| b[6] = other);
+        if let Ok(h2) = h2 {
+            for c in wire::Collective::ALL {
+                let fits = if h2.phase == Phase::Scatter { c.scatters() } else { c.gathers() };
+                let got = decode_edited(ty, |b| {
+                    b[6] = other;
+                    b[15] = (c as u8) << 4;
+                });
+                assert_eq!(got.is_ok(), fits, "{ty:?} {c:?} in {:?}: {got:?}", h2.phase);
+            }
+            other_phase_checked += 1;
+        }
     }
+    assert!(other_phase_checked >= 3, "only {other_phase_checked} packet types decoded in the other phase");
     // A packet about no op carries no reduction and no element type.
     for ty in [PacketType::Hello, PacketType::Grant, PacketType::Goodbye] {
         assert_eq!(decode_edited(ty, |b| b[15] = 0x01), Err(WireError::BadField("kind")), "{ty:?}");

@@ -12,8 +12,8 @@
 
 use dlcp_proto::class::Class;
 use dlcp_proto::wire::{
-    self, DType, Flags, Header, JobKey, OVERHEAD, PacketAuth, PacketType, Phase, ReduceOp, SETTINGS_LEN,
-    Settings, TAG_LEN,
+    self, Collective, DType, Flags, Header, JobKey, OVERHEAD, PacketAuth, PacketType, Phase, ReduceOp,
+    SETTINGS_LEN, Settings, TAG_LEN,
 };
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -120,6 +120,20 @@ fn seeds() -> Vec<(&'static str, Header, Vec<u8>)> {
     (h.dtype, h.reduce) = (DType::Bf16, ReduceOp::Average);
     h.seq = 7;
     v.push(("seed-bitmap-bf16-average", h, vec![0x0F]));
+
+    // Version 7: the other collectives, each in a phase it has.
+    let mut h = base(PacketType::Data, data_class, Phase::Scatter);
+    (h.reduce, h.collective) = (ReduceOp::Average, Collective::ReduceScatter);
+    v.push(("seed-data-reduce-scatter", h, vec![0, 0, 0x80, 0x3F]));
+    let mut h = base(PacketType::Data, data_class, Phase::Gather);
+    (h.dtype, h.collective) = (DType::Bf16, Collective::Allgather);
+    v.push(("seed-data-allgather-bf16", h, vec![0x80, 0x3F]));
+    let mut h = base(PacketType::Data, Class::new(0).unwrap(), Phase::Gather);
+    h.collective = Collective::Broadcast;
+    v.push(("seed-data-broadcast", h, vec![0, 0, 0x80, 0x3F]));
+    let mut h = base(PacketType::Probe, Class::CONTROL, Phase::Scatter);
+    (h.collective, h.seq) = (Collective::Barrier, 1);
+    v.push(("seed-probe-barrier", h, 1u64.to_be_bytes().to_vec()));
 
     let mut h = base(PacketType::Probe, Class::CONTROL, Phase::Scatter);
     h.seq = 1;

@@ -1,7 +1,7 @@
 //! Golden byte vectors pinning the wire layout, one set per wire version.
 //!
-//! The version 6 vectors in `tests/golden/v6/*.hex` were produced by
-//! `tests/golden/v6/gen.py`, which writes each field at the offset given by
+//! The version 7 vectors in `tests/golden/v7/*.hex` were produced by
+//! `tests/golden/v7/gen.py`, which writes each field at the offset given by
 //! the layout table in the `wire` module docs and computes the tag with
 //! Python's `cryptography` (HKDF-SHA256, AES-128-GCM) — independently of the
 //! Rust encoder. Each vector is checked both ways: `encode(header, payload)
@@ -17,18 +17,19 @@
 //! (`tests/golden/v3/`, flow control; a wall-clock generation in the header,
 //! no run), version 4 (`tests/golden/v4/`, op identity; no failing DONE) and
 //! version 5 (`tests/golden/v5/`, failing DONEs; f32 only, byte 15
-//! reserved). This build refuses every one of them with
-//! `UnsupportedVersion(1)` to `(5)`, and still reads the sender rank they
+//! reserved) and version 6 (`tests/golden/v6/`, f16/bf16 and average;
+//! allreduce only). This build refuses every one of them with
+//! `UnsupportedVersion(1)` to `(6)`, and still reads the sender rank they
 //! claim.
 
 use dlcp_proto::class::Class;
 use dlcp_proto::wire::{
-    self, DType, FailReason, Flags, HEADER_LEN, Header, JobKey, KEY_INFO, KEY_SALT, OVERHEAD, Packet,
-    PacketAuth, PacketType, Phase, ReduceOp, SETTINGS_LEN, SenderId, Settings, TAG_LEN, WireError,
+    self, Collective, DType, FailReason, Flags, HEADER_LEN, Header, JobKey, KEY_INFO, KEY_SALT, OVERHEAD,
+    Packet, PacketAuth, PacketType, Phase, ReduceOp, SETTINGS_LEN, SenderId, Settings, TAG_LEN, WireError,
 };
 
-/// The job secret every version 6 golden vector is tagged with (see `v6/gen.py`).
-const SECRET: &[u8] = b"dlcp golden secret v6";
+/// The job secret every version 7 golden vector is tagged with (see `v7/gen.py`).
+const SECRET: &[u8] = b"dlcp golden secret v7";
 
 fn key() -> JobKey {
     JobKey::new(SECRET)
@@ -100,9 +101,29 @@ const V5: [&str; 14] = [
     "goodbye",
 ];
 
+/// The version 6 vectors: version 5's and the f16/bf16 and average ones.
+const V6: [&str; 16] = [
+    "data",
+    "data_repair_bf16",
+    "data_f16_average",
+    "bitmap_bf16_average",
+    "data_auth_none",
+    "probe",
+    "bitmap",
+    "bitmap_complete",
+    "done",
+    "done_mask_empty",
+    "done_failed",
+    "done_failed_unknown",
+    "hello",
+    "grant",
+    "grant_request",
+    "goodbye",
+];
+
 /// Parse a `.hex` golden file of this version: `#` comments and whitespace are ignored.
 fn golden(name: &str) -> Vec<u8> {
-    golden_of("v6", name)
+    golden_of("v7", name)
 }
 
 /// Parse the `.hex` golden file `name` of version directory `version`.
@@ -186,6 +207,49 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.packet = 13;
     v.push(("bitmap_bf16_average", h, vec![0x0F]));
 
+    // Version 7: the other collectives, each in the phase it has.
+    let mut h = common(PacketType::Data, class(1), Phase::Scatter);
+    h.flags = Flags::REQUIRED;
+    h.reduce = ReduceOp::Average;
+    h.collective = Collective::ReduceScatter;
+    h.chunk_index = 2;
+    h.required = 10;
+    h.packet = 14;
+    v.push(("data_reduce_scatter_average", h, payload.clone()));
+
+    let mut h = common(PacketType::Data, class(4), Phase::Gather);
+    h.dtype = DType::F16;
+    h.collective = Collective::Allgather;
+    h.chunk_index = 7;
+    h.required = 0;
+    h.packet = 15;
+    v.push(("data_allgather_f16", h, vec![0x00, 0x3C, 0x00, 0xC1]));
+
+    let mut h = common(PacketType::Data, class(0), Phase::Gather);
+    h.flags = Flags::REQUIRED;
+    h.dtype = DType::Bf16;
+    h.collective = Collective::Broadcast;
+    h.required = 10;
+    h.budget_ppm = 0;
+    h.packet = 16;
+    v.push(("data_broadcast_bf16", h, vec![0x80, 0x3F, 0x20, 0xC0]));
+
+    let mut h = common(PacketType::Probe, Class::CONTROL, Phase::Scatter);
+    h.collective = Collective::Barrier;
+    h.chunk_count = 1;
+    h.required = 1;
+    h.budget_ppm = 0;
+    h.seq = 1;
+    h.packet = 17;
+    v.push(("probe_barrier", h, 1u64.to_be_bytes().to_vec()));
+
+    let mut h = common(PacketType::Done, Class::CONTROL, Phase::Gather);
+    h.collective = Collective::Allgather;
+    h.required = 0;
+    h.seq = 2;
+    h.packet = 18;
+    v.push(("done_allgather", h, vec![0x04]));
+
     let mut h = common(PacketType::Data, class(3), Phase::Scatter);
     h.chunk_index = 5;
     h.auth = PacketAuth::None;
@@ -247,7 +311,7 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.packet = 7;
     let mut settings = vec![0u8; SETTINGS_LEN];
     Settings {
-        version: 6,
+        version: 7,
         auth: PacketAuth::AesGmac,
         chunk_bytes: 1376,
         flow_window: 256,
@@ -381,12 +445,15 @@ fn decode_golden_gives_header() {
 /// Every datagram of an older version (1: keyed BLAKE3, 64-byte header; 2:
 /// AES-GMAC without flow control; 3: flow control, a wall-clock generation,
 /// no run; 4: the layout of this version without failing DONEs, another key
-/// schedule; 5: byte 15 reserved, f32 only, another key schedule) is refused
+/// schedule; 5: byte 15 reserved, f32 only, another key schedule; 6: allreduce
+/// only, another key schedule) is refused
 /// as such, before any cryptography, under any key, and still names the rank
 /// that sent it.
 #[test]
 fn older_versions_vectors_are_refused() {
-    for (version, names) in [(1u8, &V1[..]), (2, &V2[..]), (3, &V3[..]), (4, &V4[..]), (5, &V5[..])] {
+    for (version, names) in
+        [(1u8, &V1[..]), (2, &V2[..]), (3, &V3[..]), (4, &V4[..]), (5, &V5[..]), (6, &V6[..])]
+    {
         let own = JobKey::new(format!("dlcp golden secret v{version}").as_bytes());
         for name in names {
             let bytes = golden_of(&format!("v{version}"), name);
@@ -472,7 +539,7 @@ fn probe_header_written_by_hand() {
     #[rustfmt::skip]
     let hand: [u8; HEADER_LEN] = [
         0xD1, 0xC9,             //  0 magic
-        0x06,                   //  2 version
+        0x07,                   //  2 version
         0x02,                   //  3 type = PROBE
         0x00,                   //  4 flags
         0x07,                   //  5 class = control
@@ -510,7 +577,7 @@ fn probe_header_written_by_hand() {
 #[test]
 fn data_packet_written_by_hand() {
     let mut hand = Vec::new();
-    hand.extend_from_slice(&[0xD1, 0xC9, 6, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
+    hand.extend_from_slice(&[0xD1, 0xC9, 7, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
     hand.extend_from_slice(&[1, 2, 3, 4, 0, 8, 1, 0]); // job payload_len auth kind (allreduce, sum)
     hand.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 2]); // src dst
     hand.extend_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]); // op
@@ -532,7 +599,7 @@ fn data_packet_written_by_hand() {
 #[test]
 fn f16_average_header_written_by_hand() {
     let mut hand = Vec::new();
-    hand.extend_from_slice(&[0xD1, 0xC9, 6, 1, 0x08, 2, 1, 1]); // magic version DATA REQUIRED class2 scatter f16
+    hand.extend_from_slice(&[0xD1, 0xC9, 7, 1, 0x08, 2, 1, 1]); // magic version DATA REQUIRED class2 scatter f16
     hand.extend_from_slice(&[1, 2, 3, 4, 0, 6, 1, 0x01]); // job payload_len auth kind (allreduce, average)
     let g = golden("data_f16_average");
     assert_eq!(g[..16], hand[..]);
@@ -547,16 +614,34 @@ fn f16_average_header_written_by_hand() {
     assert_eq!(x, [1.0, -2.5, 65504.0]);
 }
 
+/// The version 7 `kind` bytes by hand: reduce-scatter with average is
+/// 0x11, allgather 0x20, broadcast 0x30, barrier 0x40; each in its phase.
+#[test]
+fn collective_kind_bytes_written_by_hand() {
+    for (name, phase, kind, collective) in [
+        ("data_reduce_scatter_average", 1u8, 0x11u8, wire::Collective::ReduceScatter),
+        ("data_allgather_f16", 2, 0x20, wire::Collective::Allgather),
+        ("data_broadcast_bf16", 2, 0x30, wire::Collective::Broadcast),
+        ("probe_barrier", 1, 0x40, wire::Collective::Barrier),
+        ("done_allgather", 2, 0x20, wire::Collective::Allgather),
+    ] {
+        let g = golden(name);
+        assert_eq!((g[2], g[6], g[15]), (7, phase, kind), "{name}: version, phase, kind");
+        let (h, _) = wire::decode(&key(), &g).unwrap();
+        assert_eq!(h.collective, collective, "{name}");
+    }
+}
+
 /// The key schedule is pinned too: HKDF salt and info, then AES-128-GCM.
 #[test]
 fn key_schedule_is_pinned() {
-    assert_eq!(KEY_SALT, b"dlcp wire v6 packet authentication");
-    assert_eq!(KEY_INFO, b"dlcp v6 aes-128-gmac sender key");
+    assert_eq!(KEY_SALT, b"dlcp wire v7 packet authentication");
+    assert_eq!(KEY_INFO, b"dlcp v7 aes-128-gmac sender key");
     // The probe vector's tag, computed by gen.py with Python's cryptography.
     let g = golden("probe");
     let n = HEADER_LEN + wire::GRANT_LEN;
-    assert_eq!(hex(&g[n..]), "2b6f7e202fed58bdb5afb9cc8ea6c067");
-    assert_eq!(hex(&key().tag(&g[..n])), "2b6f7e202fed58bdb5afb9cc8ea6c067");
+    assert_eq!(hex(&g[n..]), "6e92ac00b4e1dd3a1e4fa1b63ff76737");
+    assert_eq!(hex(&key().tag(&g[..n])), "6e92ac00b4e1dd3a1e4fa1b63ff76737");
     assert_ne!(JobKey::new(b"").tag(&g[..n]), key().tag(&g[..n]));
 }
 

@@ -8,8 +8,8 @@
 
 use dlcp_proto::class::Class;
 use dlcp_proto::wire::{
-    self, DType, Flags, HEADER_LEN, Header, JobKey, MAX_PAYLOAD, OVERHEAD, PPM, Packet, PacketAuth,
-    PacketType, Phase, ReduceOp, SETTINGS_LEN, SenderId, Settings, TAG_LEN, WireError,
+    self, Collective, DType, Flags, HEADER_LEN, Header, JobKey, MAX_PAYLOAD, OVERHEAD, PPM, Packet,
+    PacketAuth, PacketType, Phase, ReduceOp, SETTINGS_LEN, SenderId, Settings, TAG_LEN, WireError,
 };
 use proptest::prelude::*;
 
@@ -58,8 +58,8 @@ fn len_units() -> impl Strategy<Value = usize> {
 
 /// A header that satisfies `Header::check`, with a matching payload.
 fn valid_packet() -> impl Strategy<Value = (Header, Vec<u8>)> {
-    (packet_type(), dtype(), any::<bool>(), any::<bool>(), 0u8..7, any::<bool>(), any::<bool>())
-        .prop_flat_map(|(ty, dtype, flag_a, flag_b, data_class, gather, average)| {
+    (packet_type(), dtype(), any::<bool>(), any::<bool>(), 0u8..7, any::<bool>(), any::<bool>(), 0usize..3)
+        .prop_flat_map(|(ty, dtype, flag_a, flag_b, data_class, gather, average, which)| {
             let class = if ty == PacketType::Data { Class::new(data_class).unwrap() } else { Class::CONTROL };
             let phase = match ty {
                 PacketType::Hello => Phase::None,
@@ -91,10 +91,20 @@ fn valid_packet() -> impl Strategy<Value = (Header, Vec<u8>)> {
                     move |(w, dst_xor, op, chunk_count, raw, budget_ppm, units, seed, sp)| {
                         let mut h = Header::new(ty, class, phase);
                         h.flags = flags;
-                        // A packet about no op carries f32 and sum (version 6).
+                        // A packet about no op carries f32, sum and allreduce
+                        // (version 6); one of an op, a collective that has its
+                        // phase, and sum unless that collective reduces (version 7).
                         if !ty.is_phaseless() {
                             h.dtype = dtype;
-                            h.reduce = if average { ReduceOp::Average } else { ReduceOp::Sum };
+                            let fits = Collective::ALL
+                                .into_iter()
+                                .filter(|c| if phase == Phase::Gather { c.gathers() } else { c.scatters() });
+                            h.collective = fits.collect::<Vec<_>>()[which];
+                            h.reduce = if average && h.collective.reduces() {
+                                ReduceOp::Average
+                            } else {
+                                ReduceOp::Sum
+                            };
                         }
                         h.job = w[0];
                         h.run = if ty.is_phaseless() { 0 } else { u64::from(w[1]) << 7 | 1 };

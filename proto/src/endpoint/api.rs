@@ -8,7 +8,7 @@ use crate::rate::RateConfig;
 use crate::time::{Duration, Instant};
 use crate::transfer::TransferReport;
 pub use crate::wire::{Collective, DType, ReduceOp};
-use crate::wire::{FailReason, JobKey, PacketAuth, Phase};
+use crate::wire::{FailReason, Header, JobKey, PacketAuth, Phase};
 
 /// Identity of an op: matched across ranks by (job, run, `seq`, `tensor`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -103,6 +103,20 @@ pub struct OpOptions {
 }
 
 impl OpOptions {
+    /// What a barrier runs as, whatever `opts` asked for: an exact f32 sum.
+    pub(crate) fn barrier(opts: OpOptions) -> OpOptions {
+        OpOptions {
+            budget_ppm: 0,
+            gather_budget_ppm: 0,
+            fill: Fill::Zero,
+            rescale: false,
+            reduce: ReduceOp::Sum,
+            dtype: DType::F32,
+            contributors: 0,
+            ..opts
+        }
+    }
+
     /// What an average divides by: [`OpOptions::contributors`], or `world`
     /// when it is 0.
     pub fn divisor(&self, world: u32) -> f32 {
@@ -602,4 +616,34 @@ pub struct Footprint {
 pub fn shard_range(len: usize, world: u32, rank: u32) -> std::ops::Range<usize> {
     let at = |r: u32| (u128::from(r) * len as u128 / u128::from(world.max(1))) as usize;
     at(rank.min(world))..at((rank + 1).min(world))
+}
+
+/// What every packet of an op says the op is (wire version 6: element type
+/// and reduction; version 7: the collective too): a packet that disagrees
+/// with its op is refused ([`crate::stats::Rejected::op_kind_mismatch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct OpKind {
+    /// Element type.
+    pub dtype: DType,
+    /// Reduction.
+    pub reduce: ReduceOp,
+    /// Collective.
+    pub collective: Collective,
+}
+
+impl OpKind {
+    /// The kind of `opts`.
+    pub(crate) fn of(opts: &OpOptions) -> OpKind {
+        OpKind { dtype: opts.dtype, reduce: opts.reduce, collective: opts.collective }
+    }
+
+    /// The kind a packet header claims.
+    pub(crate) fn of_header(h: &Header) -> OpKind {
+        OpKind { dtype: h.dtype, reduce: h.reduce, collective: h.collective }
+    }
+
+    /// Write it into `h`.
+    pub(crate) fn stamp(self, h: &mut Header) {
+        (h.dtype, h.reduce, h.collective) = (self.dtype, self.reduce, self.collective);
+    }
 }

@@ -36,12 +36,12 @@ impl Endpoint {
         let seg_bytes = self.sh.seg_bytes();
         let mut h = self.sh.header(PacketType::Hello, Class::CONTROL, item.phase, item.op.id(), item.peer);
         if item.phase != Phase::None {
-            // Every packet of an op carries its element type and reduction (version 6).
+            // Every packet of an op carries its kind (versions 6 and 7).
             let id = item.op.id();
             let kind = self.ops.by_key(item.op).map(|op| op.kind());
             let kind = kind.or_else(|| self.history.lingering(&id).map(|l| l.kind));
             if let Some(kind) = kind.or_else(|| self.history.failed_kind(&id)) {
-                (h.dtype, h.reduce) = kind;
+                kind.stamp(&mut h);
             }
         }
         let (op, peer) = (self.ops.by_key_mut(item.op), item.peer);

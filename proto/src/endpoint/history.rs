@@ -9,9 +9,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 
 use crate::bitmap::Bitmap;
-use crate::endpoint::api::OpId;
+use crate::endpoint::api::{OpId, OpKind};
 use crate::time::{Duration, Instant};
-use crate::wire::{self, DType, FailReason, ReduceOp};
+use crate::wire::{self, FailReason};
 
 /// A completed op that still answers late PROBEs and BITMAPs.
 #[derive(Debug)]
@@ -23,7 +23,7 @@ pub(crate) struct Linger {
     /// The agreed mask of this rank's shard (an all-gather DONE carries it).
     pub mask: Bitmap,
     /// The op's element type and reduction, which its answers carry.
-    pub kind: (DType, ReduceOp),
+    pub kind: OpKind,
 }
 
 /// A failed op that still tells its peers so (a failing DONE) when their
@@ -35,7 +35,7 @@ pub(crate) struct Failed {
     /// Why it failed, as the notice says.
     pub reason: FailReason,
     /// The op's element type and reduction, which the notice carries.
-    pub kind: (DType, ReduceOp),
+    pub kind: OpKind,
     /// The peers told so far and when last: at most one notice per peer per
     /// probe interval ([`History::notice_due`]).
     told: Vec<(u32, Instant)>,
@@ -103,8 +103,8 @@ impl History {
         self.failed.get(id).map(|f| f.reason)
     }
 
-    /// The element type and reduction of failed op `id`, if remembered.
-    pub(crate) fn failed_kind(&self, id: &OpId) -> Option<(DType, ReduceOp)> {
+    /// The kind of failed op `id`, if remembered.
+    pub(crate) fn failed_kind(&self, id: &OpId) -> Option<OpKind> {
         self.failed.get(id).map(|f| f.kind)
     }
 

@@ -348,8 +348,20 @@ impl Endpoint {
         if self.ops.contains(&id) || self.history.knows(&id) || self.held.contains(&id) {
             return Err(StartError::Duplicate(id));
         }
+        let (data, opts) = match opts.collective {
+            // A barrier is an exact reduce-scatter of one element per rank.
+            Collective::Barrier => (vec![0.0; self.sh.cfg.world as usize], OpOptions::barrier(opts)),
+            _ => (data, opts),
+        };
         if data.is_empty() {
             return Err(StartError::Empty);
+        }
+        let (collective, root, world) = (opts.collective, opts.root, self.sh.cfg.world);
+        if collective == Collective::Broadcast && root >= world {
+            return Err(StartError::BadRoot { root, world });
+        }
+        if !collective.reduces() && opts.reduce != ReduceOp::Sum {
+            return Err(StartError::BadReduce { collective, reduce: opts.reduce });
         }
         if opts.budget_ppm > MAX_BUDGET_PPM || opts.gather_budget_ppm > opts.budget_ppm {
             return Err(StartError::BadBudget {
@@ -360,7 +372,7 @@ impl Endpoint {
         if opts.layers == 0 || opts.layer >= opts.layers {
             return Err(StartError::BadLayer { layer: opts.layer, layers: opts.layers });
         }
-        let layout = Layout::new(data.len(), self.sh.cfg.world, self.chunk_elems(opts.dtype));
+        let layout = self.layout(data.len(), &opts);
         if layout.too_large() {
             return Err(StartError::TooLarge);
         }
@@ -375,10 +387,19 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Where the shards and chunks of an op of `len` elements lie.
+    fn layout(&self, len: usize, opts: &OpOptions) -> Layout {
+        let (world, chunk) = (self.sh.cfg.world, self.chunk_elems(opts.dtype));
+        match opts.collective {
+            Collective::Broadcast => Layout::single(len, world, opts.root, chunk),
+            _ => Layout::new(len, world, chunk),
+        }
+    }
+
     /// Start a validated op of the agreed run.
     fn start_now(&mut self, now: Instant, h: HeldOp) {
         let HeldOp { id, data, opts, .. } = h;
-        let layout = Layout::new(data.len(), self.sh.cfg.world, self.chunk_elems(opts.dtype));
+        let layout = self.layout(data.len(), &opts);
         let key = OpKey::new(id, self.ops.vacant());
         let mut op = Op::start(now, key, layout, data, opts, &mut self.pool, &mut self.sh);
         op.reduce(key, &mut self.sh);
@@ -587,7 +608,9 @@ impl Endpoint {
         } else if self.history.is_finished(&id) {
             self.sh.stats.rejected.stale_op += 1;
             self.notify_failure(now, id, &h);
-        } else if h.ty == PacketType::Data && h.phase == Phase::Scatter {
+        } else if h.ty == PacketType::Data && (h.phase == Phase::Scatter || !h.collective.scatters()) {
+            // The first DATA of an op (an allgather's and a broadcast's are
+            // in the all-gather) may come before this rank started it.
             self.buffer_early(now, OpId { run: h.run, ..id }, datagram);
         } else {
             // A control packet for an op not started here: the sender retries.

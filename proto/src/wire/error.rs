@@ -62,7 +62,7 @@ pub enum WireError {
     #[error("unknown reduce op {0}")]
     UnknownReduceOp(u8),
     /// A collective this version does not define (the high four bits of
-    /// `kind`, version 6: only 0, allreduce).
+    /// `kind`; version 7: 0–4, allreduce to barrier).
     #[error("unknown collective {0}")]
     UnknownCollective(u8),
     /// Reserved bytes were not zero.

@@ -27,7 +27,7 @@ pub struct Header {
     pub dtype: DType,
     /// The op's reduction (version 6); [`ReduceOp::Sum`] on HELLO, GRANT and GOODBYE.
     pub reduce: ReduceOp,
-    /// The op's collective (version 6: allreduce only).
+    /// The op's collective (version 6: allreduce only; version 7: all five).
     pub collective: Collective,
     /// Job id.
     pub job: u32,

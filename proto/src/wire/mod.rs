@@ -10,12 +10,12 @@
 //! job, the sender's session, the run, op, tensor, phase and chunk
 //! it belongs to.
 //!
-//! ## Header layout (version 6)
+//! ## Header layout (version 7)
 //!
 //! | offset | size | field          | meaning                                                             |
 //! |-------:|-----:|----------------|---------------------------------------------------------------------|
 //! | 0      | 2    | `magic`        | `0xD1C9`                                                            |
-//! | 2      | 1    | `version`      | `6`                                                                 |
+//! | 2      | 1    | `version`      | `7`                                                                 |
 //! | 3      | 1    | `type`         | 1 DATA, 2 PROBE, 3 BITMAP, 4 DONE, 5 HELLO, 6 GRANT, 7 GOODBYE      |
 //! | 4      | 1    | `flags`        | bit 0 REPAIR, bit 1 COMPLETE, bit 2 MASK_EMPTY, bit 3 REQUIRED, bit 4 REQUEST, bit 5 BACKLOG, bit 6 FAILED; bit 7 0 |
 //! | 5      | 1    | `class`        | priority class 0–7 (7 = control)                                    |
@@ -24,7 +24,7 @@
 //! | 8      | 4    | `job`          | job id                                                              |
 //! | 12     | 2    | `payload_len`  | bytes of payload that follow the header                             |
 //! | 14     | 1    | `auth`         | packet authentication: 0 none (no tag), 1 AES-128-GMAC (16-byte tag) |
-//! | 15     | 1    | `kind`         | version 6: bits 0–3 the op's reduction ([`ReduceOp`]: 0 sum, 1 average), bits 4–7 its collective ([`Collective`]: 0 allreduce; 1–15 left to later versions and refused); 0 on HELLO, GRANT, GOODBYE (versions 4–5: reserved, zero) |
+//! | 15     | 1    | `kind`         | bits 0–3 the op's reduction ([`ReduceOp`]: 0 sum, 1 average; sum for a collective that does not reduce), bits 4–7 its collective ([`Collective`]: 0 allreduce, 1 reduce-scatter, 2 allgather, 3 broadcast, 4 barrier (version 7); 5–15 refused); a packet's phase is one its collective has; 0 on HELLO, GRANT, GOODBYE (version 6: allreduce only; versions 4–5: reserved, zero) |
 //! | 16     | 4    | `src`          | sender rank                                                         |
 //! | 20     | 4    | `dst`          | destination rank                                                    |
 //! | 24     | 8    | `op`           | op sequence number                                                  |
@@ -44,14 +44,18 @@
 //!
 //! | version | what changed | why |
 //! |--------:|--------------|-----|
+//! | 7 | the collective nibble of `kind` names four more collectives: 1 reduce-scatter, 2 allgather, 3 broadcast, 4 barrier; a packet whose phase its collective does not have (a reduce-scatter or barrier packet of the all-gather, an allgather or broadcast packet of the reduce-scatter) is malformed, and so is a reduction other than sum on one that does not reduce; a packet of an op whose collective differs from the op's at its receiver is refused and counted (`op_kind_mismatch`, as for dtype and reduction); the key schedule names version 7; the layout is version 6's | issue 18: broadcast of parameters from a root, allgather and reduce-scatter (the two halves of the transpose allreduce, exposed) and a barrier. A rank that ran another collective under the same op id would otherwise read an allgather's shard as a contribution to sum, or wait for a phase its peer never sends; a version 6 peer would have read the new values as an unknown collective per packet instead of being refused once, at HELLO |
 //! | 6 | the `dtype` byte is meaningful: f16 and bf16 ops are reduced (elements of 2 bytes, so a chunk holds twice the elements of an f32 one); byte 15, reserved before, is `kind`: the op's reduction (sum, average) in its low four bits and its collective (0 allreduce, the only one defined) in its high four; every op packet carries its op's dtype and kind, HELLO, GRANT and GOODBYE carry 0 in both; a packet of an op (DATA or control) with another dtype or reduction than the op has at its receiver is refused and counted (`op_kind_mismatch`); the key schedule names version 6 | issue 18: allreduce of bfloat16 and float16 gradients, averaged by the daemon. Each owner accumulates its shard in f32 and rounds once to the op's dtype (after the division, for average) before the all-gather, which carries the rounded values, so every rank holds the same bytes; a rank whose op disagreed about the dtype or the reduction would otherwise read another rank's payload in the wrong format or divide a different shard differently, silently. The collective nibble is where broadcast, allgather, reduce-scatter and barrier go, without another layout change |
 //! | 5 | DONE flag FAILED (bit 6): "the sender failed this op", its payload a one-byte reason code ([`FailReason`]: timeout, deadline, peer left, peer incompatible, peer failed, other; unknown codes read as other); the key schedule names version 5 ([`KEY_SALT`], [`KEY_INFO`]); header layout unchanged | a rank that failed an op (hard timeout, op deadline, a peer that left) dropped the op's later packets as stale and the other ranks learnt nothing: they probed it at the capped backoff until their own hard timeout (fuzz finding 3: 7,782 PROBEs in 200 ms). Now it answers a PROBE, BITMAP or DATA of the op with a failing DONE, and the prober fails the op at once, naming it |
 //! | 4 | op identity: no generation in the header, `run` at 56, GOODBYE, a 56-byte HELLO (below) | issue 15: incarnations and runs agreed, not wall-clock |
 //! | 3 | flow control: GRANT, BACKLOG, `dseq`, a PROBE's DATA count (below) | issue 16 |
 //!
-//! Version 5 datagrams (a HELLO included) are refused as
-//! `UnsupportedVersion(5)`, and the endpoint reports such a peer as
-//! incompatible, naming both versions; so are versions 1–4.
+//! Version 6 datagrams (a HELLO included) are refused as
+//! `UnsupportedVersion(6)`, and the endpoint reports such a peer as
+//! incompatible, naming both versions; so are versions 1–5.
+//!
+//! Version 6 differed from version 7 by: allreduce the only collective (the
+//! collective nibble 1–15 refused) and its key schedule's version 6 strings.
 //!
 //! Version 5 differed from version 6 by: the `dtype` byte reserved for
 //! f16/bf16 but only f32 reduced (a DATA of another dtype was dropped), byte
@@ -137,12 +141,12 @@
 //!
 //! ## How the format is pinned
 //!
-//! - `proto/tests/wire_golden.rs` + `proto/tests/golden/v6/*.hex`: exact bytes
-//!   for every packet type and flag, every dtype and reduction and both
-//!   `auth` modes, generated independently of this encoder
-//!   (`golden/v6/gen.py`: Python's `cryptography` HKDF and AES-GCM) and two
-//!   headers written out by hand; `golden/v1/` to `golden/v5/`, the older
-//!   versions' vectors, are refused with `UnsupportedVersion(1)` to `(5)`;
+//! - `proto/tests/wire_golden.rs` + `proto/tests/golden/v7/*.hex`: exact bytes
+//!   for every packet type and flag, every dtype, reduction and collective
+//!   and both `auth` modes, generated independently of this encoder
+//!   (`golden/v7/gen.py`: Python's `cryptography` HKDF and AES-GCM) and
+//!   headers written out by hand; `golden/v1/` to `golden/v6/`, the older
+//!   versions' vectors, are refused with `UnsupportedVersion(1)` to `(6)`;
 //! - `proto/tests/wire_bitflip.rs`: every single-bit flip is rejected;
 //! - `proto/tests/wire_errors.rs`: the input that produces each [`WireError`];
 //! - `proto/tests/wire_proptest.rs`: round trip and never-panic properties;

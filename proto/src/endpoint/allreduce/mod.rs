@@ -19,7 +19,7 @@ use std::ops::Range;
 use crate::bitmap::Bitmap;
 use crate::class::Class;
 use crate::elem;
-use crate::endpoint::api::{DType, OpId, OpKey, OpOptions, OpReport};
+use crate::endpoint::api::{DType, OpId, OpKey, OpKind, OpOptions, OpReport};
 use crate::endpoint::shared::Shared;
 use crate::endpoint::tx::{TxItem, TxKind};
 use crate::pool::BufferPool;
@@ -111,7 +111,7 @@ impl Op {
         // no-op for values of that type), and sent as that type.
         elem::round_all(opts.dtype, &mut input);
         let mut wire_input = Vec::new();
-        if opts.dtype != DType::F32 {
+        if opts.dtype != DType::F32 && opts.collective.scatters() {
             wire_input.resize(input.len() * opts.dtype.size(), 0);
             elem::encode(opts.dtype, &input, &mut wire_input);
         }
@@ -120,8 +120,9 @@ impl Op {
             started: now,
             last_progress: now,
             layout: layout.clone(),
-            // Every chunk of the result is written (own shard: the reduction;
-            // the others: gathered, or zero-filled by the agreed mask).
+            // Every chunk of the result is written (own shard: the reduction or
+            // the input; the others: gathered, or zero-filled by the agreed
+            // mask, or (no all-gather) zero).
             result: pool.take(input.len()),
             input,
             wire_input,
@@ -137,21 +138,42 @@ impl Op {
             peer_gen: vec![None; world as usize],
             classifier: sh.cfg.classifier,
         };
+        let (scatters, gathers) = (opts.collective.scatters(), opts.collective.gathers());
+        let others = || (0..world).filter(move |&s| s != me);
+        if gathers {
+            // Every owner's shard comes back in the all-gather.
+            for j in others().filter(|&j| layout.chunks(j) > 0) {
+                let r = Receiver::new(layout.chunks(j), Vec::new(), Mode::Agreed);
+                op.transfers.set_receiver(Phase::Gather, j, r);
+            }
+        }
+        if scatters {
+            op.open_scatter(key, pool, sh);
+        }
+        op
+    }
+
+    /// Open the reduce-scatter: rank the chunks this rank sends by magnitude
+    /// into classes, open a send and a receive transfer with every peer,
+    /// add this rank's own term and queue the first pass.
+    fn open_scatter(&mut self, key: OpKey, pool: &mut BufferPool, sh: &mut Shared) {
+        let (world, me) = (sh.cfg.world, sh.me());
+        let (layout, opts) = (self.layout.clone(), self.opts);
         // Classes of every chunk this rank sends in reduce-scatter, ranked by
         // magnitude across the whole tensor.
         let others = || (0..world).filter(move |&s| s != me);
         for s in others() {
-            op.classes[s as usize] = vec![Class::default(); layout.chunks(s) as usize];
+            self.classes[s as usize] = vec![Class::default(); layout.chunks(s) as usize];
         }
-        let ranks = layout.magnitude_ranks(&op.input, others(), op.classifier.magnitude_levels);
+        let ranks = layout.magnitude_ranks(&self.input, others(), self.classifier.magnitude_levels);
         for &(s, c, rank) in &ranks {
-            op.classes[s as usize][c as usize] = op.classify(Phase::Scatter, rank, ranks.len() as u32);
+            self.classes[s as usize][c as usize] = self.classify(Phase::Scatter, rank, ranks.len() as u32);
         }
         let own_chunks = layout.chunks(me);
         for j in others() {
             let n = layout.chunks(j);
             if n > 0 {
-                let required = op.required(&op.classes[j as usize]);
+                let required = self.required(&self.classes[j as usize]);
                 let st = Sender::new(
                     n,
                     required,
@@ -160,26 +182,23 @@ impl Op {
                     Mode::Own,
                     sh.paths.multipath(),
                 );
-                op.transfers.set_sender(Phase::Scatter, j, st);
+                self.transfers.set_sender(Phase::Scatter, j, st);
             }
             if own_chunks > 0 {
                 let buf = pool.take(layout.shard(me).len());
-                op.transfers.set_receiver(
+                self.transfers.set_receiver(
                     Phase::Scatter,
                     j,
                     Receiver::new(own_chunks, buf, Mode::Own).capped(opts.budget_ppm),
                 );
             }
-            if n > 0 {
-                op.transfers.set_receiver(Phase::Gather, j, Receiver::new(n, Vec::new(), Mode::Agreed));
-            }
         }
         // This rank's own term goes into the sum at once where it comes first.
-        let shard = Shard { layout: &op.layout, me, own: &op.input[op.layout.shard(me)], dtype: opts.dtype };
-        let out = &mut op.result[op.layout.shard(me)];
-        op.acc.start(shard, op.transfers.receivers(Phase::Scatter), out);
-        op.first_pass(key, Phase::Scatter, sh);
-        op
+        let shard =
+            Shard { layout: &self.layout, me, own: &self.input[self.layout.shard(me)], dtype: opts.dtype };
+        let out = &mut self.result[self.layout.shard(me)];
+        self.acc.start(shard, self.transfers.receivers(Phase::Scatter), out);
+        self.first_pass(key, Phase::Scatter, sh);
     }
 
     fn classify(&self, phase: Phase, magnitude_rank: u32, chunks: u32) -> Class {
@@ -229,9 +248,25 @@ impl Op {
         let (world, me) = (sh.cfg.world, sh.me());
         let layout = &self.layout;
         let dtype = self.opts.dtype;
-        let shard = Shard { layout, me, own: &self.input[layout.shard(me)], dtype };
-        let out = &mut self.result[layout.shard(me)];
-        self.acc.finish(shard, self.transfers.receivers(Phase::Scatter), &self.opts, out);
+        let collective = self.opts.collective;
+        let own = layout.shard(me);
+        if collective.scatters() {
+            let shard = Shard { layout, me, own: &self.input[own.clone()], dtype };
+            let out = &mut self.result[own.clone()];
+            self.acc.finish(shard, self.transfers.receivers(Phase::Scatter), &self.opts, out);
+        } else {
+            // Allgather and broadcast: this rank's shard is its input.
+            self.result[own.clone()].copy_from_slice(&self.input[own.clone()]);
+        }
+        if !collective.gathers() {
+            // Reduce-scatter: only this rank's shard is the op's; the rest
+            // is zero (the pool's buffers hold old values).
+            self.result[..own.start].fill(0.0);
+            self.result[own.end..].fill(0.0);
+            self.gmask = Some(Bitmap::new(layout.chunks(me)));
+            return;
+        }
+        let out = &self.result[own];
         if dtype != DType::F32 {
             // The rounded shard as the all-gather carries it.
             self.wire_result.resize(out.len() * dtype.size(), 0);
@@ -275,8 +310,8 @@ impl Op {
         sh: &mut Shared,
     ) {
         let src = h.src as usize;
-        if (h.dtype, h.reduce) != (self.opts.dtype, self.opts.reduce) {
-            // Its ranks' trainers disagree about the op (wire version 6).
+        if OpKind::of_header(h) != OpKind::of(&self.opts) {
+            // Its ranks' trainers disagree about the op (wire versions 6, 7).
             sh.stats.rejected.op_kind_mismatch += 1;
             return;
         }
@@ -519,7 +554,11 @@ impl Op {
     /// Whether the op is over: reduced, its mask agreed and every gather
     /// transfer closed.
     pub(crate) fn is_complete(&self) -> bool {
-        self.reduced && self.gmask.is_some() && !self.transfers.any_open(Phase::Gather)
+        // Without an all-gather (reduce-scatter, barrier) nothing tells this
+        // rank that its owners have its contributions but their DONEs.
+        let sent = self.opts.collective.gathers()
+            || self.transfers.senders(Phase::Scatter).all(|(_, st)| st.is_done());
+        self.reduced && self.gmask.is_some() && !self.transfers.any_open(Phase::Gather) && sent
     }
 
     /// When the op fails unless it learns something first.
@@ -539,7 +578,8 @@ impl Op {
 
     /// The ranks the op still waits on: data, a bitmap or a DONE.
     pub(crate) fn waiting_on(&self, me: u32) -> Vec<u32> {
-        self.transfers.waiting_on(me, self.reduced)
+        // Without an all-gather, scatter sends still count once reduced.
+        self.transfers.waiting_on(me, self.reduced && self.opts.collective.gathers())
     }
 
     /// What a completed op delivered (the agreed mask leaves the op with it).
@@ -615,10 +655,9 @@ impl Op {
         self.layout.chunk(owner, chunk).len() * self.opts.dtype.size()
     }
 
-    /// The op's element type and reduction, which every packet of it
-    /// carries (wire version 6).
-    pub(crate) fn kind(&self) -> (DType, crate::wire::ReduceOp) {
-        (self.opts.dtype, self.opts.reduce)
+    /// The op's kind, which every packet of it carries (wire versions 6, 7).
+    pub(crate) fn kind(&self) -> OpKind {
+        OpKind::of(&self.opts)
     }
 
     /// The header of DATA `item`, where its payload lies (elements `range`
@@ -637,7 +676,7 @@ impl Op {
             if phase == Phase::Scatter { (peer, Buffer::Input) } else { (sh.me(), Buffer::Result) };
         let cr = self.layout.chunk_in_tensor(owner, chunk);
         let mut h = sh.header(PacketType::Data, class, phase, item.op.id(), peer);
-        (h.dtype, h.reduce) = (self.opts.dtype, self.opts.reduce);
+        OpKind::of(&self.opts).stamp(&mut h);
         h.chunk_index = chunk;
         st.fill_data(&mut h);
         h.payload_len = (cr.len() * self.opts.dtype.size()) as u16;

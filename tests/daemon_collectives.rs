@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use daemon_common::*;
 use dlcp::proto::elem;
-use dlcp::proto::endpoint::{DType, OpOptions, ReduceOp, shard_range};
+use dlcp::proto::endpoint::{Collective, DType, OpOptions, ReduceOp, shard_range};
 use dlcp::shm::{Completion, ElemType, Opcode, Reduce, Status, SubmitOptions, TrainerChannel};
 
 const HOSTS: u32 = 4;
@@ -114,27 +114,20 @@ fn reference(o: &Op, h: u32, k: u32, reduced: &[f32]) -> Vec<f32> {
             mine[s.clone()].copy_from_slice(&reduced[s]);
             mine
         }
-        Opcode::Allgather => gathered(o, &|_, _| false),
+        Opcode::Allgather => gathered(o),
         Opcode::Broadcast => trainer_input(o.root, 0, o.i, o.n, o.dtype),
         other => panic!("no reference for {other:?}"),
     }
 }
 
-/// An allgather's result: each host's shard of its rounded input, a chunk
-/// zero where `masked(owner, chunk)` says so.
-fn gathered(o: &Op, masked: &dyn Fn(u32, u32) -> bool) -> Vec<f32> {
-    let chunk = CHUNK_BYTES / o.dtype.size();
+/// An exact allgather's result: each host's shard of its rounded input.
+fn gathered(o: &Op) -> Vec<f32> {
     let mut out = vec![0f32; o.n];
     for h in 0..HOSTS {
         let mut input = host_input(h, o.i, o.n, o.dtype);
         elem::round_all(o.dtype, &mut input);
         let s = shard(o.n, h);
-        for (c, at) in s.clone().step_by(chunk).enumerate() {
-            let end = (at + chunk).min(s.end);
-            if !masked(h, c as u32) {
-                out[at..end].copy_from_slice(&input[at..end]);
-            }
-        }
+        out[s.clone()].copy_from_slice(&input[s]);
     }
     out
 }
@@ -274,22 +267,25 @@ fn reduce_scatter_and_allgather_under_1pct_receive_loss_match_the_oracle() {
         }
         lossy_ops += usize::from(missing);
         let owners: Vec<_> = reports.iter().map(dlcp::service::report_from_json).collect();
-        let want = match o.opcode {
-            Opcode::ReduceScatter => {
-                let inputs: Vec<Vec<f32>> = (0..HOSTS).map(|h| host_input(h, o.i, o.n, o.dtype)).collect();
-                let ins: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
-                let refs: Vec<_> = owners.iter().collect();
-                let opts = OpOptions {
-                    budget_ppm: 10_000,
-                    dtype: o.dtype,
-                    reduce: o.reduce,
-                    contributors: HOSTS * TRAINERS,
-                    ..Default::default()
-                };
-                dlcp::proto::oracle::recompute(&ins, &refs, opts, CHUNK_BYTES / o.dtype.size())
-            }
-            _ => gathered(o, &|h, chunk| owners[h as usize].own_mask.get(chunk)),
+        let inputs: Vec<Vec<f32>> = (0..HOSTS).map(|h| host_input(h, o.i, o.n, o.dtype)).collect();
+        let ins: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
+        let refs: Vec<_> = owners.iter().collect();
+        let opts = OpOptions {
+            budget_ppm: 10_000,
+            gather_budget_ppm: 10_000,
+            dtype: o.dtype,
+            reduce: o.reduce,
+            contributors: HOSTS * TRAINERS,
+            collective: if o.opcode == Opcode::Allgather {
+                Collective::Allgather
+            } else {
+                Collective::ReduceScatter
+            },
+            ..Default::default()
         };
+        // A reduce-scatter's shard h is the oracle's shard h (zero elsewhere:
+        // the rest of the trainer's tensor is its own); an allgather's result is all of it.
+        let want = dlcp::proto::oracle::recompute(&ins, &refs, opts, CHUNK_BYTES / o.dtype.size());
         for (t, r) in results.iter().enumerate() {
             let (h, k) = place(t);
             let (got, done) = &r[o.i];

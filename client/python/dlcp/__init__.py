@@ -43,7 +43,20 @@ job's number of trainers once, in the daemons (the trainer does not).
 
 Budgets are fractions of a tensor that may be lost (``0.01`` = 1%, ``0`` =
 exact); the string ``"1%"`` means the same. The default of :meth:`Client.allreduce`
-is ``0.01``: lossy unless you pass ``budget=0``.
+(and :meth:`Client.reduce_scatter`) is ``0.01``: lossy unless you pass
+``budget=0``; :meth:`Client.allgather` and :meth:`Client.broadcast` are exact
+unless you pass a budget.
+
+Besides allreduce: :meth:`Client.reduce_scatter` (this host's shard of the
+tensor reduced, the rest left as it was; the :class:`Report`'s ``shard`` is
+the slice, ``t.reshape(-1)[report.shard]``), :meth:`Client.allgather` (each
+host contributes its shard, everyone gets the whole tensor),
+:meth:`Client.broadcast` (every trainer gets local rank 0's tensor on the host
+of daemon rank ``root``) and :meth:`Client.barrier` (no tensor). A host's shard
+is elements ``r*n//nodes .. (r+1)*n//nodes`` of its daemon's rank ``r``
+(:attr:`World.node_rank` of :attr:`World.nodes`); with several trainers on a
+host, what it contributes to an allgather is the sum of its trainers' tensors
+over its shard. All take float32, float16 and bfloat16 tensors.
 
 The daemon tells each trainer where it stands: :attr:`Client.rank` and
 :attr:`Client.world_size` (and :attr:`Client.world`). A failed op says why in
@@ -359,6 +372,17 @@ def load_library(path: Union[str, os.PathLike, None] = None) -> ctypes.CDLL:
         "dlcp_alloc_dtype": (c_int, [h, ctypes.c_char_p, u64, u32, ctypes.POINTER(u32)]),
         "dlcp_submit_op": (c_int, [h, u32, u32, u32, u32, u32, u32, ctypes.POINTER(u64)]),
         "dlcp_allreduce_op": (c_int, [h, u32, u32, u32, u32, u32, u32, i64, ctypes.POINTER(_CCompletion)]),
+        "dlcp_reduce_scatter": (
+            c_int,
+            [h, u32, u32, u32, u32, u32, u32, i64, ctypes.POINTER(_CCompletion), ctypes.POINTER(u64),
+             ctypes.POINTER(u64)],
+        ),
+        "dlcp_allgather": (
+            c_int,
+            [h, u32, u32, u32, u32, i64, ctypes.POINTER(_CCompletion), ctypes.POINTER(u64), ctypes.POINTER(u64)],
+        ),
+        "dlcp_broadcast": (c_int, [h, u32, u32, u32, u32, u32, i64, ctypes.POINTER(_CCompletion)]),
+        "dlcp_barrier": (c_int, [h, i64, ctypes.POINTER(_CCompletion)]),
         "dlcp_tensor_len": (c_int, [h, u32, ctypes.POINTER(u64)]),
         "dlcp_tensor_data": (ctypes.c_void_p, [h, u32]),
         "dlcp_submit": (c_int, [h, u32, u32, u32, u32, u32, ctypes.POINTER(u64)]),
@@ -487,18 +511,29 @@ class World:
 
 @dataclass(frozen=True)
 class Report:
-    """What a successful :meth:`Client.allreduce` reports."""
+    """What a successful op (:meth:`Client.allreduce`, ...) reports."""
 
     op_seq: int
-    tensor: str  #: tensor name
+    tensor: str  #: tensor name ("" for a barrier)
     delivered_ppm: int  #: parts per million of the tensor that arrived
     repairs: int  #: packets repaired
     duration: float  #: seconds the daemon spent
+    #: reduce-scatter and allgather: the first element of this host's shard
+    shard_offset: int = 0
+    #: reduce-scatter and allgather: the elements of this host's shard (0 otherwise)
+    shard_len: int = 0
 
     @property
     def delivered(self) -> float:
         """Fraction of the tensor that arrived (1.0 = all of it)."""
         return self.delivered_ppm / 1_000_000
+
+    @property
+    def shard(self) -> slice:
+        """This host's shard as a slice of the flattened tensor
+        (``t.reshape(-1)[report.shard]``): what a reduce-scatter reduced, what
+        an allgather took from this host; empty for the other collectives."""
+        return slice(self.shard_offset, self.shard_offset + self.shard_len)
 
 
 # ---------------------------------------------------------------------------
@@ -767,20 +802,92 @@ class Client:
         """
         t = self._tensor_of("allreduce", array)
         code = _op_code(op)
-        ptr = self._ptr("allreduce")
+        return self._run("allreduce", t, lambda ptr, c: self._lib.dlcp_allreduce_op(
+            ptr, t.tid, layer, layers, _budget_ppm(budget), flags, code, _timeout_ms(timeout), c
+        ))
+
+    def reduce_scatter(
+        self,
+        array,
+        layer: int = 0,
+        layers: int = 1,
+        budget: Union[float, str] = 0.01,
+        timeout: Optional[float] = 60.0,
+        flags: int = 0,
+        op: str = "sum",
+    ) -> Report:
+        """Reduce-scatters a tensor in place: this host's shard of it (the
+        returned :class:`Report`'s ``shard``, a slice of the flattened tensor)
+        is replaced by the reduced values, exactly as :meth:`allreduce` would
+        reduce them; the rest of the tensor is left as it was. Arguments and
+        errors as for :meth:`allreduce` (the default budget, 0.01, is lossy)."""
+        t = self._tensor_of("reduce_scatter", array)
+        code = _op_code(op)
+        return self._run("reduce_scatter", t, lambda ptr, c, off, n: self._lib.dlcp_reduce_scatter(
+            ptr, t.tid, layer, layers, _budget_ppm(budget), flags, code, _timeout_ms(timeout), c, off, n
+        ), shard=True)
+
+    def allgather(
+        self,
+        array,
+        layer: int = 0,
+        layers: int = 1,
+        budget: Union[float, str] = 0,
+        timeout: Optional[float] = 60.0,
+    ) -> Report:
+        """Allgathers a tensor in place: this host contributes its shard (the
+        :class:`Report`'s ``shard``; with several trainers on the host, the sum
+        of their tensors over it) and every trainer's tensor is replaced by all
+        the hosts' shards. Exact by default; ``budget`` is the loss budget of
+        its one (gather) phase. Errors as for :meth:`allreduce`."""
+        t = self._tensor_of("allgather", array)
+        return self._run("allgather", t, lambda ptr, c, off, n: self._lib.dlcp_allgather(
+            ptr, t.tid, layer, layers, _budget_ppm(budget), _timeout_ms(timeout), c, off, n
+        ), shard=True)
+
+    def broadcast(
+        self,
+        array,
+        root: int = 0,
+        layer: int = 0,
+        layers: int = 1,
+        budget: Union[float, str] = 0,
+        timeout: Optional[float] = 60.0,
+    ) -> Report:
+        """Broadcasts a tensor in place from local rank 0 of the host of daemon
+        rank ``root`` (:attr:`World.node_rank`): every trainer's tensor is
+        replaced by it (the other trainers' contents are not read). Exact by
+        default. A ``root`` that is not a daemon rank of the job raises
+        :class:`OpFailedError` naming it. Errors as for :meth:`allreduce`."""
+        t = self._tensor_of("broadcast", array)
+        return self._run("broadcast", t, lambda ptr, c: self._lib.dlcp_broadcast(
+            ptr, t.tid, root, layer, layers, _budget_ppm(budget), _timeout_ms(timeout), c
+        ))
+
+    def barrier(self, timeout: Optional[float] = 60.0) -> Report:
+        """Returns once every trainer of the job has entered this barrier (no
+        tensor). Raises :class:`DlcpTimeoutError` after ``timeout`` seconds (the
+        barrier is then still in flight) or :class:`OpFailedError`."""
+        return self._run("barrier", None, lambda ptr, c: self._lib.dlcp_barrier(ptr, _timeout_ms(timeout), c))
+
+    def _run(self, name: str, t: Optional[_Tensor], call, shard: bool = False) -> Report:
+        """Calls ``call(ptr, completion[, shard offset, shard len])`` (a C
+        submit-and-wait) and turns its outcome into a :class:`Report` or an error."""
+        ptr = self._ptr(name)
         c = _CCompletion()
-        rc = self._lib.dlcp_allreduce_op(
-            ptr, t.tid, layer, layers, _budget_ppm(budget), flags, code, _timeout_ms(timeout), ctypes.byref(c)
-        )
+        off, n = ctypes.c_uint64(), ctypes.c_uint64()
+        rc = call(ptr, ctypes.byref(c), ctypes.byref(off), ctypes.byref(n)) if shard else call(ptr, ctypes.byref(c))
         if rc != 0:
             done = self._completion(c, _last_error(self._lib, ptr)) if rc == -13 else None
-            _raise(self._lib, ptr, "allreduce", rc, done)
+            _raise(self._lib, ptr, name, rc, done)
         return Report(
             op_seq=c.op_seq,
-            tensor=t.name,
+            tensor=t.name if t else "",
             delivered_ppm=c.delivered_ppm,
             repairs=c.repairs,
             duration=c.duration_ns / 1e9,
+            shard_offset=off.value,
+            shard_len=n.value,
         )
 
 

@@ -99,6 +99,36 @@ class ViewTest(unittest.TestCase):
         del g  # now the handle goes and the daemon sees the detach
 
 
+class CollectiveTest(unittest.TestCase):
+    """The fake doubles each tensor and reports the shard n//4 .. n//4 + n//2
+    for a reduce-scatter or an allgather (client/tests/common/mod.rs)."""
+
+    def test_each_collective_runs_and_reports_its_shard(self):
+        with fresh() as c:
+            for dtype in ("float32", "float16", "bfloat16"):
+                g = c.tensor(f"g-{dtype}", (10, 10), dtype=dtype)
+                g[...] = 1
+                r = c.reduce_scatter(g, budget=0, op="average")
+                self.assertEqual((r.tensor, r.shard), (f"g-{dtype}", slice(25, 75)))
+                self.assertEqual(len(g.reshape(-1)[r.shard]), 50)
+                r = c.allgather(g)
+                self.assertEqual(r.shard, slice(25, 75))
+                r = c.broadcast(g, root=0)
+                self.assertEqual((r.shard_offset, r.shard_len, r.shard), (0, 0, slice(0, 0)))
+                if dtype == "float32":  # (the fake doubles 4-byte elements only)
+                    np.testing.assert_array_equal(g, 8)  # doubled three times
+            r = c.barrier()
+            self.assertEqual((r.tensor, r.shard_len), ("", 0))
+            self.assertGreater(r.op_seq, 0)
+            with self.assertRaises(dlcp.InvalidArgumentError):
+                c.reduce_scatter(g, op="max")
+            with self.assertRaises(dlcp.OpFailedError) as e:
+                c.reduce_scatter(g, budget=PEER_DOWN)
+            self.assertEqual(e.exception.completion.status, "peer_down")
+        with self.assertRaises(dlcp.ClosedError):
+            c.barrier()
+
+
 class AttachEnvTest(unittest.TestCase):
     """attach() takes DLCP_SOCKET, DLCP_JOB, LOCAL_RANK, LOCAL_WORLD_SIZE as
     defaults, like the PyTorch hook; explicit arguments win."""

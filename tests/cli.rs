@@ -177,6 +177,51 @@ fn demo_and_simulate_take_a_dtype_and_an_op() {
     }
 }
 
+/// `dlcpd demo --collective` (issue 18): every collective on real daemons,
+/// bit-exact against its reference at budget 0 (broadcast from daemon 2, not
+/// 0), reduce-scatter also under loss; a root past the daemons and an
+/// averaging allgather refused naming the flag.
+#[test]
+fn demo_runs_every_collective() {
+    let wants = [
+        (
+            "reduce-scatter",
+            "every host's trainers byte-identical on its shard and bit-exact against the reference sum",
+        ),
+        ("allgather", "every trainer byte-identical and bit-exact against the reference"),
+        ("broadcast", "every trainer byte-identical and bit-exact against the reference"),
+        ("barrier", "every barrier completed on every trainer"),
+    ];
+    for (collective, want) in wants {
+        let out = dlcpd()
+            .args(["demo", "--hosts", "3", "--iters", "2", "--size", "1", "--budget", "0", "--dtype", "bf16"])
+            .args(["--collective", collective, "--root", "2"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains(want), "{collective}: {stdout}");
+        assert!(stdout.contains("ops completed / failed      8 / 0"), "{stdout}");
+    }
+    let out = dlcpd()
+        .args(["demo", "--hosts", "3", "--iters", "2", "--size", "1", "--loss", "2", "--budget", "0.05"])
+        .args(["--collective", "reduce-scatter"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("byte-identical on its shard"), "{stdout}");
+    let refused = [
+        (vec!["--collective", "broadcast", "--root", "4"], "--root 4"),
+        (vec!["--collective", "allgather", "--op", "average"], "--op average"),
+        (vec!["--collective", "gather"], "--collective"),
+    ];
+    for (args, flag) in refused {
+        let out = dlcpd().arg("demo").args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(flag), "{args:?}");
+    }
+}
+
 #[test]
 fn simulate_runs_and_verifies_under_loss() {
     let out = dlcpd()

@@ -12,6 +12,13 @@
 //! reference when the budget is 0. `--dtype f16|bf16` runs 2-byte tensors
 //! (the reference: each host's local sum in f32 rounded once to the type, the
 //! hosts' sum in f32, divided for `--op average`, rounded once).
+//!
+//! `--collective` runs reduce-scatter, allgather, broadcast (from `--root`)
+//! or barrier rounds instead, checked the same way: a reduce-scatter's
+//! trainers agree on their host's shard (the one the completion names; the
+//! rest of each tensor must be the trainer's own) and, at budget 0, it is the
+//! reference sum's; an allgather's result is every host's shard of its local
+//! sum, a broadcast's the root's local rank 0's tensor; a barrier completes.
 
 use std::io::{self, Write};
 use std::net::UdpSocket;
@@ -23,9 +30,9 @@ use std::time::{Duration, Instant};
 
 use crate::datapath::fault::FaultInjector;
 use crate::service::Service;
-use crate::shm::{ElemType, Reduce, Status, SubmitOptions, TrainerChannel};
+use crate::shm::{Completion, ElemType, Opcode, Reduce, Status, SubmitOptions, TrainerChannel};
 use dlcp_proto::elem;
-use dlcp_proto::endpoint::{DType, ReduceOp};
+use dlcp_proto::endpoint::{Collective, DType, ReduceOp, shard_range};
 
 /// What to run.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,6 +57,10 @@ pub struct DemoOptions {
     pub layers: u32,
     /// The daemons' `network.mtu` (loopback carries up to 65536).
     pub mtu: u32,
+    /// The collective each op is (allreduce by default).
+    pub collective: Collective,
+    /// Broadcast: the daemon rank whose local rank 0 sends its tensor.
+    pub root: u32,
 }
 
 impl Default for DemoOptions {
@@ -65,6 +76,8 @@ impl Default for DemoOptions {
             iters: 10,
             layers: 4,
             mtu: 1500,
+            collective: Collective::Allreduce,
+            root: 0,
         }
     }
 }
@@ -97,6 +110,21 @@ impl DemoOptions {
         if !(1..=64).contains(&self.layers) || self.iters == 0 {
             return Err("--layers must be 1 ..= 64 and --iters at least 1".into());
         }
+        if self.collective == Collective::Broadcast && self.root >= self.hosts {
+            return Err(format!(
+                "--root {} is not a daemon rank of {} hosts (0 ..= {})",
+                self.root,
+                self.hosts,
+                self.hosts - 1
+            ));
+        }
+        if !self.collective.reduces() && self.reduce != ReduceOp::Sum {
+            return Err(format!(
+                "--op {}: {} does not reduce (only allreduce and reduce-scatter take --op)",
+                self.reduce.name(),
+                self.collective.name()
+            ));
+        }
         Ok(())
     }
 
@@ -113,6 +141,25 @@ fn shm_kind(dtype: DType, reduce: ReduceOp) -> (ElemType, Reduce) {
         DType::Bf16 => ElemType::Bf16,
     };
     (t, if reduce == ReduceOp::Average { Reduce::Average } else { Reduce::Sum })
+}
+
+/// The submission opcode of a collective.
+fn opcode(c: Collective) -> Opcode {
+    match c {
+        Collective::Allreduce => Opcode::AllReduce,
+        Collective::ReduceScatter => Opcode::ReduceScatter,
+        Collective::Allgather => Opcode::Allgather,
+        Collective::Broadcast => Opcode::Broadcast,
+        Collective::Barrier => Opcode::Barrier,
+    }
+}
+
+/// The collective as the banner names it.
+fn collective_name(o: &DemoOptions) -> String {
+    match o.collective {
+        Collective::Broadcast => format!("broadcast from daemon {}", o.root),
+        c => c.name().to_owned(),
+    }
 }
 
 /// What the run measured.
@@ -167,7 +214,11 @@ struct Done {
     status: Status,
     duration: Duration,
     delivered_ppm: u32,
+    /// Of the result (a reduce-scatter's: of the host's shard; a barrier's: 0).
     hash: u64,
+    /// The completion named the host's shard (reduce-scatter, allgather), and
+    /// a reduce-scatter left the rest of the tensor as the trainer wrote it.
+    intact: bool,
 }
 
 /// Removes the demo's directory when dropped.
@@ -217,13 +268,14 @@ pub fn run(o: &DemoOptions, out: &mut impl Write) -> io::Result<DemoSummary> {
     writeln!(
         out,
         "dlcpd demo: {} daemons on 127.0.0.1, {} trainers each on shared memory, {} tensors × {:.2} MB {} ({}) \
-         per iteration, receive loss {}%, budget {}",
+         per iteration, {}, receive loss {}%, budget {}",
         o.hosts,
         o.trainers,
         o.layers,
         tensor_bytes as f64 / 1e6,
         o.dtype.name(),
         o.reduce.name(),
+        collective_name(o),
         o.loss_pct,
         dlcp_config::percent(o.budget)
     )?;
@@ -348,6 +400,7 @@ fn trainer(
         .map(|l| cl.alloc_typed(&format!("layer{l}"), n as u64, elem_type).map_err(|e| e.to_string()))
         .collect::<Result<_, _>>()?;
     let mut bytes = vec![0u8; n * o.dtype.size()];
+    let root = if o.collective == Collective::Broadcast { o.root } else { 0 };
     for it in 0..o.iters {
         for (l, t) in tensors.iter().enumerate() {
             elem::encode(o.dtype, &synth(seed(h, k, it, l as u32), n), &mut bytes);
@@ -359,9 +412,15 @@ fn trainer(
                 layers: o.layers,
                 budget_ppm,
                 cookie: u64::from(l as u32),
+                opcode: opcode(o.collective),
+                root,
                 ..Default::default()
             };
-            cl.submit(t, opts).map_err(|e| e.to_string())?;
+            match o.collective {
+                Collective::Barrier => cl.submit_barrier(opts),
+                _ => cl.submit(t, opts),
+            }
+            .map_err(|e| e.to_string())?;
         }
         for _ in 0..o.layers {
             let c = cl.wait_completion(Duration::from_secs(60)).map_err(|e| e.to_string())?;
@@ -369,6 +428,7 @@ fn trainer(
             let raw = cl.read_bytes(&tensors[l as usize]).map_err(|e| e.to_string())?;
             let mut res = vec![0f32; n];
             elem::decode(o.dtype, &raw, &mut res);
+            let (hash, intact) = check_result(o, &c, &res, (h, k, it, l));
             let _ = tx.send(Done {
                 host: h,
                 it,
@@ -376,41 +436,93 @@ fn trainer(
                 status: c.status,
                 duration: c.duration,
                 delivered_ppm: c.delivered_ppm,
-                hash: fnv(res.iter().map(|x| x.to_bits())),
+                hash,
+                intact,
             });
         }
     }
     Ok(())
 }
 
-/// The hash of op (`it`, layer `l`)'s exact result: local sums in local-rank
-/// order (of the trainers' values of the type, in f32), each rounded once to
-/// the type, then hosts in rank order, divided for an average, rounded once.
-fn reference_hash(o: &DemoOptions, it: u32, l: u32, n: usize) -> u64 {
+/// A trainer's look at its result `res` of completion `c` for trainer `k`
+/// of host `h`, iteration `it`, layer `l`: the hash of what every trainer
+/// (of the host, for a reduce-scatter) must agree on, and whether the
+/// completion named the host's shard and a reduce-scatter left the rest of
+/// the tensor as the trainer wrote it.
+fn check_result(
+    o: &DemoOptions,
+    c: &Completion,
+    res: &[f32],
+    (h, k, it, l): (u32, u32, u32, u32),
+) -> (u64, bool) {
+    let shard = shard_range(res.len(), o.hosts, h);
+    let told = c.shard_offset as usize..(c.shard_offset + c.shard_len) as usize;
+    match o.collective {
+        Collective::Barrier => (0, true),
+        Collective::ReduceScatter => {
+            let mut mine = synth(seed(h, k, it, l), res.len());
+            elem::round_all(o.dtype, &mut mine);
+            let kept = |r: std::ops::Range<usize>| {
+                res[r.clone()].iter().zip(&mine[r]).all(|(a, b)| a.to_bits() == b.to_bits())
+            };
+            let intact = told == shard && kept(0..shard.start) && kept(shard.end..res.len());
+            let part = res.get(shard).unwrap_or_default();
+            (fnv(part.iter().map(|x| x.to_bits())), intact)
+        }
+        Collective::Allgather => (fnv(res.iter().map(|x| x.to_bits())), told == shard),
+        Collective::Allreduce | Collective::Broadcast => {
+            (fnv(res.iter().map(|x| x.to_bits())), told.is_empty())
+        }
+    }
+}
+
+/// The hash of op (`it`, layer `l`)'s exact result as host `h`'s trainers
+/// must hash it (see [`check_result`]): for allreduce and reduce-scatter the
+/// local sums in local-rank order (of the trainers' values of the type, in
+/// f32), each rounded once to the type, then hosts in rank order, divided
+/// for an average, rounded once (a reduce-scatter's: host `h`'s shard of
+/// it); for an allgather each host's shard of its rounded local sum; for a
+/// broadcast the root's local rank 0's values.
+fn reference_hash(o: &DemoOptions, it: u32, l: u32, n: usize, h: u32) -> u64 {
     let typed = |h, k| {
         let mut v = synth(seed(h, k, it, l), n);
         elem::round_all(o.dtype, &mut v);
         v
     };
-    let mut global: Option<Vec<f32>> = None;
-    for h in 0..o.hosts {
+    let local_sum = |h| {
         let mut local = typed(h, 0);
         for k in 1..o.trainers {
             local.iter_mut().zip(typed(h, k)).for_each(|(a, b)| *a += b);
         }
         elem::round_all(o.dtype, &mut local);
-        match global.as_mut() {
-            None => global = Some(local),
-            Some(g) => g.iter_mut().zip(&local).for_each(|(a, b)| *a += *b),
+        local
+    };
+    let result = match o.collective {
+        Collective::Barrier => return 0,
+        Collective::Broadcast => typed(o.root, 0),
+        Collective::Allgather => {
+            let mut out = vec![0f32; n];
+            for s in 0..o.hosts {
+                let sh = shard_range(n, o.hosts, s);
+                out[sh.clone()].copy_from_slice(&local_sum(s)[sh]);
+            }
+            out
         }
-    }
-    let mut global = global.unwrap_or_default();
-    if o.reduce == ReduceOp::Average {
-        let w = (o.hosts * o.trainers) as f32;
-        global.iter_mut().for_each(|x| *x /= w);
-    }
-    elem::round_all(o.dtype, &mut global);
-    fnv(global.iter().map(|x| x.to_bits()))
+        Collective::Allreduce | Collective::ReduceScatter => {
+            let mut global = local_sum(0);
+            for s in 1..o.hosts {
+                global.iter_mut().zip(&local_sum(s)).for_each(|(a, b)| *a += *b);
+            }
+            if o.reduce == ReduceOp::Average {
+                let w = (o.hosts * o.trainers) as f32;
+                global.iter_mut().for_each(|x| *x /= w);
+            }
+            elem::round_all(o.dtype, &mut global);
+            global
+        }
+    };
+    let part = if o.collective == Collective::ReduceScatter { shard_range(n, o.hosts, h) } else { 0..n };
+    fnv(result[part].iter().map(|x| x.to_bits()))
 }
 
 /// The completions seen so far, checked and timed an iteration at a time.
@@ -497,9 +609,17 @@ impl<'a> Tally<'a> {
                 ok = false;
                 continue;
             }
-            ok &= mine.iter().all(|d| d.hash == mine[0].hash);
+            ok &= mine.iter().all(|d| d.intact);
+            // A reduce-scatter's trainers agree within their host (on its shard).
+            let per_host = self.o.collective == Collective::ReduceScatter;
+            let peer = |d: &Done| mine.iter().find(|e| !per_host || e.host == d.host).map(|e| e.hash);
+            ok &= mine.iter().all(|d| peer(d) == Some(d.hash));
             if self.budget_ppm == 0 {
-                ok &= mine[0].hash == reference_hash(self.o, it, l, self.n);
+                let hosts = if per_host { self.o.hosts } else { 1 };
+                for h in 0..hosts {
+                    let want = reference_hash(self.o, it, l, self.n, h);
+                    ok &= mine.iter().filter(|d| !per_host || d.host == h).all(|d| d.hash == want);
+                }
             }
             for d in &mine {
                 self.durations.push(d.duration);
@@ -579,10 +699,17 @@ fn print_summary(
         out,
         "  verification                {}",
         if summary.verified {
-            if budget_ppm == 0 {
-                "every trainer byte-identical and bit-exact against the reference sum"
-            } else {
-                "every trainer byte-identical"
+            match (budget_ppm, o.collective) {
+                (_, Collective::Barrier) => "every barrier completed on every trainer",
+                (0, Collective::ReduceScatter) => {
+                    "every host's trainers byte-identical on its shard and bit-exact against the reference sum"
+                }
+                (_, Collective::ReduceScatter) => "every host's trainers byte-identical on its shard",
+                (0, Collective::Allreduce) => {
+                    "every trainer byte-identical and bit-exact against the reference sum"
+                }
+                (0, _) => "every trainer byte-identical and bit-exact against the reference",
+                _ => "every trainer byte-identical",
             }
         } else {
             "FAILED"
@@ -602,5 +729,14 @@ mod tests {
             DemoOptions { hosts: 0, ..DemoOptions::default() }.validate().unwrap_err().contains("--hosts")
         );
         assert!(DemoOptions::default().validate().is_ok());
+        let bcast = DemoOptions { collective: Collective::Broadcast, root: 4, ..DemoOptions::default() };
+        assert!(bcast.validate().unwrap_err().contains("--root 4"));
+        assert!(DemoOptions { root: 3, ..bcast }.validate().is_ok());
+        let avg = DemoOptions {
+            collective: Collective::Allgather,
+            reduce: ReduceOp::Average,
+            ..DemoOptions::default()
+        };
+        assert!(avg.validate().unwrap_err().contains("--op average: allgather does not reduce"));
     }
 }

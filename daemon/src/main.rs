@@ -80,6 +80,12 @@ struct LoopbackArgs {
     /// The reduction: sum, or average (the daemons divide once).
     #[arg(long, default_value = "sum", value_parser = op_arg)]
     op: ReduceOp,
+    /// The collective: allreduce, reduce-scatter, allgather, broadcast or barrier.
+    #[arg(long, default_value = "allreduce", value_parser = sim_collective_arg)]
+    collective: Collective,
+    /// Broadcast: the daemon rank whose local rank 0 sends its tensor.
+    #[arg(long, default_value_t = 0)]
+    root: u32,
 }
 
 #[derive(Args)]
@@ -260,6 +266,8 @@ fn main() -> ExitCode {
                 mtu: a.mtu,
                 dtype: a.dtype,
                 reduce: a.op,
+                collective: a.collective,
+                root: a.root,
             };
             if let Err(e) = opts.validate() {
                 eprintln!("dlcpd demo: {e}");

@@ -389,11 +389,7 @@ impl Endpoint {
 
     /// Where the shards and chunks of an op of `len` elements lie.
     fn layout(&self, len: usize, opts: &OpOptions) -> Layout {
-        let (world, chunk) = (self.sh.cfg.world, self.chunk_elems(opts.dtype));
-        match opts.collective {
-            Collective::Broadcast => Layout::single(len, world, opts.root, chunk),
-            _ => Layout::new(len, world, chunk),
-        }
+        Layout::new(len, self.sh.cfg.world, self.chunk_elems(opts.dtype))
     }
 
     /// Start a validated op of the agreed run.
@@ -608,9 +604,13 @@ impl Endpoint {
         } else if self.history.is_finished(&id) {
             self.sh.stats.rejected.stale_op += 1;
             self.notify_failure(now, id, &h);
-        } else if h.ty == PacketType::Data && (h.phase == Phase::Scatter || !h.collective.scatters()) {
-            // The first DATA of an op (an allgather's and a broadcast's are
-            // in the all-gather) may come before this rank started it.
+        } else if h.ty == PacketType::Data
+            && (h.phase == Phase::Scatter || h.collective != Collective::Allreduce)
+        {
+            // The first DATA of an op may come before this rank started it:
+            // any of a reduce-scatter's, an allgather's (all-gather only) or
+            // a broadcast's (from the root, or from an owner that heard from
+            // the root first).
             self.buffer_early(now, OpId { run: h.run, ..id }, datagram);
         } else {
             // A control packet for an op not started here: the sender retries.

@@ -118,7 +118,8 @@ impl SimOptions {
 
     /// The options of layer `l`'s op.
     fn op_options(&self, l: u32, budget_ppm: u32) -> OpOptions {
-        // Allgather and broadcast have only the all-gather phase: the budget is its.
+        // As for allreduce, the budget is the scatter phase's and the all-gather is
+        // exact; an allgather has only the all-gather phase: the budget is its.
         let gather_budget_ppm = if self.collective.scatters() { 0 } else { budget_ppm };
         OpOptions {
             layer: l,
@@ -147,8 +148,13 @@ impl SimOptions {
             // shard to every other rank: 2(N-1)/N of the data on each link.
             Collective::Allreduce => (2.0 * once, 2.0 * (n - 1.0) / n),
             Collective::ReduceScatter | Collective::Allgather => (once, (n - 1.0) / n),
-            // The root sends the whole tensor to each other rank.
-            Collective::Broadcast => (elems.div_ceil(chunk_elems) as f64 * (n - 1.0) / n, n - 1.0),
+            // The root scatters the other shards, then every owner sends its
+            // shard to every other rank: the root's uplink carries the data
+            // about twice (its own shard N-1 times).
+            Collective::Broadcast => {
+                let root = oracle::shard(elems, world, self.root).len().div_ceil(chunk_elems) as f64;
+                (once + (all_chunks as f64 - root) / n, 2.0 * (n - 1.0) / n)
+            }
             Collective::Barrier => (n - 1.0, 0.0),
         }
     }
@@ -559,7 +565,7 @@ fn print_summary(opts: &SimOptions, summary: &SimSummary, out: &mut impl Write) 
     let what = match opts.collective {
         Collective::Allreduce => "2(N-1)/N of the data crosses each link",
         Collective::ReduceScatter | Collective::Allgather => "(N-1)/N of the data crosses each link",
-        Collective::Broadcast => "the root's link carries the data N-1 times",
+        Collective::Broadcast => "the root's link carries 2(N-1)/N of the data",
         Collective::Barrier => "a barrier moves no data",
     };
     if bound.is_finite() {
@@ -687,6 +693,7 @@ mod tests {
         }
         // allreduce, reduce-scatter, allgather, broadcast, barrier
         assert_eq!(data[0], data[1] + data[2], "{data:?}");
+        assert!(data[3] > data[2], "{data:?}");
         assert_eq!(data[4], 3.0, "{data:?}");
     }
 

@@ -14,9 +14,10 @@
 //! The other collectives ([`OpOptions::collective`]): a reduce-scatter (and
 //! a barrier) reduces exactly as an allreduce whose all-gather masked
 //! nothing — rank `r` holds shard `r` of [`recompute`]'s tensor and zero
-//! elsewhere; an allgather's shard `s` is rank `s`'s input, its broadcast's
-//! tensor the root's, each rounded to the type and zero where the sender's
-//! agreed mask ([`OpReport::own_mask`]) says so.
+//! elsewhere; an allgather's shard `s` is rank `s`'s input and a broadcast's
+//! the root's as owner `s` received it (zero where it did not), each rounded
+//! to the type and zero where its owner's agreed mask
+//! ([`OpReport::own_mask`]) says so.
 
 use crate::elem;
 use crate::endpoint::{Collective, Fill, OpOptions, OpReport, ReduceOp};
@@ -111,16 +112,32 @@ fn gathered(inputs: &[&[f32]], owner_reports: &[&OpReport], opts: OpOptions, chu
     out
 }
 
-/// A broadcast's result: the root's input, zero where its agreed mask says so.
+/// A broadcast's result: the root's input, shard by shard as its owner
+/// holds it — zero where the owner's agreed mask says so and (an owner but
+/// the root) where the root's chunk never reached it.
 fn broadcast(
     inputs: &[&[f32]],
     owner_reports: &[&OpReport],
     opts: OpOptions,
     chunk_elems: usize,
 ) -> Vec<f32> {
-    let root = opts.root as usize;
-    let mut out = vec![0.0f32; inputs[0].len()];
-    copy_masked(inputs[root], owner_reports[root], opts, chunk_elems, &mut out);
+    let (world, root) = (inputs.len() as u32, opts.root);
+    let src = inputs[root as usize];
+    let mut out = vec![0.0f32; src.len()];
+    for s in 0..world {
+        let sh = shard(out.len(), world, s);
+        let rep = owner_reports[s as usize];
+        let from_root = rep.scatter.iter().find(|t| t.peer == root);
+        let mut part = src[sh.clone()].to_vec();
+        if s != root {
+            for (c, chunk) in part.chunks_mut(chunk_elems.max(1)).enumerate() {
+                if !from_root.is_some_and(|t| t.delivered.get(c as u32)) {
+                    chunk.fill(0.0);
+                }
+            }
+        }
+        copy_masked(&part, rep, opts, chunk_elems, &mut out[sh]);
+    }
     out
 }
 

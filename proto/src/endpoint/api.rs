@@ -91,11 +91,12 @@ pub struct OpOptions {
     /// of K local ones (a daemon with K trainers) passes world × K. Every
     /// rank of an op must pass the same.
     pub contributors: u32,
-    /// The collective (wire version 7). Allreduce and reduce-scatter take
-    /// `budget_ppm` for their scatter phase; allgather and broadcast have
-    /// only the gather phase, whose budget is `gather_budget_ppm`; a barrier
-    /// is exact whatever the budgets say. Allgather, broadcast and barrier
-    /// do not reduce: `reduce` must be [`ReduceOp::Sum`].
+    /// The collective (wire version 7). The scatter phase (allreduce,
+    /// reduce-scatter, a broadcast's root to each owner) takes `budget_ppm`,
+    /// the all-gather phase (allreduce, allgather, broadcast) takes
+    /// `gather_budget_ppm`: an allgather has only the latter; a barrier is
+    /// exact whatever the budgets say. Allgather, broadcast and barrier do
+    /// not reduce: `reduce` must be [`ReduceOp::Sum`].
     pub collective: Collective,
     /// Broadcast: the rank whose input every rank receives (ignored by the
     /// other collectives).

@@ -1,4 +1,4 @@
-//! The allreduce endpoint: one [`Endpoint`] per rank (per daemon).
+//! The collectives endpoint: one [`Endpoint`] per rank (per daemon).
 //!
 //! It is sans-IO, quinn-proto style: no sockets, no clock. Its methods are of
 //! four kinds:
@@ -57,6 +57,29 @@
 //! one per peer per probe interval), and they fail it at once with
 //! [`OpError::PeerFailed`] naming it; a failing DONE is never answered
 //! (`failure.rs`).
+//!
+//! ## The other collectives (wire version 7)
+//!
+//! [`OpOptions::collective`] picks one; each runs phases of the allreduce
+//! above, with its loss contract:
+//!
+//! - **Reduce-scatter**: phase 1 only. Rank `s` ends with shard `s` reduced
+//!   ([`shard_range`]) and zero elsewhere; it completes once its shard is
+//!   reduced *and* every owner said DONE to its own sends (no all-gather
+//!   tells it so). Budget: `budget_ppm`.
+//! - **Allgather**: phase 2 only, rank `s` sending shard `s` of its input.
+//!   Budget: `gather_budget_ppm`, under the agreed mask (every rank holds
+//!   the same bytes).
+//! - **Broadcast** from `root`: the root sends each other owner its shard
+//!   (phase 1, one sender), then every owner sends its shard to every other
+//!   rank (phase 2), the root included so that it holds what every rank
+//!   holds — van de Geijn's scatter + all-gather: the root's uplink carries
+//!   the tensor about twice, not `N − 1` times. Exact with both budgets 0.
+//! - **Barrier**: an exact reduce-scatter of one element per rank (the
+//!   input is ignored): a rank leaves once every rank has entered.
+//!
+//! Every packet names its op's collective; ranks that disagree refuse each
+//! other's packets (`op_kind_mismatch`) and the op fails by the hard timeout.
 //!
 //! ## Membership
 //!
@@ -389,11 +412,7 @@ impl Endpoint {
 
     /// Where the shards and chunks of an op of `len` elements lie.
     fn layout(&self, len: usize, opts: &OpOptions) -> Layout {
-        let (world, chunk) = (self.sh.cfg.world, self.chunk_elems(opts.dtype));
-        match opts.collective {
-            Collective::Broadcast => Layout::single(len, world, opts.root, chunk),
-            _ => Layout::new(len, world, chunk),
-        }
+        Layout::new(len, self.sh.cfg.world, self.chunk_elems(opts.dtype))
     }
 
     /// Start a validated op of the agreed run.
@@ -608,9 +627,13 @@ impl Endpoint {
         } else if self.history.is_finished(&id) {
             self.sh.stats.rejected.stale_op += 1;
             self.notify_failure(now, id, &h);
-        } else if h.ty == PacketType::Data && (h.phase == Phase::Scatter || !h.collective.scatters()) {
-            // The first DATA of an op (an allgather's and a broadcast's are
-            // in the all-gather) may come before this rank started it.
+        } else if h.ty == PacketType::Data
+            && (h.phase == Phase::Scatter || h.collective != Collective::Allreduce)
+        {
+            // The first DATA of an op may come before this rank started it:
+            // any of a reduce-scatter's, an allgather's (all-gather only) or
+            // a broadcast's (from the root, or from an owner that heard from
+            // the root first).
             self.buffer_early(now, OpId { run: h.run, ..id }, datagram);
         } else {
             // A control packet for an op not started here: the sender retries.

@@ -177,8 +177,8 @@ impl ReduceOp {
 /// 5–15 are refused ([`WireError::UnknownCollective`]).
 ///
 /// Which phases each uses (a packet of another phase is malformed): allreduce
-/// both, reduce-scatter and barrier only [`Phase::Scatter`], allgather and
-/// broadcast only [`Phase::Gather`]. Only allreduce and reduce-scatter
+/// and broadcast both, reduce-scatter and barrier only [`Phase::Scatter`],
+/// allgather only [`Phase::Gather`]. Only allreduce and reduce-scatter
 /// reduce: the others carry [`ReduceOp::Sum`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(u8)]
@@ -190,8 +190,11 @@ pub enum Collective {
     ReduceScatter = 1,
     /// The second half: each rank sends its shard to every other.
     Allgather = 2,
-    /// One root sends the whole tensor to every other rank (the root is the
-    /// only sender: its rank is the source of every DATA).
+    /// One root's tensor to every rank: the root scatters each other owner
+    /// its shard, then every owner sends its shard to every other rank, the
+    /// root included (a scatter and an all-gather, as van de Geijn's
+    /// broadcast: the root's uplink carries the tensor about twice, not N−1
+    /// times; what it gets back makes it hold what every rank holds).
     Broadcast = 3,
     /// A reduce-scatter of one element per rank, exact: a rank leaves it
     /// once every rank has entered it.
@@ -215,7 +218,10 @@ impl Collective {
 
     /// Whether its ops have a reduce-scatter phase.
     pub fn scatters(self) -> bool {
-        matches!(self, Collective::Allreduce | Collective::ReduceScatter | Collective::Barrier)
+        matches!(
+            self,
+            Collective::Allreduce | Collective::ReduceScatter | Collective::Broadcast | Collective::Barrier
+        )
     }
 
     /// Whether its ops have an all-gather phase.

@@ -19,7 +19,7 @@ use std::ops::Range;
 use crate::bitmap::Bitmap;
 use crate::class::Class;
 use crate::elem;
-use crate::endpoint::api::{DType, OpId, OpKey, OpKind, OpOptions, OpReport};
+use crate::endpoint::api::{Collective, DType, OpId, OpKey, OpKind, OpOptions, OpReport};
 use crate::endpoint::shared::Shared;
 use crate::endpoint::tx::{TxItem, TxKind};
 use crate::pool::BufferPool;
@@ -111,7 +111,11 @@ impl Op {
         // no-op for values of that type), and sent as that type.
         elem::round_all(opts.dtype, &mut input);
         let mut wire_input = Vec::new();
-        if opts.dtype != DType::F32 && opts.collective.scatters() {
+        let sends_input = match opts.collective {
+            Collective::Broadcast => me == opts.root,
+            c => c.scatters(),
+        };
+        if opts.dtype != DType::F32 && sends_input {
             wire_input.resize(input.len() * opts.dtype.size(), 0);
             elem::encode(opts.dtype, &input, &mut wire_input);
         }
@@ -141,7 +145,9 @@ impl Op {
         let (scatters, gathers) = (opts.collective.scatters(), opts.collective.gathers());
         let others = || (0..world).filter(move |&s| s != me);
         if gathers {
-            // Every owner's shard comes back in the all-gather.
+            // Every owner's shard comes back in the all-gather (to a
+            // broadcast's root too: so it holds what every rank holds, the
+            // chunks lost on the way to an owner included).
             for j in others().filter(|&j| layout.chunks(j) > 0) {
                 let r = Receiver::new(layout.chunks(j), Vec::new(), Mode::Agreed);
                 op.transfers.set_receiver(Phase::Gather, j, r);
@@ -159,20 +165,28 @@ impl Op {
     fn open_scatter(&mut self, key: OpKey, pool: &mut BufferPool, sh: &mut Shared) {
         let (world, me) = (sh.cfg.world, sh.me());
         let (layout, opts) = (self.layout.clone(), self.opts);
-        // Classes of every chunk this rank sends in reduce-scatter, ranked by
-        // magnitude across the whole tensor.
+        // A broadcast's scatter runs from the root only: it sends every
+        // other owner its shard of the tensor.
+        let bcast = opts.collective == Collective::Broadcast;
+        let sends = !bcast || me == opts.root;
+        let hears = |j: u32| !bcast || j == opts.root;
         let others = || (0..world).filter(move |&s| s != me);
-        for s in others() {
-            self.classes[s as usize] = vec![Class::default(); layout.chunks(s) as usize];
-        }
-        let ranks = layout.magnitude_ranks(&self.input, others(), self.classifier.magnitude_levels);
-        for &(s, c, rank) in &ranks {
-            self.classes[s as usize][c as usize] = self.classify(Phase::Scatter, rank, ranks.len() as u32);
+        if sends {
+            // Classes of every chunk this rank sends in reduce-scatter, ranked
+            // by magnitude across the whole tensor.
+            for s in others() {
+                self.classes[s as usize] = vec![Class::default(); layout.chunks(s) as usize];
+            }
+            let ranks = layout.magnitude_ranks(&self.input, others(), self.classifier.magnitude_levels);
+            for &(s, c, rank) in &ranks {
+                self.classes[s as usize][c as usize] =
+                    self.classify(Phase::Scatter, rank, ranks.len() as u32);
+            }
         }
         let own_chunks = layout.chunks(me);
         for j in others() {
             let n = layout.chunks(j);
-            if n > 0 {
+            if n > 0 && sends {
                 let required = self.required(&self.classes[j as usize]);
                 let st = Sender::new(
                     n,
@@ -184,8 +198,9 @@ impl Op {
                 );
                 self.transfers.set_sender(Phase::Scatter, j, st);
             }
-            if own_chunks > 0 {
-                let buf = pool.take(layout.shard(me).len());
+            if own_chunks > 0 && hears(j) {
+                // A broadcast's chunks go straight into the result: no staging.
+                let buf = if bcast { Vec::new() } else { pool.take(layout.shard(me).len()) };
                 self.transfers.set_receiver(
                     Phase::Scatter,
                     j,
@@ -193,11 +208,13 @@ impl Op {
                 );
             }
         }
-        // This rank's own term goes into the sum at once where it comes first.
-        let shard =
-            Shard { layout: &self.layout, me, own: &self.input[self.layout.shard(me)], dtype: opts.dtype };
-        let out = &mut self.result[self.layout.shard(me)];
-        self.acc.start(shard, self.transfers.receivers(Phase::Scatter), out);
+        if !bcast {
+            // This rank's own term goes into the sum at once where it comes first.
+            let own = &self.input[self.layout.shard(me)];
+            let shard = Shard { layout: &self.layout, me, own, dtype: opts.dtype };
+            let out = &mut self.result[self.layout.shard(me)];
+            self.acc.start(shard, self.transfers.receivers(Phase::Scatter), out);
+        }
         self.first_pass(key, Phase::Scatter, sh);
     }
 
@@ -250,12 +267,21 @@ impl Op {
         let dtype = self.opts.dtype;
         let collective = self.opts.collective;
         let own = layout.shard(me);
-        if collective.scatters() {
+        let root = collective == Collective::Broadcast && me == self.opts.root;
+        if collective == Collective::Broadcast && !root {
+            // The root's values are in place as they came; what never came
+            // (within the budget) is zero.
+            if let Some(r) = self.transfers.receiver(Phase::Scatter, self.opts.root) {
+                for c in (0..r.n()).filter(|&c| !r.got().get(c)) {
+                    self.result[layout.chunk_in_tensor(me, c)].fill(0.0);
+                }
+            }
+        } else if collective.scatters() && !root {
             let shard = Shard { layout, me, own: &self.input[own.clone()], dtype };
             let out = &mut self.result[own.clone()];
             self.acc.finish(shard, self.transfers.receivers(Phase::Scatter), &self.opts, out);
         } else {
-            // Allgather and broadcast: this rank's shard is its input.
+            // Allgather, and a broadcast's root: this rank's shard is its input.
             self.result[own.clone()].copy_from_slice(&self.input[own.clone()]);
         }
         if !collective.gathers() {
@@ -351,7 +377,8 @@ impl Op {
         sh.flow.new_chunk(peer, h.seq, h.class);
         self.last_progress = now;
         let layout = &self.layout;
-        if phase == Phase::Gather {
+        if phase == Phase::Gather || self.opts.collective == Collective::Broadcast {
+            // The owner's value, or (broadcast) the root's: it is the result.
             elem::decode(dtype, payload, &mut self.result[layout.chunk_in_tensor(owner, c)]);
         } else if self.acc.is_next(c, peer) {
             let shard = Shard { layout, me: owner, own: &self.input[layout.shard(owner)], dtype };
@@ -525,7 +552,8 @@ impl Op {
                 self.result[self.layout.chunk_in_tensor(me, c)].fill(0.0);
             }
             self.transfers.senders_mut(Phase::Gather).for_each(|(_, st)| st.finish());
-            for j in (0..sh.cfg.world).filter(|&j| j != me) {
+            let peers: Vec<u32> = self.transfers.senders(Phase::Gather).map(|(j, _)| j).collect();
+            for j in peers {
                 sh.tx.push_mask(key, j, &union, sh.seg_bytes());
             }
             self.gmask = Some(union);
@@ -554,9 +582,11 @@ impl Op {
     /// Whether the op is over: reduced, its mask agreed and every gather
     /// transfer closed.
     pub(crate) fn is_complete(&self) -> bool {
-        // Without an all-gather (reduce-scatter, barrier) nothing tells this
-        // rank that its owners have its contributions but their DONEs.
-        let sent = self.opts.collective.gathers()
+        // In an allreduce, an owner's all-gather says it has this rank's
+        // contribution. Without one (reduce-scatter, barrier), or where this
+        // rank's all-gather does not wait for its scatter (a broadcast's
+        // root), only the owners' DONEs say so.
+        let sent = self.opts.collective == Collective::Allreduce
             || self.transfers.senders(Phase::Scatter).all(|(_, st)| st.is_done());
         self.reduced && self.gmask.is_some() && !self.transfers.any_open(Phase::Gather) && sent
     }
@@ -578,8 +608,8 @@ impl Op {
 
     /// The ranks the op still waits on: data, a bitmap or a DONE.
     pub(crate) fn waiting_on(&self, me: u32) -> Vec<u32> {
-        // Without an all-gather, scatter sends still count once reduced.
-        self.transfers.waiting_on(me, self.reduced && self.opts.collective.gathers())
+        // Outside an allreduce, scatter sends still count once reduced.
+        self.transfers.waiting_on(me, self.reduced && self.opts.collective == Collective::Allreduce)
     }
 
     /// What a completed op delivered (the agreed mask leaves the op with it).

@@ -23,13 +23,6 @@ impl Layout {
         Layout { len, world, chunk_elems, starts }
     }
 
-    /// A tensor of `len` elements that rank `root` owns whole (a broadcast:
-    /// every other rank's shard is empty), in chunks of `chunk_elems`.
-    pub(crate) fn single(len: usize, world: u32, root: u32, chunk_elems: usize) -> Layout {
-        let starts = (0..=world).map(|s| if s <= root { 0 } else { len }).collect();
-        Layout { len, world, chunk_elems, starts }
-    }
-
     /// Element range of shard `s`.
     pub(crate) fn shard(&self, s: u32) -> Range<usize> {
         self.starts[s as usize]..self.starts[s as usize + 1]

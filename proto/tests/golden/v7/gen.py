@@ -19,7 +19,7 @@ Version 7 (issue 18: the other collectives) differs from version 6 in: the
 high four bits of byte 15 (`kind`) name the op's collective: 0 allreduce,
 1 reduce-scatter, 2 allgather, 3 broadcast, 4 barrier (5-15 refused); the
 packets of a collective are of the phases it has (reduce-scatter and barrier:
-scatter only; allgather and broadcast: gather only), and one that does not
+scatter only; allgather: gather only; allreduce and broadcast: both), and one that does not
 reduce (allgather, broadcast, barrier) carries sum; and the key schedule's
 salt and info strings, which name version 7. The header layout is version 6's.
 

@@ -192,7 +192,8 @@ fn op_options(sub: &Submission, cfg: &Config, contributors: u32) -> OpOptions {
     let budget = sub.budget_ppm.min(cfg.loss.budget_ppm());
     let (budget_ppm, gather_budget_ppm) = match sub.opcode {
         Opcode::AllReduce | Opcode::ReduceScatter => (budget, cfg.loss.gather_budget_ppm().min(budget)),
-        // Only a gather phase: the trainer's budget is its budget.
+        // The trainer's budget for each phase the collective has: an
+        // allgather's one, a broadcast's scatter from the root and all-gather.
         Opcode::Allgather | Opcode::Broadcast => (budget, budget),
         Opcode::Barrier => (0, 0),
     };

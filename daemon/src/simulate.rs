@@ -594,12 +594,14 @@ fn print_summary(opts: &SimOptions, summary: &SimSummary, out: &mut impl Write) 
     writeln!(
         out,
         "  verification                {}",
-        if summary.verified && opts.collective == Collective::Barrier {
-            "every rank left every barrier"
-        } else if summary.verified {
-            "every rank equal to the value recomputed from inputs, delivery bitmaps, masks and fill rule"
-        } else {
+        if !summary.verified {
             "FAILED"
+        } else if opts.collective == Collective::Barrier {
+            "every rank left every barrier"
+        } else if opts.collective == Collective::ReduceScatter {
+            "every rank's shard equal to the value recomputed from inputs, delivery bitmaps and fill rule, zero elsewhere"
+        } else {
+            "every rank byte-identical and equal to the value recomputed from inputs, delivery bitmaps and fill rule"
         }
     )?;
     let (data, ctl) = (summary.data_per_rank_op(), summary.control_per_rank_op());

@@ -104,6 +104,26 @@ pub struct OpOptions {
 }
 
 impl OpOptions {
+    /// Check the options of an op over `world` ranks: budgets, layer, the
+    /// broadcast root and the reduction of a collective that does not reduce.
+    pub(crate) fn check(&self, world: u32) -> Result<(), StartError> {
+        let (collective, root) = (self.collective, self.root);
+        if collective == Collective::Broadcast && root >= world {
+            return Err(StartError::BadRoot { root, world });
+        }
+        if !collective.reduces() && self.reduce != ReduceOp::Sum {
+            return Err(StartError::BadReduce { collective, reduce: self.reduce });
+        }
+        if self.budget_ppm > crate::transfer::MAX_BUDGET_PPM || self.gather_budget_ppm > self.budget_ppm {
+            let (budget_ppm, gather_budget_ppm) = (self.budget_ppm, self.gather_budget_ppm);
+            return Err(StartError::BadBudget { budget_ppm, gather_budget_ppm });
+        }
+        if self.layers == 0 || self.layer >= self.layers {
+            return Err(StartError::BadLayer { layer: self.layer, layers: self.layers });
+        }
+        Ok(())
+    }
+
     /// What a barrier runs as, whatever `opts` asked for: an exact f32 sum.
     pub(crate) fn barrier(opts: OpOptions) -> OpOptions {
         OpOptions {

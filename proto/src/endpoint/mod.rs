@@ -60,26 +60,9 @@
 //!
 //! ## The other collectives (wire version 7)
 //!
-//! [`OpOptions::collective`] picks one; each runs phases of the allreduce
-//! above, with its loss contract:
-//!
-//! - **Reduce-scatter**: phase 1 only. Rank `s` ends with shard `s` reduced
-//!   ([`shard_range`]) and zero elsewhere; it completes once its shard is
-//!   reduced *and* every owner said DONE to its own sends (no all-gather
-//!   tells it so). Budget: `budget_ppm`.
-//! - **Allgather**: phase 2 only, rank `s` sending shard `s` of its input.
-//!   Budget: `gather_budget_ppm`, under the agreed mask (every rank holds
-//!   the same bytes).
-//! - **Broadcast** from `root`: the root sends each other owner its shard
-//!   (phase 1, one sender), then every owner sends its shard to every other
-//!   rank (phase 2), the root included so that it holds what every rank
-//!   holds — van de Geijn's scatter + all-gather: the root's uplink carries
-//!   the tensor about twice, not `N − 1` times. Exact with both budgets 0.
-//! - **Barrier**: an exact reduce-scatter of one element per rank (the
-//!   input is ignored): a rank leaves once every rank has entered.
-//!
-//! Every packet names its op's collective; ranks that disagree refuse each
-//! other's packets (`op_kind_mismatch`) and the op fails by the hard timeout.
+//! Reduce-scatter, allgather, broadcast and barrier ([`OpOptions::collective`])
+//! run phases of the allreduce above, each with its loss contract: see the
+//! `allreduce` module's docs (`endpoint/allreduce/mod.rs`).
 //!
 //! ## Membership
 //!
@@ -379,23 +362,8 @@ impl Endpoint {
         if data.is_empty() {
             return Err(StartError::Empty);
         }
-        let (collective, root, world) = (opts.collective, opts.root, self.sh.cfg.world);
-        if collective == Collective::Broadcast && root >= world {
-            return Err(StartError::BadRoot { root, world });
-        }
-        if !collective.reduces() && opts.reduce != ReduceOp::Sum {
-            return Err(StartError::BadReduce { collective, reduce: opts.reduce });
-        }
-        if opts.budget_ppm > MAX_BUDGET_PPM || opts.gather_budget_ppm > opts.budget_ppm {
-            return Err(StartError::BadBudget {
-                budget_ppm: opts.budget_ppm,
-                gather_budget_ppm: opts.gather_budget_ppm,
-            });
-        }
-        if opts.layers == 0 || opts.layer >= opts.layers {
-            return Err(StartError::BadLayer { layer: opts.layer, layers: opts.layers });
-        }
-        let layout = self.layout(data.len(), &opts);
+        opts.check(self.sh.cfg.world)?;
+        let layout = Layout::new(data.len(), self.sh.cfg.world, self.chunk_elems(opts.dtype));
         if layout.too_large() {
             return Err(StartError::TooLarge);
         }
@@ -410,15 +378,10 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Where the shards and chunks of an op of `len` elements lie.
-    fn layout(&self, len: usize, opts: &OpOptions) -> Layout {
-        Layout::new(len, self.sh.cfg.world, self.chunk_elems(opts.dtype))
-    }
-
     /// Start a validated op of the agreed run.
     fn start_now(&mut self, now: Instant, h: HeldOp) {
         let HeldOp { id, data, opts, .. } = h;
-        let layout = self.layout(data.len(), &opts);
+        let layout = Layout::new(data.len(), self.sh.cfg.world, self.chunk_elems(opts.dtype));
         let key = OpKey::new(id, self.ops.vacant());
         let mut op = Op::start(now, key, layout, data, opts, &mut self.pool, &mut self.sh);
         op.reduce(key, &mut self.sh);

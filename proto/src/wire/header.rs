@@ -133,22 +133,10 @@ impl Header {
         Ok(h)
     }
 
-    /// Semantic checks shared by [`Header::parse`] and [`Header::emit`].
-    pub fn check(&self) -> Result<(), WireError> {
-        let allowed_flags = match self.ty {
-            PacketType::Data => Flags::REPAIR.0 | Flags::REQUIRED.0 | Flags::BACKLOG.0,
-            PacketType::Bitmap => Flags::COMPLETE.0,
-            PacketType::Done => Flags::MASK_EMPTY.0 | Flags::FAILED.0,
-            PacketType::Grant => Flags::REQUEST.0,
-            PacketType::Probe | PacketType::Hello | PacketType::Goodbye => 0,
-        };
-        if self.flags.0 & !allowed_flags != 0 {
-            return Err(WireError::BadFlags(self.flags.0));
-        }
-        let phaseless = self.ty.is_phaseless();
-        if phaseless && self.run != 0 {
-            return Err(WireError::BadField("run"));
-        }
+    /// The op's element type and kind (versions 6, 7): a packet about no op
+    /// names none; a collective that does not reduce carries sum, and its
+    /// packets belong to the phases it has.
+    fn check_kind(&self, phaseless: bool) -> Result<(), WireError> {
         // A packet about no op names no element type or reduction (version 6).
         if phaseless && self.dtype != DType::F32 {
             return Err(WireError::BadField("dtype"));
@@ -169,6 +157,26 @@ impl Header {
         if !phaseless && !has_phase {
             return Err(WireError::BadPhase(self.phase as u8));
         }
+        Ok(())
+    }
+
+    /// Semantic checks shared by [`Header::parse`] and [`Header::emit`].
+    pub fn check(&self) -> Result<(), WireError> {
+        let allowed_flags = match self.ty {
+            PacketType::Data => Flags::REPAIR.0 | Flags::REQUIRED.0 | Flags::BACKLOG.0,
+            PacketType::Bitmap => Flags::COMPLETE.0,
+            PacketType::Done => Flags::MASK_EMPTY.0 | Flags::FAILED.0,
+            PacketType::Grant => Flags::REQUEST.0,
+            PacketType::Probe | PacketType::Hello | PacketType::Goodbye => 0,
+        };
+        if self.flags.0 & !allowed_flags != 0 {
+            return Err(WireError::BadFlags(self.flags.0));
+        }
+        let phaseless = self.ty.is_phaseless();
+        if phaseless && self.run != 0 {
+            return Err(WireError::BadField("run"));
+        }
+        self.check_kind(phaseless)?;
         match (phaseless, self.phase) {
             (true, Phase::None) => {}
             (true, p) | (_, p @ Phase::None) => {

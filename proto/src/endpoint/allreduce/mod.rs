@@ -9,6 +9,29 @@
 //! The transfers themselves are [`crate::transfer`]'s: the op routes packets
 //! and timers to them and acts on what they return, through the endpoint's
 //! [`Shared`] pieces (queues, counters, estimators).
+//!
+//! ## The other collectives (wire version 7)
+//!
+//! [`OpOptions::collective`] picks one; each runs phases of the allreduce
+//! above, with its loss contract:
+//!
+//! - **Reduce-scatter**: phase 1 only. Rank `s` ends with shard `s` reduced
+//!   ([`shard_range`](crate::endpoint::shard_range)) and zero elsewhere; it completes once its shard is
+//!   reduced *and* every owner said DONE to its own sends (no all-gather
+//!   tells it so). Budget: `budget_ppm`.
+//! - **Allgather**: phase 2 only, rank `s` sending shard `s` of its input.
+//!   Budget: `gather_budget_ppm`, under the agreed mask (every rank holds
+//!   the same bytes).
+//! - **Broadcast** from `root`: the root sends each other owner its shard
+//!   (phase 1, one sender), then every owner sends its shard to every other
+//!   rank (phase 2), the root included so that it holds what every rank
+//!   holds — van de Geijn's scatter + all-gather: the root's uplink carries
+//!   the tensor about twice, not `N − 1` times. Exact with both budgets 0.
+//! - **Barrier**: an exact reduce-scatter of one element per rank (the
+//!   input is ignored): a rank leaves once every rank has entered.
+//!
+//! Every packet names its op's collective; ranks that disagree refuse each
+//! other's packets (`op_kind_mismatch`) and the op fails by the hard timeout.
 
 pub(crate) mod accumulate;
 pub(crate) mod shard;

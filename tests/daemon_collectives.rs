@@ -12,6 +12,7 @@
 //!   allgather: the result equals the oracle recomputed from the owners'
 //!   delivery bitmaps and masks (`dlcpctl report`), the same on every trainer
 //!   that holds it;
+//! - a broadcast at budget 0 under that loss is exact on every trainer;
 //! - a barrier holds every trainer until the last one enters it;
 //! - the local trainers must agree on the collective and the root, and a
 //!   broadcast root must be a daemon rank: refused with the field named.
@@ -300,6 +301,28 @@ fn reduce_scatter_and_allgather_under_1pct_receive_loss_match_the_oracle() {
     let dropped: u64 =
         (0..HOSTS).map(|h| c.stats(h).unwrap()["service"]["rx_debug_dropped"].as_u64().unwrap()).sum();
     assert!(dropped > 0, "the receive-loss knob dropped nothing");
+}
+
+/// Parameters are broadcast exactly by default: with budget 0 under 1%
+/// receive loss in every daemon, every trainer holds the root's tensor bit
+/// for bit, and the loss was real (repairs were needed).
+#[test]
+fn a_broadcast_at_budget_0_under_1pct_receive_loss_is_exact() {
+    let c = Cluster::start(&Options { hosts: HOSTS, rx_loss_pct: 1.0, ..Options::default() });
+    let ops = ops(&[LOSSY_SIZE], &[(Opcode::Broadcast, ReduceOp::Sum, ROOT)]);
+    let results = run_ops(&c, &ops, 0);
+    for o in &ops {
+        let want = bits(&trainer_input(ROOT, 0, o.i, o.n, o.dtype));
+        for (t, r) in results.iter().enumerate() {
+            let (h, k) = place(t);
+            let (got, done) = &r[o.i];
+            assert!(bits(got) == want, "host {h} trainer {k} {o:?}: not the root's tensor");
+            assert_eq!(done.delivered_ppm, 1_000_000, "host {h} trainer {k} {o:?}: {done:?}");
+        }
+    }
+    let repairs: u64 =
+        (0..HOSTS).map(|h| c.stats(h).unwrap()["protocol"]["repairs_sent"].as_u64().unwrap()).sum();
+    assert!(repairs > 0, "1% receive loss needed no repair: the test proves nothing");
 }
 
 #[test]

@@ -24,8 +24,7 @@ use crate::endpoint::{Collective, Fill, OpOptions, OpReport, ReduceOp};
 
 /// Element range of shard `s` of a tensor of `len` elements over `world` ranks.
 pub fn shard(len: usize, world: u32, s: u32) -> core::ops::Range<usize> {
-    let (l, w) = (len as u128, u128::from(world));
-    ((u128::from(s) * l / w) as usize)..(((u128::from(s) + 1) * l / w) as usize)
+    crate::endpoint::shard_range(len, world, s)
 }
 
 /// Recompute the result of an op. `owner_reports[s]` is rank `s`'s report;

@@ -14,7 +14,7 @@
 //! | allreduce      | the local sum                            | the whole result        |
 //! | reduce-scatter | the local sum                            | the host's shard only   |
 //! | allgather      | the local sum (its shard is what counts) | the whole result        |
-//! | broadcast      | at the root: local rank 0's tensor; elsewhere none (zeros) | the whole result |
+//! | broadcast      | at the root: local rank 0's tensor; elsewhere none | the whole result |
 //! | barrier        | none                                     | nothing                 |
 //!
 //! So with K > 1 trainers a host's allgather shard is the sum of its
@@ -592,8 +592,9 @@ impl Trainers {
     /// The host's input to the network op of `sub` (see the module docs):
     /// the contributions of `tickets` summed out of the trainers' arenas into
     /// a daemon-owned buffer in one pass ([`sum_in_rank_order`]); at a
-    /// broadcast's root only local rank 0's; at its other hosts zeros, no
-    /// arena read; for a barrier one zero (its data is not used).
+    /// broadcast's root only local rank 0's; at its other hosts a pool buffer
+    /// of the length, neither filled nor read (the endpoint reads a broadcast's
+    /// input at its root only); for a barrier one zero (its data is not used).
     fn local_input(
         &self,
         tickets: &[Ticket],
@@ -603,11 +604,7 @@ impl Trainers {
         let len = usize::try_from(sub.span.len_elems).unwrap_or(0);
         let read = match sub.opcode {
             Opcode::Barrier => return Ok(vec![0.0]),
-            Opcode::Broadcast if sub.root != endpoint.config().rank => {
-                let mut zeros = endpoint.take_buffer(len);
-                zeros.fill(0.0);
-                return Ok(zeros);
-            }
+            Opcode::Broadcast if sub.root != endpoint.config().rank => return Ok(endpoint.take_buffer(len)),
             Opcode::Broadcast => &tickets[..1],
             Opcode::AllReduce | Opcode::ReduceScatter | Opcode::Allgather => tickets,
         };

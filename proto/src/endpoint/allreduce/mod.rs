@@ -131,14 +131,14 @@ impl Op {
     ) -> Op {
         let (world, me) = (sh.cfg.world, sh.me());
         // A contribution is a value of the op's type: rounded once here (a
-        // no-op for values of that type), and sent as that type.
-        elem::round_all(opts.dtype, &mut input);
+        // no-op for values of that type), and sent as that type. A
+        // broadcast's input is read at its root only.
+        let reads_input = opts.collective != Collective::Broadcast || me == opts.root;
+        if reads_input {
+            elem::round_all(opts.dtype, &mut input);
+        }
         let mut wire_input = Vec::new();
-        let sends_input = match opts.collective {
-            Collective::Broadcast => me == opts.root,
-            c => c.scatters(),
-        };
-        if opts.dtype != DType::F32 && sends_input {
+        if opts.dtype != DType::F32 && reads_input && opts.collective.scatters() {
             wire_input.resize(input.len() * opts.dtype.size(), 0);
             elem::encode(opts.dtype, &input, &mut wire_input);
         }

@@ -18,8 +18,8 @@ pub(crate) struct Layout {
 impl Layout {
     /// A tensor of `len` elements over `world` ranks, in chunks of `chunk_elems`.
     pub(crate) fn new(len: usize, world: u32, chunk_elems: usize) -> Layout {
-        let (l, w) = (len as u128, u128::from(world));
-        let starts = (0..=world).map(|s| (u128::from(s) * l / w) as usize).collect();
+        // Shard `world` starts at `len`: the end of the last one.
+        let starts = (0..=world).map(|s| crate::endpoint::shard_range(len, world, s).start).collect();
         Layout { len, world, chunk_elems, starts }
     }
 

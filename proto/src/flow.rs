@@ -406,6 +406,13 @@ impl Flow {
         self.rx.get(src as usize).map_or(0, |r| r.high)
     }
 
+    /// Whether `src`'s window is below its share: a run of its datagrams
+    /// was lost lately (a queue on its path overflows), and it has not
+    /// grown back yet.
+    pub(crate) fn congested(&self, src: u32) -> bool {
+        self.enabled() && self.rx.get(src as usize).is_some_and(|r| r.win < self.per_sender)
+    }
+
     /// The limit to send `src` in a GRANT now.
     #[cfg(test)]
     pub(crate) fn grant(&self, src: u32) -> u64 {

@@ -623,6 +623,15 @@ crate::counters! {
             "deadline_nacks",
             "Deadlines that re-sent the receiver's BITMAP (a NACK) to a sender gone quiet; the transfer goes on",
         )],
+        /// Receivers' quiet-timer NACKs (wire version 6): a sender's chunks
+        /// stopped before its LAST DATA for longer than their spacing
+        /// explains (the tail of the round was probably lost), so the
+        /// receiver sent its BITMAP; the transfer goes on.
+        pub quiet_nacks: u64 => [Desc::new(
+            "quiet_nacks",
+            "quiet_nacks",
+            "BITMAPs (NACKs) a receiver sent when a sender's chunks stopped before its LAST DATA (tail loss)",
+        )],
         /// Packet keys derived from the job secret for checking received tags
         /// (cache misses: a few per peer incarnation, one per datagram with a
         /// forged sender).
@@ -768,8 +777,8 @@ mod tests {
         in_debug.sort_unstable();
         assert_eq!(in_debug, given);
         // 4×8 + 4×3 per class / per peer, 3×2 per path, 2×(8+1+3+1) dropped,
-        // 21 reasons, 2 + 4×8 + 2×2×3 repairs, 6 flow control, 12 others.
-        assert_eq!(given.len(), 32 + 12 + 6 + 26 + 21 + 2 + 32 + 12 + 6 + 12);
+        // 21 reasons, 2 + 4×8 + 2×2×3 repairs, 6 flow control, 13 others.
+        assert_eq!(given.len(), 32 + 12 + 6 + 26 + 21 + 2 + 32 + 12 + 6 + 13);
     }
 
     #[test]

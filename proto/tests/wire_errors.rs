@@ -165,7 +165,7 @@ fn bad_magic() {
 
 #[test]
 fn unsupported_version() {
-    for v in [0u8, 1, 2, 3, 4, 5, 6, 8, 255] {
+    for v in [0u8, 1, 2, 3, 4, 5, 6, 7, 9, 255] {
         let r = decode_edited(PacketType::Hello, |b| b[2] = v);
         assert_eq!(r, Err(WireError::UnsupportedVersion(v)));
     }
@@ -242,9 +242,14 @@ fn unknown_type() {
 
 #[test]
 fn bad_flags() {
-    // The undefined bit, on every type; FAILED (version 5) on every type but DONE.
+    // LAST (version 8, the last bit) on every type but DATA, where it is
+    // valid; FAILED (version 5) on every type but DONE.
     for ty in ALL_TYPES {
-        assert_eq!(decode_edited(ty, |b| b[4] = 0x80), Err(WireError::BadFlags(0x80)), "{ty:?} 0x80");
+        if ty == PacketType::Data {
+            assert!(decode_edited(ty, |b| b[4] = 0x80).is_ok(), "{ty:?} LAST");
+        } else {
+            assert_eq!(decode_edited(ty, |b| b[4] = 0x80), Err(WireError::BadFlags(0x80)), "{ty:?} 0x80");
+        }
         if ty != PacketType::Done {
             assert_eq!(decode_edited(ty, |b| b[4] = 0x40), Err(WireError::BadFlags(0x40)), "{ty:?} 0x40");
         }

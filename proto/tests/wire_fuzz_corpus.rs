@@ -198,6 +198,11 @@ fn seeds() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.flags = Flags::BACKLOG;
     h.seq = 0xFFFF_FFF0;
     v.push(("seed-data-backlog", h, vec![0; 8]));
+    let mut h = base(PacketType::Data, data_class, Phase::Scatter);
+    h.flags = Flags::LAST.with(Flags::REPAIR);
+    h.chunk_index = 99;
+    h.seq = 77;
+    v.push(("seed-data-last", h, vec![0; 8]));
     v
 }
 

@@ -1,7 +1,7 @@
 //! Golden byte vectors pinning the wire layout, one set per wire version.
 //!
-//! The version 7 vectors in `tests/golden/v7/*.hex` were produced by
-//! `tests/golden/v7/gen.py`, which writes each field at the offset given by
+//! The version 8 vectors in `tests/golden/v8/*.hex` were produced by
+//! `tests/golden/v8/gen.py`, which writes each field at the offset given by
 //! the layout table in the `wire` module docs and computes the tag with
 //! Python's `cryptography` (HKDF-SHA256, AES-128-GCM) — independently of the
 //! Rust encoder. Each vector is checked both ways: `encode(header, payload)
@@ -17,9 +17,10 @@
 //! (`tests/golden/v3/`, flow control; a wall-clock generation in the header,
 //! no run), version 4 (`tests/golden/v4/`, op identity; no failing DONE) and
 //! version 5 (`tests/golden/v5/`, failing DONEs; f32 only, byte 15
-//! reserved) and version 6 (`tests/golden/v6/`, f16/bf16 and average;
-//! allreduce only). This build refuses every one of them with
-//! `UnsupportedVersion(1)` to `(6)`, and still reads the sender rank they
+//! reserved), version 6 (`tests/golden/v6/`, f16/bf16 and average;
+//! allreduce only) and version 7 (`tests/golden/v7/`, the other
+//! collectives; no LAST DATA). This build refuses every one of them with
+//! `UnsupportedVersion(1)` to `(7)`, and still reads the sender rank they
 //! claim.
 
 use dlcp_proto::class::Class;
@@ -28,8 +29,8 @@ use dlcp_proto::wire::{
     Packet, PacketAuth, PacketType, Phase, ReduceOp, SETTINGS_LEN, SenderId, Settings, TAG_LEN, WireError,
 };
 
-/// The job secret every version 7 golden vector is tagged with (see `v7/gen.py`).
-const SECRET: &[u8] = b"dlcp golden secret v7";
+/// The job secret every version 8 golden vector is tagged with (see `v8/gen.py`).
+const SECRET: &[u8] = b"dlcp golden secret v8";
 
 fn key() -> JobKey {
     JobKey::new(SECRET)
@@ -121,9 +122,34 @@ const V6: [&str; 16] = [
     "goodbye",
 ];
 
+/// The version 7 vectors: version 6's and the other collectives'.
+const V7: [&str; 21] = [
+    "data",
+    "data_repair_bf16",
+    "data_f16_average",
+    "bitmap_bf16_average",
+    "data_reduce_scatter_average",
+    "data_allgather_f16",
+    "data_broadcast_bf16",
+    "probe_barrier",
+    "done_allgather",
+    "data_auth_none",
+    "probe",
+    "bitmap",
+    "bitmap_complete",
+    "done",
+    "done_mask_empty",
+    "done_failed",
+    "done_failed_unknown",
+    "hello",
+    "grant",
+    "grant_request",
+    "goodbye",
+];
+
 /// Parse a `.hex` golden file of this version: `#` comments and whitespace are ignored.
 fn golden(name: &str) -> Vec<u8> {
-    golden_of("v7", name)
+    golden_of("v8", name)
 }
 
 /// Parse the `.hex` golden file `name` of version directory `version`.
@@ -250,6 +276,14 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.packet = 18;
     v.push(("done_allgather", h, vec![0x04]));
 
+    // The last DATA of a first pass (version 8): LAST, REQUIRED, BACKLOG.
+    let mut h = common(PacketType::Data, class(2), Phase::Scatter);
+    h.flags = Flags::LAST.with(Flags::REQUIRED).with(Flags::BACKLOG);
+    h.chunk_index = 9;
+    h.seq = 0x1234_5678;
+    h.packet = 17;
+    v.push(("data_last", h, payload.clone()));
+
     let mut h = common(PacketType::Data, class(3), Phase::Scatter);
     h.chunk_index = 5;
     h.auth = PacketAuth::None;
@@ -311,7 +345,7 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.packet = 7;
     let mut settings = vec![0u8; SETTINGS_LEN];
     Settings {
-        version: 7,
+        version: 8,
         auth: PacketAuth::AesGmac,
         chunk_bytes: 1376,
         flow_window: 256,
@@ -367,9 +401,16 @@ fn every_packet_type_and_flag_is_covered() {
     for ty in PacketType::ALL {
         assert!(v.iter().any(|(_, h, _)| h.ty == ty), "{ty:?} has no golden vector");
     }
-    for f in
-        [Flags::REPAIR, Flags::COMPLETE, Flags::MASK_EMPTY, Flags::REQUIRED, Flags::REQUEST, Flags::FAILED]
-    {
+    for f in [
+        Flags::REPAIR,
+        Flags::COMPLETE,
+        Flags::MASK_EMPTY,
+        Flags::REQUIRED,
+        Flags::REQUEST,
+        Flags::BACKLOG,
+        Flags::FAILED,
+        Flags::LAST,
+    ] {
         assert!(v.iter().any(|(_, h, _)| h.flags.contains(f)), "{f:?} has no golden vector");
     }
     for a in [PacketAuth::None, PacketAuth::AesGmac] {
@@ -446,13 +487,13 @@ fn decode_golden_gives_header() {
 /// AES-GMAC without flow control; 3: flow control, a wall-clock generation,
 /// no run; 4: the layout of this version without failing DONEs, another key
 /// schedule; 5: byte 15 reserved, f32 only, another key schedule; 6: allreduce
-/// only, another key schedule) is refused
+/// only, another key schedule; 7: no LAST DATA, another key schedule) is refused
 /// as such, before any cryptography, under any key, and still names the rank
 /// that sent it.
 #[test]
 fn older_versions_vectors_are_refused() {
     for (version, names) in
-        [(1u8, &V1[..]), (2, &V2[..]), (3, &V3[..]), (4, &V4[..]), (5, &V5[..]), (6, &V6[..])]
+        [(1u8, &V1[..]), (2, &V2[..]), (3, &V3[..]), (4, &V4[..]), (5, &V5[..]), (6, &V6[..]), (7, &V7[..])]
     {
         let own = JobKey::new(format!("dlcp golden secret v{version}").as_bytes());
         for name in names {
@@ -539,7 +580,7 @@ fn probe_header_written_by_hand() {
     #[rustfmt::skip]
     let hand: [u8; HEADER_LEN] = [
         0xD1, 0xC9,             //  0 magic
-        0x07,                   //  2 version
+        0x08,                   //  2 version
         0x02,                   //  3 type = PROBE
         0x00,                   //  4 flags
         0x07,                   //  5 class = control
@@ -577,7 +618,7 @@ fn probe_header_written_by_hand() {
 #[test]
 fn data_packet_written_by_hand() {
     let mut hand = Vec::new();
-    hand.extend_from_slice(&[0xD1, 0xC9, 7, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
+    hand.extend_from_slice(&[0xD1, 0xC9, 8, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
     hand.extend_from_slice(&[1, 2, 3, 4, 0, 8, 1, 0]); // job payload_len auth kind (allreduce, sum)
     hand.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 2]); // src dst
     hand.extend_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]); // op
@@ -599,7 +640,7 @@ fn data_packet_written_by_hand() {
 #[test]
 fn f16_average_header_written_by_hand() {
     let mut hand = Vec::new();
-    hand.extend_from_slice(&[0xD1, 0xC9, 7, 1, 0x08, 2, 1, 1]); // magic version DATA REQUIRED class2 scatter f16
+    hand.extend_from_slice(&[0xD1, 0xC9, 8, 1, 0x08, 2, 1, 1]); // magic version DATA REQUIRED class2 scatter f16
     hand.extend_from_slice(&[1, 2, 3, 4, 0, 6, 1, 0x01]); // job payload_len auth kind (allreduce, average)
     let g = golden("data_f16_average");
     assert_eq!(g[..16], hand[..]);
@@ -614,7 +655,21 @@ fn f16_average_header_written_by_hand() {
     assert_eq!(x, [1.0, -2.5, 65504.0]);
 }
 
-/// The version 7 `kind` bytes by hand: reduce-scatter with average is
+/// The version 8 LAST flag by hand: bit 7 of a DATA's flags byte (here
+/// with REQUIRED 0x08 and BACKLOG 0x20: 0xA8).
+#[test]
+fn last_flag_written_by_hand() {
+    let g = golden("data_last");
+    assert_eq!(g[..8], [0xD1, 0xC9, 8, 1, 0xA8, 2, 1, 0]); // magic version DATA flags class2 scatter f32
+    let (h, _) = wire::decode(&key(), &g).unwrap();
+    assert!(
+        h.flags.contains(Flags::LAST)
+            && h.flags.contains(Flags::REQUIRED)
+            && !h.flags.contains(Flags::REPAIR)
+    );
+}
+
+/// The `kind` bytes by hand (version 7 on): reduce-scatter with average is
 /// 0x11, allgather 0x20, broadcast 0x30, barrier 0x40; each in its phase.
 #[test]
 fn collective_kind_bytes_written_by_hand() {
@@ -626,7 +681,7 @@ fn collective_kind_bytes_written_by_hand() {
         ("done_allgather", 2, 0x20, wire::Collective::Allgather),
     ] {
         let g = golden(name);
-        assert_eq!((g[2], g[6], g[15]), (7, phase, kind), "{name}: version, phase, kind");
+        assert_eq!((g[2], g[6], g[15]), (8, phase, kind), "{name}: version, phase, kind");
         let (h, _) = wire::decode(&key(), &g).unwrap();
         assert_eq!(h.collective, collective, "{name}");
     }
@@ -635,13 +690,13 @@ fn collective_kind_bytes_written_by_hand() {
 /// The key schedule is pinned too: HKDF salt and info, then AES-128-GCM.
 #[test]
 fn key_schedule_is_pinned() {
-    assert_eq!(KEY_SALT, b"dlcp wire v7 packet authentication");
-    assert_eq!(KEY_INFO, b"dlcp v7 aes-128-gmac sender key");
+    assert_eq!(KEY_SALT, b"dlcp wire v8 packet authentication");
+    assert_eq!(KEY_INFO, b"dlcp v8 aes-128-gmac sender key");
     // The probe vector's tag, computed by gen.py with Python's cryptography.
     let g = golden("probe");
     let n = HEADER_LEN + wire::GRANT_LEN;
-    assert_eq!(hex(&g[n..]), "6e92ac00b4e1dd3a1e4fa1b63ff76737");
-    assert_eq!(hex(&key().tag(&g[..n])), "6e92ac00b4e1dd3a1e4fa1b63ff76737");
+    assert_eq!(hex(&g[n..]), "75067605966e96ee3a47efb3c95b2008");
+    assert_eq!(hex(&key().tag(&g[..n])), "75067605966e96ee3a47efb3c95b2008");
     assert_ne!(JobKey::new(b"").tag(&g[..n]), key().tag(&g[..n]));
 }
 

@@ -5,13 +5,39 @@
 use crate::class::Class;
 use crate::endpoint::Endpoint;
 use crate::endpoint::allreduce::Side;
+use crate::endpoint::api::{OpId, OpKey};
 use crate::endpoint::batch::TxBatch;
 use crate::endpoint::tx::{TxItem, TxKind};
 use crate::time::Instant;
 use crate::transfer::{fill_done, fill_mask};
-use crate::wire::{self, PacketType, Phase, Settings};
+use crate::wire::{self, Header, PacketType, Phase, Settings};
 
 impl Endpoint {
+    /// A PROBE or BITMAP `h` of op `id`, which completed here and lingers:
+    /// answer what its peer still needs to hear.
+    pub(super) fn answer_lingering(&mut self, id: OpId, h: &Header) {
+        let Some(l) = self.history.lingering(&id) else { return };
+        let key = OpKey::outside(id);
+        match (h.ty, h.phase) {
+            (PacketType::Probe, Phase::Scatter) => {
+                let kind = TxKind::Done { seg: 0 };
+                self.sh.tx.push(TxItem { op: key, phase: Phase::Scatter, peer: h.src, kind });
+            }
+            // A receiver missed the agreed mask (an exact all-gather has
+            // none: a late copy of a report needs no answer).
+            (PacketType::Bitmap, Phase::Gather) if !l.exact => {
+                self.sh.tx.push_mask(key, h.src, &l.mask, self.sh.cfg.chunk_bytes);
+            }
+            // An exact all-gather (no mask): this rank held every chunk of
+            // the owner's shard, or it would not have completed.
+            (PacketType::Probe, Phase::Gather) => {
+                let kind = TxKind::Complete { n: h.chunk_count, seq: h.seq };
+                self.sh.tx.push(TxItem { op: key, phase: Phase::Gather, peer: h.src, kind });
+            }
+            _ => self.sh.stats.rejected.late += 1,
+        }
+    }
+
     /// Add control packet `item` to `batch` (header and payload; the tag is
     /// computed with the batch's). False if it is no longer due.
     pub(super) fn encode_control(&mut self, now: Instant, item: TxItem, batch: &mut TxBatch) -> bool {
@@ -71,6 +97,11 @@ impl Endpoint {
             }
             TxKind::Bitmap { seg } => {
                 op?.transfers().receiver(item.phase, peer)?.fill_bitmap(&mut h, seg, seg_bytes, buf)?
+            }
+            TxKind::Complete { n, seq } => {
+                h.ty = PacketType::Bitmap;
+                h.flags = wire::Flags::COMPLETE;
+                (h.chunk_count, h.required, h.budget_ppm, h.seq) = (n, 0, 0, seq);
             }
             TxKind::Done { seg } => match (op, self.history.lingering(&item.op.id())) {
                 (Some(op), _) => op.fill_done(item.phase, peer, seg, &mut h, buf, seg_bytes)?,

@@ -24,6 +24,8 @@ pub(crate) struct Linger {
     pub mask: Bitmap,
     /// The op's element type and reduction, which its answers carry.
     pub kind: OpKind,
+    /// Its all-gather was exact (no mask): a late report needs no answer.
+    pub exact: bool,
 }
 
 /// A failed op that still tells its peers so (a failing DONE) when their
@@ -331,7 +333,13 @@ mod tests {
     #[test]
     fn expiry_follows_the_order_of_deadlines() {
         let (mut h, t, ms) = (History::default(), Instant::ZERO, Duration::from_millis);
-        let linger = |until| Linger { until, own_chunks: 1, mask: Bitmap::new(1), kind: Default::default() };
+        let linger = |until| Linger {
+            until,
+            own_chunks: 1,
+            mask: Bitmap::new(1),
+            kind: Default::default(),
+            exact: false,
+        };
         h.completed(t, id(1), linger(t + ms(30)));
         h.completed(t, id(2), linger(t + ms(10)));
         h.buffer(t + ms(5), id(7), &[1, 2, 3], 1 << 20);

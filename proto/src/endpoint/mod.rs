@@ -48,9 +48,10 @@
 //!    the mask is always empty (full repair).
 //!
 //! Each transfer is bounded-loss ([`crate::transfer`]): the sender sends every
-//! chunk once, then a PROBE; the receiver closes within its loss budget or
-//! answers with a BITMAP, and the sender repairs exactly enough
-//! ([`select_repairs`]). If an op makes no progress for the hard timeout it
+//! chunk once, the last one flagged LAST; on it the receiver closes within
+//! its loss budget or answers with a BITMAP, and the sender repairs exactly
+//! enough ([`select_repairs`]). A reduce-scatter transfer is acknowledged by
+//! its owner's all-gather; a PROBE goes out only when an answer is overdue. If an op makes no progress for the hard timeout it
 //! fails with an error naming the ranks it was waiting for — never a hang.
 //! A rank that failed an op (for any reason) answers the PROBEs, BITMAPs and
 //! DATA of the ranks still at it with a failing DONE (wire version 5, at most
@@ -575,18 +576,8 @@ impl Endpoint {
                 self.index_timers(id, side, h.src);
             }
             self.check_complete(id);
-        } else if let Some(l) = self.history.lingering(&id) {
-            let key = OpKey::outside(id);
-            match (h.ty, h.phase) {
-                (PacketType::Probe, Phase::Scatter) => {
-                    let kind = TxKind::Done { seg: 0 };
-                    self.sh.tx.push(TxItem { op: key, phase: Phase::Scatter, peer: h.src, kind });
-                }
-                (PacketType::Bitmap, Phase::Gather) => {
-                    self.sh.tx.push_mask(key, h.src, &l.mask, self.sh.cfg.chunk_bytes);
-                }
-                _ => self.sh.stats.rejected.late += 1,
-            }
+        } else if self.history.lingering(&id).is_some() {
+            self.answer_lingering(id, &h);
         } else if self.history.is_finished(&id) {
             self.sh.stats.rejected.stale_op += 1;
             self.notify_failure(now, id, &h);
@@ -627,6 +618,7 @@ impl Endpoint {
             own_chunks: report.own_chunks,
             mask: report.own_mask.clone(),
             kind: op.kind(),
+            exact: op.exact_gather(&self.sh),
         };
         self.history.completed(now, id, linger);
         let result = op.take_result();
@@ -875,6 +867,11 @@ impl Endpoint {
             return false;
         };
         let mut h = Header { packet: self.sh.take_packet(), seq: self.take_dseq(item.peer), ..h };
+        if h.flags.contains(wire::Flags::LAST)
+            && let Some(op) = self.ops.by_key_mut(item.op)
+        {
+            op.last_sent_as(item.phase, item.peer, h.seq, self.now);
+        }
         if self.backlogged(item.peer) {
             h.flags = h.flags.with(wire::Flags::BACKLOG);
         }

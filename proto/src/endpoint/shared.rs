@@ -42,6 +42,42 @@ pub(crate) struct Shared {
     pub runs: Runs,
     /// The paths towards every peer and their health ([`crate::paths`]).
     pub paths: Paths,
+    /// How lossy the network has been lately ([`LossMeter`]).
+    pub loss: LossMeter,
+}
+
+/// The share of this rank's first-pass DATA it had to repair lately: the
+/// counts halve every 2^15 chunks sent, so the meter follows the last few
+/// tens of thousands. On a network that loses more than one chunk in a
+/// thousand, a transfer's LAST DATA is lost often enough that waiting for
+/// the receiver's quiet timer would set the op's pace, and senders follow
+/// the LAST with a PROBE at once (see [`crate::transfer`]); on a clean one
+/// they send none.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct LossMeter {
+    sent: u32,
+    lost: u32,
+}
+
+impl LossMeter {
+    /// A first-pass chunk went out.
+    pub(crate) fn sent(&mut self) {
+        self.sent += 1;
+        if self.sent >= 1 << 15 {
+            self.sent /= 2;
+            self.lost /= 2;
+        }
+    }
+
+    /// `k` chunks are repaired.
+    pub(crate) fn lost(&mut self, k: u32) {
+        self.lost = self.lost.saturating_add(k).min(self.sent.max(k));
+    }
+
+    /// More than one chunk in a thousand needed repair lately.
+    pub(crate) fn lossy(&self) -> bool {
+        u64::from(self.lost) * 1000 > u64::from(self.sent)
+    }
 }
 
 impl Shared {
@@ -60,6 +96,7 @@ impl Shared {
             tx: TxQueues::default(),
             stats,
             paths,
+            loss: LossMeter::default(),
             rtt: RttEstimator::new(t.probe_initial, t.probe_min, t.probe_max),
             deadlines: [deadline(), deadline()],
             overtake: Duration::ZERO,
@@ -176,5 +213,28 @@ impl Shared {
                 *w = u64::from(self.paths.min_weight(i as u8));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod loss_meter_tests {
+    use super::LossMeter;
+
+    #[test]
+    fn lossy_above_one_chunk_in_a_thousand_and_forgets() {
+        let mut m = LossMeter::default();
+        assert!(!m.lossy(), "nothing sent, nothing lost");
+        for _ in 0..10_000 {
+            m.sent();
+        }
+        m.lost(10);
+        assert!(!m.lossy(), "exactly 1 in 1000 is not lossy");
+        m.lost(1);
+        assert!(m.lossy());
+        // A long clean stretch halves the counts until the loss is forgotten.
+        for _ in 0..200_000 {
+            m.sent();
+        }
+        assert!(!m.lossy());
     }
 }

@@ -39,6 +39,10 @@ pub(crate) enum TxKind {
     Probe,
     /// Segment `seg` of a receive transfer's bitmap.
     Bitmap { seg: u32 },
+    /// A COMPLETE bitmap of `n` chunks echoing `seq`, from a completed op
+    /// (lingering) to an owner that probes its exact all-gather: both
+    /// copies of the report were lost.
+    Complete { n: u32, seq: u32 },
     /// A DONE (scatter: `seg` 0; gather: segment `seg` of the agreed mask).
     Done { seg: u32 },
     /// A heartbeat (and the incarnation handshake and run announcement).

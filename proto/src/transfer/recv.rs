@@ -67,6 +67,11 @@ pub(crate) struct Receiver {
     mode: Mode,
     required: Option<u32>,
     budget_ppm: u32,
+    /// [`Mode::Agreed`]: the owner's budget as its DATA carries it. When it
+    /// allows no missing chunk the owner repairs everything and announces
+    /// no mask, so a receiver holding every chunk closes on its own
+    /// ([`Receiver::exact`]).
+    owner_budget_ppm: Option<u32>,
     /// This rank's own budget for the transfer: a sender's larger one is
     /// not taken (a drifted config closes no transfer more lossily than the
     /// receiver allows).
@@ -83,6 +88,18 @@ pub(crate) struct Receiver {
     deadline: Option<Instant>,
     deadline_fired: bool,
     deadline_backoff: u32,
+    /// Chunks that arrived (what `got` counts, without counting it).
+    arrived: u32,
+    /// [`Mode::Own`], before the LAST DATA: when the sender has been quiet
+    /// for longer than its chunks' spacing explains, and that wait — the
+    /// tail of the round (its LAST included) was probably lost: NACK.
+    quiet: Option<(Instant, Duration)>,
+    /// How far the sender's DATA to this rank had come when the quiet timer
+    /// was armed (it waits while that moves).
+    quiet_mark: u64,
+    /// NACKs sent since a chunk last arrived: a NACK that brings nothing is
+    /// sent again, backing off (it, or the repairs it asked for, was lost).
+    quiet_k: u32,
     grace: Option<Instant>,
     /// While `grace` runs: the chunk whose arrival ends it early.
     awaited: Option<u32>,
@@ -107,6 +124,10 @@ pub(crate) struct Receiver {
     nudge: Option<(Instant, u32)>,
     closed_at: Option<Instant>,
     probe_seq: u32,
+    /// What the next BITMAP's `seq` echoes: the round of the PROBE it
+    /// answers, or the data sequence number of the LAST DATA it answers
+    /// (so the sender takes a round-trip sample from either).
+    echo: u32,
     repaired: u32,
     mask: Option<Bitmap>,
     mask_parts: Option<(Bitmap, Bitmap)>,
@@ -185,6 +206,9 @@ pub(crate) enum Fired {
         /// Sent because the deadline fired.
         deadline: bool,
     },
+    /// [`Mode::Own`]: the sender went quiet before its LAST DATA: send the
+    /// bitmap (a NACK).
+    Quiet,
 }
 
 impl Receiver {
@@ -201,6 +225,7 @@ impl Receiver {
             mode,
             required: None,
             budget_ppm: 0,
+            owner_budget_ppm: None,
             cap_ppm: MAX_BUDGET_PPM,
             got: Bitmap::new(n),
             got_required: 0,
@@ -210,6 +235,10 @@ impl Receiver {
             deadline: None,
             deadline_fired: false,
             deadline_backoff: 0,
+            arrived: 0,
+            quiet: None,
+            quiet_mark: 0,
+            quiet_k: 0,
             grace: None,
             settle: None,
             probe_sent: None,
@@ -220,6 +249,7 @@ impl Receiver {
             nudge: None,
             closed_at: None,
             probe_seq: 0,
+            echo: 0,
             repaired: 0,
             mask: None,
             mask_parts: None,
@@ -311,16 +341,20 @@ impl Receiver {
     }
 
     /// An admitted chunk's header ([`Receiver::admit`] first). `est`: the
-    /// phase's deadline estimator; `rto`: the probe timeout (for the nudge).
+    /// phase's deadline estimator; `rto`: the probe timeout (for the nudge
+    /// and the quiet timer); `seen`: how far the sender's DATA to this rank
+    /// has come, this chunk included.
     pub(crate) fn on_data(
         &mut self,
         h: &Header,
         now: Instant,
         est: &DeadlineEstimator,
         rto: Duration,
+        seen: u64,
     ) -> DataIn {
         self.required = Some(h.required);
         self.budget_ppm = h.budget_ppm.min(self.cap_ppm);
+        self.owner_budget_ppm.get_or_insert(h.budget_ppm);
         if h.flags.contains(Flags::REQUIRED) {
             self.got_required += 1;
         }
@@ -350,10 +384,15 @@ impl Receiver {
             self.repaired += 1;
         }
         self.arm_deadline(now, est);
+        self.arrived += 1;
+        self.arm_quiet(h, now, rto, seen);
         let then = match self.mode {
             Mode::Own if self.got.is_full() => Arrived::Close,
             Mode::Agreed if self.got.is_full() && !self.complete_sent => {
                 self.complete_sent = true;
+                // The COMPLETE report answers this DATA (a round-trip
+                // sample for the owner if it is the one that carried LAST).
+                self.echo = h.seq;
                 // All data is here; only the DONE is missing: an RTT-scaled
                 // nudge replaces the size-scaled deadline.
                 self.nudge = Some((now + rto, 0));
@@ -392,23 +431,86 @@ impl Receiver {
         self.probe_seq = self.probe_seq.max(h.seq);
         self.probe_sent = behind.map(|b| b.sent);
         self.reordered = behind.is_some_and(|b| b.reordering);
+        self.echo = self.probe_seq;
         self.arm_deadline(now, est);
         let answer = if self.closed_at.is_some() {
-            if self.mode == Mode::Own { Answer::Done } else { Answer::Nothing }
-        } else if let Some(at) = self.settle_until(now, grace, h.chunk_index, behind) {
+            match self.mode {
+                Mode::Own => Answer::Done,
+                // An exact all-gather receiver closed on its own: its
+                // COMPLETE report was lost, say it again.
+                Mode::Agreed if self.got.is_full() => Answer::Bitmap,
+                Mode::Agreed => Answer::Nothing,
+            }
+        } else {
+            self.decide(now, grace, h.chunk_index, behind)
+        };
+        Ok(Probed { progress, answer })
+    }
+
+    /// A DATA chunk that carried LAST arrived (after [`Receiver::on_data`],
+    /// which did not close the transfer): everything its sender had queued
+    /// is sent, so decide as on a PROBE. No chunk of the round can be behind
+    /// it: the sender's queues and the switch serve classes high to low and
+    /// FIFO within one, and the LAST chunk left its sender last (a chunk a
+    /// parked queue or another op's traffic held back can still land after
+    /// it: then the BITMAP asks for a chunk in flight, and its repair is
+    /// refused as a duplicate — a wasted datagram, never a wrong result).
+    /// A NACK ([`Answer::Bitmap`]) is sent again if nothing comes of it
+    /// within twice the probe timeout `rto` (backing off): unlike a PROBE,
+    /// the LAST DATA it answers is not repeated by its sender's timer until
+    /// the implicit acknowledgement is overdue.
+    ///
+    /// `behind`: the sender's DATA to this rank as the LAST DATA's sequence
+    /// number counts it; when its datagrams take paths of different delays
+    /// (`reordering`), chunks sent before the LAST can still land after it,
+    /// and the decision waits for them as after a PROBE.
+    pub(crate) fn on_last(
+        &mut self,
+        h: &Header,
+        now: Instant,
+        grace: Duration,
+        rto: Duration,
+        behind: Option<Behind>,
+    ) -> Answer {
+        if self.closed_at.is_some() || (self.mode == Mode::Agreed && self.complete_sent) {
+            return Answer::Nothing;
+        }
+        self.echo = h.seq;
+        self.reordered = behind.is_some_and(|b| b.reordering);
+        let answer = self.decide(now, grace, h.chunk_index, behind);
+        if answer == Answer::Bitmap && self.mode == Mode::Own {
+            self.renack(now, rto);
+        }
+        answer
+    }
+
+    /// Arm the quiet timer to NACK again unless a chunk arrives first (the
+    /// sender's DATA to this rank moving does not defer it: the NACK asked
+    /// for chunks, and their arrival re-arms the timer anyway).
+    fn renack(&mut self, now: Instant, rto: Duration) {
+        let wait = rto.saturating_mul(2 << self.quiet_k.min(MAX_BACKOFF));
+        self.quiet = Some((now + wait, wait));
+        self.quiet_mark = u64::MAX;
+        self.quiet_k += 1;
+    }
+
+    /// The sender has sent everything it queued, the last being chunk
+    /// `last_sent`: close within budget, answer with the bitmap, or (when
+    /// chunks may still be in flight behind what said so) wait for them.
+    fn decide(&mut self, now: Instant, grace: Duration, last_sent: u32, behind: Option<Behind>) -> Answer {
+        if let Some(at) = self.settle_until(now, grace, last_sent, behind) {
             // Chunks may still be in flight behind the PROBE: answer (close
             // or bitmap) once they had time to land.
             self.grace.get_or_insert(at);
             self.settle.get_or_insert((grace, now, behind.map_or(0, |b| b.seen)));
-            self.awaited = Some(h.chunk_index);
+            self.awaited = Some(last_sent);
             self.probe_at.get_or_insert(now);
             Answer::Nothing
         } else if self.mode == Mode::Own && self.closable() {
             Answer::Close
         } else {
             Answer::Bitmap
-        };
-        Ok(Probed { progress, answer })
+        }
     }
 
     /// When a PROBE finds an incomplete transfer whose last-sent chunk
@@ -446,6 +548,27 @@ impl Receiver {
         streaming.then_some(now + grace)
     }
 
+    /// The tail of a round, its LAST DATA included, can be lost, and then
+    /// only the sender's overdue PROBE would end the wait — late, since in
+    /// reduce-scatter it allows for the owner's all-gather. So until the
+    /// LAST arrives, a receiver expects the sender's next chunk within four
+    /// of its chunks' mean spacing so far plus a quarter probe timeout, and
+    /// NACKs when none came (a sender still sending this rank DATA defers
+    /// it; a NACK that races the tail costs the sender nothing before its
+    /// first pass is out, and is no verdict on its paths).
+    fn arm_quiet(&mut self, h: &Header, now: Instant, rto: Duration, seen: u64) {
+        self.quiet_k = 0;
+        if h.flags.contains(Flags::LAST) || self.got.is_full() {
+            self.quiet = None;
+            return;
+        }
+        let Some(first) = self.first_at.filter(|_| self.arrived >= 2) else { return };
+        let spacing = (now - first) / (self.arrived - 1);
+        let wait = spacing.saturating_mul(4) + rto / 4;
+        self.quiet = Some((now + wait, wait));
+        self.quiet_mark = seen;
+    }
+
     /// Note the first packet and arm the adaptive deadline.
     fn arm_deadline(&mut self, now: Instant, est: &DeadlineEstimator) {
         if self.first_at.is_none() {
@@ -467,6 +590,25 @@ impl Receiver {
         self.deadline_fired |= by_deadline;
         let took = self.first_at.filter(|_| !by_deadline).map(|first| now - first);
         Some(Closed { incomplete: !self.got.is_full(), took })
+    }
+
+    /// [`Mode::Agreed`]: whether the owner's budget allows no missing
+    /// chunk (the default gather budget, 0): the owner repairs every
+    /// receiver to every chunk and the agreed mask is empty.
+    pub(crate) fn exact(&self) -> bool {
+        self.owner_budget_ppm.is_some_and(|b| allowed_missing(self.n, b) == 0)
+    }
+
+    /// [`Mode::Agreed`], exact: every chunk is here, which is all the
+    /// owner's empty mask would say: close now (its COMPLETE report tells
+    /// the owner, which sends no DONE).
+    pub(crate) fn close_complete(&mut self, now: Instant) -> Option<Closed> {
+        if !(self.exact() && self.got.is_full()) {
+            return None;
+        }
+        self.mask = Some(Bitmap::new(self.n));
+        self.nudge = None;
+        self.close(now, false)
     }
 
     /// [`Mode::Agreed`]: a DONE segment of the owner's agreed mask. Closes
@@ -540,6 +682,18 @@ impl Receiver {
                 Fired::Bitmap { deadline: false }
             };
         }
+        if let Some((at, wait)) = self.quiet
+            && at <= now
+        {
+            if seen > self.quiet_mark {
+                self.quiet = Some((now + wait, wait));
+                self.quiet_mark = seen;
+                return Fired::Nothing;
+            }
+            self.quiet = None;
+            self.renack(now, retry.rto);
+            return Fired::Quiet;
+        }
         if let Some((at, k)) = self.nudge
             && at <= now
         {
@@ -589,7 +743,11 @@ impl Receiver {
     /// Every live timer.
     pub(crate) fn timers(&self) -> impl Iterator<Item = Instant> {
         let open = self.closed_at.is_none();
-        [self.deadline, self.grace, self.nudge.map(|n| n.0)].into_iter().flatten().filter(move |_| open)
+        let quiet = self.quiet.map(|q| q.0);
+        [self.deadline, self.grace, self.nudge.map(|n| n.0), quiet]
+            .into_iter()
+            .flatten()
+            .filter(move |_| open)
     }
 
     /// Fill BITMAP segment `seg` of what arrived (`None`: closed, or past
@@ -601,7 +759,9 @@ impl Receiver {
         seg_bytes: usize,
         buf: &mut [u8],
     ) -> Option<()> {
-        if self.closed_at.is_some() {
+        // A closed transfer sends no bitmap, but an exact all-gather
+        // receiver's COMPLETE report (it closed on its own).
+        if self.closed_at.is_some() && !(self.mode == Mode::Agreed && self.got.is_full()) {
             return None;
         }
         h.ty = PacketType::Bitmap;
@@ -610,7 +770,7 @@ impl Receiver {
         // The budget this receiver holds the transfer to (its own until it
         // has heard the sender's): the sender repairs to it.
         h.budget_ppm = if self.required.is_some() { self.budget_ppm } else { self.cap_ppm };
-        h.seq = self.probe_seq;
+        h.seq = self.echo;
         if self.got.is_full() {
             if seg != 0 {
                 return None;

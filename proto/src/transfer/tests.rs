@@ -63,7 +63,7 @@ fn probe(last: u32, n: u32, seq: u32, required: u32, budget_ppm: u32) -> Header 
 /// Chunk `i` arrives at `now` (first pass unless `flags` says otherwise).
 fn arrive(r: &mut Receiver, h: &Header, now: Instant) -> Arrived {
     r.admit(h, ELEMS * 4, ELEMS * 4).unwrap();
-    r.on_data(h, now, &est(), retry().rto).then
+    r.on_data(h, now, &est(), retry().rto, 0).then
 }
 
 /// The receiver's BITMAP, every segment, as the sender would receive them.
@@ -79,16 +79,21 @@ fn report(r: &Receiver) -> Vec<(Header, Vec<u8>)> {
         .collect()
 }
 
-/// A sender of `n` chunks in `mode` whose first pass went out: probing.
+/// A sender of `n` chunks in `mode` whose first pass went out, the last
+/// chunk flagged LAST: it waits for the receiver's answer, its probe timer
+/// armed one probe timeout later.
 fn drained_sender(n: u32, required: u32, budget_ppm: u32, mode: Mode) -> Sender {
     let mut s = Sender::new(n, required, budget_ppm, SEG, mode, false);
     s.queue(n);
-    for c in 0..n - 1 {
-        assert_eq!(s.dequeued(at(0), &retry()), Drained::Busy);
-        s.sent(c, 0);
+    // A first pass allows `ack` (500 µs here) for reduce-scatter's implicit
+    // acknowledgement on top of the probe timeout.
+    let ack = us(500);
+    for c in 0..n {
+        assert_eq!(s.sent(c, 0), c == n - 1, "only the last queued chunk carries LAST");
+        let wait = if mode == Mode::Own { 1500 } else { 1000 };
+        let want = if c == n - 1 { Drained::ProbeAt(at(wait)) } else { Drained::Busy };
+        assert_eq!(s.dequeued(at(0), &retry(), ack, false), want);
     }
-    s.sent(n - 1, 0);
-    assert_eq!(s.dequeued(at(0), &retry()), Drained::Probe);
     s
 }
 
@@ -201,10 +206,11 @@ fn the_sender_repairs_exactly_enough_highest_class_first() {
     }
     assert_eq!(s.decide_alone(at(30), class_of, droppable), vec![4, 7, 1, 3, 2]);
     assert!(!s.wants(5) && s.wants(4) && s.wants(0), "chunks it holds are not sent again");
-    // The five repairs drain, then the sender probes again.
+    // The five repairs drain (the last one not sent: no LAST went out),
+    // then the sender probes again.
     for k in 0..5 {
         let want = if k == 4 { Drained::Probe } else { Drained::Busy };
-        assert_eq!(s.dequeued(at(40), &retry()), want);
+        assert_eq!(s.dequeued(at(40), &retry(), Duration::ZERO, false), want);
     }
     // Every repair arrived: within budget, so the next report asks for nothing
     // and the probe timer is pulled in to answer at once.
@@ -225,9 +231,13 @@ fn the_sender_repairs_exactly_enough_highest_class_first() {
 fn the_probe_timer_backs_off_to_its_cap_and_news_resets_it() {
     let mut s = drained_sender(10, 0, 0, Mode::Own);
     let mut h = header(PacketType::Hello, 10, 0);
-    let mut now = at(0);
-    // rto 1 ms doubling per fruitless round, capped at probe_max 5 ms.
-    for wait in [1000, 2000, 4000, 5000, 5000] {
+    // No answer to the LAST DATA (and no all-gather) within the probe
+    // timeout (rto 1 ms) and `ack`: PROBE.
+    assert!(!s.on_timer(at(1499)), "not due yet");
+    assert!(s.on_timer(at(1500)), "overdue: PROBE");
+    let mut now = at(1500);
+    // Then doubling per fruitless round, capped at probe_max 5 ms.
+    for wait in [2000, 4000, 5000, 5000] {
         let armed = s.fill_probe(&mut h, now, &retry()).unwrap();
         assert_eq!((h.ty, h.chunk_index, h.chunk_count), (PacketType::Probe, 9, 10));
         assert_eq!(armed, now + us(wait));
@@ -249,8 +259,8 @@ fn the_probe_timer_backs_off_to_its_cap_and_news_resets_it() {
     assert_eq!(heard.rtt, Some(us(300)));
     assert!(heard.news && heard.round);
     assert_eq!(s.decide_alone(now, |_| Class::new(0).unwrap(), ClassSet::EMPTY), [9]);
-    s.sent(9, 0);
-    assert_eq!(s.dequeued(now, &retry()), Drained::Probe, "no backoff left");
+    assert!(!s.sent(9, 0), "a repair round carries no LAST");
+    assert_eq!(s.dequeued(now, &retry(), Duration::ZERO, false), Drained::Probe, "no backoff left");
     let later = at(100_000);
     assert_eq!(s.fill_probe(&mut h, later, &retry()), Some(later + us(1000)));
     // A COMPLETE bitmap (the receiver holds everything, so it closed): it
@@ -287,6 +297,21 @@ fn a_receiver_that_reported_complete_is_not_probed_again() {
     assert!(s.timer().is_none() && s.fill_probe(&mut h, at(200_000), &retry()).is_none());
 }
 
+/// Fire the receiver's timers until one other than the quiet timer does
+/// something: its NACKs come first (asserted on), then sent again, backing
+/// off, until a chunk arrives.
+fn fire_past_quiet(r: &mut Receiver) -> (Instant, Fired) {
+    let mut last: Option<Instant> = None;
+    loop {
+        let (t, fired) = fire(r);
+        if fired != Fired::Quiet {
+            return (t, fired);
+        }
+        assert!(last.is_none_or(|l| t > l), "the quiet NACKs back off");
+        last = Some(t);
+    }
+}
+
 /// Fire the receiver's earliest timer until it does something.
 fn fire(r: &mut Receiver) -> (Instant, Fired) {
     loop {
@@ -307,11 +332,18 @@ fn the_deadline_nacks_before_it_closes() {
     for c in 0..n - 1 {
         arrive(&mut r, &data(c, n, 0, budget, Flags::default()), at(u64::from(c)));
     }
-    let (first, fired) = fire(&mut r);
+    // The sender went quiet before its LAST: the quiet timer NACKs first,
+    // four chunk spacings (1 µs) and a quarter probe timeout after the last
+    // chunk.
+    let (quiet, fired) = fire(&mut r);
+    assert_eq!((quiet, fired), (at(98) + us(254), Fired::Quiet));
+    // Nothing came of it: NACKed again twice the probe timeout later.
+    assert_eq!(fire(&mut r), (quiet + us(2000), Fired::Quiet));
+    let (first, fired) = fire_past_quiet(&mut r);
     assert_eq!(fired, Fired::Bitmap { deadline: true }, "closable, but NACKs first");
     // Not before an idle gap of max(deadline_min, 2 rto) after the last chunk.
     assert!(first >= at(98) + us(2000));
-    let (second, fired) = fire(&mut r);
+    let (second, fired) = fire_past_quiet(&mut r);
     assert_eq!(fired, Fired::Close { deadline: true }, "still quiet one retry later: closes");
     assert!(second >= first + us(2000));
     let closed = r.close(second, true).unwrap();
@@ -323,9 +355,10 @@ fn the_deadline_nacks_before_it_closes() {
     for c in 0..n - 2 {
         arrive(&mut r, &data(c, n, 0, budget, Flags::default()), at(0));
     }
-    let mut last = at(0);
+    assert_eq!(fire(&mut r), (at(250), Fired::Quiet), "the quiet NACK");
+    let mut last = at(250);
     for _ in 0..4 {
-        let (t, fired) = fire(&mut r);
+        let (t, fired) = fire_past_quiet(&mut r);
         assert_eq!(fired, Fired::Bitmap { deadline: true });
         assert!(t > last);
         last = t;
@@ -347,7 +380,7 @@ fn after_a_probe_the_receiver_waits_for_the_chunk_it_overtook() {
         assert!(r.timers().any(|t| t == at(120)), "{mode:?}: grace armed");
         arrive(&mut r, &data(2, n, 0, 0, Flags::default()), at(30));
         r.admit(&data(3, n, 0, 0, Flags::default()), ELEMS * 4, ELEMS * 4).unwrap();
-        let got = r.on_data(&data(3, n, 0, 0, Flags::default()), at(45), &est(), retry().rto);
+        let got = r.on_data(&data(3, n, 0, 0, Flags::default()), at(45), &est(), retry().rto, 0);
         assert_eq!(got.overtake, Some(us(25)), "{mode:?}: the PROBE overtook chunk 3 by 25 µs");
         // The awaited chunk landed: the answer is due now, not at the grace's end.
         assert_eq!(r.on_timer(at(45), &retry(), 0), Fired::Bitmap { deadline: false }, "{mode:?}");
@@ -435,7 +468,7 @@ fn an_all_gather_transfer_reports_to_the_owner_and_closes_on_the_agreed_mask() {
     let (h, payload) = report(&r).remove(0);
     assert!(h.flags.contains(Flags::COMPLETE));
     assert!(!s.on_bitmap(&h, &payload, at(40), SEG, &mut |_, _| {}).round, "still sending");
-    assert_eq!(s.dequeued(at(50), &retry()), Drained::Report);
+    assert_eq!(s.dequeued(at(50), &retry(), Duration::ZERO, false), Drained::Report);
     // Complete, waiting for the mask: the nudge re-sends the COMPLETE bitmap,
     // backing off (rto 1 ms, then 2 ms).
     assert_eq!(r.timers().collect::<Vec<_>>(), [at(1030)], "the nudge replaced the deadline");
@@ -460,7 +493,7 @@ fn an_all_gather_transfer_reports_to_the_owner_and_closes_on_the_agreed_mask() {
 }
 
 /// With more than one path, the sender remembers each chunk's path and
-/// turns the BITMAP answering its PROBE into one verdict per chunk sent:
+/// turns the BITMAP answering its LAST DATA (or PROBE) into one verdict per chunk sent:
 /// delivered, or lost on its path. A stale bitmap gives none; a DONE under
 /// budget 0 says every outstanding chunk arrived.
 #[test]
@@ -469,20 +502,21 @@ fn a_multipath_sender_judges_each_chunk_on_its_path_once() {
     s.queue(10);
     for c in 0..10 {
         s.sent(c, (c % 3) as u8);
-        s.dequeued(at(0), &retry());
+        s.dequeued(at(0), &retry(), Duration::ZERO, false);
     }
     assert_eq!(s.path_of(4), Some(1));
-    let mut h = header(PacketType::Hello, 10, 0);
-    s.fill_probe(&mut h, at(0), &retry()).unwrap();
+    // Chunk 9 went out as LAST, data sequence number 77.
+    s.last_sent_as(77, at(0));
     let mut b = header(PacketType::Bitmap, 10, 0);
     b.payload_len = 2;
-    // A stale bitmap (an older round): merged, but no verdicts.
-    b.seq = h.seq.wrapping_sub(1);
+    // An unsolicited bitmap (a quiet NACK, or a stale one): merged, but no
+    // verdicts — chunks may still have been in flight.
+    b.seq = 0;
     let mut seen = Vec::new();
     s.on_bitmap(&b, &[0xFF, 0x00], at(10), SEG, &mut |p, ok| seen.push((p, ok)));
     assert!(seen.is_empty());
-    // The answer to the PROBE: chunks 8 and 9 (paths 2 and 0) missing.
-    b.seq = h.seq;
+    // The answer to the LAST DATA: chunks 8 and 9 (paths 2 and 0) missing.
+    b.seq = 77;
     s.on_bitmap(&b, &[0xFF, 0x00], at(20), SEG, &mut |p, ok| seen.push((p, ok)));
     let lost: Vec<u8> = seen.iter().filter(|v| !v.1).map(|v| v.0).collect();
     assert_eq!((seen.len(), lost), (10, vec![2, 0]));
@@ -494,6 +528,118 @@ fn a_multipath_sender_judges_each_chunk_on_its_path_once() {
     assert_eq!(s.decide_alone(at(30), |_| Class::new(0).unwrap(), ClassSet::EMPTY), [8, 9]);
     s.sent(8, 1);
     s.sent(9, 1);
-    s.on_done(h.seq + 1, at(40), &mut |p, ok| seen.push((p, ok)));
+    s.on_done(1, at(40), &mut |p, ok| seen.push((p, ok)));
     assert_eq!(seen, [(1, true), (1, true)]);
+}
+
+/// A reduce-scatter receiver decides on the LAST DATA as on a PROBE: within
+/// budget it closes (silently: the caller sends no DONE), otherwise it
+/// answers with the bitmap (sent again if nothing comes of it), and the
+/// sender's repairs end in a PROBE, as before version 8.
+#[test]
+fn a_last_data_is_decided_on_like_a_probe() {
+    let (n, budget) = (100, 10_000);
+    // Chunk 40 lost, 99 (LAST) arrives: one missing is within 1%.
+    let mut r = Receiver::new(n, Vec::new(), Mode::Own);
+    for c in (0..n - 1).filter(|&c| c != 40) {
+        assert_eq!(arrive(&mut r, &data(c, n, 0, budget, Flags::default()), at(0)), Arrived::Nothing);
+    }
+    let last = data(n - 1, n, 0, budget, Flags::LAST);
+    assert_eq!(arrive(&mut r, &last, at(1)), Arrived::Nothing);
+    assert_eq!(r.on_last(&last, at(1), us(100), us(1000), None), Answer::Close);
+    // Chunks 40 and 41 lost: outside the budget, a NACK (BITMAP) at once.
+    let mut r = Receiver::new(n, Vec::new(), Mode::Own);
+    for c in (0..n - 1).filter(|&c| c != 40 && c != 41) {
+        arrive(&mut r, &data(c, n, 0, budget, Flags::default()), at(0));
+    }
+    arrive(&mut r, &last, at(1));
+    assert_eq!(r.on_last(&last, at(1), us(100), us(1000), None), Answer::Bitmap);
+    assert_eq!(r.timers().min(), Some(at(2001)), "the NACK is re-sent 2 rto later unless repairs come");
+    let mut s = drained_sender(n, 0, budget, Mode::Own);
+    for (h, payload) in report(&r) {
+        assert!(s.on_bitmap(&h, &payload, at(2), SEG, &mut |_, _| {}).round);
+    }
+    let repairs = s.decide_alone(at(2), |_| Class::new(0).unwrap(), ClassSet::from_classes(Class::all()));
+    assert_eq!(repairs, [40], "one repair gets it within budget");
+    assert!(!s.sent(40, 0), "a repair round carries no LAST");
+    assert_eq!(s.dequeued(at(3), &retry(), us(500), false), Drained::Probe, "it ends in a PROBE");
+    let repair = data(40, n, 0, budget, Flags::REPAIR);
+    arrive(&mut r, &repair, at(4));
+    let mut h = header(PacketType::Hello, n, 0);
+    s.fill_probe(&mut h, at(4), &retry()).unwrap();
+    assert_eq!(r.on_probe(&h, at(5), us(0), &est(), None).unwrap().answer, Answer::Close);
+    // Closed: a later LAST (a duplicate) asks for nothing.
+    r.close(at(5), false).unwrap();
+    assert_eq!(r.on_last(&last, at(6), us(100), us(1000), None), Answer::Nothing);
+    // The owner's all-gather acknowledges the transfer: no PROBE follows.
+    assert!(s.acknowledged(&mut |_, _| {}) && s.is_done());
+    assert_eq!((s.timer(), s.on_timer(at(10_000))), (None, false));
+}
+
+/// An all-gather receiver that lacks chunks when the LAST DATA arrives
+/// reports its bitmap to the owner at once (no PROBE needed); one that holds
+/// everything has already reported COMPLETE, and the LAST asks for nothing.
+#[test]
+fn an_all_gather_receiver_reports_on_the_last_data() {
+    let n = 4;
+    let mut r = Receiver::new(n, Vec::new(), Mode::Agreed);
+    arrive(&mut r, &data(0, n, 0, 0, Flags::default()), at(0));
+    let last = data(3, n, 0, 0, Flags::LAST);
+    assert_eq!(arrive(&mut r, &last, at(1)), Arrived::Nothing);
+    assert_eq!(r.on_last(&last, at(1), us(100), us(1000), None), Answer::Bitmap, "never closes on its own");
+    for c in [1, 2] {
+        arrive(&mut r, &data(c, n, 0, 0, Flags::REPAIR), at(2));
+    }
+    let mut r = Receiver::new(n, Vec::new(), Mode::Agreed);
+    for c in 0..n - 1 {
+        arrive(&mut r, &data(c, n, 0, 0, Flags::default()), at(0));
+    }
+    assert_eq!(arrive(&mut r, &last, at(1)), Arrived::Complete);
+    assert_eq!(r.on_last(&last, at(1), us(100), us(1000), None), Answer::Nothing);
+}
+
+/// An exact all-gather receiver (the owner's DATA carries a budget that
+/// allows no missing chunk) closes on its own once it holds every chunk,
+/// and a PROBE after that brings its COMPLETE report again; under a budget
+/// that allows a loss it waits for the owner's mask.
+#[test]
+fn an_exact_all_gather_receiver_closes_on_its_own() {
+    let n = 4;
+    for (budget, exact) in [(0, true), (300_000, false)] {
+        let mut r = Receiver::new(n, Vec::new(), Mode::Agreed);
+        for c in 0..n - 1 {
+            assert_eq!(arrive(&mut r, &data(c, n, 0, budget, Flags::default()), at(0)), Arrived::Nothing);
+            assert!(r.close_complete(at(0)).is_none(), "not before every chunk is here");
+        }
+        assert_eq!(r.exact(), exact);
+        assert_eq!(arrive(&mut r, &data(n - 1, n, 0, budget, Flags::LAST), at(1)), Arrived::Complete);
+        assert_eq!(r.close_complete(at(1)).is_some(), exact, "budget {budget}");
+        if exact {
+            // Closed with an empty mask; the COMPLETE report can still be sent.
+            assert_eq!(r.mask().map(|m| m.count_ones()), Some(0));
+            let mut h = header(PacketType::Hello, n, 0);
+            let mut buf = vec![0u8; 256];
+            r.fill_bitmap(&mut h, 0, SEG, &mut buf).unwrap();
+            assert!(h.flags.contains(Flags::COMPLETE));
+            let mut p = header(PacketType::Probe, n, 0);
+            p.seq = 1;
+            let probed = r.on_probe(&p, at(5), us(0), &est(), None).unwrap();
+            assert_eq!(probed.answer, Answer::Bitmap, "a lost report is said again");
+        }
+    }
+}
+
+/// On a lossy network (the endpoint's loss meter) the LAST DATA is followed
+/// by a PROBE at once; on a clean one the sender only arms its timer.
+#[test]
+fn a_lossy_network_follows_the_last_data_with_a_probe() {
+    for (tail_probe, want) in [(false, Drained::ProbeAt(at(1500))), (true, Drained::Probe)] {
+        let mut s = Sender::new(3, 0, 0, SEG, Mode::Own, false);
+        s.queue(3);
+        for c in 0..3 {
+            assert_eq!(s.sent(c, 0), c == 2);
+            let got = s.dequeued(at(0), &retry(), us(500), tail_probe);
+            assert_eq!(got, if c == 2 { want } else { Drained::Busy });
+        }
+    }
 }

@@ -96,10 +96,9 @@ impl Header {
     /// Parse and validate the header of a length-checked packet view.
     pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Header, WireError> {
         let ty = PacketType::from_u8(p.raw_type())?;
+        // Every bit of the flags byte is a flag since version 6 (bit 7 is
+        // LAST): which ones a type may carry is checked in `check`.
         let flags = p.flags();
-        if flags.0 & !Flags::ALL != 0 {
-            return Err(WireError::BadFlags(flags.0));
-        }
         let class = Class::new(p.raw_class()).ok_or(WireError::BadClass(p.raw_class()))?;
         let phase = Phase::from_u8(p.raw_phase())?;
         let dtype = DType::from_u8(p.raw_dtype())?;
@@ -163,7 +162,7 @@ impl Header {
     /// Semantic checks shared by [`Header::parse`] and [`Header::emit`].
     pub fn check(&self) -> Result<(), WireError> {
         let allowed_flags = match self.ty {
-            PacketType::Data => Flags::REPAIR.0 | Flags::REQUIRED.0 | Flags::BACKLOG.0,
+            PacketType::Data => Flags::REPAIR.0 | Flags::REQUIRED.0 | Flags::BACKLOG.0 | Flags::LAST.0,
             PacketType::Bitmap => Flags::COMPLETE.0,
             PacketType::Done => Flags::MASK_EMPTY.0 | Flags::FAILED.0,
             PacketType::Grant => Flags::REQUEST.0,

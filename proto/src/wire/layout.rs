@@ -5,7 +5,7 @@
 /// `0xD1C9`, the first two bytes of every dlcp datagram.
 pub const MAGIC: u16 = 0xD1C9;
 /// Wire version this crate speaks.
-pub const VERSION: u8 = 7;
+pub const VERSION: u8 = 8;
 /// Length of the fixed header (a multiple of 16: one GCM block of plaintext per 16 bytes).
 pub const HEADER_LEN: usize = 80;
 /// Length of the authentication tag (absent under `packet_auth = "none"`).

@@ -10,14 +10,14 @@
 //! job, the sender's session, the run, op, tensor, phase and chunk
 //! it belongs to.
 //!
-//! ## Header layout (version 7)
+//! ## Header layout (version 8)
 //!
 //! | offset | size | field          | meaning                                                             |
 //! |-------:|-----:|----------------|---------------------------------------------------------------------|
 //! | 0      | 2    | `magic`        | `0xD1C9`                                                            |
-//! | 2      | 1    | `version`      | `7`                                                                 |
+//! | 2      | 1    | `version`      | `8`                                                                 |
 //! | 3      | 1    | `type`         | 1 DATA, 2 PROBE, 3 BITMAP, 4 DONE, 5 HELLO, 6 GRANT, 7 GOODBYE      |
-//! | 4      | 1    | `flags`        | bit 0 REPAIR, bit 1 COMPLETE, bit 2 MASK_EMPTY, bit 3 REQUIRED, bit 4 REQUEST, bit 5 BACKLOG, bit 6 FAILED; bit 7 0 |
+//! | 4      | 1    | `flags`        | bit 0 REPAIR, bit 1 COMPLETE, bit 2 MASK_EMPTY, bit 3 REQUIRED, bit 4 REQUEST, bit 5 BACKLOG, bit 6 FAILED, bit 7 LAST |
 //! | 5      | 1    | `class`        | priority class 0–7 (7 = control)                                    |
 //! | 6      | 1    | `phase`        | 0 none (HELLO, GRANT, GOODBYE), 1 reduce-scatter, 2 all-gather      |
 //! | 7      | 1    | `dtype`        | 0 f32, 1 f16, 2 bf16: the op's element type, and so of DATA payloads (version 6: every op packet carries its op's; 0 on HELLO, GRANT, GOODBYE) |
@@ -33,7 +33,7 @@
 //! | 40     | 4    | `chunk_count`  | chunks in the transfer                                              |
 //! | 44     | 4    | `required`     | chunks of non-droppable classes in the transfer                     |
 //! | 48     | 4    | `budget_ppm`   | loss budget of the transfer, parts per million (≤ 1 000 000); on a BITMAP, the budget its receiver holds the transfer to |
-//! | 52     | 4    | `seq`          | DATA: the pair's data sequence number `dseq` (low 32 bits, [`crate::flow`]); PROBE/BITMAP/DONE round number; HELLO: heartbeat counter; GRANT, GOODBYE 0 |
+//! | 52     | 4    | `seq`          | DATA: the pair's data sequence number `dseq` (low 32 bits, [`crate::flow`]); PROBE/DONE round number; BITMAP: the round of the PROBE it answers, or the `seq` of the LAST DATA it answers; HELLO: heartbeat counter; GRANT, GOODBYE 0 |
 //! | 56     | 8    | `run`          | the run the op belongs to, agreed by the job's daemons ([`crate::run`]); 0 on HELLO, GRANT, GOODBYE |
 //! | 64     | 8    | `session`      | sender's session, random per endpoint incarnation                   |
 //! | 72     | 8    | `packet`       | sender's packet number, strictly increasing per datagram (the nonce) |
@@ -44,15 +44,20 @@
 //!
 //! | version | what changed | why |
 //! |--------:|--------------|-----|
+//! | 8 | DATA flag LAST (bit 7): the last DATA of its sender's first pass of a transfer, on which the receiver decides as on a PROBE (closes within budget, or NACKs with a BITMAP); a BITMAP (or an all-gather COMPLETE report) answering a LAST DATA echoes its `seq`, a round-trip sample; the key schedule names version 8 ([`KEY_SALT`], [`KEY_INFO`]); header layout unchanged | issue 16: every (peer, phase) transfer cost two PROBEs and a DONE or BITMAP each way, so control grew with the peers (29% of packets at 64 ranks, 63% at 256, 1 MB). Now a transfer ends on its last DATA, a reduce-scatter transfer of a collective with an all-gather is acknowledged by the owner's all-gather, and a PROBE goes out only when an answer is overdue ([`crate::transfer`]). A version 7 peer would have refused every LAST DATA as malformed |
 //! | 7 | the collective nibble of `kind` names four more collectives: 1 reduce-scatter, 2 allgather, 3 broadcast, 4 barrier; a packet whose phase its collective does not have (a reduce-scatter or barrier packet of the all-gather, an allgather packet of the reduce-scatter) is malformed, and so is a reduction other than sum on one that does not reduce; a packet of an op whose collective differs from the op's at its receiver is refused and counted (`op_kind_mismatch`, as for dtype and reduction); the key schedule names version 7; the layout is version 6's | issue 18: broadcast of parameters from a root, allgather and reduce-scatter (the two halves of the transpose allreduce, exposed) and a barrier. A rank that ran another collective under the same op id would otherwise read an allgather's shard as a contribution to sum, or wait for a phase its peer never sends; a version 6 peer would have read the new values as an unknown collective per packet instead of being refused once, at HELLO |
 //! | 6 | the `dtype` byte is meaningful: f16 and bf16 ops are reduced (elements of 2 bytes, so a chunk holds twice the elements of an f32 one); byte 15, reserved before, is `kind`: the op's reduction (sum, average) in its low four bits and its collective (0 allreduce, the only one defined) in its high four; every op packet carries its op's dtype and kind, HELLO, GRANT and GOODBYE carry 0 in both; a packet of an op (DATA or control) with another dtype or reduction than the op has at its receiver is refused and counted (`op_kind_mismatch`); the key schedule names version 6 | issue 18: allreduce of bfloat16 and float16 gradients, averaged by the daemon. Each owner accumulates its shard in f32 and rounds once to the op's dtype (after the division, for average) before the all-gather, which carries the rounded values, so every rank holds the same bytes; a rank whose op disagreed about the dtype or the reduction would otherwise read another rank's payload in the wrong format or divide a different shard differently, silently. The collective nibble is where broadcast, allgather, reduce-scatter and barrier go, without another layout change |
 //! | 5 | DONE flag FAILED (bit 6): "the sender failed this op", its payload a one-byte reason code ([`FailReason`]: timeout, deadline, peer left, peer incompatible, peer failed, other; unknown codes read as other); the key schedule names version 5 ([`KEY_SALT`], [`KEY_INFO`]); header layout unchanged | a rank that failed an op (hard timeout, op deadline, a peer that left) dropped the op's later packets as stale and the other ranks learnt nothing: they probed it at the capped backoff until their own hard timeout (fuzz finding 3: 7,782 PROBEs in 200 ms). Now it answers a PROBE, BITMAP or DATA of the op with a failing DONE, and the prober fails the op at once, naming it |
 //! | 4 | op identity: no generation in the header, `run` at 56, GOODBYE, a 56-byte HELLO (below) | issue 15: incarnations and runs agreed, not wall-clock |
 //! | 3 | flow control: GRANT, BACKLOG, `dseq`, a PROBE's DATA count (below) | issue 16 |
 //!
-//! Version 6 datagrams (a HELLO included) are refused as
-//! `UnsupportedVersion(6)`, and the endpoint reports such a peer as
-//! incompatible, naming both versions; so are versions 1–5.
+//! Version 7 datagrams (a HELLO included) are refused as
+//! `UnsupportedVersion(7)`, and the endpoint reports such a peer as
+//! incompatible, naming both versions; so are versions 1–6.
+//!
+//! Version 7 differed from version 8 by: no LAST flag (bit 7 of a DATA's
+//! flags refused), every transfer ending in PROBEs answered by DONE or
+//! BITMAP, and its key schedule's version 7 strings.
 //!
 //! Version 6 differed from version 7 by: allreduce the only collective (the
 //! collective nibble 1–15 refused) and its key schedule's version 6 strings.
@@ -117,7 +122,7 @@
 //! - class 7 exactly for control packets, 0–6 for DATA;
 //! - phase 0 and run 0 exactly for HELLO, GRANT and GOODBYE, phase 1 or 2 for every other type;
 //! - dtype 0 (f32) and `kind` 0 on HELLO, GRANT and GOODBYE (`BadField("dtype")`, `BadField("kind")`);
-//! - flags: DATA may carry REPAIR, REQUIRED and BACKLOG, BITMAP COMPLETE, DONE MASK_EMPTY or FAILED (not both),
+//! - flags: DATA may carry REPAIR, REQUIRED, BACKLOG and LAST, BITMAP COMPLETE, DONE MASK_EMPTY or FAILED (not both),
 //!   GRANT REQUEST, PROBE, HELLO and GOODBYE none;
 //! - every type but HELLO, GRANT and GOODBYE: `chunk_count ≥ 1`, `required ≤ chunk_count`;
 //! - DATA: `chunk_index < chunk_count`, payload non-empty and a whole number of
@@ -141,12 +146,12 @@
 //!
 //! ## How the format is pinned
 //!
-//! - `proto/tests/wire_golden.rs` + `proto/tests/golden/v7/*.hex`: exact bytes
+//! - `proto/tests/wire_golden.rs` + `proto/tests/golden/v8/*.hex`: exact bytes
 //!   for every packet type and flag, every dtype, reduction and collective
 //!   and both `auth` modes, generated independently of this encoder
-//!   (`golden/v7/gen.py`: Python's `cryptography` HKDF and AES-GCM) and
-//!   headers written out by hand; `golden/v1/` to `golden/v6/`, the older
-//!   versions' vectors, are refused with `UnsupportedVersion(1)` to `(6)`;
+//!   (`golden/v8/gen.py`: Python's `cryptography` HKDF and AES-GCM) and
+//!   headers written out by hand; `golden/v1/` to `golden/v7/`, the older
+//!   versions' vectors, are refused with `UnsupportedVersion(1)` to `(7)`;
 //! - `proto/tests/wire_bitflip.rs`: every single-bit flip is rejected;
 //! - `proto/tests/wire_errors.rs`: the input that produces each [`WireError`];
 //! - `proto/tests/wire_proptest.rs`: round trip and never-panic properties;

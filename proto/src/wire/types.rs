@@ -274,7 +274,10 @@ impl Flags {
     /// one-byte reason ([`FailReason`](crate::wire::FailReason)). Never
     /// with MASK_EMPTY; never answered.
     pub const FAILED: Flags = Flags(0x40);
-    pub(crate) const ALL: u8 = 0x7F;
+    /// DATA (version 6): the last datagram its sender had queued for the
+    /// transfer (of the first pass, or of a repair round): the receiver
+    /// decides on it as on a PROBE ([`crate::transfer`]).
+    pub const LAST: Flags = Flags(0x80);
 
     /// True if every bit of `other` is set.
     pub fn contains(self, other: Flags) -> bool {

@@ -34,6 +34,7 @@
 //! other's packets (`op_kind_mismatch`) and the op fails by the hard timeout.
 
 pub(crate) mod accumulate;
+mod gather;
 pub(crate) mod shard;
 pub(crate) mod table;
 
@@ -48,10 +49,7 @@ use crate::endpoint::tx::{TxItem, TxKind};
 use crate::pool::BufferPool;
 use crate::priority::{ChunkTraits, ClassifierConfig, classify};
 use crate::time::{Duration, Instant};
-use crate::transfer::{
-    Answer, Arrived, Behind, Drained, Fired, Mode, Receiver, Refused, Sender, allowed_missing, fill_mask,
-    select_repairs,
-};
+use crate::transfer::{Answer, Arrived, Behind, Drained, Fired, Mode, Receiver, Refused, Sender, fill_mask};
 use crate::wire::{self, Flags, Header, PacketType, Phase};
 
 use accumulate::{Accumulator, Shard};
@@ -104,6 +102,18 @@ pub(crate) enum Buffer {
 
 /// What a packet handler did with it.
 type Handled = Result<(), Refused>;
+
+/// How a reduce-scatter transfer closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closing {
+    /// On its data (every chunk, or within budget on the LAST DATA): the
+    /// owner's all-gather acknowledges it.
+    Silent,
+    /// Answering a PROBE (the acknowledgement is overdue): DONE.
+    Answered,
+    /// By its deadline, after a NACK went unanswered: DONE.
+    Deadline,
+}
 
 /// Count a refused packet.
 fn refused(sh: &mut Shared, r: Refused) {
@@ -414,16 +424,63 @@ impl Op {
         if h.flags.contains(Flags::REPAIR) {
             sh.stats.count_repair_received(h.src, h.class, h.packet_len());
         }
-        let got = r.on_data(h, now, &sh.deadlines[usize::from(phase == Phase::Gather)], sh.rtt.timeout());
+        let est = &sh.deadlines[usize::from(phase == Phase::Gather)];
+        let got = r.on_data(h, now, est, sh.rtt.timeout(), sh.flow.high(peer));
         if let Some(d) = got.overtake {
             sh.observe_overtake(d);
         }
         match got.then {
+            Arrived::Nothing if h.flags.contains(Flags::LAST) => {
+                // The LAST DATA is the sender's newest to this rank: what it
+                // sent before is here unless its datagrams reorder.
+                let seen = sh.flow.seen(peer);
+                let behind = Behind { sent: seen, seen, reordering: sh.flow.reordering(peer) };
+                let answer = r.on_last(h, now, sh.close_grace(), sh.rtt.timeout(), Some(behind));
+                self.answer(now, key, phase, peer, answer, sh);
+            }
             Arrived::Nothing => {}
-            Arrived::Close => self.close(now, key, peer, false, sh),
-            Arrived::Complete => sh.tx.push_bitmaps(key, phase, peer, 1),
+            Arrived::Close => self.close(now, key, peer, Closing::Silent, sh),
+            Arrived::Complete => {
+                sh.tx.push_bitmaps(key, phase, peer, 1);
+                if let Some(closed) = r.close_complete(now) {
+                    // Exact: the report is all the owner waits for, and the
+                    // only packet this transfer sends back — in two copies,
+                    // like a PROBE, so that one loss costs no timeout.
+                    sh.tx.push_bitmaps(key, phase, peer, 1);
+                    if let Some(took) = closed.took {
+                        sh.deadlines[1].observe(took, r.n());
+                    }
+                    self.last_progress = now;
+                }
+            }
+        }
+        if phase == Phase::Gather {
+            self.acknowledged(now, peer, sh);
         }
         Ok(())
+    }
+
+    /// The owner `peer` sent its all-gather (or its mask): it closed every
+    /// transfer into its shard, ours included — the implicit acknowledgement
+    /// of our reduce-scatter transfer to it.
+    fn acknowledged(&mut self, now: Instant, peer: u32, sh: &mut Shared) {
+        let Some(st) = self.transfers.sender_mut(Phase::Scatter, peer) else { return };
+        if st.acknowledged(&mut |p, ok| sh.judge_path(peer, p, ok, now)) {
+            self.last_progress = now;
+        }
+    }
+
+    /// Act on a receiver's decision (on a PROBE, or on a LAST DATA).
+    fn answer(&mut self, now: Instant, key: OpKey, phase: Phase, peer: u32, answer: Answer, sh: &mut Shared) {
+        match answer {
+            Answer::Nothing => {}
+            Answer::Done => sh.tx.push(TxItem { op: key, phase, peer, kind: TxKind::Done { seg: 0 } }),
+            Answer::Close => self.close(now, key, peer, Closing::Silent, sh),
+            Answer::Bitmap => {
+                let Some(r) = self.transfers.receiver(phase, peer) else { return };
+                sh.tx.push_bitmaps(key, phase, peer, r.bitmap_segments(sh.seg_bytes()));
+            }
+        }
     }
 
     fn on_probe(&mut self, now: Instant, key: OpKey, h: &Header, payload: &[u8], sh: &mut Shared) -> Handled {
@@ -441,10 +498,9 @@ impl Op {
             self.last_progress = now;
         }
         match probed.answer {
-            Answer::Nothing => {}
-            Answer::Done => sh.tx.push(TxItem { op: key, phase, peer, kind: TxKind::Done { seg: 0 } }),
-            Answer::Close => self.close(now, key, peer, false, sh),
-            Answer::Bitmap => sh.tx.push_bitmaps(key, phase, peer, r.bitmap_segments(sh.seg_bytes())),
+            // The sender probed: its acknowledgement is overdue, answer DONE.
+            Answer::Close => self.close(now, key, peer, Closing::Answered, sh),
+            answer => self.answer(now, key, phase, peer, answer, sh),
         }
         Ok(())
     }
@@ -458,6 +514,7 @@ impl Op {
         sh: &mut Shared,
     ) -> Handled {
         let (phase, peer) = (h.phase, h.src);
+        let exact = self.exact_gather(sh);
         let st = self.transfers.sender_mut(phase, peer).ok_or(Refused::Mismatch)?;
         if h.chunk_count != st.n() {
             return Err(Refused::Mismatch);
@@ -465,8 +522,11 @@ impl Op {
         if phase == Phase::Gather
             && let Some(mask) = &self.gmask
         {
-            // The receiver missed our DONE: announce the mask again.
-            sh.tx.push_mask(key, peer, mask, sh.seg_bytes());
+            // The receiver missed our DONE: announce the mask again (an
+            // exact all-gather has none: its receivers closed on their own).
+            if !exact {
+                sh.tx.push_mask(key, peer, mask, sh.seg_bytes());
+            }
             return Ok(());
         }
         let seg_bytes = sh.seg_bytes();
@@ -479,6 +539,13 @@ impl Op {
         }
         if heard.round {
             match phase {
+                // Exact: repair this receiver at once, not after every
+                // receiver reported (no mask to agree on).
+                Phase::Gather if exact && !st.receiver_complete() => {
+                    let missing: Vec<u32> = st.missing().collect();
+                    let chunks = st.decide_jointly(&missing);
+                    self.queue_repairs(key, Phase::Gather, peer, &chunks, sh);
+                }
                 Phase::Gather => self.decide_gather(key, sh),
                 _ => self.decide_scatter(now, key, peer, sh),
             }
@@ -499,31 +566,13 @@ impl Op {
         Ok(())
     }
 
-    /// All-gather DONE: a segment of the owner's agreed mask.
-    fn on_mask(&mut self, now: Instant, h: &Header, payload: &[u8], sh: &mut Shared) -> Handled {
-        let owner = h.src;
-        let r = self.transfers.receiver_mut(Phase::Gather, owner).ok_or(Refused::Mismatch)?;
-        let closed = r.on_mask(h, payload, now, sh.seg_bytes())?;
-        self.last_progress = now;
-        let Some(closed) = closed else { return Ok(()) };
-        // Zero-fill the agreed mask, and (defensively) anything the owner
-        // believed we had but we do not.
-        for c in 0..r.n() {
-            if r.mask().is_some_and(|m| m.get(c)) || !r.got().get(c) {
-                self.result[self.layout.chunk_in_tensor(owner, c)].fill(0.0);
-            }
-        }
-        if let Some(took) = closed.took {
-            sh.deadlines[1].observe(took, r.n());
-        }
-        Ok(())
-    }
-
-    /// Close the reduce-scatter transfer from `peer` (`by_deadline`: its
-    /// deadline closed it), answer DONE and reduce once every one closed.
-    fn close(&mut self, now: Instant, key: OpKey, peer: u32, by_deadline: bool, sh: &mut Shared) {
+    /// Close the reduce-scatter transfer from `peer` (`how`: whether by its
+    /// deadline, whether DONE answers), and reduce once every one closed.
+    /// The all-gather this rank then sends `peer` acknowledges it; a
+    /// collective without one (reduce-scatter, barrier) answers DONE always.
+    fn close(&mut self, now: Instant, key: OpKey, peer: u32, how: Closing, sh: &mut Shared) {
         let Some(r) = self.transfers.receiver_mut(Phase::Scatter, peer) else { return };
-        let Some(closed) = r.close(now, by_deadline) else { return };
+        let Some(closed) = r.close(now, how == Closing::Deadline) else { return };
         if closed.incomplete {
             sh.stats.closed_within_budget += 1;
         }
@@ -531,7 +580,9 @@ impl Op {
             sh.deadlines[0].observe(took, r.n());
         }
         self.last_progress = now;
-        sh.tx.push(TxItem { op: key, phase: Phase::Scatter, peer, kind: TxKind::Done { seg: 0 } });
+        if how != Closing::Silent || !self.opts.collective.gathers() {
+            sh.tx.push(TxItem { op: key, phase: Phase::Scatter, peer, kind: TxKind::Done { seg: 0 } });
+        }
         self.reduce(key, sh);
     }
 
@@ -545,50 +596,10 @@ impl Op {
 
     fn queue_repairs(&mut self, key: OpKey, phase: Phase, peer: u32, chunks: &[u32], sh: &mut Shared) {
         self.repairs_sent += chunks.len() as u32;
+        sh.loss.lost(chunks.len() as u32);
         for &chunk in chunks {
             let kind = TxKind::Data { chunk, repair: true, class: self.class_of(phase, peer, chunk) };
             sh.tx.push_data(TxItem { op: key, phase, peer, kind });
-        }
-    }
-
-    /// Every gather receiver has reported: repair the union of what is
-    /// missing until it fits the gather budget, or announce the agreed mask.
-    fn decide_gather(&mut self, key: OpKey, sh: &mut Shared) {
-        if self.gmask.is_some() || self.transfers.senders(Phase::Gather).any(|(_, st)| !st.is_reported()) {
-            return;
-        }
-        let me = sh.me();
-        let n = self.layout.chunks(me);
-        let mut union = Bitmap::new(n);
-        for (_, st) in self.transfers.senders(Phase::Gather) {
-            for c in st.missing() {
-                union.set(c);
-            }
-        }
-        let classes = &self.gclasses;
-        let allowed = allowed_missing(n, self.opts.gather_budget_ppm);
-        let repairs =
-            select_repairs(union.iter_ones(), |c| classes[c as usize], self.classifier.droppable, allowed);
-        if repairs.is_empty() {
-            // Agreed mask: zero-fill it here and tell every receiver.
-            for c in union.iter_ones() {
-                self.result[self.layout.chunk_in_tensor(me, c)].fill(0.0);
-            }
-            self.transfers.senders_mut(Phase::Gather).for_each(|(_, st)| st.finish());
-            let peers: Vec<u32> = self.transfers.senders(Phase::Gather).map(|(j, _)| j).collect();
-            for j in peers {
-                sh.tx.push_mask(key, j, &union, sh.seg_bytes());
-            }
-            self.gmask = Some(union);
-            return;
-        }
-        let mine: Vec<(u32, Vec<u32>)> = self
-            .transfers
-            .senders_mut(Phase::Gather)
-            .map(|(j, st)| (j, st.decide_jointly(&repairs)))
-            .collect();
-        for (j, chunks) in mine {
-            self.queue_repairs(key, Phase::Gather, j, &chunks, sh);
         }
     }
 
@@ -692,13 +703,24 @@ impl Op {
                     sh.stats.deadline_nacks += u64::from(deadline);
                     sh.tx.push_bitmaps(key, phase, j, r.bitmap_segments(sh.seg_bytes()));
                 }
+                // A queue on the sender's path overflows: its tail was
+                // dropped there, and repairs now would meet the same
+                // queue; the sender's overdue PROBE (or the deadline)
+                // recovers it, later.
+                Fired::Quiet if sh.flow.congested(j) => {}
+                Fired::Quiet => {
+                    sh.stats.quiet_nacks += 1;
+                    sh.tx.push_bitmaps(key, phase, j, r.bitmap_segments(sh.seg_bytes()));
+                }
             }
         }
         for j in close {
-            self.close(now, key, j, true, sh);
+            self.close(now, key, j, Closing::Deadline, sh);
         }
         for j in grace_close {
-            self.close(now, key, j, false, sh);
+            // The grace after a PROBE (or a LAST DATA) ended: DONE answers
+            // the PROBE (after a LAST DATA it is one spare packet).
+            self.close(now, key, j, Closing::Answered, sh);
         }
     }
 
@@ -735,14 +757,26 @@ impl Op {
         h.payload_len = (cr.len() * self.opts.dtype.size()) as u16;
         if repair {
             h.flags = h.flags.with(Flags::REPAIR);
+        } else {
+            sh.loss.sent();
         }
         if !self.classifier.droppable.contains(class) {
             h.flags = h.flags.with(Flags::REQUIRED);
         }
         let avoid = if repair { st.path_of(chunk) } else { None };
         let path = sh.pick_path(peer, avoid, false, now);
-        st.sent(chunk, path);
+        if st.sent(chunk, path) {
+            h.flags = h.flags.with(Flags::LAST);
+        }
         Some((h, buffer, cr, path))
+    }
+
+    /// The LAST DATA of the transfer to `peer` in `phase` went out at `now`
+    /// as data sequence number `dseq` (for round-trip samples).
+    pub(crate) fn last_sent_as(&mut self, phase: Phase, peer: u32, dseq: u32, now: Instant) {
+        if let Some(st) = self.transfers.sender_mut(phase, peer) {
+            st.last_sent_as(dseq, now);
+        }
     }
 
     /// The wire bytes of elements `start .. start + len` of the op's input
@@ -772,7 +806,13 @@ impl Op {
         sh: &mut Shared,
     ) -> Option<Instant> {
         let retry = sh.retry();
-        match self.transfers.sender_mut(phase, peer)?.dequeued(now, &retry) {
+        // The owner acknowledges a reduce-scatter transfer with its
+        // all-gather, after its own first pass: about as long as this
+        // rank's took so far (every rank sends the same (N−1)/N of the data
+        // in each phase). A collective without an all-gather acknowledges
+        // with DONE at once.
+        let ack = if self.opts.collective.gathers() { now - self.started } else { Duration::ZERO };
+        match self.transfers.sender_mut(phase, peer)?.dequeued(now, &retry, ack, sh.loss.lossy()) {
             Drained::Busy => None,
             Drained::Report => {
                 self.decide_gather(key, sh);

@@ -134,8 +134,8 @@ impl Transfers {
 
     /// The live timers of one transfer as one value, to tell whether a
     /// packet changed them (only then does the endpoint index them again).
-    pub(crate) fn timer_set(&self, side: Side, peer: u32) -> [Option<Instant>; 3] {
-        let mut set = [None; 3];
+    pub(crate) fn timer_set(&self, side: Side, peer: u32) -> [Option<Instant>; 4] {
+        let mut set = [None; 4];
         for (s, t) in set.iter_mut().zip(self.timers(side, peer)) {
             *s = Some(t);
         }

@@ -674,10 +674,11 @@ fn a_progressing_op_fails_at_its_absolute_deadline() {
 }
 
 /// An exact all-gather (gather budget 0, the default) agrees no mask: a
-/// receiver holding every chunk closes on its own and reports COMPLETE in
-/// two copies, the owner sends no DONE. When both copies are lost the owner
-/// PROBEs, and the receiver — still in the op, or completed and lingering —
-/// answers COMPLETE again; every result stays exact and nothing times out.
+/// receiver holding every chunk closes on its own and reports COMPLETE (two
+/// copies on a lossy network), the owner sends no DONE. When the first two
+/// reports of every receiver are lost the owner PROBEs, and the receiver —
+/// still in the op, or completed and lingering — answers COMPLETE again;
+/// every result stays exact and nothing times out.
 #[test]
 fn an_exact_all_gather_sends_no_mask_and_survives_lost_reports() {
     use dlcp_proto::wire::{Flags, PacketType, Phase};

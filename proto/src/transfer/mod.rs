@@ -44,7 +44,7 @@
 //!   lost, nothing tells the receiver the pass is over, and the sender's
 //!   probe timer is late by design. So until the LAST arrives the receiver
 //!   expects the sender's next chunk within four of its chunks' mean spacing
-//!   so far plus a quarter probe timeout (the *quiet* timer, in both
+//!   so far plus a probe timeout (the *quiet* timer, in both
 //!   phases; a sender still sending this rank DATA of any transfer defers
 //!   it) and NACKs when none came — the receiver-side counterpart of TCP's
 //!   tail loss probe (RFC 8985). A NACK that is not the answer to a LAST or
@@ -60,8 +60,9 @@
 //!   often enough — 1% of transfers at 1% loss, so most ops at 64 ranks —
 //!   that the quiet timer would set the op's pace; there the sender follows
 //!   the LAST DATA with its PROBEs at once, as before version 8 (64 ranks,
-//!   1% loss: p50 3.15 ms without, 2.19 with; v7 2.22). A clean network
-//!   sends none.
+//!   1% loss, three iterations: p50 3.15 ms without; with it, over ten
+//!   iterations, 2.30 ms against version 7's 2.28). A clean network sends
+//!   none.
 //! - **Repair rounds end in PROBEs**, not in a LAST DATA: repairs happen
 //!   only under loss, where a PROBE — in two copies, and in the control
 //!   class, which overtakes the data — ends a round sooner than a LAST DATA
@@ -77,33 +78,33 @@
 //! - **Exact all-gather (`Mode::Agreed`, gather budget 0, the default).**
 //!   The owner repairs every receiver to every chunk, so the agreed mask is
 //!   empty and need not be sent: a receiver that holds every chunk closes on
-//!   its own and reports COMPLETE in two copies (the only packets it sends
-//!   the owner when nothing is lost); the owner repairs each incomplete
+//!   its own and reports COMPLETE (the only packet it sends the owner when
+//!   nothing is lost; two copies where the loss meter says the network is
+//!   lossy; written without the op, which may complete and leave before the
+//!   report does); the owner repairs each incomplete
 //!   receiver as soon as its BITMAP arrives (not after every receiver
-//!   reported) and sends no DONE. If both copies of a report are lost the
-//!   owner PROBEs, and the receiver — still in the op, or completed and
+//!   reported) and sends no DONE. If the report is lost the owner PROBEs, and the receiver — still in the op, or completed and
 //!   lingering — says COMPLETE again. Under a gather budget > 0 the owner
 //!   still agrees a mask from every receiver's report and announces it in
 //!   one DONE per receiver.
 //!
-//! Measured (`dlcpd simulate --size 1 --layers 1 --iters 3`, defaults:
-//! budget 1%, gather budget 0; control datagrams per rank per op (share of
-//! all), per peer per op, op time p50):
+//! Measured (`dlcpd simulate --size 1 --layers 1`, defaults: budget 1%,
+//! gather budget 0; ten iterations at 64 ranks, five at 256; control
+//! datagrams per rank per op (share of all), per peer per op, op time p50):
 //!
 //! | ranks, loss | version 7 | version 8 |
 //! |---|---|---|
-//! | 64, 0% | 615 (28.9%), 9.8/peer, 2.80 ms | 237 (13.6%), 3.8/peer, 2.67 ms |
-//! | 64, 1% | 668 (30.4%), 10.6/peer, 2.22 ms | 550 (26.5%), 8.7/peer, 2.19 ms |
-//! | 256, 0% | 2,556 (62.6%), 10.0/peer, 2.38 ms | 944 (38.2%), 3.7/peer, 2.56 ms |
-//! | 256, 1% | 2,702 (63.6%), 10.6/peer, 3.73 ms | 2,568 (62.4%), 10.1/peer, 3.13 ms |
+//! | 64, 0% | 628 (29.3%), 9.9/peer, 2.72 ms | 183 (10.8%), 2.9/peer, 1.89 ms |
+//! | 64, 1% | 2.28 ms | 605 (28.4%), 9.6/peer, 2.38 ms |
+//! | 256, 0% | 2,573 (62.7%), 10.1/peer, 2.38 ms | 615 (28.7%), 2.4/peer, 1.95 ms |
+//! | 256, 1% | 2,716 (63.7%), 10.6/peer, 3.55 ms | 2,620 (62.9%), 10.3/peer, 3.13 ms |
 //!
-//! On the clean path what is left is the all-gather's COMPLETE report (two
-//! per peer) and flow control's GRANTs (1.7 per peer at 64 ranks). At 256
-//! ranks clean the op is slower than version 7 (2.56 against 2.38 ms, three
-//! iterations): 255 receivers' two report copies meet at each owner at once
-//! and overflow its control queue (0.19% of control lost), which the lazy
-//! acknowledgement below removes. Under loss the LAST is followed by PROBEs
-//! (above), so control there is version 7's.
+//! On the clean path what is left is the all-gather's COMPLETE report (one
+//! per peer) and flow control's GRANTs (1.4–1.9 per peer). Under loss the
+//! LAST is followed by PROBEs (above), so control there is version 7's; at
+//! 64 ranks and 1% loss the op is 4% slower than version 7's (whose
+//! PROBEs, overtaking the data, let budget-1% transfers close before their
+//! tail arrived), at 256 ranks 12% faster.
 //!
 //! ## Next (designed, not built yet)
 //!

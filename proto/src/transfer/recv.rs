@@ -552,7 +552,7 @@ impl Receiver {
     /// only the sender's overdue PROBE would end the wait — late, since in
     /// reduce-scatter it allows for the owner's all-gather. So until the
     /// LAST arrives, a receiver expects the sender's next chunk within four
-    /// of its chunks' mean spacing so far plus a quarter probe timeout, and
+    /// of its chunks' mean spacing so far plus a probe timeout, and
     /// NACKs when none came (a sender still sending this rank DATA defers
     /// it; a NACK that races the tail costs the sender nothing before its
     /// first pass is out, and is no verdict on its paths).
@@ -564,7 +564,7 @@ impl Receiver {
         }
         let Some(first) = self.first_at.filter(|_| self.arrived >= 2) else { return };
         let spacing = (now - first) / (self.arrived - 1);
-        let wait = spacing.saturating_mul(4) + rto / 4;
+        let wait = spacing.saturating_mul(4) + rto;
         self.quiet = Some((now + wait, wait));
         self.quiet_mark = seen;
     }

@@ -333,10 +333,9 @@ fn the_deadline_nacks_before_it_closes() {
         arrive(&mut r, &data(c, n, 0, budget, Flags::default()), at(u64::from(c)));
     }
     // The sender went quiet before its LAST: the quiet timer NACKs first,
-    // four chunk spacings (1 µs) and a quarter probe timeout after the last
-    // chunk.
+    // four chunk spacings (1 µs) and a probe timeout after the last chunk.
     let (quiet, fired) = fire(&mut r);
-    assert_eq!((quiet, fired), (at(98) + us(254), Fired::Quiet));
+    assert_eq!((quiet, fired), (at(98) + us(1004), Fired::Quiet));
     // Nothing came of it: NACKed again twice the probe timeout later.
     assert_eq!(fire(&mut r), (quiet + us(2000), Fired::Quiet));
     let (first, fired) = fire_past_quiet(&mut r);
@@ -355,8 +354,8 @@ fn the_deadline_nacks_before_it_closes() {
     for c in 0..n - 2 {
         arrive(&mut r, &data(c, n, 0, budget, Flags::default()), at(0));
     }
-    assert_eq!(fire(&mut r), (at(250), Fired::Quiet), "the quiet NACK");
-    let mut last = at(250);
+    assert_eq!(fire(&mut r), (at(1000), Fired::Quiet), "the quiet NACK");
+    let mut last = at(1000);
     for _ in 0..4 {
         let (t, fired) = fire_past_quiet(&mut r);
         assert_eq!(fired, Fired::Bitmap { deadline: true });

@@ -440,19 +440,27 @@ impl Op {
             }
             Arrived::Nothing => {}
             Arrived::Close => self.close(now, key, peer, Closing::Silent, sh),
-            Arrived::Complete => {
-                sh.tx.push_bitmaps(key, phase, peer, 1);
-                if let Some(closed) = r.close_complete(now) {
+            Arrived::Complete => match r.close_complete(now) {
+                None => sh.tx.push_bitmaps(key, phase, peer, 1),
+                Some(closed) => {
                     // Exact: the report is all the owner waits for, and the
-                    // only packet this transfer sends back — in two copies,
-                    // like a PROBE, so that one loss costs no timeout.
-                    sh.tx.push_bitmaps(key, phase, peer, 1);
+                    // only packet this transfer sends back — written without
+                    // the op, which may complete before it leaves. In two
+                    // copies on a lossy network, like a PROBE, so that one
+                    // loss costs no timeout (on a clean one a lost report
+                    // costs the owner's PROBE; two copies from every receiver
+                    // at once overflowed owners' queues at 256 ranks).
+                    let kind = TxKind::Complete { n: r.n(), seq: h.seq };
+                    sh.tx.push(TxItem { op: key, phase, peer, kind });
+                    if sh.loss.lossy() {
+                        sh.tx.push(TxItem { op: key, phase, peer, kind });
+                    }
                     if let Some(took) = closed.took {
                         sh.deadlines[1].observe(took, r.n());
                     }
                     self.last_progress = now;
                 }
-            }
+            },
         }
         if phase == Phase::Gather {
             self.acknowledged(now, peer, sh);

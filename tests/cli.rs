@@ -233,6 +233,17 @@ fn simulate_runs_and_verifies_under_loss() {
     assert!(stdout.contains("iter    2/2"), "{stdout}");
     assert!(stdout.contains("every rank byte-identical"), "{stdout}");
     assert!(stdout.contains("ops completed / failed      32 / 0"), "{stdout}");
+    // Flow control's figures: credit kept the switch's queues from
+    // dropping anything (the 2% are the network's random loss), and the
+    // receivers gave it.
+    let flow =
+        stdout.lines().find(|l| l.trim_start().starts_with("flow control")).expect("no flow control line");
+    let n = |what: &str| -> u64 {
+        let at = flow.find(what).unwrap_or_else(|| panic!("{what} missing: {flow}"));
+        flow[..at].split_whitespace().last().and_then(|w| w.parse().ok()).unwrap_or_else(|| panic!("{flow}"))
+    };
+    assert_eq!(n(" switch queue drops"), 0, "{flow}");
+    assert!(n(" GRANTs") > 0, "{flow}");
 }
 
 #[test]

@@ -185,6 +185,8 @@ pub struct SimSummary {
     pub repairs: u64,
     /// Receive deadlines that fired.
     pub deadlines: u64,
+    /// Flow control and the switch, summed over the ranks and ports.
+    pub flow: FlowCounts,
     /// Least delivered fraction of any transfer.
     pub min_delivered: f64,
     /// Wall-clock run time.
@@ -196,6 +198,24 @@ pub struct SimSummary {
     pub ideal_data_per_rank_op: f64,
     /// Largest per-rank memory and state figures sampled during the run.
     pub peak: PeakFootprint,
+}
+
+/// Flow control's counters summed over the ranks, and the simulated
+/// switch's queue drops ([`SimSummary::flow`]): the incast flow control is
+/// for, and what it costs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlowCounts {
+    /// Datagrams dropped by the switch's port queues (push-outs included).
+    pub switch_drops: u64,
+    /// GRANTs sent.
+    pub grants: u64,
+    /// DATA datagrams that waited for their receiver's credit.
+    pub credit_waits: u64,
+    /// Credit requests sent (out of credit, no GRANT for a retry timeout).
+    pub requests: u64,
+    /// Senders' windows halved by their receivers (a run of their
+    /// datagrams lost).
+    pub window_cuts: u64,
 }
 
 impl SimSummary {
@@ -523,6 +543,13 @@ impl Run<'_> {
             per_class,
             repairs: sum(|s| s.repairs_sent),
             deadlines: sum(|s| s.deadlines_fired),
+            flow: FlowCounts {
+                switch_drops: NetStats::total(&st.switch_drops),
+                grants: sum(|s| s.flow_grants_sent),
+                credit_waits: sum(|s| s.flow_credit_waits),
+                requests: sum(|s| s.flow_requests_sent),
+                window_cuts: sum(|s| s.flow_window_cuts),
+            },
             min_delivered: self.min_delivered,
             wall,
             per_rank_op: sent_by_type.map(|n| n as f64 / f64::from(world) / ops_per_rank),
@@ -586,6 +613,13 @@ fn print_summary(opts: &SimOptions, summary: &SimSummary, out: &mut impl Write) 
     )?;
     writeln!(out, "  repairs sent                {}", summary.repairs)?;
     writeln!(out, "  deadlines fired             {}", summary.deadlines)?;
+    let f = summary.flow;
+    writeln!(
+        out,
+        "  flow control                {} switch queue drops, {} GRANTs, {} credit waits, {} credit requests, \
+         {} window cuts",
+        f.switch_drops, f.grants, f.credit_waits, f.requests, f.window_cuts
+    )?;
     writeln!(out, "  class  packets     delivered by the network")?;
     for (c, offered, frac) in &summary.per_class {
         let what = if *c == Class::CONTROL { " (control)" } else { "" };

@@ -66,6 +66,8 @@
 //! port: 5–9% of the datagrams into it, against 55% with the window alone).
 //! A delay or rate signal at the receiver is the next step.
 
+use std::collections::BTreeSet;
+
 use crate::class::Class;
 use crate::time::{Duration, Instant};
 
@@ -200,6 +202,10 @@ pub(crate) struct Flow {
     per_sender: u64,
     tx: Vec<TxCredit>,
     rx: Vec<RxCredit>,
+    /// `(request_at, peer)` of every armed credit request timer (at most
+    /// one per peer): `poll_timeout` and `handle_timeout` read the earliest
+    /// without scanning every peer (O(world) per event).
+    requests: BTreeSet<(Instant, u32)>,
     /// Times a sender's window was halved (a run of its datagrams lost).
     pub(crate) cuts: u64,
 }
@@ -211,7 +217,26 @@ impl Flow {
         let per_sender = u64::from(cfg.per_sender(world));
         let tx = TxCredit { limit: per_sender, ..TxCredit::default() };
         let rx = RxCredit::new(per_sender);
-        Flow { cfg, per_sender, tx: vec![tx; world as usize], rx: vec![rx; world as usize], cuts: 0 }
+        Flow {
+            cfg,
+            per_sender,
+            tx: vec![tx; world as usize],
+            rx: vec![rx; world as usize],
+            requests: BTreeSet::new(),
+            cuts: 0,
+        }
+    }
+
+    /// Arm (`Some`) or clear `peer`'s credit request timer, keeping the
+    /// index of armed timers in step.
+    fn set_request(&mut self, peer: u32, at: Option<Instant>) {
+        let Some(t) = self.tx.get_mut(peer as usize) else { return };
+        if let Some(old) = std::mem::replace(&mut t.request_at, at) {
+            self.requests.remove(&(old, peer));
+        }
+        if let Some(at) = at {
+            self.requests.insert((at, peer));
+        }
     }
 
     /// The least a sender's window is cut to: an eighth of its share (so
@@ -253,7 +278,7 @@ impl Flow {
             return false;
         }
         let wait = rto.saturating_mul(1 << t.backoff.min(MAX_BACKOFF)).min(cap.max(rto));
-        t.request_at = Some(now + wait);
+        self.set_request(peer, Some(now + wait));
         true
     }
 
@@ -272,27 +297,25 @@ impl Flow {
             return false;
         }
         t.limit = limit;
-        t.request_at = None;
         t.backoff = 0;
+        self.set_request(peer, None);
         true
     }
 
     /// Credit requests due at `now`: the peers to send one to (with how
-    /// many DATA datagrams this rank sent them, [`Flow::sent`]). Each one's
-    /// timer is re-armed, backed off, when the request is sent ([`Flow::blocked`]
-    /// after [`Flow::request_sent`]).
-    pub(crate) fn requests_due(&self, now: Instant) -> impl Iterator<Item = u32> + '_ {
-        self.tx
-            .iter()
-            .enumerate()
-            .filter(move |(_, t)| t.request_at.is_some_and(|at| at <= now))
-            .map(|(p, _)| p as u32)
+    /// many DATA datagrams this rank sent them, [`Flow::sent`]), in peer
+    /// order. Each one's timer is re-armed, backed off, when the request is
+    /// sent ([`Flow::blocked`] after [`Flow::request_sent`]).
+    pub(crate) fn requests_due(&self, now: Instant) -> impl Iterator<Item = u32> + use<> {
+        let mut due: Vec<u32> = self.requests.range(..=(now, u32::MAX)).map(|&(_, p)| p).collect();
+        due.sort_unstable();
+        due.into_iter()
     }
 
     /// A credit request to `peer` was queued: the next one backs off.
     pub(crate) fn request_sent(&mut self, peer: u32) {
+        self.set_request(peer, None);
         if let Some(t) = self.tx.get_mut(peer as usize) {
-            t.request_at = None;
             t.backoff = (t.backoff + 1).min(MAX_BACKOFF);
         }
     }
@@ -304,7 +327,7 @@ impl Flow {
 
     /// The earliest credit request timer.
     pub(crate) fn next_timeout(&self) -> Option<Instant> {
-        self.tx.iter().filter_map(|t| t.request_at).min()
+        self.requests.first().map(|&(at, _)| at)
     }
 
     /// DATA with `dseq` (low 32 bits) arrived from `src`, which has more
@@ -435,6 +458,7 @@ impl Flow {
     /// `peer` restarted: both directions start over at the unscheduled window.
     pub(crate) fn reset(&mut self, peer: u32) {
         let per = self.per_sender;
+        self.set_request(peer, None);
         if let Some(t) = self.tx.get_mut(peer as usize) {
             *t = TxCredit { limit: per, ..TxCredit::default() };
         }

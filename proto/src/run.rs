@@ -122,6 +122,24 @@ pub struct Runs {
     history: VecDeque<(u64, u64)>,
     ticks: u64,
     nonces: Rng,
+    /// Peers (this rank excluded) that keep the local run from being
+    /// agreed ([`blocker`]), kept in step with every change, so a HELLO
+    /// does not rescan every peer (O(world) per HELLO); 0 without a local
+    /// run.
+    blocking: usize,
+}
+
+/// Why peer `p` keeps the local run `l` from being agreed, if it does.
+fn blocker(r: u32, p: &PeerRun, l: &Local) -> Option<Waiting> {
+    if p.verified.is_some_and(|v| v > l.began && v > 0) {
+        Some(Waiting::RestartedSinceRunBegan(r))
+    } else if p.verified.is_none() || p.nonce == 0 || !p.fresh || p.nonce == p.used {
+        Some(Waiting::NotStarted(r))
+    } else if p.echo != l.nonce {
+        Some(Waiting::Unconfirmed(r))
+    } else {
+        None
+    }
 }
 
 impl Runs {
@@ -137,7 +155,32 @@ impl Runs {
             history: VecDeque::new(),
             ticks: 0,
             nonces: Rng::stream(session, 0x52_554E, u64::from(me)),
+            blocking: 0,
         }
+    }
+
+    /// Recount the peers blocking the local run (after it changed).
+    fn recount(&mut self) {
+        let Some(l) = self.local else {
+            self.blocking = 0;
+            return;
+        };
+        let me = self.me;
+        self.blocking = (0..self.peers.len() as u32)
+            .filter(|&r| r != me && blocker(r, &self.peers[r as usize], &l).is_some())
+            .count();
+    }
+
+    /// Change what is known of `peer` with `f`, keeping the count of
+    /// blocking peers in step.
+    fn update_peer(&mut self, peer: u32, f: impl FnOnce(&mut PeerRun)) {
+        let Some(p) = self.peers.get_mut(peer as usize) else { return };
+        let counted = peer != self.me;
+        let blocks = |p: &PeerRun| self.local.is_some_and(|l| counted && blocker(peer, p, &l).is_some());
+        let before = blocks(p);
+        f(p);
+        let after = blocks(p);
+        self.blocking = self.blocking + usize::from(after) - usize::from(before);
     }
 
     fn tick(&mut self) -> u64 {
@@ -156,6 +199,7 @@ impl Runs {
         self.next_epoch += 1;
         let nonce = self.nonces.next_u64() | 1;
         self.local = Some(Local { epoch, nonce, began, agreed: None });
+        self.recount();
         self.try_agree();
         epoch
     }
@@ -165,6 +209,7 @@ impl Runs {
         if let Some(Local { epoch, agreed: Some(id), .. }) = self.local.take() {
             self.remember(epoch, id);
         }
+        self.blocking = 0;
     }
 
     fn remember(&mut self, epoch: u64, id: u64) {
@@ -190,9 +235,7 @@ impl Runs {
     /// included the peer's old incarnation (its ops keep their run id).
     pub fn peer_verified(&mut self, peer: u32, restart: bool) {
         let t = if restart { self.tick() } else { 0 };
-        if let Some(p) = self.peers.get_mut(peer as usize) {
-            *p = PeerRun { verified: Some(t), ..PeerRun::default() };
-        }
+        self.update_peer(peer, |p| *p = PeerRun { verified: Some(t), ..PeerRun::default() });
         if restart {
             self.retire_agreed();
         }
@@ -201,9 +244,7 @@ impl Runs {
     /// `peer` said goodbye: the agreed run, which included it, is over.
     pub fn peer_left(&mut self, peer: u32) {
         let t = self.tick();
-        if let Some(p) = self.peers.get_mut(peer as usize) {
-            *p = PeerRun { verified: Some(t), ..PeerRun::default() };
-        }
+        self.update_peer(peer, |p| *p = PeerRun { verified: Some(t), ..PeerRun::default() });
         self.retire_agreed();
     }
 
@@ -223,9 +264,9 @@ impl Runs {
     /// of ours.
     pub fn peer_announced(&mut self, peer: u32, nonce: u64, fresh: bool, echo: u64) -> bool {
         let ours = self.local.map_or(0, |l| l.nonce);
-        let Some(p) = self.peers.get_mut(peer as usize) else { return false };
+        let Some(p) = self.peers.get(peer as usize) else { return false };
         let changed = p.nonce != nonce;
-        (p.nonce, p.fresh, p.echo) = (nonce, fresh, echo);
+        self.update_peer(peer, |p| (p.nonce, p.fresh, p.echo) = (nonce, fresh, echo));
         self.try_agree();
         changed || echo != ours
     }
@@ -248,23 +289,18 @@ impl Runs {
         if l.agreed.is_some() {
             return Vec::new();
         }
-        let mut w = Vec::new();
-        for (r, p) in self.peers.iter().enumerate().filter(|&(r, _)| r as u32 != self.me) {
-            let r = r as u32;
-            if p.verified.is_some_and(|v| v > l.began && v > 0) {
-                w.push(Waiting::RestartedSinceRunBegan(r));
-            } else if p.verified.is_none() || p.nonce == 0 || !p.fresh || p.nonce == p.used {
-                w.push(Waiting::NotStarted(r));
-            } else if p.echo != l.nonce {
-                w.push(Waiting::Unconfirmed(r));
-            }
-        }
-        w
+        let me = self.me;
+        let peers = self.peers.iter().enumerate().filter(|&(r, _)| r as u32 != me);
+        peers.filter_map(|(r, p)| blocker(r as u32, p, &l)).collect()
     }
 
     fn try_agree(&mut self) {
         let Some(l) = self.local else { return };
-        if l.agreed.is_some() || !self.waiting().is_empty() {
+        if l.agreed.is_some() {
+            return;
+        }
+        debug_assert_eq!(self.blocking == 0, self.waiting().is_empty(), "blocking peers out of step");
+        if self.blocking > 0 {
             return;
         }
         let mut input = Vec::with_capacity(4 + 8 * self.peers.len());
@@ -279,6 +315,7 @@ impl Runs {
         id.copy_from_slice(&d.as_ref()[..8]);
         let id = u64::from_be_bytes(id).max(1);
         self.local = Some(Local { agreed: Some(id), ..l });
+        self.recount();
     }
 
     /// The run id of local epoch `epoch` (current or remembered).

@@ -299,6 +299,22 @@ fn loss_rate_within_statistical_bounds() {
 }
 
 #[test]
+fn a_run_without_the_delivery_log_logs_nothing_and_is_otherwise_the_same() {
+    let run = |logging: bool| {
+        let nodes = (0..3).map(|r| Toy::all_to_all(r, 3, 50, |_, i| (i % 7) as u8)).collect();
+        let mut sim = Sim::new(NetConfig::default().with_loss(0.05).with_seed(5), nodes);
+        sim.set_delivery_log(logging);
+        run_idle(&mut sim);
+        sim
+    };
+    let (on, off) = (run(true), run(false));
+    assert!(!on.log().is_empty());
+    assert!(off.log().is_empty());
+    assert_eq!(on.stats(), off.stats());
+    assert_eq!(on.now(), off.now());
+}
+
+#[test]
 fn strict_priority_under_incast() {
     // Ranks 0..3 each send 2100 datagrams to rank 3 at a third of line rate
     // (10 Gbit/s offered in total) into a 5 Gbit/s port with an 8-packet queue.

@@ -254,6 +254,8 @@ pub struct Sim<N> {
     txbuf: Vec<u8>,
     pool: Vec<Vec<u8>>,
     log: DeliveryLog,
+    /// Whether deliveries go into `log` ([`Sim::set_delivery_log`]).
+    logging: bool,
     stats: NetStats,
     trace: Option<TraceFn>,
     drop: Option<DropFn>,
@@ -295,6 +297,7 @@ impl<N: Node> Sim<N> {
             now: Instant::ZERO,
             pool: Vec::new(),
             log: DeliveryLog::new(n),
+            logging: true,
             stats: NetStats {
                 ports: vec![PortStats::default(); n],
                 paths: vec![PathStats::default(); config.paths.len()],
@@ -381,6 +384,14 @@ impl<N: Node> Sim<N> {
     /// The delivery log.
     pub fn log(&self) -> &DeliveryLog {
         &self.log
+    }
+
+    /// Record DATA deliveries in the [`DeliveryLog`] (`true`, the default)
+    /// or not: a caller that never reads the log saves a map insertion per
+    /// delivered chunk and the log's memory (an entry per chunk per
+    /// destination, growing for the whole run). Nothing else changes.
+    pub fn set_delivery_log(&mut self, on: bool) {
+        self.logging = on;
     }
 
     /// Network counters.
@@ -753,7 +764,9 @@ impl<N: Node> Sim<N> {
                 self.emit(TraceEvent::DeliveredCorrupt, src, dst, class, &pkt.data);
             }
             _ => {
-                if let Some(key) = data_key(&pkt.data) {
+                if self.logging
+                    && let Some(key) = data_key(&pkt.data)
+                {
                     self.log.record(dst, key, self.now);
                 }
                 self.emit(TraceEvent::Delivered, src, dst, class, &pkt.data);

@@ -967,7 +967,7 @@ class Bench:
                         self.errors.append(f"flow {cond} {s}: {e}")
                         continue
                     k = r.get("kernel", {})
-                    per_op_into_0 = 2 * (hosts - 1) * -(-size // hosts // 1376)
+                    per_op_into_0 = 2 * (hosts - 1) * -(-size // hosts // 1372)
                     row = {"cond": cond, "hosts": hosts, "size": size, "system": s,
                            "stats": stats(r["results"][0]["times"]), "kernel": k,
                            "min_delivered_ppm": r.get("min_delivered_ppm"), "repairs": r.get("repairs"),
@@ -1097,9 +1097,9 @@ def parse_simulate(stdout, n, size_mb):
                 ctl += int(w[1])
     row["pkts_per_rank_op"] = pk / n
     row["control_share"] = ctl / pk if pk else 0
-    # Data packets one rank sends per op, ideally: 2(N-1)/N of the tensor in chunks of 1376 B
+    # Data packets one rank sends per op, ideally: 2(N-1)/N of the tensor in chunks of 1372 B
     # (replaced below by the simulator's exact figure: every chunk of every shard once).
-    row["ideal"] = 2 * (n - 1) / n * size_mb * 1e6 / 1376
+    row["ideal"] = 2 * (n - 1) / n * size_mb * 1e6 / 1372
     for line in stdout.splitlines():
         line = line.strip()
         # "packets per rank per op     1529.9 data (ideal 1512.0: every chunk once), 615.2 control (28.7% of all)"
@@ -1302,15 +1302,15 @@ def check_report():
     floor_row = next(line for line in drops.splitlines() if line.startswith("| clean, MTU 1500 | floor (bare UDP) |"))
     assert floor_row.endswith("| 0 | – | – | – | 0 |"), floor_row
     assert "40.0% / 30.0%" in "\n".join(rh.perf_section(h))
-    # Per datagram: dlcp 30 CPU-s/GiB over 6 GiB / 1376 B datagrams; half its samples the MAC.
+    # Per datagram: dlcp 30 CPU-s/GiB over 6 GiB / 1372 B datagrams; half its samples the MAC.
     h[0]["perf"]["categories"] = {"MAC (AES-GCM, aws-lc)": 20.0, "kernel: other": 20.0}
     h[3]["perf"] = {"categories": {"MAC (AES-GCM, aws-lc)": 0.0, "kernel: other": 50.0}}
     costs = "\n".join(rh.datagram_costs(h))
-    per = 30e6 / (6 * 2**30 / 1376)
+    per = 30e6 / (6 * 2**30 / 1372)
     fl = 10e6 / (6 * 2**30 / 1460)
     assert f"| **all** | {per:.2f} | {fl:.2f} | {per - fl:+.2f} |" in costs, costs
     assert f"| MAC (AES-GCM, aws-lc) | {per / 2:.2f} | 0.00 | {per / 2:+.2f} |" in costs, costs
-    assert "### MTU 1500: 1376 B per dlcp datagram, 1460 B per floor datagram" in costs, costs
+    assert "### MTU 1500: 1372 B per dlcp datagram, 1460 B per floor datagram" in costs, costs
     assert "MTU 9000" not in costs, "no perf at MTU 9000 in these rows"
     assert "| loss 1% | 1500 | 64 MiB |" in rh.summary_table(h)
     cfg = "\n".join(rh.config_section({"effective": "[node]\nrank = 0\n", "set": ["x"]}))

@@ -232,7 +232,7 @@ def write(b, outdir):
               f"{'?' if md_ is None else f'{md_ / 1e4:.2f}%'} | {f.get('repairs', '?')} |")
         w("\nOn a clean network every switch queue drop is dlcp's own. The slow port's row divides the "
           "switch's drops (all ports) by the datagrams the op sends into host 0 (2(N−1)/N of the tensor "
-          "in 1376-byte chunks, both phases, warm-up included).\n")
+          "in 1372-byte chunks, both phases, warm-up included).\n")
 
     md.extend(spine.report(d.get("spine") or [], d.get("spine_meta") or {}, LABEL))
 
@@ -259,7 +259,7 @@ def write(b, outdir):
             w(f"\nFrom {a['ranks']} to {z['ranks']} ranks ({z['ranks'] // a['ranks']}× the ranks, the same "
               f"tensor): packets per rank per op ×{pk:.2f}, memory per rank ×{rss:.2f}. The ideal column is the "
               "data packets of the transpose scheme, every chunk of every shard once (2(N−1)/N of the tensor, "
-              "rounded up to whole 1376-byte chunks per shard); the rest are repairs and control packets (PROBE, "
+              "rounded up to whole 1372-byte chunks per shard); the rest are repairs and control packets (PROBE, "
               "BITMAP, DONE, HELLO: one transfer per peer and phase, so control per rank grows with the peers). "
               "Protocol state is the endpoint's own accounting (ops, transfers, bitmaps, queues, timers; tensor "
               "buffers excluded), sampled during the run. RSS per rank is the simulator process's peak RSS "

@@ -218,10 +218,10 @@ def perf_section(headline):
     return out
 
 
-# Payload bytes per datagram at an MTU: dlcp's default chunk (96 bytes of header and tag) and
+# Payload bytes per datagram at an MTU: dlcp's default chunk (100 bytes of header and tag) and
 # the floor's (a 12-byte header); both in UDP over IPv4 (28 bytes).
 def payload_bytes(system, mtu):
-    return mtu - 28 - (12 if system == "floor" else 96)
+    return mtu - 28 - (12 if system == "floor" else 100)
 
 
 def datagram_costs(headline):

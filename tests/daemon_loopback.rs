@@ -184,7 +184,7 @@ fn receive_loss_1pct_budget_1pct_matches_recomputation_and_ranks_agree() {
         let refs: Vec<_> = owners.iter().collect();
         let opts = dlcp::proto::endpoint::OpOptions { budget_ppm: 10_000, ..Default::default() };
         let want: Vec<u32> =
-            dlcp::proto::oracle::recompute(&ins, &refs, opts, 1376 / 4).iter().map(|x| x.to_bits()).collect();
+            dlcp::proto::oracle::recompute(&ins, &refs, opts, 1372 / 4).iter().map(|x| x.to_bits()).collect();
         for (t, r) in results.iter().enumerate() {
             let got: Vec<u32> = r[i].0.iter().map(|x| x.to_bits()).collect();
             assert!(got == want, "trainer {t} op {i}: result differs from the recomputation");
@@ -292,7 +292,7 @@ fn per_op_fill_local_and_rescale_flags_are_applied() {
         let ins: Vec<&[f32]> = inputs.iter().map(Vec::as_slice).collect();
         let refs: Vec<_> = owners.iter().collect();
         let recompute = |opts: OpOptions| -> Vec<u32> {
-            dlcp::proto::oracle::recompute(&ins, &refs, opts, 1376 / 4).iter().map(|x| x.to_bits()).collect()
+            dlcp::proto::oracle::recompute(&ins, &refs, opts, 1372 / 4).iter().map(|x| x.to_bits()).collect()
         };
         let base = OpOptions { budget_ppm: BUDGET, ..Default::default() };
         let want = recompute(OpOptions { fill: Fill::Local, rescale: true, ..base });

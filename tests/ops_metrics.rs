@@ -200,7 +200,7 @@ fn counters_move_after_an_allreduce_and_parse_as_prometheus_text() {
     assert_eq!(types["dlcp_op_duration_seconds"], "histogram");
     let class_sum =
         |s: &Samples, n: &str| (0..8).map(|k| get(s, n, &[("class", &k.to_string())])).sum::<f64>();
-    let chunks = (N * 4 / 2).div_ceil(1376) as f64; // half the tensor goes to the peer
+    let chunks = (N * 4 / 2).div_ceil(1372) as f64; // half the tensor goes to the peer
     assert!(class_sum(&after, "dlcp_class_tx_packets_total") >= 2.0 * chunks, "scatter + gather data sent");
     assert!(class_sum(&after, "dlcp_class_tx_bytes_total") > class_sum(&before, "dlcp_class_tx_bytes_total"));
     assert!(class_sum(&after, "dlcp_class_rx_packets_total") >= 2.0 * chunks);

@@ -316,8 +316,8 @@ fn dlcpd_allreduce_is_exact_across_the_fabric() {
     let c = read();
     let crossed = seen(&c) - before;
     // h0 and h2 share leaf0, h1 and h3 leaf1: two thirds of every host's chunks
-    // cross a spine (about 2 x 2/3 x 3/4 of each tensor per host, in 1376-byte chunks).
-    let chunks: usize = sizes.iter().map(|n| n * 4 / 1376).sum();
+    // cross a spine (about 2 x 2/3 x 3/4 of each tensor per host, in 1372-byte chunks).
+    let chunks: usize = sizes.iter().map(|n| n * 4 / 1372).sum();
     eprintln!("dlcp datagrams through the spines: {crossed} (~{} chunks per host)", chunks);
     assert!(crossed as usize >= chunks * 4, "only {crossed} UDP datagrams crossed the spines: {c}");
 }

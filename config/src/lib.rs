@@ -21,7 +21,7 @@
 //! port = 7700
 //! "#;
 //! let cfg = dlcp_config::Config::from_str_named(text, "dlcp.toml").unwrap();
-//! assert_eq!(cfg.chunk_bytes(), 1376);
+//! assert_eq!(cfg.chunk_bytes(), 1372);
 //! assert_eq!(cfg.loss.budget_ppm(), 10_000);
 //! ```
 //!

@@ -236,7 +236,7 @@ pub struct Network {
     /// ≥ 1280). Default 1500. Restart-only.
     pub mtu: u32,
     /// Payload bytes per DATA packet. Default: derived from the MTU, see
-    /// [`default_chunk_bytes`] (1376 for IPv4 at MTU 1500); after loading it is
+    /// [`default_chunk_bytes`] (1372 for IPv4 at MTU 1500); after loading it is
     /// always set. Must be a multiple of 4 and fit the MTU. Restart-only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chunk_bytes: Option<u32>,

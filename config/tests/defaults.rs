@@ -41,8 +41,8 @@ fn minimal_config_gets_every_default() {
     assert_eq!(c.network.bind_address, Some("10.77.0.3".parse::<IpAddr>().unwrap()));
     // network
     assert_eq!(c.network.mtu, 1500);
-    assert_eq!(c.chunk_bytes(), 1376); // 1500 - 28 - 96
-    assert_eq!(c.network.chunk_bytes, Some(1376));
+    assert_eq!(c.chunk_bytes(), 1372); // 1500 - 28 - 100
+    assert_eq!(c.network.chunk_bytes, Some(1372));
     assert_eq!((c.network.heartbeat_interval_ms, c.network.peer_timeout_ms), (100, 3000));
     // datapath
     assert_eq!(c.datapath.kind, DatapathKind::Auto);
@@ -88,10 +88,10 @@ fn chunk_bytes_follows_mtu() {
     let t = format!("{MINIMAL}\n[network]\nmtu = 9000\n");
     // Appending [network] after the last [[peers]] closes the array of tables.
     let c = Config::from_str_named(&t, "x").unwrap();
-    assert_eq!(c.chunk_bytes(), (9000 - 28 - 96) & !3);
+    assert_eq!(c.chunk_bytes(), (9000 - 28 - 100) & !3);
     let t = format!("{MINIMAL}\n[network]\nmtu = 1499\n");
     let c = Config::from_str_named(&t, "x").unwrap();
-    assert_eq!(c.chunk_bytes(), 1372, "1499 - 124 = 1375, rounded down to a multiple of 4");
+    assert_eq!(c.chunk_bytes(), 1368, "1499 - 128 = 1371, rounded down to a multiple of 4");
     let t = format!("{MINIMAL}\n[network]\nchunk_bytes = 1024\nbind_address = \"0.0.0.0\"\n");
     let c = Config::from_str_named(&t, "x").unwrap();
     assert_eq!(c.chunk_bytes(), 1024);
@@ -115,7 +115,7 @@ fn effective_config_round_trips_and_redacts() {
     assert!(dump.contains(&format!("job_secret = \"{REDACTED}\"")), "{dump}");
     assert!(format!("{c:?}").contains("redacted") && !format!("{c:?}").contains("very secret"));
     for key in [
-        "chunk_bytes = 1376",
+        "chunk_bytes = 1372",
         "bind_address = \"10.77.0.3\"",
         "generation = \"auto\"",
         "[datapath.dpdk]",

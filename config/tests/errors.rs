@@ -480,16 +480,16 @@ fn network_rules() {
         &with("[network]\nchunk_bytes = 1400\n"),
         "network.chunk_bytes",
         "chunk_bytes",
-        "1400 does not fit MTU 1500 − 28 (IP/UDP) − 96 (dlcp header and tag) (allowed: a multiple of 4 in 64 ..= 1376)",
+        "1400 does not fit MTU 1500 − 28 (IP/UDP) − 100 (dlcp header and tag) (allowed: a multiple of 4 in 64 ..= 1372)",
     );
     check(&with("[network]\nchunk_bytes = 1001\n"), "network.chunk_bytes", "chunk_bytes", "a multiple of 4");
-    check(&with("[network]\nchunk_bytes = 32\n"), "network.chunk_bytes", "chunk_bytes", "64 ..= 1376");
+    check(&with("[network]\nchunk_bytes = 32\n"), "network.chunk_bytes", "chunk_bytes", "64 ..= 1372");
     // chunk_bytes is checked against the MTU given in the file.
     check(
         &with("[network]\nmtu = 1000\nchunk_bytes = 1000\n"),
         "network.chunk_bytes",
         "chunk_bytes",
-        "64 ..= 876",
+        "64 ..= 872",
     );
     check(
         &with("[network]\nheartbeat_interval_ms = 0\n"),
@@ -545,7 +545,7 @@ fn path_rules() {
 fn ipv6_mtu_and_chunk() {
     let t = BASE.replace("10.77.0.1", "fd00::1").replace("10.77.0.2", "fd00::2");
     let c = load(&t).unwrap();
-    assert_eq!(c.chunk_bytes(), 1500 - 48 - 96);
+    assert_eq!(c.chunk_bytes(), 1500 - 48 - 100);
     check(&format!("{t}[network]\nmtu = 1000\n"), "network.mtu", "mtu", "(allowed: 1280 ..= 65535)");
 }
 

@@ -216,6 +216,8 @@ pub struct FlowCounts {
     /// Senders' windows halved by their receivers (a run of their
     /// datagrams lost).
     pub window_cuts: u64,
+    /// Packets other than GRANTs whose piggybacked credit was news.
+    pub piggybacked: u64,
 }
 
 impl SimSummary {
@@ -558,6 +560,7 @@ impl Run<'_> {
                 credit_waits: sum(|s| s.flow_credit_waits),
                 requests: sum(|s| s.flow_requests_sent),
                 window_cuts: sum(|s| s.flow_window_cuts),
+                piggybacked: sum(|s| s.flow_credit_piggybacked),
             },
             min_delivered: self.min_delivered,
             wall,
@@ -594,7 +597,7 @@ fn print_summary(opts: &SimOptions, summary: &SimSummary, out: &mut impl Write) 
     }
     // Physical limit of the scheme: the busiest link carries `share` of the
     // data (allreduce: 2(N-1)/N), plus per-packet framing (28 IP/UDP + 14
-    // Ethernet + 96 dlcp bytes).
+    // Ethernet + 100 dlcp bytes).
     let (_, share) = opts.ideal(1, 1);
     let wire_eff = CHUNK_BYTES as f64 / (CHUNK_BYTES as f64 + 28.0 + 14.0 + OVERHEAD as f64);
     let bound = if share > 0.0 { opts.link_gbps / share * wire_eff } else { f64::NAN };
@@ -626,8 +629,8 @@ fn print_summary(opts: &SimOptions, summary: &SimSummary, out: &mut impl Write) 
     writeln!(
         out,
         "  flow control                {} switch queue drops, {} GRANTs, {} credit waits, {} credit requests, \
-         {} window cuts",
-        f.switch_drops, f.grants, f.credit_waits, f.requests, f.window_cuts
+         {} window cuts, {} credits piggybacked",
+        f.switch_drops, f.grants, f.credit_waits, f.requests, f.window_cuts, f.piggybacked
     )?;
     writeln!(out, "  class  packets     delivered by the network")?;
     for (c, offered, frac) in &summary.per_class {

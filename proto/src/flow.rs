@@ -16,20 +16,38 @@
 //!   in the header's `seq` field (its low 32 bits; both ends keep 64).
 //! - `r` grants `s` a cumulative **limit**: `s` sends DATA to `r` only while
 //!   its next `dseq` is below the limit. Both ends start with the limit at
-//!   one window ([`FlowConfig::per_sender`]): the **unscheduled** prefix a
+//!   the **unscheduled** window, a quarter of the sender's share of the
+//!   window ([`FlowConfig::per_sender`]; at least `min_per_sender`): what a
 //!   sender may send before it hears anything.
-//! - `r` raises the limit to `highest dseq seen + 1 + window` and sends it in
-//!   a GRANT when at most three quarters of a window of credit are left and
-//!   the sender said it has more waiting than its credit covers (the DATA
-//!   flag BACKLOG): one GRANT per quarter window of a long transfer.
-//!   (Granting at half a window left the senders idle for part of every
-//!   round trip in the simulator: the 4-rank allreduce of `flow_sim.rs` took
-//!   1.4× as long as without credit; at a quarter it takes as long.) Without
-//!   BACKLOG, `r` grants only when a quarter of the window or less is left,
-//!   to keep a window ready for the sender's next op: a transfer that fits
-//!   in its window costs no GRANT at all, which keeps control traffic from
-//!   growing with the number of peers. A GRANT is cumulative and idempotent, so a lost one
-//!   is replaced by the next; the credit in flight towards `r` from all
+//! - **Credit rides on every packet** (wire version 9): each packet from `r`
+//!   to `s` but HELLO and GOODBYE carries, in its `credit` field, the limit
+//!   as of when it leaves (`Flow::piggyback`). In a collective every pair
+//!   of ranks sends each other DATA both ways, so a GRANT packet is rarely
+//!   needed (64 ranks, 1 MB: 0.6 GRANTs per peer and op, 2.0 when credit
+//!   went only in GRANTs).
+//! - **Credit by need.** The limit `r` gives is `highest dseq seen + 1 +
+//!   want` (at most a window), `want` being what `r` still waits for from
+//!   `s` — the missing chunks of its open transfers from `s` — plus the
+//!   unscheduled window for `s`'s next op. Before `r` has reduced its own
+//!   shard of an op, it wants only `s`'s reduce-scatter chunks, not its
+//!   (short) all-gather: every owner done early would otherwise send its
+//!   all-gather, whose classes outrank the reduce-scatter's, into `r`'s
+//!   port at once, and the last contributions `r` waits for would wait
+//!   behind it (64 ranks: 2.67 ms per clean op instead of 1.89). The hold
+//!   ends when `r` reduces or NACKs a reduce-scatter chunk (a repair is a
+//!   round trip away), and is not used below 8 ranks, where it idles the
+//!   port more than it saves (`Endpoint::wants`, `Op::wants_from`). A
+//!   piggybacked limit allows one datagram more while `r` holds, so two
+//!   ranks that hold each other still carry each other's credit.
+//! - `r` also sends the limit in a GRANT when at most three quarters of the
+//!   credit it wants to give are left and the sender said it has more
+//!   waiting than its credit covers (the DATA flag BACKLOG), a quarter
+//!   without BACKLOG, or when an op reduced and a held sender has no DATA
+//!   of `r`'s on its way to carry the news. (Granting at half a window left
+//!   the senders idle for part of every round trip in the simulator: the
+//!   4-rank allreduce of `flow_sim.rs` took 1.4× as long as without
+//!   credit.) A limit is cumulative and idempotent, so a lost one is
+//!   replaced by the next; the credit in flight towards `r` from all
 //!   senders stays below [`FlowConfig::window`], which the datapath sizes
 //!   below what `r` can hold unread (its socket buffer or NIC ring).
 //! - Datagrams lost in the network do not leak credit while later ones
@@ -128,9 +146,9 @@ impl FlowConfig {
 }
 
 impl Default for FlowConfig {
-    /// [`FlowConfig::DEFAULT_WINDOW_BYTES`] of dlcp's default chunks (1376 bytes).
+    /// [`FlowConfig::DEFAULT_WINDOW_BYTES`] of dlcp's default chunks (1372 bytes).
     fn default() -> Self {
-        FlowConfig::for_window_bytes(Self::DEFAULT_WINDOW_BYTES, 1376)
+        FlowConfig::for_window_bytes(Self::DEFAULT_WINDOW_BYTES, 1372)
     }
 }
 
@@ -179,8 +197,10 @@ struct RxCredit {
 }
 
 impl RxCredit {
-    fn new(per_sender: u64) -> RxCredit {
-        RxCredit { granted: per_sender, win: per_sender, ..RxCredit::default() }
+    /// A sender's window `per_sender`, `unscheduled` of it granted before
+    /// it sent anything.
+    fn new(per_sender: u64, unscheduled: u64) -> RxCredit {
+        RxCredit { granted: unscheduled, win: per_sender, ..RxCredit::default() }
     }
 }
 
@@ -215,16 +235,12 @@ impl Flow {
     pub(crate) fn new(cfg: FlowConfig, world: u32) -> Flow {
         let cfg = FlowConfig { window: u32::from(cfg.wire_window()), ..cfg };
         let per_sender = u64::from(cfg.per_sender(world));
-        let tx = TxCredit { limit: per_sender, ..TxCredit::default() };
-        let rx = RxCredit::new(per_sender);
-        Flow {
-            cfg,
-            per_sender,
-            tx: vec![tx; world as usize],
-            rx: vec![rx; world as usize],
-            requests: BTreeSet::new(),
-            cuts: 0,
-        }
+        let mut f =
+            Flow { cfg, per_sender, tx: Vec::new(), rx: Vec::new(), requests: BTreeSet::new(), cuts: 0 };
+        let u = f.unscheduled();
+        f.tx = vec![TxCredit { limit: u, ..TxCredit::default() }; world as usize];
+        f.rx = vec![RxCredit::new(per_sender, u); world as usize];
+        f
     }
 
     /// Arm (`Some`) or clear `peer`'s credit request timer, keeping the
@@ -331,15 +347,24 @@ impl Flow {
     }
 
     /// DATA with `dseq` (low 32 bits) arrived from `src`, which has more
-    /// waiting than its credit covers if `backlog`: true if a GRANT is now
-    /// due.
-    pub(crate) fn on_data(&mut self, src: u32, dseq: u32, backlog: bool) -> bool {
+    /// waiting than its credit covers if `backlog`, and this rank wants
+    /// `want` more datagrams from it ([`Flow::piggyback`]): true if a GRANT
+    /// is now due. ([`Flow::note_data`] then [`Flow::grant_due`].)
+    #[cfg(test)]
+    pub(crate) fn on_data(&mut self, src: u32, dseq: u32, backlog: bool, want: u64) -> bool {
+        self.note_data(src, dseq);
+        self.grant_due(src, backlog, want)
+    }
+
+    /// DATA with `dseq` (low 32 bits) arrived from `src`: move its receive
+    /// window (and halve it on a run of losses).
+    pub(crate) fn note_data(&mut self, src: u32, dseq: u32) {
         // The highest dseq is kept with flow control off too: a PROBE names
         // how many DATA datagrams its sender had sent, and the receiver
         // compares ([`Flow::high`]).
         let enabled = self.enabled();
         let floor = self.floor();
-        let Some(r) = self.rx.get_mut(src as usize) else { return false };
+        let Some(r) = self.rx.get_mut(src as usize) else { return };
         r.count += 1;
         // Extend to 64 bits around the highest seen (serial arithmetic: the
         // window is far below 2^31).
@@ -349,7 +374,7 @@ impl Flow {
             let missing = d - r.high;
             r.high = d + 1;
             if !enabled {
-                return false;
+                return;
             }
             if missing >= LOSS_RUN.max(r.late_depth + 1) && r.high > r.cut_until {
                 // A run of lost datagrams: a queue on the way overflowed
@@ -366,10 +391,21 @@ impl Flow {
                 }
             }
         }
-        if !enabled {
+    }
+
+    /// After DATA from `src` was taken in: true if a GRANT is due, `src`
+    /// having more waiting than its credit covers if `backlog`, and this
+    /// rank wanting `want` more datagrams from it.
+    pub(crate) fn grant_due(&mut self, src: u32, backlog: bool, want: u64) -> bool {
+        if !self.enabled() {
             return false;
         }
-        let win = r.win;
+        let Some(r) = self.rx.get_mut(src as usize) else { return false };
+        let win = want.min(r.win);
+        if r.high + win <= r.granted {
+            // Nothing more to give than what was granted.
+            return false;
+        }
         let left = r.granted.saturating_sub(r.high);
         let due = if backlog { left <= win * 3 / 4 } else { left <= win / 4 };
         if !due {
@@ -377,6 +413,59 @@ impl Flow {
         }
         r.granted = r.granted.max(r.high + win);
         true
+    }
+
+    /// A packet to `src` is being sent: the credit it carries (version 9),
+    /// a full window past the highest `dseq` seen, as a GRANT sent now
+    /// would give (the low 32 bits; 0 with flow control off, which carries
+    /// none). Every DATA and control packet to a sender is a GRANT too, so
+    /// where two ranks send each other DATA, as every pair does in a
+    /// collective, GRANT packets are rarely due.
+    pub(crate) fn piggyback(&mut self, src: u32, want: u64) -> u32 {
+        if !self.enabled() {
+            return 0;
+        }
+        let Some(r) = self.rx.get_mut(src as usize) else { return 0 };
+        r.granted = r.granted.max(r.high + want.min(r.win));
+        r.granted as u32
+    }
+
+    /// The credit a packet from `peer` carried (`limit`, low 32 bits; 0:
+    /// none): true if it gave new credit. Extended to 64 bits around the
+    /// DATA sent to `peer` (a limit is never more than a window from it).
+    pub(crate) fn on_credit(&mut self, peer: u32, limit: u32) -> bool {
+        if limit == 0 || !self.enabled() {
+            return false;
+        }
+        let Some(t) = self.tx.get(peer as usize) else { return false };
+        let delta = i64::from(limit.wrapping_sub(t.sent as u32) as i32);
+        let Some(limit) = t.sent.checked_add_signed(delta) else { return false };
+        self.on_grant(peer, limit)
+    }
+
+    /// Whether `src` holds less credit than this rank wants from it
+    /// (`want` more datagrams, [`Flow::piggyback`]): a GRANT now would give
+    /// more. Raises the limit to give if so.
+    pub(crate) fn short_of(&mut self, src: u32, want: u64) -> bool {
+        let Some(r) = self.rx.get_mut(src as usize) else { return false };
+        let target = r.high + want.min(r.win);
+        if target <= r.granted {
+            return false;
+        }
+        r.granted = target;
+        true
+    }
+
+    /// A sender's share of this receiver's window, in datagrams.
+    pub(crate) fn per_sender_limit(&self) -> u32 {
+        u32::try_from(self.per_sender).unwrap_or(u32::MAX)
+    }
+
+    /// The credit a receiver keeps ready for a sender's next op (its
+    /// unscheduled window): a quarter of the sender's share of the window,
+    /// at least `min_per_sender`.
+    pub(crate) fn unscheduled(&self) -> u64 {
+        (self.per_sender / 4).max(u64::from(self.cfg.min_per_sender)).max(1)
     }
 
     /// A credit REQUEST from `src`, which sent `sent` DATA datagrams: all
@@ -457,13 +546,13 @@ impl Flow {
 
     /// `peer` restarted: both directions start over at the unscheduled window.
     pub(crate) fn reset(&mut self, peer: u32) {
-        let per = self.per_sender;
+        let (per, u) = (self.per_sender, self.unscheduled());
         self.set_request(peer, None);
         if let Some(t) = self.tx.get_mut(peer as usize) {
-            *t = TxCredit { limit: per, ..TxCredit::default() };
+            *t = TxCredit { limit: u, ..TxCredit::default() };
         }
         if let Some(r) = self.rx.get_mut(peer as usize) {
-            *r = RxCredit::new(per);
+            *r = RxCredit::new(per, u);
         }
     }
 
@@ -492,46 +581,49 @@ mod tests {
                 }
             })
             .count();
-        assert_eq!(sent, 8);
+        // The unscheduled window is a quarter of the 8 (at least
+        // `min_per_sender`, 2): the rest comes by need.
+        assert_eq!(sent, 2);
         assert!(f.may_send(2), "credit is per receiver");
     }
 
     #[test]
     fn grants_follow_the_highest_dseq_once_per_quarter_window() {
         let mut r = flow(16, 3);
-        let due: Vec<bool> = (0..8).map(|d| r.on_data(0, d, true)).collect();
-        // 8 per sender: due when at most 6 of the credit is left, i.e. every
-        // second datagram.
-        assert_eq!(due, [false, true, false, true, false, true, false, true]);
-        assert_eq!(r.grant(0), 16);
+        let due: Vec<bool> = (0..8).map(|d| r.on_data(0, d, true, u64::MAX)).collect();
+        // 8 per sender: due when at most 6 of the credit is left: at once
+        // (the unscheduled 2 are nearly used), then every second datagram.
+        assert_eq!(due, [true, false, true, false, true, false, true, false]);
+        assert_eq!(r.grant(0), 15);
     }
 
     #[test]
     fn without_backlog_a_grant_only_tops_up_a_used_window() {
         let mut r = flow(16, 3);
-        let due: Vec<bool> = (0..8).map(|d| r.on_data(0, d, false)).collect();
-        // Due when at most 2 of the 8 are left: dseq 5 (high 6); then at 14.
-        assert_eq!(due, [false, false, false, false, false, true, false, false]);
-        assert_eq!(r.grant(0), 14);
-        // A small transfer that uses less than three quarters costs no GRANT.
+        let due: Vec<bool> = (0..8).map(|d| r.on_data(0, d, false, u64::MAX)).collect();
+        // Due when at most 2 of the 8 are left: at once (1 of the unscheduled
+        // 2 left), then at dseq 6 (high 7, granted 9); then at 15.
+        assert_eq!(due, [true, false, false, false, false, false, true, false]);
+        assert_eq!(r.grant(0), 15);
+        // A transfer this rank wants nothing more of costs no GRANT.
         let mut r = flow(16, 3);
-        assert!((0..5).all(|d| !r.on_data(0, d, false)));
+        assert!((0..2).all(|d| !r.on_data(0, d, false, 0)));
     }
 
     #[test]
     fn lost_datagrams_leak_no_credit_while_later_ones_arrive() {
         let mut r = flow(16, 3);
         for d in [0, 2, 4] {
-            r.on_data(0, d, true);
+            r.on_data(0, d, true, u64::MAX);
         }
-        assert!(r.on_data(0, 6, true), "dseq 6 arriving (1, 3, 5 lost) leaves 1 of 8: grant");
+        assert!(r.on_data(0, 6, true, u64::MAX), "dseq 6 arriving (1, 3, 5 lost) leaves 1 of 8: grant");
         assert_eq!((r.grant(0), r.cuts), (15, 0), "single losses: the window stays");
     }
 
     #[test]
     fn a_lost_tail_is_written_off_by_the_senders_request() {
         let (mut s, mut r) = (flow(16, 3), flow(16, 3));
-        for _ in 0..8 {
+        for _ in 0..2 {
             s.take_dseq(1);
         }
         assert!(!s.may_send(1));
@@ -540,17 +632,17 @@ mod tests {
         let at = s.next_timeout().unwrap();
         assert_eq!(s.requests_due(at).collect::<Vec<_>>(), [1]);
         s.request_sent(1);
-        // All 8 lost; the request says 8 were sent.
+        // Both lost; the request says 2 were sent.
         r.on_request(0, s.sent(1));
         assert!(s.on_grant(1, r.grant(0)));
         assert!(s.may_send(1) && s.next_timeout().is_none());
-        assert_eq!(r.grant(0), 16);
+        assert_eq!(r.grant(0), 10);
     }
 
     #[test]
     fn requests_back_off_until_credit_comes() {
         let mut s = flow(16, 3);
-        (0..8).for_each(|_| {
+        (0..2).for_each(|_| {
             s.take_dseq(1);
         });
         let ms = Duration::from_millis;
@@ -570,7 +662,7 @@ mod tests {
     #[test]
     fn grants_are_cumulative_and_bounded() {
         let mut s = flow(16, 3);
-        assert!(!s.on_grant(1, 5), "an old, lower limit is no news");
+        assert!(!s.on_grant(1, 2), "an old limit is no news");
         (0..8).for_each(|_| {
             s.take_dseq(1);
         });
@@ -591,8 +683,8 @@ mod tests {
         let mut r = flow(16, 3);
         r.rx[0].high = u64::from(u32::MAX) - 1;
         r.rx[0].granted = r.rx[0].high + 8;
-        r.on_data(0, u32::MAX, true);
-        r.on_data(0, 0, true);
+        r.on_data(0, u32::MAX, true, u64::MAX);
+        r.on_data(0, 0, true, u64::MAX);
         assert_eq!(r.rx[0].high, u64::from(u32::MAX) + 2);
     }
 
@@ -601,10 +693,10 @@ mod tests {
         let mut f = flow(16, 3);
         for d in 0..8 {
             f.take_dseq(1);
-            f.on_data(1, d, true);
+            f.on_data(1, d, true, u64::MAX);
         }
         f.reset(1);
-        assert_eq!((f.sent(1), f.grant(1)), (0, 8));
+        assert_eq!((f.sent(1), f.grant(1)), (0, 2));
         assert!(f.may_send(1));
     }
 
@@ -615,28 +707,28 @@ mod tests {
             f.take_dseq(1);
             true
         }));
-        assert!(!f.on_data(1, 5, true));
+        assert!(!f.on_data(1, 5, true, u64::MAX));
         assert_eq!((f.high(1), f.sent(1)), (6, 10_000), "counts are kept for PROBEs");
     }
 
     #[test]
     fn a_run_of_losses_halves_the_senders_window_once_per_window_and_it_grows_back() {
         let mut r = flow(32, 3); // 16 per sender
-        assert!(!r.on_data(0, 0, true));
-        r.on_data(0, 1, true);
+        r.on_data(0, 0, true, u64::MAX);
+        r.on_data(0, 1, true, u64::MAX);
         // dseq 2 and 3 lost: random loss may do that, no cut.
-        r.on_data(0, 4, true);
+        r.on_data(0, 4, true, u64::MAX);
         assert_eq!((r.cuts, r.rx[0].win), (0, 16));
         // 5, 6 and 7 lost: a run, the window halves.
-        r.on_data(0, 8, true);
+        r.on_data(0, 8, true, u64::MAX);
         assert_eq!((r.cuts, r.rx[0].win), (1, 8));
         // Another run within the window after the cut: no second cut.
-        r.on_data(0, 12, true);
+        r.on_data(0, 12, true, u64::MAX);
         assert_eq!((r.cuts, r.rx[0].win), (1, 8));
         // Grants now follow the smaller window.
         let before = r.grant(0);
         for d in 13..43 {
-            r.on_data(0, d, true);
+            r.on_data(0, d, true, u64::MAX);
         }
         assert!(r.rx[0].win > 8 && r.rx[0].win <= 16, "grows back: {}", r.rx[0].win);
         assert!(r.grant(0) >= before);
@@ -652,45 +744,45 @@ mod tests {
         let c = |k| Class::new(k).unwrap();
         let mut r = flow(64, 3); // 32 per sender
         for d in 0..4 {
-            r.on_data(0, d, true);
+            r.on_data(0, d, true, u64::MAX);
             r.new_chunk(0, d, c(3));
         }
         // Class 5 overtakes class 3 in a priority queue: not reordering.
-        r.on_data(0, 5, true);
+        r.on_data(0, 5, true, u64::MAX);
         r.new_chunk(0, 5, c(5));
-        r.on_data(0, 4, true);
+        r.on_data(0, 4, true, u64::MAX);
         r.new_chunk(0, 4, c(3));
         assert!(!r.reordering(0) && r.seen(0) == r.high(0));
         // dseq 6..=9 of class 3 go on a slow path: 10 arrives first, and the
         // gap of 4 is a loss run (nothing reordered within a class yet)...
-        r.on_data(0, 10, true);
+        r.on_data(0, 10, true, u64::MAX);
         r.new_chunk(0, 10, c(3));
         assert_eq!(r.cuts, 1);
         // ...until they land, late, within their class.
         for d in 6..9 {
-            r.on_data(0, d, true);
+            r.on_data(0, d, true, u64::MAX);
             r.new_chunk(0, d, c(3));
         }
         assert!(r.reordering(0));
         // 9 is still on its way: the highest says 11, the count 10.
         assert_eq!((r.seen(0), r.high(0)), (10, 11), "while reordering, a PROBE is compared with the count");
-        r.on_data(0, 9, true);
+        r.on_data(0, 9, true, u64::MAX);
         r.new_chunk(0, 9, c(3));
         assert!(r.rx[0].late_depth >= 4, "{}", r.rx[0].late_depth);
         // Past the cut's window: a gap of 4 again is reordering, not loss...
         r.rx[0].cut_until = 0;
-        r.on_data(0, 15, true);
+        r.on_data(0, 15, true, u64::MAX);
         assert_eq!(r.cuts, 1);
         // ...a gap deeper than any late chunk came is a loss run.
-        r.on_data(0, 40, true);
+        r.on_data(0, 40, true, u64::MAX);
         assert_eq!(r.cuts, 2);
     }
 
     #[test]
     fn the_default_window_is_2_mib_of_datagrams() {
         assert_eq!(FlowConfig::default().window, 1424);
-        assert_eq!(FlowConfig::for_window_bytes(2 << 20, 8876).window, 233);
-        assert_eq!(FlowConfig::for_window_bytes(1, 8876).window, 1);
+        assert_eq!(FlowConfig::for_window_bytes(2 << 20, 8872).window, 233);
+        assert_eq!(FlowConfig::for_window_bytes(1, 8872).window, 1);
         assert_eq!(FlowConfig::for_window_bytes(1 << 40, 256).window, 65535);
     }
 

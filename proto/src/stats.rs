@@ -568,6 +568,13 @@ crate::counters! {
         pub flow_grants_sent: u64 => [Desc::new("flow.grants_sent", "flow_grants", FLOW_GRANTS).fixed(SENT)],
         /// Flow control: GRANTs received.
         pub flow_grants_received: u64 => [Desc::new("flow.grants_received", "flow_grants", FLOW_GRANTS).fixed(RECEIVED)],
+        /// Flow control: packets other than GRANTs whose piggybacked credit
+        /// (version 9) gave this rank new credit towards their sender.
+        pub flow_credit_piggybacked: u64 => [Desc::new(
+            "flow.credit_piggybacked",
+            "flow_credit_piggybacked",
+            "Packets other than GRANTs whose piggybacked credit gave new credit towards their sender",
+        )],
         /// Flow control: credit requests sent (out of credit, no GRANT for a retry timeout).
         pub flow_requests_sent: u64 => [Desc::new("flow.requests_sent", "flow_credit_requests", FLOW_REQUESTS).fixed(SENT)],
         /// Flow control: credit requests received.
@@ -777,8 +784,8 @@ mod tests {
         in_debug.sort_unstable();
         assert_eq!(in_debug, given);
         // 4×8 + 4×3 per class / per peer, 3×2 per path, 2×(8+1+3+1) dropped,
-        // 21 reasons, 2 + 4×8 + 2×2×3 repairs, 6 flow control, 13 others.
-        assert_eq!(given.len(), 32 + 12 + 6 + 26 + 21 + 2 + 32 + 12 + 6 + 13);
+        // 21 reasons, 2 + 4×8 + 2×2×3 repairs, 7 flow control, 13 others.
+        assert_eq!(given.len(), 32 + 12 + 6 + 26 + 21 + 2 + 32 + 12 + 7 + 13);
     }
 
     #[test]

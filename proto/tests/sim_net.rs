@@ -10,7 +10,7 @@ use dlcp_proto::time::{Duration, Instant};
 use dlcp_proto::wire::{self, Header, JobKey, PacketType, Phase, WireError};
 
 const SECRET: &[u8] = b"sim_net test secret";
-/// 1112 payload + 96 wire overhead = 1208 bytes; + 42 framing = 1250 bytes = 1 µs at 10 Gbit/s.
+/// 1108 payload + 100 wire overhead = 1208 bytes; + 42 framing = 1250 bytes = 1 µs at 10 Gbit/s.
 const PAYLOAD: usize = 1208 - wire::OVERHEAD;
 
 fn cls(c: u8) -> Class {

@@ -165,7 +165,7 @@ fn bad_magic() {
 
 #[test]
 fn unsupported_version() {
-    for v in [0u8, 1, 2, 3, 4, 5, 6, 7, 9, 255] {
+    for v in [0u8, 1, 2, 3, 4, 5, 6, 7, 8, 10, 255] {
         let r = decode_edited(PacketType::Hello, |b| b[2] = v);
         assert_eq!(r, Err(WireError::UnsupportedVersion(v)));
     }

@@ -1,7 +1,7 @@
 //! Golden byte vectors pinning the wire layout, one set per wire version.
 //!
-//! The version 8 vectors in `tests/golden/v8/*.hex` were produced by
-//! `tests/golden/v8/gen.py`, which writes each field at the offset given by
+//! The version 9 vectors in `tests/golden/v9/*.hex` were produced by
+//! `tests/golden/v9/gen.py`, which writes each field at the offset given by
 //! the layout table in the `wire` module docs and computes the tag with
 //! Python's `cryptography` (HKDF-SHA256, AES-128-GCM) — independently of the
 //! Rust encoder. Each vector is checked both ways: `encode(header, payload)
@@ -18,9 +18,10 @@
 //! no run), version 4 (`tests/golden/v4/`, op identity; no failing DONE) and
 //! version 5 (`tests/golden/v5/`, failing DONEs; f32 only, byte 15
 //! reserved), version 6 (`tests/golden/v6/`, f16/bf16 and average;
-//! allreduce only) and version 7 (`tests/golden/v7/`, the other
-//! collectives; no LAST DATA). This build refuses every one of them with
-//! `UnsupportedVersion(1)` to `(7)`, and still reads the sender rank they
+//! allreduce only), version 7 (`tests/golden/v7/`, the other
+//! collectives; no LAST DATA) and version 8 (`tests/golden/v8/`, an 80-byte
+//! header without `credit`). This build refuses every one of them with
+//! `UnsupportedVersion(1)` to `(8)`, and still reads the sender rank they
 //! claim.
 
 use dlcp_proto::class::Class;
@@ -29,8 +30,8 @@ use dlcp_proto::wire::{
     Packet, PacketAuth, PacketType, Phase, ReduceOp, SETTINGS_LEN, SenderId, Settings, TAG_LEN, WireError,
 };
 
-/// The job secret every version 8 golden vector is tagged with (see `v8/gen.py`).
-const SECRET: &[u8] = b"dlcp golden secret v8";
+/// The job secret every version 9 golden vector is tagged with (see `v9/gen.py`).
+const SECRET: &[u8] = b"dlcp golden secret v9";
 
 fn key() -> JobKey {
     JobKey::new(SECRET)
@@ -147,9 +148,35 @@ const V7: [&str; 21] = [
     "goodbye",
 ];
 
+/// The version 8 vectors: version 7's and the LAST DATA.
+const V8: [&str; 22] = [
+    "data",
+    "data_repair_bf16",
+    "data_f16_average",
+    "bitmap_bf16_average",
+    "data_reduce_scatter_average",
+    "data_allgather_f16",
+    "data_broadcast_bf16",
+    "probe_barrier",
+    "done_allgather",
+    "data_last",
+    "data_auth_none",
+    "probe",
+    "bitmap",
+    "bitmap_complete",
+    "done",
+    "done_mask_empty",
+    "done_failed",
+    "done_failed_unknown",
+    "hello",
+    "grant",
+    "grant_request",
+    "goodbye",
+];
+
 /// Parse a `.hex` golden file of this version: `#` comments and whitespace are ignored.
 fn golden(name: &str) -> Vec<u8> {
-    golden_of("v8", name)
+    golden_of("v9", name)
 }
 
 /// Parse the `.hex` golden file `name` of version directory `version`.
@@ -197,6 +224,7 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     let mut h = common(PacketType::Data, class(3), Phase::Scatter);
     h.chunk_index = 5;
     h.seq = 41;
+    h.credit = 0x123;
     let payload: Vec<u8> = [1.0f32, -2.5].iter().flat_map(|x| x.to_le_bytes()).collect();
     v.push(("data", h, payload.clone()));
 
@@ -282,6 +310,7 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.chunk_index = 9;
     h.seq = 0x1234_5678;
     h.packet = 17;
+    h.credit = u32::MAX;
     v.push(("data_last", h, payload.clone()));
 
     let mut h = common(PacketType::Data, class(3), Phase::Scatter);
@@ -293,6 +322,7 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     let mut h = common(PacketType::Probe, Class::CONTROL, Phase::Gather);
     h.seq = 3;
     h.packet = 2;
+    h.credit = 0x89AB_CDEF;
     v.push(("probe", h, 4242u64.to_be_bytes().to_vec()));
 
     let mut h = common(PacketType::Bitmap, Class::CONTROL, Phase::Scatter);
@@ -307,6 +337,7 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.chunk_count = 20;
     h.seq = 4;
     h.packet = 4;
+    h.credit = 1;
     v.push(("bitmap_complete", h, vec![]));
 
     let mut h = common(PacketType::Done, Class::CONTROL, Phase::Gather);
@@ -345,7 +376,7 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.packet = 7;
     let mut settings = vec![0u8; SETTINGS_LEN];
     Settings {
-        version: 8,
+        version: 9,
         auth: PacketAuth::AesGmac,
         chunk_bytes: 1376,
         flow_window: 256,
@@ -366,6 +397,7 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.dst = 1;
     h.session = 0x5E55_20A0_B0C0_D0E0;
     h.packet = 8;
+    h.credit = 0x40;
     let mut count = vec![0u8; wire::GRANT_LEN];
     wire::emit_grant(0x1_0000_0040, &mut count);
     v.push(("grant", h, count));
@@ -492,9 +524,16 @@ fn decode_golden_gives_header() {
 /// that sent it.
 #[test]
 fn older_versions_vectors_are_refused() {
-    for (version, names) in
-        [(1u8, &V1[..]), (2, &V2[..]), (3, &V3[..]), (4, &V4[..]), (5, &V5[..]), (6, &V6[..]), (7, &V7[..])]
-    {
+    for (version, names) in [
+        (1u8, &V1[..]),
+        (2, &V2[..]),
+        (3, &V3[..]),
+        (4, &V4[..]),
+        (5, &V5[..]),
+        (6, &V6[..]),
+        (7, &V7[..]),
+        (8, &V8[..]),
+    ] {
         let own = JobKey::new(format!("dlcp golden secret v{version}").as_bytes());
         for name in names {
             let bytes = golden_of(&format!("v{version}"), name);
@@ -580,7 +619,7 @@ fn probe_header_written_by_hand() {
     #[rustfmt::skip]
     let hand: [u8; HEADER_LEN] = [
         0xD1, 0xC9,             //  0 magic
-        0x08,                   //  2 version
+        0x09,                   //  2 version
         0x02,                   //  3 type = PROBE
         0x00,                   //  4 flags
         0x07,                   //  5 class = control
@@ -602,6 +641,7 @@ fn probe_header_written_by_hand() {
         0x0A, 0x0B, 0x0C, 0x0D, 0x0E, 0x0F, 0x10, 0x11, // 56 run
         0x5E, 0x55, 0x10, 0xA0, 0xB0, 0xC0, 0xD0, 0xE0, // 64 session
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, // 72 packet = 2
+        0x89, 0xAB, 0xCD, 0xEF, // 80 credit (version 9)
     ];
     let g = golden("probe");
     assert_eq!(g.len(), OVERHEAD + wire::GRANT_LEN);
@@ -618,7 +658,7 @@ fn probe_header_written_by_hand() {
 #[test]
 fn data_packet_written_by_hand() {
     let mut hand = Vec::new();
-    hand.extend_from_slice(&[0xD1, 0xC9, 8, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
+    hand.extend_from_slice(&[0xD1, 0xC9, 9, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
     hand.extend_from_slice(&[1, 2, 3, 4, 0, 8, 1, 0]); // job payload_len auth kind (allreduce, sum)
     hand.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 2]); // src dst
     hand.extend_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]); // op
@@ -628,6 +668,7 @@ fn data_packet_written_by_hand() {
     hand.extend_from_slice(&[0x0A, 0x0B, 0x0C, 0x0D, 0x0E, 0x0F, 0x10, 0x11]); // run
     hand.extend_from_slice(&[0x5E, 0x55, 0x10, 0xA0, 0xB0, 0xC0, 0xD0, 0xE0]); // session
     hand.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0]); // packet = 0
+    hand.extend_from_slice(&[0, 0, 0x01, 0x23]); // credit = 0x123 (version 9)
     hand.extend_from_slice(&[0x00, 0x00, 0x80, 0x3F, 0x00, 0x00, 0x20, 0xC0]); // 1.0f32, -2.5f32 LE
     assert_eq!(hand.len(), HEADER_LEN + 8);
     let g = golden("data");
@@ -640,7 +681,7 @@ fn data_packet_written_by_hand() {
 #[test]
 fn f16_average_header_written_by_hand() {
     let mut hand = Vec::new();
-    hand.extend_from_slice(&[0xD1, 0xC9, 8, 1, 0x08, 2, 1, 1]); // magic version DATA REQUIRED class2 scatter f16
+    hand.extend_from_slice(&[0xD1, 0xC9, 9, 1, 0x08, 2, 1, 1]); // magic version DATA REQUIRED class2 scatter f16
     hand.extend_from_slice(&[1, 2, 3, 4, 0, 6, 1, 0x01]); // job payload_len auth kind (allreduce, average)
     let g = golden("data_f16_average");
     assert_eq!(g[..16], hand[..]);
@@ -655,12 +696,25 @@ fn f16_average_header_written_by_hand() {
     assert_eq!(x, [1.0, -2.5, 65504.0]);
 }
 
+/// The version 9 `credit` by hand: the last 4 bytes of the header,
+/// big-endian, on a LAST DATA (all ones) and on a GRANT (0x40).
+#[test]
+fn credit_written_by_hand() {
+    let g = golden("data_last");
+    assert_eq!(g[80..84], [0xFF, 0xFF, 0xFF, 0xFF]);
+    assert_eq!(wire::decode(&key(), &g).unwrap().0.credit, u32::MAX);
+    let g = golden("grant");
+    assert_eq!(g[80..84], [0, 0, 0, 0x40]);
+    let (h, p) = wire::decode(&key(), &g).unwrap();
+    assert_eq!((h.credit, wire::parse_grant(p)), (0x40, Some(0x1_0000_0040)));
+}
+
 /// The version 8 LAST flag by hand: bit 7 of a DATA's flags byte (here
 /// with REQUIRED 0x08 and BACKLOG 0x20: 0xA8).
 #[test]
 fn last_flag_written_by_hand() {
     let g = golden("data_last");
-    assert_eq!(g[..8], [0xD1, 0xC9, 8, 1, 0xA8, 2, 1, 0]); // magic version DATA flags class2 scatter f32
+    assert_eq!(g[..8], [0xD1, 0xC9, 9, 1, 0xA8, 2, 1, 0]); // magic version DATA flags class2 scatter f32
     let (h, _) = wire::decode(&key(), &g).unwrap();
     assert!(
         h.flags.contains(Flags::LAST)
@@ -681,7 +735,7 @@ fn collective_kind_bytes_written_by_hand() {
         ("done_allgather", 2, 0x20, wire::Collective::Allgather),
     ] {
         let g = golden(name);
-        assert_eq!((g[2], g[6], g[15]), (8, phase, kind), "{name}: version, phase, kind");
+        assert_eq!((g[2], g[6], g[15]), (9, phase, kind), "{name}: version, phase, kind");
         let (h, _) = wire::decode(&key(), &g).unwrap();
         assert_eq!(h.collective, collective, "{name}");
     }
@@ -690,13 +744,13 @@ fn collective_kind_bytes_written_by_hand() {
 /// The key schedule is pinned too: HKDF salt and info, then AES-128-GCM.
 #[test]
 fn key_schedule_is_pinned() {
-    assert_eq!(KEY_SALT, b"dlcp wire v8 packet authentication");
-    assert_eq!(KEY_INFO, b"dlcp v8 aes-128-gmac sender key");
+    assert_eq!(KEY_SALT, b"dlcp wire v9 packet authentication");
+    assert_eq!(KEY_INFO, b"dlcp v9 aes-128-gmac sender key");
     // The probe vector's tag, computed by gen.py with Python's cryptography.
     let g = golden("probe");
     let n = HEADER_LEN + wire::GRANT_LEN;
-    assert_eq!(hex(&g[n..]), "75067605966e96ee3a47efb3c95b2008");
-    assert_eq!(hex(&key().tag(&g[..n])), "75067605966e96ee3a47efb3c95b2008");
+    assert_eq!(hex(&g[n..]), "1e95a283308d483d8cacd37cbaad2ba2");
+    assert_eq!(hex(&key().tag(&g[..n])), "1e95a283308d483d8cacd37cbaad2ba2");
     assert_ne!(JobKey::new(b"").tag(&g[..n]), key().tag(&g[..n]));
 }
 

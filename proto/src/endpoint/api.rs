@@ -268,7 +268,7 @@ impl EndpointConfig {
             generation,
             session,
             key,
-            chunk_bytes: 1376,
+            chunk_bytes: 1372,
             classifier: ClassifierConfig::default(),
             timers: Timers::default(),
             pacing_rate: 0,

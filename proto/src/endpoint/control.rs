@@ -70,6 +70,9 @@ impl Endpoint {
                 kind.stamp(&mut h);
             }
         }
+        if !matches!(item.kind, TxKind::Hello | TxKind::Goodbye) {
+            h.credit = self.credit_for(item.peer);
+        }
         let (op, peer) = (self.ops.by_key_mut(item.op), item.peer);
         match item.kind {
             TxKind::Goodbye => {

@@ -479,7 +479,10 @@ impl Endpoint {
         self.sh.stats.key_derivations = self.keys.derivations();
         let rejected = &mut self.sh.stats.rejected;
         let mismatch = match decoded {
-            Ok((h, payload)) => return self.handle_authenticated(now, h, payload, datagram, replay),
+            Ok((h, payload)) => {
+                self.handle_authenticated(now, h, payload, datagram, replay);
+                return self.grant_after_data();
+            }
             Err(WireError::BadTag) => {
                 rejected.bad_tag += 1;
                 return;
@@ -698,6 +701,7 @@ impl Endpoint {
             }
             self.check_complete(id);
         }
+        self.release_credit();
         self.flow_timeouts(now);
         self.prune_timers();
         self.adapt_rate(now);
@@ -866,7 +870,8 @@ impl Endpoint {
         else {
             return false;
         };
-        let mut h = Header { packet: self.sh.take_packet(), seq: self.take_dseq(item.peer), ..h };
+        let (seq, credit) = (self.take_dseq(item.peer), self.credit_for(item.peer));
+        let mut h = Header { packet: self.sh.take_packet(), seq, credit, ..h };
         if h.flags.contains(wire::Flags::LAST)
             && let Some(op) = self.ops.by_key_mut(item.op)
         {

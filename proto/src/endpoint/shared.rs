@@ -44,6 +44,13 @@ pub(crate) struct Shared {
     pub paths: Paths,
     /// How lossy the network has been lately ([`LossMeter`]).
     pub loss: LossMeter,
+    /// An op reduced, or stopped holding its peers' all-gather back, since
+    /// the endpoint last looked: it wants that DATA now, and a peer it held
+    /// back may need credit (`Endpoint::release_credit`).
+    pub want_grew: bool,
+    /// A DATA datagram from this peer (with BACKLOG?) is being handled:
+    /// whether it earns a GRANT is decided after (`grant_after_data`).
+    pub grant_check: Option<(u32, bool)>,
 }
 
 /// The share of this rank's first-pass DATA it had to repair lately: the
@@ -97,6 +104,8 @@ impl Shared {
             stats,
             paths,
             loss: LossMeter::default(),
+            want_grew: false,
+            grant_check: None,
             rtt: RttEstimator::new(t.probe_initial, t.probe_min, t.probe_max),
             deadlines: [deadline(), deadline()],
             overtake: Duration::ZERO,

@@ -150,6 +150,11 @@ impl Sender {
             + self.outstanding.heap_bytes()
     }
 
+    /// DATA of this transfer in the transmit queues (first pass and repairs).
+    pub(crate) fn queued(&self) -> u32 {
+        self.queued
+    }
+
     /// `k` more first-pass chunks were queued.
     pub(crate) fn queue(&mut self, k: u32) {
         self.queued += k;

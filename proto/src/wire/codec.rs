@@ -5,7 +5,7 @@ use crate::class::Class;
 use crate::wire::auth::PacketAuth;
 use crate::wire::error::WireError;
 use crate::wire::header::Header;
-use crate::wire::layout::{HEADER_LEN, MAGIC, MAX_PAYLOAD, VERSION, be16, be32, field};
+use crate::wire::layout::{HEADER_LEN, MAGIC, MAX_PAYLOAD, STABLE_PREFIX, VERSION, be16, be32, field};
 use crate::wire::mac::{JobKey, MacKey, SenderId};
 use crate::wire::packet::Packet;
 use crate::wire::settings::Settings;
@@ -104,11 +104,17 @@ pub(crate) fn decode_with<'a>(
 
 /// The unauthenticated fixed header of a datagram that may be invalid in any
 /// other way (version, length, tag, field values): present when the datagram
-/// starts with [`MAGIC`] and is at least [`HEADER_LEN`] bytes long. Only for
-/// attributing a rejected datagram to a class and a claimed sender in counters;
-/// never trust it for anything else.
+/// starts with [`MAGIC`] and holds a whole fixed header ([`HEADER_LEN`]
+/// bytes), or, for another version, the prefix every version shares
+/// ([`STABLE_PREFIX`] bytes: an 80-byte version 8 header still names its
+/// sender). Only for attributing a rejected datagram to a class and a
+/// claimed sender in counters; never trust it for anything else.
 fn raw_header(datagram: &[u8]) -> Option<&[u8]> {
-    (datagram.len() >= HEADER_LEN && be16(datagram, field::MAGIC) == MAGIC).then_some(datagram)
+    if datagram.len() < STABLE_PREFIX || be16(datagram, field::MAGIC) != MAGIC {
+        return None;
+    }
+    let whole = if datagram[field::VERSION] == VERSION { HEADER_LEN } else { STABLE_PREFIX };
+    (datagram.len() >= whole).then_some(datagram)
 }
 
 /// The class a datagram's fixed header claims (see `raw_header`: magic and a

@@ -62,6 +62,11 @@ pub struct Header {
     /// The sender's packet number: strictly increasing per datagram within a
     /// session (the GCM nonce; see [`MacKey`](crate::wire::MacKey)).
     pub packet: u64,
+    /// Flow control's credit piggybacked on every packet but HELLO and
+    /// GOODBYE (version 9): the low 32 bits of the cumulative limit below
+    /// which the destination may number its DATA to this sender
+    /// ([`crate::flow`]); 0 carries none.
+    pub credit: u32,
 }
 
 impl Header {
@@ -90,6 +95,7 @@ impl Header {
             auth: PacketAuth::AesGmac,
             session: 0,
             packet: 0,
+            credit: 0,
         }
     }
 
@@ -127,6 +133,7 @@ impl Header {
             auth: p.auth(),
             session: p.session(),
             packet: p.packet(),
+            credit: p.credit(),
         };
         h.check()?;
         Ok(h)
@@ -188,6 +195,9 @@ impl Header {
         }
         if self.ty == PacketType::Data && self.class == Class::CONTROL {
             return Err(WireError::BadClass(self.class.get()));
+        }
+        if matches!(self.ty, PacketType::Hello | PacketType::Goodbye) && self.credit != 0 {
+            return Err(WireError::BadField("credit"));
         }
         if self.src == self.dst {
             return Err(WireError::BadField("dst"));
@@ -306,6 +316,7 @@ impl Header {
         buf[field::KIND] = (self.collective as u8) << 4 | self.reduce as u8;
         buf[field::SESSION].copy_from_slice(&self.session.to_be_bytes());
         buf[field::PACKET].copy_from_slice(&self.packet.to_be_bytes());
+        buf[field::CREDIT].copy_from_slice(&self.credit.to_be_bytes());
         Ok(())
     }
 }

@@ -5,9 +5,14 @@
 /// `0xD1C9`, the first two bytes of every dlcp datagram.
 pub const MAGIC: u16 = 0xD1C9;
 /// Wire version this crate speaks.
-pub const VERSION: u8 = 8;
-/// Length of the fixed header (a multiple of 16: one GCM block of plaintext per 16 bytes).
-pub const HEADER_LEN: usize = 80;
+pub const VERSION: u8 = 9;
+/// Length of the fixed header (version 9: 84 bytes, the 80 of versions 4–8
+/// and the 4-byte `credit`; GCM pads the last partial block of plaintext).
+pub const HEADER_LEN: usize = 84;
+/// The prefix every version shares (magic, version, type, flags, class,
+/// phase, dtype, job, then `src` and `dst` at 16–23): enough to recognise a
+/// datagram of any version, refuse it by version and name its sender.
+pub const STABLE_PREFIX: usize = 24;
 /// Length of the authentication tag (absent under `packet_auth = "none"`).
 pub const TAG_LEN: usize = 16;
 /// Fixed bytes per authenticated datagram (header plus tag): the most a
@@ -16,7 +21,7 @@ pub const OVERHEAD: usize = HEADER_LEN + TAG_LEN;
 /// Largest payload a header can declare (the range of `payload_len`).
 ///
 /// The transport limit is lower: a UDP/IPv4 datagram carries at most 65 507
-/// bytes, so at most `65_507 - OVERHEAD` = 65 411 bytes of payload fit in one.
+/// bytes, so at most `65_507 - OVERHEAD` = 65 407 bytes of payload fit in one.
 pub const MAX_PAYLOAD: usize = u16::MAX as usize;
 /// Largest budget (100%) in parts per million.
 pub const PPM: u32 = 1_000_000;
@@ -47,6 +52,7 @@ pub(crate) mod field {
     pub const RUN: Range<usize> = 56..64;
     pub const SESSION: Range<usize> = 64..72;
     pub const PACKET: Range<usize> = 72..80;
+    pub const CREDIT: Range<usize> = 80..84;
 }
 
 pub(crate) fn be16(b: &[u8], r: core::ops::Range<usize>) -> u16 {

@@ -3,13 +3,14 @@
 //!
 //! ## Construction
 //!
-//! A datagram is `header (80 bytes) ‖ payload ‖ tag (16 bytes)`. Its tag is
+//! A datagram is `header (84 bytes) ‖ payload ‖ tag (16 bytes)`. Its tag is
 //! the GCM tag of one AES-128-GCM encryption under the sender's packet key
 //! `K` and the 96-bit nonce `N = 0x00000000 ‖ packet` (the header's 64-bit
 //! packet number, big-endian), with
 //!
 //! - associated data `A` = the payload, and
-//! - plaintext `P` = the header (80 bytes = five AES blocks).
+//! - plaintext `P` = the header (84 bytes: five AES blocks and a partial
+//!   sixth; versions 4–8 had 80 bytes, five blocks).
 //!
 //! The ciphertext `C = CTR_K(N, P)` is thrown away; the clear header is sent.
 //! The receiver recomputes the same encryption over its copy of the received
@@ -17,7 +18,7 @@
 //! tags in constant time ([`MacKey::check_parts`]). So the payload is
 //! authenticated where it lies (the datapath sends it from an op buffer and
 //! verifies it on the receive slot, never copying it to tag it), and only the
-//! 80-byte header is copied, into a stack buffer.
+//! 84-byte header is copied, into a stack buffer.
 //!
 //! Why it is sound: GCM's tag is `GHASH_H(A, C) ⊕ AES_K(J0)`, and GCM is an
 //! authenticated encryption scheme whose integrity covers both `A` and `C`:
@@ -31,7 +32,7 @@
 //! secret here, so confidentiality (the part of GCM a repeated nonce breaks
 //! first) is not used, but integrity needs unique nonces too: two tags under
 //! one `(K, N)` reveal the GHASH key `H` and allow forgeries. Hence the nonce
-//! rules below. Cost: one GHASH pass over the payload plus six AES blocks —
+//! rules below. Cost: one GHASH pass over the payload plus seven AES blocks —
 //! aws-lc's AES-NI/VAES + (V)PCLMULQDQ code, through aws-lc-rs's public
 //! `aead::LessSafeKey` API.
 //!
@@ -72,9 +73,9 @@ use crate::wire::auth::PacketAuth;
 use crate::wire::layout::{HEADER_LEN, TAG_LEN, be32, be64, field};
 
 /// HKDF salt of the packet key schedule (public, fixed per wire version).
-pub const KEY_SALT: &[u8] = b"dlcp wire v8 packet authentication";
+pub const KEY_SALT: &[u8] = b"dlcp wire v9 packet authentication";
 /// Prefix of the HKDF info of a sender's packet key (see the module docs).
-pub const KEY_INFO: &[u8] = b"dlcp v8 aes-128-gmac sender key";
+pub const KEY_INFO: &[u8] = b"dlcp v9 aes-128-gmac sender key";
 
 /// Who sent a datagram: what a packet key is derived for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -1,6 +1,6 @@
 //! Wire format: zero-copy packet views and parsed representations.
 //!
-//! Every dlcp datagram is `header (80 bytes) || payload (payload_len bytes) || tag (16 bytes)`.
+//! Every dlcp datagram is `header (84 bytes) || payload (payload_len bytes) || tag (16 bytes)`.
 //! The header is fixed-width and big-endian; the tag is AES-128-GCM used as a
 //! MAC over header and payload ([`MacKey`]), keyed per sender incarnation by a
 //! key derived from the per-job secret ([`JobKey`]); the construction, why it
@@ -10,12 +10,12 @@
 //! job, the sender's session, the run, op, tensor, phase and chunk
 //! it belongs to.
 //!
-//! ## Header layout (version 8)
+//! ## Header layout (version 9)
 //!
 //! | offset | size | field          | meaning                                                             |
 //! |-------:|-----:|----------------|---------------------------------------------------------------------|
 //! | 0      | 2    | `magic`        | `0xD1C9`                                                            |
-//! | 2      | 1    | `version`      | `8`                                                                 |
+//! | 2      | 1    | `version`      | `9`                                                                 |
 //! | 3      | 1    | `type`         | 1 DATA, 2 PROBE, 3 BITMAP, 4 DONE, 5 HELLO, 6 GRANT, 7 GOODBYE      |
 //! | 4      | 1    | `flags`        | bit 0 REPAIR, bit 1 COMPLETE, bit 2 MASK_EMPTY, bit 3 REQUIRED, bit 4 REQUEST, bit 5 BACKLOG, bit 6 FAILED, bit 7 LAST |
 //! | 5      | 1    | `class`        | priority class 0–7 (7 = control)                                    |
@@ -37,13 +37,15 @@
 //! | 56     | 8    | `run`          | the run the op belongs to, agreed by the job's daemons ([`crate::run`]); 0 on HELLO, GRANT, GOODBYE |
 //! | 64     | 8    | `session`      | sender's session, random per endpoint incarnation                   |
 //! | 72     | 8    | `packet`       | sender's packet number, strictly increasing per datagram (the nonce) |
-//! | 80     | n    | payload        | DATA: elements, little-endian; BITMAP/DONE: bitmap segment; DONE with FAILED: a one-byte reason ([`FailReason`], `wire/failure.rs`); HELLO: [`Settings`]; GRANT and PROBE: a count ([`GRANT_LEN`] bytes, `wire/grant.rs`); GOODBYE: none |
-//! | 80 + n | 16   | tag            | GCM tag, payload as associated data, header as plaintext (absent if `auth` is 0) |
+//! | 80     | 4    | `credit`       | flow control's credit for the destination, on every packet but HELLO and GOODBYE (which carry 0): the low 32 bits of the cumulative limit below which the destination may number its DATA to this sender ([`crate::flow`]); 0 carries none (version 9) |
+//! | 84     | n    | payload        | DATA: elements, little-endian; BITMAP/DONE: bitmap segment; DONE with FAILED: a one-byte reason ([`FailReason`], `wire/failure.rs`); HELLO: [`Settings`]; GRANT and PROBE: a count ([`GRANT_LEN`] bytes, `wire/grant.rs`); GOODBYE: none |
+//! | 84 + n | 16   | tag            | GCM tag, payload as associated data, header as plaintext (absent if `auth` is 0) |
 //!
 //! ## Versions
 //!
 //! | version | what changed | why |
 //! |--------:|--------------|-----|
+//! | 9 | the header grows to 84 bytes: `credit` at offset 80 carries, on every packet but HELLO and GOODBYE, the cumulative DATA limit its sender grants the destination (low 32 bits; a GRANT's payload still carries all 64); the payload starts at 84; the key schedule names version 9 ([`KEY_SALT`], [`KEY_INFO`]) | issue 16: the receiver's credit went only in GRANT packets, 1.4 to 1.9 per peer and op at 64 ranks (1 MB): half of a clean network's control after version 8. In a collective every pair of ranks sends each other DATA in both directions, so the credit now rides on those, and a receiver can give it by need (the chunks it waits for, contributions before results) at no cost in packets: at 64 ranks GRANTs fall from 2.0 to 0.6 per peer and op, control from 10.0% to 5.6% of packets, and a clean op takes 1.89 instead of 2.67 ms. 4 bytes more per datagram (0.27% of a 1,472-byte one) |
 //! | 8 | DATA flag LAST (bit 7): the last DATA of its sender's first pass of a transfer, on which the receiver decides as on a PROBE (closes within budget, or NACKs with a BITMAP); a BITMAP (or an all-gather COMPLETE report) answering a LAST DATA echoes its `seq`, a round-trip sample; the key schedule names version 8 ([`KEY_SALT`], [`KEY_INFO`]); header layout unchanged | issue 16: every (peer, phase) transfer cost two PROBEs and a DONE or BITMAP each way, so control grew with the peers (29% of packets at 64 ranks, 63% at 256, 1 MB). Now a transfer ends on its last DATA, a reduce-scatter transfer of a collective with an all-gather is acknowledged by the owner's all-gather, and a PROBE goes out only when an answer is overdue ([`crate::transfer`]). A version 7 peer would have refused every LAST DATA as malformed |
 //! | 7 | the collective nibble of `kind` names four more collectives: 1 reduce-scatter, 2 allgather, 3 broadcast, 4 barrier; a packet whose phase its collective does not have (a reduce-scatter or barrier packet of the all-gather, an allgather packet of the reduce-scatter) is malformed, and so is a reduction other than sum on one that does not reduce; a packet of an op whose collective differs from the op's at its receiver is refused and counted (`op_kind_mismatch`, as for dtype and reduction); the key schedule names version 7; the layout is version 6's | issue 18: broadcast of parameters from a root, allgather and reduce-scatter (the two halves of the transpose allreduce, exposed) and a barrier. A rank that ran another collective under the same op id would otherwise read an allgather's shard as a contribution to sum, or wait for a phase its peer never sends; a version 6 peer would have read the new values as an unknown collective per packet instead of being refused once, at HELLO |
 //! | 6 | the `dtype` byte is meaningful: f16 and bf16 ops are reduced (elements of 2 bytes, so a chunk holds twice the elements of an f32 one); byte 15, reserved before, is `kind`: the op's reduction (sum, average) in its low four bits and its collective (0 allreduce, the only one defined) in its high four; every op packet carries its op's dtype and kind, HELLO, GRANT and GOODBYE carry 0 in both; a packet of an op (DATA or control) with another dtype or reduction than the op has at its receiver is refused and counted (`op_kind_mismatch`); the key schedule names version 6 | issue 18: allreduce of bfloat16 and float16 gradients, averaged by the daemon. Each owner accumulates its shard in f32 and rounds once to the op's dtype (after the division, for average) before the all-gather, which carries the rounded values, so every rank holds the same bytes; a rank whose op disagreed about the dtype or the reduction would otherwise read another rank's payload in the wrong format or divide a different shard differently, silently. The collective nibble is where broadcast, allgather, reduce-scatter and barrier go, without another layout change |
@@ -51,9 +53,13 @@
 //! | 4 | op identity: no generation in the header, `run` at 56, GOODBYE, a 56-byte HELLO (below) | issue 15: incarnations and runs agreed, not wall-clock |
 //! | 3 | flow control: GRANT, BACKLOG, `dseq`, a PROBE's DATA count (below) | issue 16 |
 //!
-//! Version 7 datagrams (a HELLO included) are refused as
-//! `UnsupportedVersion(7)`, and the endpoint reports such a peer as
-//! incompatible, naming both versions; so are versions 1–6.
+//! Version 8 datagrams (a HELLO included) are refused as
+//! `UnsupportedVersion(8)`, and the endpoint reports such a peer as
+//! incompatible, naming both versions; so are versions 1–7.
+//!
+//! Version 8 differed from version 9 by: an 80-byte header without
+//! `credit` (the payload at offset 80), credit only in GRANTs, and its key
+//! schedule's version 8 strings.
 //!
 //! Version 7 differed from version 8 by: no LAST flag (bit 7 of a DATA's
 //! flags refused), every transfer ending in PROBEs answered by DONE or
@@ -97,10 +103,11 @@
 //!
 //! [`decode`] (and [`KeyCache::decode`]) check, in this order:
 //!
-//! 1. structure, before any cryptography: length ≥ [`HEADER_LEN`]
+//! 1. structure, before any cryptography: length ≥ [`STABLE_PREFIX`]
 //!    ([`WireError::Truncated`]), magic ([`WireError::BadMagic`]), version
-//!    ([`WireError::UnsupportedVersion`]), `auth` ([`WireError::UnknownAuth`]),
-//!    `80 + payload_len + tag length == datagram length`
+//!    ([`WireError::UnsupportedVersion`]), length ≥ [`HEADER_LEN`]
+//!    ([`WireError::Truncated`]), `auth` ([`WireError::UnknownAuth`]),
+//!    `84 + payload_len + tag length == datagram length`
 //!    ([`WireError::LengthMismatch`]);
 //! 2. the packet authentication mode: the datagram's `auth` must be the
 //!    receiver's ([`WireError::AuthMismatch`], naming both);
@@ -122,6 +129,7 @@
 //! - class 7 exactly for control packets, 0–6 for DATA;
 //! - phase 0 and run 0 exactly for HELLO, GRANT and GOODBYE, phase 1 or 2 for every other type;
 //! - dtype 0 (f32) and `kind` 0 on HELLO, GRANT and GOODBYE (`BadField("dtype")`, `BadField("kind")`);
+//! - `credit` 0 on HELLO and GOODBYE (`BadField("credit")`);
 //! - flags: DATA may carry REPAIR, REQUIRED, BACKLOG and LAST, BITMAP COMPLETE, DONE MASK_EMPTY or FAILED (not both),
 //!   GRANT REQUEST, PROBE, HELLO and GOODBYE none;
 //! - every type but HELLO, GRANT and GOODBYE: `chunk_count ≥ 1`, `required ≤ chunk_count`;
@@ -218,7 +226,7 @@ pub use failure::{FAILURE_LEN, FailReason, emit_failure, parse_failure};
 pub use grant::{GRANT_LEN, emit_grant, parse_grant};
 pub use header::Header;
 pub use keys::{KEYS_PER_PEER, KeyCache};
-pub use layout::{HEADER_LEN, MAGIC, MAX_PAYLOAD, OVERHEAD, PPM, TAG_LEN, VERSION};
+pub use layout::{HEADER_LEN, MAGIC, MAX_PAYLOAD, OVERHEAD, PPM, STABLE_PREFIX, TAG_LEN, VERSION};
 pub use mac::{JobKey, KEY_INFO, KEY_SALT, MacKey, SenderId};
 pub use packet::Packet;
 pub use settings::{RUN_FRESH, SETTINGS_LEN, Settings};
@@ -240,12 +248,18 @@ mod tests {
         let n = encode(&key(), &data_header(), &[1, 2, 3, 4], &mut buf).unwrap();
         let d = &mut buf[..n];
         assert_eq!((peek_class(d), peek_src(d)), (Class::new(3), Some(1)));
-        d[field::VERSION] = 9; // unsupported version: still attributable
+        d[field::VERSION] = 8; // unsupported version: still attributable
         d[n - 1] ^= 1; // and a bad tag
         assert!(decode(&key(), d).is_err());
         assert_eq!((peek_class(d), peek_src(d)), (Class::new(3), Some(1)));
-        assert_eq!((peek_class(&d[..HEADER_LEN]), peek_src(&d[..HEADER_LEN])), (Class::new(3), Some(1)));
-        assert_eq!((peek_class(&d[..HEADER_LEN - 1]), peek_src(&d[..HEADER_LEN - 1])), (None, None));
+        // As far as the prefix every version shares (a version 8 header is
+        // shorter than this version's).
+        let p = STABLE_PREFIX;
+        assert_eq!((peek_class(&d[..p]), peek_src(&d[..p])), (Class::new(3), Some(1)));
+        assert_eq!((peek_class(&d[..p - 1]), peek_src(&d[..p - 1])), (None, None));
+        assert_eq!(decode(&key(), &d[..p]), Err(WireError::UnsupportedVersion(8)));
+        d[field::VERSION] = VERSION;
+        assert_eq!(decode(&key(), &d[..HEADER_LEN - 1]), Err(WireError::Truncated { len: HEADER_LEN - 1 }));
         d[field::CLASS] = 8;
         assert_eq!((peek_class(d), peek_src(d)), (None, Some(1)));
         d[0] = 0;

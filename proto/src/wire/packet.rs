@@ -2,7 +2,7 @@
 
 use crate::wire::auth::PacketAuth;
 use crate::wire::error::WireError;
-use crate::wire::layout::{HEADER_LEN, MAGIC, VERSION, be16, be32, be64, field};
+use crate::wire::layout::{HEADER_LEN, MAGIC, STABLE_PREFIX, VERSION, be16, be32, be64, field};
 use crate::wire::mac::MacKey;
 use crate::wire::types::Flags;
 
@@ -26,7 +26,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// payload + tag (if its `auth` mode has one) long.
     pub fn new_checked(buffer: T) -> Result<Packet<T>, WireError> {
         let b = buffer.as_ref();
-        if b.len() < HEADER_LEN {
+        // The prefix every version shares first, so that a shorter header of
+        // an older version (80 bytes before version 9) is refused by its
+        // version, not as truncated.
+        if b.len() < STABLE_PREFIX {
             return Err(WireError::Truncated { len: b.len() });
         }
         let magic = be16(b, field::MAGIC);
@@ -35,6 +38,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
         }
         if b[field::VERSION] != VERSION {
             return Err(WireError::UnsupportedVersion(b[field::VERSION]));
+        }
+        if b.len() < HEADER_LEN {
+            return Err(WireError::Truncated { len: b.len() });
         }
         let auth = PacketAuth::from_u8(b[field::AUTH]).ok_or(WireError::UnknownAuth(b[field::AUTH]))?;
         let declared = usize::from(be16(b, field::PAYLOAD_LEN));
@@ -136,6 +142,11 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// The sender's packet number (the GCM nonce).
     pub fn packet(&self) -> u64 {
         be64(self.b(), field::PACKET)
+    }
+    /// The flow-control credit the sender grants the destination (version 9):
+    /// the low 32 bits of its cumulative DATA limit, 0 for none.
+    pub fn credit(&self) -> u32 {
+        be32(self.b(), field::CREDIT)
     }
     /// The fixed header.
     pub fn header(&self) -> &[u8] {

@@ -35,6 +35,7 @@
 
 pub(crate) mod accumulate;
 mod gather;
+mod order;
 pub(crate) mod shard;
 pub(crate) mod table;
 
@@ -83,6 +84,15 @@ pub(crate) struct Op {
     /// The reduction of this rank's shard, as contributions arrive.
     acc: Accumulator,
     reduced: bool,
+    /// The all-gather's first pass waits for this op's reduce-scatter DATA
+    /// to leave the queues (`first_pass`).
+    gather_held: bool,
+    /// This rank asked for a reduce-scatter repair before its reduce: it
+    /// no longer holds its peers' all-gather back (`wants_from`).
+    repairing: bool,
+    /// The first reduce-scatter sender that may still have DATA queued
+    /// (`scatter_drained`).
+    held_scan: u32,
     /// The agreed mask of own shard, once decided.
     gmask: Option<Bitmap>,
     repairs_sent: u32,
@@ -170,6 +180,9 @@ impl Op {
             transfers: Transfers::new(world as usize),
             acc: Accumulator::new(layout.chunks(me), world),
             reduced: false,
+            gather_held: false,
+            held_scan: 0,
+            repairing: false,
             gmask: None,
             repairs_sent: 0,
             peer_gen: vec![None; world as usize],
@@ -269,25 +282,6 @@ impl Op {
         }
     }
 
-    /// Queue every chunk of every send transfer of `phase` once, interleaved
-    /// across destinations so every path is busy at once, starting after this
-    /// rank to spread incast.
-    fn first_pass(&mut self, key: OpKey, phase: Phase, sh: &mut Shared) {
-        let (world, me) = (sh.cfg.world, sh.me());
-        let max = self.transfers.senders(phase).map(|(_, st)| st.n()).max().unwrap_or(0);
-        for chunk in 0..max {
-            for k in 1..world {
-                let j = (me + k) % world;
-                let Some(st) = self.transfers.sender_mut(phase, j).filter(|st| chunk < st.n()) else {
-                    continue;
-                };
-                st.queue(1);
-                let kind = TxKind::Data { chunk, repair: false, class: self.class_of(phase, j, chunk) };
-                sh.tx.push_data(TxItem { op: key, phase, peer: j, kind });
-            }
-        }
-    }
-
     /// Reduce this rank's shard once every reduce-scatter transfer closed,
     /// then start the all-gather.
     pub(crate) fn reduce(&mut self, key: OpKey, sh: &mut Shared) {
@@ -295,6 +289,7 @@ impl Op {
             return;
         }
         self.reduced = true;
+        sh.want_grew = true;
         let (world, me) = (sh.cfg.world, sh.me());
         let layout = &self.layout;
         let dtype = self.opts.dtype;
@@ -487,6 +482,7 @@ impl Op {
             Answer::Bitmap => {
                 let Some(r) = self.transfers.receiver(phase, peer) else { return };
                 sh.tx.push_bitmaps(key, phase, peer, r.bitmap_segments(sh.seg_bytes()));
+                self.nacked(phase, sh);
             }
         }
     }
@@ -693,6 +689,7 @@ impl Op {
         }
         let mut close = Vec::new();
         let mut grace_close = Vec::new();
+        let (mut nacked, mut nacked_scatter) = (false, false);
         for &(side, j) in keys.iter().filter(|k| !k.0.is_send()) {
             let phase = side.phase();
             let Some(r) = self.transfers.receiver_mut(phase, j) else { continue };
@@ -710,6 +707,7 @@ impl Op {
                 Fired::Bitmap { deadline } => {
                     sh.stats.deadline_nacks += u64::from(deadline);
                     sh.tx.push_bitmaps(key, phase, j, r.bitmap_segments(sh.seg_bytes()));
+                    nacked = true;
                 }
                 // A queue on the sender's path overflows: its tail was
                 // dropped there, and repairs now would meet the same
@@ -719,8 +717,15 @@ impl Op {
                 Fired::Quiet => {
                     sh.stats.quiet_nacks += 1;
                     sh.tx.push_bitmaps(key, phase, j, r.bitmap_segments(sh.seg_bytes()));
+                    nacked = true;
                 }
             }
+            if std::mem::take(&mut nacked) {
+                nacked_scatter |= phase == Phase::Scatter;
+            }
+        }
+        if nacked_scatter {
+            self.nacked(Phase::Scatter, sh);
         }
         for j in close {
             self.close(now, key, j, Closing::Deadline, sh);
@@ -820,7 +825,17 @@ impl Op {
         // in each phase). A collective without an all-gather acknowledges
         // with DONE at once.
         let ack = if self.opts.collective.gathers() { now - self.started } else { Duration::ZERO };
-        match self.transfers.sender_mut(phase, peer)?.dequeued(now, &retry, ack, sh.loss.lossy()) {
+        let st = self.transfers.sender_mut(phase, peer)?;
+        let drained = st.dequeued(now, &retry, ack, sh.loss.lossy());
+        if phase == Phase::Scatter
+            && st.queued() == 0
+            && self.gather_held
+            && self.scatter_drained(sh.cfg.world)
+        {
+            self.gather_held = false;
+            self.first_pass(key, Phase::Gather, sh);
+        }
+        match drained {
             Drained::Busy => None,
             Drained::Report => {
                 self.decide_gather(key, sh);

@@ -138,3 +138,39 @@ fn per_rank_packets_and_state_grow_at_most_linearly_in_peers() {
     // Protocol state per rank: linear in peers (4× peers, at most 6× bytes).
     assert!(s64 <= 6 * s16, "protocol state per rank grew from {s16} B to {s64} B");
 }
+
+/// 384 daemons start at once behind the simulator's 256-packet port queues
+/// and agree on a run. Their HELLO rounds start at the same instants; were
+/// they all to begin with rank 0, each port would take a HELLO from every
+/// rank at once, drop the same senders' every round, and above about 300
+/// ranks no rank ever agreed (0 of 320 after 5 s). Each round goes in rank
+/// order after the sender (`TxQueues::push_hellos`).
+#[test]
+fn four_hundred_ranks_starting_at_once_agree_on_a_run() {
+    let world = 384;
+    let key = JobKey::new(b"scale test");
+    let nodes = (0..world)
+        .map(|r| {
+            let c = EndpointConfig::new(r, world, 1, 1, u64::from(r) + 1, key.clone());
+            let mut e = Endpoint::new(c, Instant::ZERO);
+            e.begin_run(Instant::ZERO);
+            e
+        })
+        .collect();
+    let net = NetConfig::default().with_seed(11);
+    assert_eq!(net.port_queue_packets, 256, "the default queue is what this is about");
+    let mut sim = Sim::new(net, nodes);
+    let (mut next, limit) = (0, Instant::ZERO + Duration::from_secs(1));
+    let agreed = sim.run_until(limit, |s| {
+        while next < world && s.node(next).run().is_some_and(|(_, id)| id != 0) {
+            next += 1;
+        }
+        next == world
+    });
+    let when = sim.now();
+    assert!(agreed, "{next} of {world} ranks agreed on a run within a second of virtual time");
+    eprintln!("{world} ranks agreed on a run after {when:?} of virtual time");
+    let drops = dlcp_proto::sim::NetStats::total(&sim.stats().switch_drops);
+    eprintln!("switch queue drops during the handshake: {drops}");
+    assert!(when < Instant::ZERO + Duration::from_millis(100), "agreement took {when:?}");
+}

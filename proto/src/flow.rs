@@ -194,6 +194,9 @@ struct RxCredit {
     late_depth: u64,
     /// DATA datagrams received (duplicates too).
     count: u64,
+    /// The data sequence numbers below this that did not arrive are taken
+    /// as lost, no longer as on their way ([`Flow::take_as_lost`]).
+    lost_below: u64,
 }
 
 impl RxCredit {
@@ -215,6 +218,30 @@ const REORDER_MEMORY: u64 = 1 << 16;
 /// Largest exponent of the credit request backoff (as the probes').
 const MAX_BACKOFF: u32 = 3;
 
+/// How many of a sender's data sequence numbers below its highest the
+/// receiver remembers the arrival of ([`Flow::arrived`]): more than a
+/// datagram on a slower path falls behind (a sender's window bounds it).
+const ARRIVAL_WINDOW: u64 = 1024;
+
+/// The arrival record of one sender: bit `d % ARRIVAL_WINDOW` says whether
+/// data sequence number `d` arrived, for `d` in the window below its highest.
+type Arrivals = [u64; (ARRIVAL_WINDOW / 64) as usize];
+
+/// The word of an [`Arrivals`] record that holds `dseq`, and its bit there.
+fn ring_slot(dseq: u64) -> (usize, u64) {
+    let i = dseq % ARRIVAL_WINDOW;
+    ((i / 64) as usize, 1 << (i % 64))
+}
+
+/// `high` moves from `from` to `to`: the sequence numbers in between come
+/// into the window as not arrived (the ones they replace leave it).
+fn advance(bits: &mut Arrivals, from: u64, to: u64) {
+    for d in from.max(to.saturating_sub(ARRIVAL_WINDOW))..to {
+        let (w, b) = ring_slot(d);
+        bits[w] &= !b;
+    }
+}
+
 /// Flow-control state of one endpoint towards and from every rank.
 #[derive(Debug, Clone)]
 pub(crate) struct Flow {
@@ -222,6 +249,8 @@ pub(crate) struct Flow {
     per_sender: u64,
     tx: Vec<TxCredit>,
     rx: Vec<RxCredit>,
+    /// Per sender, which of its recent data sequence numbers arrived.
+    arrivals: Vec<Arrivals>,
     /// `(request_at, peer)` of every armed credit request timer (at most
     /// one per peer): `poll_timeout` and `handle_timeout` read the earliest
     /// without scanning every peer (O(world) per event).
@@ -235,8 +264,15 @@ impl Flow {
     pub(crate) fn new(cfg: FlowConfig, world: u32) -> Flow {
         let cfg = FlowConfig { window: u32::from(cfg.wire_window()), ..cfg };
         let per_sender = u64::from(cfg.per_sender(world));
-        let mut f =
-            Flow { cfg, per_sender, tx: Vec::new(), rx: Vec::new(), requests: BTreeSet::new(), cuts: 0 };
+        let mut f = Flow {
+            cfg,
+            per_sender,
+            tx: Vec::new(),
+            rx: Vec::new(),
+            arrivals: vec![Arrivals::default(); world as usize],
+            requests: BTreeSet::new(),
+            cuts: 0,
+        };
         let u = f.unscheduled();
         f.tx = vec![TxCredit { limit: u, ..TxCredit::default() }; world as usize];
         f.rx = vec![RxCredit::new(per_sender, u); world as usize];
@@ -364,12 +400,20 @@ impl Flow {
         // compares ([`Flow::high`]).
         let enabled = self.enabled();
         let floor = self.floor();
-        let Some(r) = self.rx.get_mut(src as usize) else { return };
+        let (Some(r), Some(bits)) = (self.rx.get_mut(src as usize), self.arrivals.get_mut(src as usize))
+        else {
+            return;
+        };
         r.count += 1;
         // Extend to 64 bits around the highest seen (serial arithmetic: the
         // window is far below 2^31).
         let delta = i64::from(dseq.wrapping_sub(r.high as u32) as i32);
         let d = r.high.saturating_add_signed(delta);
+        advance(bits, r.high, d + 1);
+        if d + ARRIVAL_WINDOW >= r.high.max(d + 1) {
+            let (w, b) = ring_slot(d);
+            bits[w] |= b;
+        }
         if d >= r.high {
             let missing = d - r.high;
             r.high = d + 1;
@@ -472,10 +516,59 @@ impl Flow {
     /// below that are here or lost; a new window is granted (always: the
     /// GRANT answering the last request may have been lost).
     pub(crate) fn on_request(&mut self, src: u32, sent: u64) {
-        let Some(r) = self.rx.get_mut(src as usize) else { return };
-        // Never believe more than a window beyond what was granted.
-        r.high = r.high.max(sent.min(r.granted));
+        let (Some(r), Some(bits)) = (self.rx.get_mut(src as usize), self.arrivals.get_mut(src as usize))
+        else {
+            return;
+        };
+        // Never believe more than a window beyond what was granted. What is
+        // written off stays not arrived in the record ([`Flow::arrived`]):
+        // it may still be on its way.
+        let high = r.high.max(sent.min(r.granted));
+        advance(bits, r.high, high);
+        r.high = high;
         r.granted = r.granted.max(r.high + r.win);
+    }
+
+    /// `dseq` (low 32 bits) of a DATA datagram from `src` that arrived,
+    /// extended to 64 bits around the highest seen.
+    pub(crate) fn extend(&self, src: u32, dseq: u32) -> u64 {
+        let high = self.rx.get(src as usize).map_or(0, |r| r.high);
+        high.saturating_add_signed(i64::from(dseq.wrapping_sub(high as u32) as i32))
+    }
+
+    /// How many of the first `sent` DATA datagrams of `src` arrived, and
+    /// whether they may arrive out of order. With several paths configured
+    /// (`multipath`), or once `src`'s datagrams were seen reordered
+    /// ([`Flow::reordering`]), they may, from the start: the count is then
+    /// exact, from the record of which data sequence numbers arrived (the
+    /// last [`ARRIVAL_WINDOW`] below the highest; older ones count as here),
+    /// so datagrams `src` sent later, on faster paths, make up for none of
+    /// the earlier ones still on slower paths. Otherwise [`Flow::high`]:
+    /// what the highest arrival says was sent before it.
+    pub(crate) fn arrived(&self, src: u32, sent: u64, multipath: bool) -> (u64, bool) {
+        let (Some(r), Some(bits)) = (self.rx.get(src as usize), self.arrivals.get(src as usize)) else {
+            return (0, false);
+        };
+        if !(multipath || self.reordering(src)) {
+            return (r.high, false);
+        }
+        let from = r.high.saturating_sub(ARRIVAL_WINDOW).max(r.lost_below);
+        let gaps = (from..sent.min(r.high))
+            .filter(|&d| {
+                let (w, b) = ring_slot(d);
+                bits[w] & b == 0
+            })
+            .count() as u64;
+        (sent - gaps - sent.saturating_sub(r.high.max(from)), true)
+    }
+
+    /// A receiver waited for `src`'s first `sent` DATA datagrams as long as
+    /// datagrams on their way can take (see [`Flow::arrived`]): the ones
+    /// still missing are lost, and no later PROBE waits for them again.
+    pub(crate) fn take_as_lost(&mut self, src: u32, sent: u64) {
+        if let Some(r) = self.rx.get_mut(src as usize) {
+            r.lost_below = r.lost_below.max(sent);
+        }
     }
 
     /// A new chunk (not a duplicate) of `class` with `dseq` arrived from
@@ -554,11 +647,16 @@ impl Flow {
         if let Some(r) = self.rx.get_mut(peer as usize) {
             *r = RxCredit::new(per, u);
         }
+        if let Some(bits) = self.arrivals.get_mut(peer as usize) {
+            *bits = Arrivals::default();
+        }
     }
 
     /// Heap bytes (for the endpoint's footprint).
     pub(crate) fn bytes(&self) -> usize {
-        self.tx.capacity() * size_of::<TxCredit>() + self.rx.capacity() * size_of::<RxCredit>()
+        self.tx.capacity() * size_of::<TxCredit>()
+            + self.rx.capacity() * size_of::<RxCredit>()
+            + self.arrivals.capacity() * size_of::<Arrivals>()
     }
 }
 
@@ -776,6 +874,35 @@ mod tests {
         // ...a gap deeper than any late chunk came is a loss run.
         r.on_data(0, 40, true, u64::MAX);
         assert_eq!(r.cuts, 2);
+    }
+
+    #[test]
+    fn with_several_paths_what_arrived_of_what_was_sent_is_counted_exactly() {
+        let mut f = flow(4096, 2);
+        // Of the first 10 DATA datagrams, 5 and 6 are on a slower path; 10
+        // to 14, sent after them (after the LAST, dseq 9), came on faster
+        // ones: 13 arrived in all, but 2 of the 10 are still on their way.
+        for d in (0..5).chain(7..15) {
+            f.note_data(1, d);
+        }
+        assert_eq!(f.arrived(1, 10, true), (8, true));
+        assert_eq!(f.arrived(1, 20, true), (13, true), "15 to 19 not here yet either");
+        assert_eq!(f.arrived(1, 10, false), (15, false), "one path: the highest says it all");
+        f.note_data(1, 5);
+        assert_eq!(f.arrived(1, 10, true), (9, true));
+        // Waited for long enough: 6 is lost, and no later count waits for it.
+        f.take_as_lost(1, 10);
+        assert_eq!(f.arrived(1, 10, true), (10, true));
+        assert_eq!(f.arrived(1, 15, true), (15, true));
+        // A gap older than the record's window is forgotten.
+        f.note_data(1, 16);
+        assert_eq!(f.arrived(1, 17, true), (16, true));
+        f.note_data(1, 16 + ARRIVAL_WINDOW as u32);
+        assert_eq!(f.arrived(1, 17 + ARRIVAL_WINDOW, true).0, 17 + ARRIVAL_WINDOW - (ARRIVAL_WINDOW - 1));
+        // A restart starts the record over.
+        f.reset(1);
+        f.note_data(1, 1);
+        assert_eq!(f.arrived(1, 2, true), (1, true));
     }
 
     #[test]

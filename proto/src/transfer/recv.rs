@@ -47,12 +47,13 @@ impl TransferReport {
     }
 }
 
-/// What a PROBE said of its sender's DATA to this rank: `sent` datagrams
-/// before the PROBE, of which the receiver has seen up to `seen` (one past
-/// the highest data sequence number; see [`crate::flow`]); `reordering`:
-/// the sender's datagrams were seen to arrive out of order (they take paths
-/// of different delays, [`crate::paths`]), so neither `seen` nor the arrival
-/// of the last chunk sent proves that the earlier ones are not in flight.
+/// What a PROBE (or a LAST DATA) said of its sender's DATA to this rank:
+/// `sent` datagrams before it, of which `seen` arrived (one past the highest
+/// data sequence number; or, where they may reorder, exactly how many of
+/// those `sent` are here: see `Flow::arrived`); `reordering`: the sender's
+/// datagrams may arrive out of order (they take paths of different delays,
+/// [`crate::paths`]), so the arrival of the last chunk sent does not prove
+/// that the earlier ones are not in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Behind {
     pub sent: u64,
@@ -108,6 +109,9 @@ pub(crate) struct Receiver {
     /// (it is renewed while the transfer's chunks keep landing, or the
     /// sender's DATA the PROBE overtook does: see [`Receiver::on_timer`]).
     settle: Option<(Duration, Instant, u64)>,
+    /// While `settle` is set: when the PROBE or LAST DATA that began it
+    /// arrived.
+    settled_at: Instant,
     /// The sender's DATA count to this rank when it sent the last PROBE.
     probe_sent: Option<u64>,
     /// The last PROBE found the sender's datagrams arriving reordered
@@ -241,6 +245,7 @@ impl Receiver {
             quiet_k: 0,
             grace: None,
             settle: None,
+            settled_at: Instant::ZERO,
             probe_sent: None,
             reordered: false,
             seen_mark: 0,
@@ -477,6 +482,7 @@ impl Receiver {
         }
         self.echo = h.seq;
         self.reordered = behind.is_some_and(|b| b.reordering);
+        self.probe_sent = behind.map(|b| b.sent);
         let answer = self.decide(now, grace, h.chunk_index, behind);
         if answer == Answer::Bitmap && self.mode == Mode::Own {
             self.renack(now, rto);
@@ -502,7 +508,10 @@ impl Receiver {
             // Chunks may still be in flight behind the PROBE: answer (close
             // or bitmap) once they had time to land.
             self.grace.get_or_insert(at);
-            self.settle.get_or_insert((grace, now, behind.map_or(0, |b| b.seen)));
+            if self.settle.is_none() {
+                self.settle = Some((grace, now, behind.map_or(0, |b| b.seen)));
+                self.settled_at = now;
+            }
             self.awaited = Some(last_sent);
             self.probe_at.get_or_insert(now);
             Answer::Nothing
@@ -644,9 +653,18 @@ impl Receiver {
         Ok(self.close(now, false))
     }
 
+    /// The sender's DATA count to this rank as the last PROBE (or LAST DATA)
+    /// gave it.
+    pub(crate) fn probe_sent(&self) -> Option<u64> {
+        self.probe_sent
+    }
+
     /// Serve the receive timers due at `now`. `seen`: how far the sender's
-    /// DATA to this rank has come (one past its highest data sequence number).
-    pub(crate) fn on_timer(&mut self, now: Instant, retry: &Retry, seen: u64) -> Fired {
+    /// DATA to this rank has come (one past its highest data sequence
+    /// number); `arrived`: how many of the [`Receiver::probe_sent`] DATA
+    /// datagrams it sent before the last PROBE or LAST DATA arrived (as
+    /// [`Behind::seen`] counts them).
+    pub(crate) fn on_timer(&mut self, now: Instant, retry: &Retry, seen: u64, arrived: u64) -> Fired {
         if self.closed_at.is_some() {
             return Fired::Nothing;
         }
@@ -659,16 +677,23 @@ impl Receiver {
             // Wait another grace while they keep coming, up to the deadline
             // cap after the PROBE; only then answer with what is here.
             // Or the sender's DATA that the PROBE overtook is still coming in
-            // (its sequence numbers advanced since the grace began, and have
-            // not reached the PROBE's count).
+            // (more of it arrived since the grace began, and not all).
             if let (Some((len, from, mark)), Some(probe)) = (self.settle, self.probe_at)
                 && self.awaited.is_some()
                 && now < probe + retry.deadline_cap()
             {
                 let landing = self.last_at.is_some_and(|last| last > from && last + len / 2 > now);
-                let draining = self.probe_sent.is_some_and(|sent| seen < sent) && seen > mark;
+                // Datagrams on paths of different delays land without a
+                // steady stream (a slower path's may also wait behind higher
+                // classes at this rank's port): while some sent before the
+                // PROBE or LAST are missing, wait for them even when none
+                // came this grace — for a probe timeout after it, as long
+                // as the sender itself waits before it takes DATA as lost.
+                let missing = self.probe_sent.is_some_and(|sent| arrived < sent);
+                let in_flight = self.reordered && now < self.settled_at + retry.rto;
+                let draining = missing && (arrived > mark || in_flight);
                 if landing || draining {
-                    self.settle = Some((len, now, seen));
+                    self.settle = Some((len, now, arrived));
                     self.grace = Some(now + len);
                     return Fired::Nothing;
                 }

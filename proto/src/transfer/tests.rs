@@ -316,7 +316,7 @@ fn fire_past_quiet(r: &mut Receiver) -> (Instant, Fired) {
 fn fire(r: &mut Receiver) -> (Instant, Fired) {
     loop {
         let t = r.timers().min().expect("a live timer");
-        let fired = r.on_timer(t, &retry(), 0);
+        let fired = r.on_timer(t, &retry(), 0, 0);
         if fired != Fired::Nothing {
             return (t, fired);
         }
@@ -382,7 +382,7 @@ fn after_a_probe_the_receiver_waits_for_the_chunk_it_overtook() {
         let got = r.on_data(&data(3, n, 0, 0, Flags::default()), at(45), &est(), retry().rto, 0);
         assert_eq!(got.overtake, Some(us(25)), "{mode:?}: the PROBE overtook chunk 3 by 25 µs");
         // The awaited chunk landed: the answer is due now, not at the grace's end.
-        assert_eq!(r.on_timer(at(45), &retry(), 0), Fired::Bitmap { deadline: false }, "{mode:?}");
+        assert_eq!(r.on_timer(at(45), &retry(), 0, 0), Fired::Bitmap { deadline: false }, "{mode:?}");
     }
     // Within budget after the grace: it closes (reduce-scatter).
     let n = 200;
@@ -392,8 +392,8 @@ fn after_a_probe_the_receiver_waits_for_the_chunk_it_overtook() {
     }
     let p = r.on_probe(&probe(n - 1, n, 1, 0, 10_000), at(50), grace, &est(), None).unwrap();
     assert_eq!(p.answer, Answer::Nothing);
-    assert_eq!(r.on_timer(at(149), &retry(), 0), Fired::Nothing);
-    assert_eq!(r.on_timer(at(150), &retry(), 0), Fired::Close { deadline: false });
+    assert_eq!(r.on_timer(at(149), &retry(), 0, 0), Fired::Nothing);
+    assert_eq!(r.on_timer(at(150), &retry(), 0, 0), Fired::Close { deadline: false });
     // Chunks still landing when the grace ends (a queue draining slower than
     // the grace): the receiver waits while they come, and answers once they
     // stop, not at the first grace's end.
@@ -409,7 +409,7 @@ fn after_a_probe_the_receiver_waits_for_the_chunk_it_overtook() {
     for c in 150..n - 1 {
         t += 60;
         arrive(&mut r, &data(c, n, 0, 10_000, Flags::default()), at(t));
-        assert_eq!(r.on_timer(at(t), &retry(), 0), Fired::Nothing, "chunk {c}: still landing");
+        assert_eq!(r.on_timer(at(t), &retry(), 0, 0), Fired::Nothing, "chunk {c}: still landing");
     }
     // Chunk 199 was lost: once nothing new lands for a grace, it closes (199 of 200, within 1%).
     let (end, fired) = fire(&mut r);
@@ -427,10 +427,10 @@ fn after_a_probe_the_receiver_waits_for_the_chunk_it_overtook() {
     let behind = Some(Behind { sent: 1000, seen: 960, reordering: false });
     let p = r.on_probe(&probe(n - 1, n, 1, 0, 10_000), at(20), grace, &est(), behind).unwrap();
     assert_eq!(p.answer, Answer::Nothing, "closable, but the sender's data is still coming");
-    assert_eq!(r.on_timer(at(120), &retry(), 980), Fired::Nothing, "moved: wait");
-    assert_eq!(r.on_timer(at(220), &retry(), 990), Fired::Nothing, "moved: wait");
+    assert_eq!(r.on_timer(at(120), &retry(), 980, 980), Fired::Nothing, "moved: wait");
+    assert_eq!(r.on_timer(at(220), &retry(), 990, 990), Fired::Nothing, "moved: wait");
     assert_eq!(
-        r.on_timer(at(320), &retry(), 990),
+        r.on_timer(at(320), &retry(), 990, 990),
         Fired::Close { deadline: false },
         "stuck: the rest was lost"
     );
@@ -438,6 +438,46 @@ fn after_a_probe_the_receiver_waits_for_the_chunk_it_overtook() {
     let mut r = Receiver::new(3, Vec::new(), Mode::Own);
     arrive(&mut r, &data(2, 3, 0, 0, Flags::default()), at(0));
     assert_eq!(r.on_probe(&probe(2, 3, 1, 0, 0), at(5), grace, &est(), None).unwrap().answer, Answer::Bitmap);
+}
+
+#[test]
+fn datagrams_on_slower_paths_are_waited_for_a_probe_timeout_even_when_none_lands() {
+    // 200 chunks, 1%: closable with one missing. The sender's datagrams take
+    // paths of different delays: its LAST overtook 10 of the 1000 DATA
+    // datagrams it sent this rank, and none of them lands for a while (they
+    // wait behind higher classes at this rank's port).
+    let (n, grace) = (200, us(100));
+    let last_of = |r: &mut Receiver, t: u64, seen: u64| {
+        let h = data(n - 1, n, 0, 10_000, Flags::LAST);
+        arrive(r, &h, at(t));
+        r.on_last(&h, at(t), grace, retry().rto, Some(Behind { sent: 1000, seen, reordering: true }))
+    };
+    let mut r = Receiver::new(n, Vec::new(), Mode::Own);
+    for c in (0..n - 1).filter(|&c| c != 50) {
+        arrive(&mut r, &data(c, n, 0, 10_000, Flags::default()), at(10));
+    }
+    assert_eq!(last_of(&mut r, 20, 990), Answer::Nothing, "closable, but 10 were sent before the LAST");
+    for t in [120, 220, 520, 1019] {
+        assert_eq!(
+            r.on_timer(at(t), &retry(), 1010, 990),
+            Fired::Nothing,
+            "{t} µs: still within a probe timeout"
+        );
+    }
+    // One probe timeout after the LAST arrived, what is still missing is lost.
+    let end = r.timers().min().expect("the grace");
+    assert_eq!(end, at(1119));
+    assert_eq!(r.on_timer(end, &retry(), 1010, 990), Fired::Close { deadline: false });
+    // The late datagrams land within the probe timeout (chunk 50 among them): the
+    // transfer is complete, not closed with a chunk that was only late.
+    let mut r = Receiver::new(n, Vec::new(), Mode::Own);
+    for c in (0..n - 1).filter(|&c| c != 50) {
+        arrive(&mut r, &data(c, n, 0, 10_000, Flags::default()), at(10));
+    }
+    assert_eq!(last_of(&mut r, 20, 990), Answer::Nothing);
+    assert_eq!(r.on_timer(at(120), &retry(), 1010, 990), Fired::Nothing);
+    assert_eq!(r.on_timer(at(220), &retry(), 1010, 990), Fired::Nothing);
+    assert_eq!(arrive(&mut r, &data(50, n, 0, 10_000, Flags::default()), at(250)), Arrived::Close);
 }
 
 #[test]
@@ -471,7 +511,7 @@ fn an_all_gather_transfer_reports_to_the_owner_and_closes_on_the_agreed_mask() {
     // Complete, waiting for the mask: the nudge re-sends the COMPLETE bitmap,
     // backing off (rto 1 ms, then 2 ms).
     assert_eq!(r.timers().collect::<Vec<_>>(), [at(1030)], "the nudge replaced the deadline");
-    assert_eq!(r.on_timer(at(1030), &retry(), 0), Fired::Bitmap { deadline: false });
+    assert_eq!(r.on_timer(at(1030), &retry(), 0, 0), Fired::Bitmap { deadline: false });
     assert_eq!(r.timers().collect::<Vec<_>>(), [at(3030)]);
     // The owner decided: nothing more to send; the mask closes the receiver.
     s.finish();

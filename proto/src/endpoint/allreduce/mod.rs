@@ -427,9 +427,13 @@ impl Op {
         match got.then {
             Arrived::Nothing if h.flags.contains(Flags::LAST) => {
                 // The LAST DATA is the sender's newest to this rank: what it
-                // sent before is here unless its datagrams reorder.
-                let seen = sh.flow.seen(peer);
-                let behind = Behind { sent: seen, seen, reordering: sh.flow.reordering(peer) };
+                // sent before is here unless its datagrams reorder. Where
+                // they may (paths of different delays), its data sequence
+                // number says how many it sent, and until all of those
+                // arrived some are still on their way (or lost).
+                let sent = sh.flow.extend(peer, h.seq) + 1;
+                let (seen, reordering) = sh.flow.arrived(peer, sent, sh.paths.multipath());
+                let behind = Behind { sent: if reordering { sent } else { seen }, seen, reordering };
                 let answer = r.on_last(h, now, sh.close_grace(), sh.rtt.timeout(), Some(behind));
                 self.answer(now, key, phase, peer, answer, sh);
             }
@@ -493,8 +497,10 @@ impl Op {
         // How many DATA datagrams the sender had sent this rank before the
         // PROBE, and how many of them are here: the rest are in flight behind
         // it (or lost).
-        let (seen, reordering) = (sh.flow.seen(peer), sh.flow.reordering(peer));
-        let sent = wire::parse_grant(payload).map(|sent| Behind { sent, seen, reordering });
+        let sent = wire::parse_grant(payload).map(|sent| {
+            let (seen, reordering) = sh.flow.arrived(peer, sent, sh.paths.multipath());
+            Behind { sent, seen, reordering }
+        });
         let r = self.transfers.receiver_mut(phase, peer).ok_or(Refused::Mismatch)?;
         let est = &sh.deadlines[usize::from(phase == Phase::Gather)];
         let probed = r.on_probe(h, now, grace, est, sent)?;
@@ -693,7 +699,11 @@ impl Op {
         for &(side, j) in keys.iter().filter(|k| !k.0.is_send()) {
             let phase = side.phase();
             let Some(r) = self.transfers.receiver_mut(phase, j) else { continue };
-            let fired = r.on_timer(now, &retry, sh.flow.seen(j));
+            let arrived = r.probe_sent().map_or(0, |sent| sh.flow.arrived(j, sent, sh.paths.multipath()).0);
+            let fired = r.on_timer(now, &retry, sh.flow.seen(j), arrived);
+            if let (Fired::Close { .. } | Fired::Bitmap { .. }, Some(sent)) = (fired, r.probe_sent()) {
+                sh.flow.take_as_lost(j, sent);
+            }
             if matches!(fired, Fired::Close { deadline: true } | Fired::Bitmap { deadline: true }) {
                 sh.stats.deadlines_fired += 1;
             }

@@ -57,7 +57,7 @@ impl Endpoint {
     /// Flow control's part of an authenticated datagram from a current peer
     /// (not a replayed early one): DATA moves the receive window, GRANTs
     /// give credit, requests are answered.
-    pub(super) fn flow_received(&mut self, h: &Header, payload: &[u8]) {
+    pub(super) fn flow_received(&mut self, now: Instant, h: &Header, payload: &[u8]) {
         // Every packet but HELLO and GOODBYE may carry credit (version 9); a
         // GRANT's is its payload's, read below.
         if h.ty != PacketType::Grant && self.sh.flow.on_credit(h.src, h.credit) {
@@ -66,7 +66,7 @@ impl Endpoint {
         }
         match h.ty {
             PacketType::Data => {
-                self.sh.flow.note_data(h.src, h.seq);
+                self.sh.flow.note_data(h.src, h.seq, now);
                 self.sh.stats.flow_window_cuts = self.sh.flow.cuts;
                 // Whether a GRANT is due is decided once the op took the
                 // chunk in (`grant_after_data`): what this rank wants next

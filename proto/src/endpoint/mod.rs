@@ -554,7 +554,7 @@ impl Endpoint {
         }
         if !replay {
             self.sh.stats.count_rx(h.src, h.class, datagram.len());
-            self.flow_received(&h, payload);
+            self.flow_received(now, &h, payload);
         }
         match h.ty {
             PacketType::Grant => return,

@@ -53,12 +53,15 @@ impl TransferReport {
 /// those `sent` are here: see `Flow::arrived`); `reordering`: the sender's
 /// datagrams may arrive out of order (they take paths of different delays,
 /// [`crate::paths`]), so the arrival of the last chunk sent does not prove
-/// that the earlier ones are not in flight.
+/// that the earlier ones are not in flight; `wait`: then how long after it
+/// to wait for them when none arrives (what the receiver measured of how
+/// late the sender's reordered datagrams come, `Flow::reorder_wait`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Behind {
     pub sent: u64,
     pub seen: u64,
     pub reordering: bool,
+    pub wait: Duration,
 }
 
 /// The receive side of one transfer.
@@ -117,6 +120,9 @@ pub(crate) struct Receiver {
     /// The last PROBE found the sender's datagrams arriving reordered
     /// ([`Behind::reordering`]): the chunk it names landing ends no settle.
     reordered: bool,
+    /// How long after `settled_at` to wait for the sender's DATA sent
+    /// before it while none arrives ([`Behind::wait`]).
+    reorder_wait: Duration,
     /// How far the sender's DATA to this rank had come when the deadline
     /// last looked (a deadline waits while it moves).
     seen_mark: u64,
@@ -248,6 +254,7 @@ impl Receiver {
             settled_at: Instant::ZERO,
             probe_sent: None,
             reordered: false,
+            reorder_wait: Duration::ZERO,
             seen_mark: 0,
             awaited: None,
             probe_at: None,
@@ -436,6 +443,7 @@ impl Receiver {
         self.probe_seq = self.probe_seq.max(h.seq);
         self.probe_sent = behind.map(|b| b.sent);
         self.reordered = behind.is_some_and(|b| b.reordering);
+        self.reorder_wait = behind.map_or(Duration::ZERO, |b| b.wait);
         self.echo = self.probe_seq;
         self.arm_deadline(now, est);
         let answer = if self.closed_at.is_some() {
@@ -482,6 +490,7 @@ impl Receiver {
         }
         self.echo = h.seq;
         self.reordered = behind.is_some_and(|b| b.reordering);
+        self.reorder_wait = behind.map_or(Duration::ZERO, |b| b.wait);
         self.probe_sent = behind.map(|b| b.sent);
         let answer = self.decide(now, grace, h.chunk_index, behind);
         if answer == Answer::Bitmap && self.mode == Mode::Own {
@@ -687,10 +696,12 @@ impl Receiver {
                 // steady stream (a slower path's may also wait behind higher
                 // classes at this rank's port): while some sent before the
                 // PROBE or LAST are missing, wait for them even when none
-                // came this grace — for a probe timeout after it, as long
-                // as the sender itself waits before it takes DATA as lost.
+                // came this grace — for as long after it as the sender's
+                // reordered datagrams were measured to lag (at most a probe
+                // timeout, none while none were seen late: a datagram lost
+                // costs no wait where the paths do not reorder).
                 let missing = self.probe_sent.is_some_and(|sent| arrived < sent);
-                let in_flight = self.reordered && now < self.settled_at + retry.rto;
+                let in_flight = self.reordered && now < self.settled_at + self.reorder_wait.min(retry.rto);
                 let draining = missing && (arrived > mark || in_flight);
                 if landing || draining {
                     self.settle = Some((len, now, arrived));

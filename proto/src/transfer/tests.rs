@@ -424,7 +424,7 @@ fn after_a_probe_the_receiver_waits_for_the_chunk_it_overtook() {
     for c in (0..n - 1).filter(|&c| c != 50) {
         arrive(&mut r, &data(c, n, 0, 10_000, Flags::default()), at(10));
     }
-    let behind = Some(Behind { sent: 1000, seen: 960, reordering: false });
+    let behind = Some(Behind { sent: 1000, seen: 960, reordering: false, wait: us(0) });
     let p = r.on_probe(&probe(n - 1, n, 1, 0, 10_000), at(20), grace, &est(), behind).unwrap();
     assert_eq!(p.answer, Answer::Nothing, "closable, but the sender's data is still coming");
     assert_eq!(r.on_timer(at(120), &retry(), 980, 980), Fired::Nothing, "moved: wait");
@@ -441,17 +441,20 @@ fn after_a_probe_the_receiver_waits_for_the_chunk_it_overtook() {
 }
 
 #[test]
-fn datagrams_on_slower_paths_are_waited_for_a_probe_timeout_even_when_none_lands() {
+fn datagrams_on_slower_paths_are_waited_for_the_measured_lag_even_when_none_lands() {
     // 200 chunks, 1%: closable with one missing. The sender's datagrams take
     // paths of different delays: its LAST overtook 10 of the 1000 DATA
     // datagrams it sent this rank, and none of them lands for a while (they
-    // wait behind higher classes at this rank's port).
+    // wait behind higher classes at this rank's port). The receiver measured
+    // them lagging enough for a wait longer than the probe timeout: it
+    // waits the probe timeout.
     let (n, grace) = (200, us(100));
-    let last_of = |r: &mut Receiver, t: u64, seen: u64| {
+    let last_after = |r: &mut Receiver, t: u64, seen: u64, wait: Duration| {
         let h = data(n - 1, n, 0, 10_000, Flags::LAST);
         arrive(r, &h, at(t));
-        r.on_last(&h, at(t), grace, retry().rto, Some(Behind { sent: 1000, seen, reordering: true }))
+        r.on_last(&h, at(t), grace, retry().rto, Some(Behind { sent: 1000, seen, reordering: true, wait }))
     };
+    let last_of = |r: &mut Receiver, t: u64, seen: u64| last_after(r, t, seen, us(5_000));
     let mut r = Receiver::new(n, Vec::new(), Mode::Own);
     for c in (0..n - 1).filter(|&c| c != 50) {
         arrive(&mut r, &data(c, n, 0, 10_000, Flags::default()), at(10));
@@ -478,6 +481,26 @@ fn datagrams_on_slower_paths_are_waited_for_a_probe_timeout_even_when_none_lands
     assert_eq!(r.on_timer(at(120), &retry(), 1010, 990), Fired::Nothing);
     assert_eq!(r.on_timer(at(220), &retry(), 1010, 990), Fired::Nothing);
     assert_eq!(arrive(&mut r, &data(50, n, 0, 10_000, Flags::default()), at(250)), Arrived::Close);
+    // A wait of 250 µs measured: what is missing 250 µs after the LAST is
+    // lost (answered at the first grace after); none measured (no
+    // reordering seen yet): answered after the first grace, as with one path.
+    for (wait, end) in [(250, 320), (0, 120)] {
+        let mut r = Receiver::new(n, Vec::new(), Mode::Own);
+        for c in (0..n - 1).filter(|&c| c != 50) {
+            arrive(&mut r, &data(c, n, 0, 10_000, Flags::default()), at(10));
+        }
+        assert_eq!(last_after(&mut r, 20, 990, us(wait)), Answer::Nothing);
+        let mut t = 120;
+        while t < end {
+            assert_eq!(r.on_timer(at(t), &retry(), 1010, 990), Fired::Nothing, "wait {wait} µs, at {t} µs");
+            t += 100;
+        }
+        assert_eq!(
+            r.on_timer(at(end), &retry(), 1010, 990),
+            Fired::Close { deadline: false },
+            "wait {wait} µs"
+        );
+    }
 }
 
 #[test]

@@ -432,8 +432,8 @@ impl Op {
                 // number says how many it sent, and until all of those
                 // arrived some are still on their way (or lost).
                 let sent = sh.flow.extend(peer, h.seq) + 1;
-                let (seen, reordering) = sh.flow.arrived(peer, sent, sh.paths.multipath());
-                let behind = Behind { sent: if reordering { sent } else { seen }, seen, reordering };
+                let b = sh.flow.behind(peer, sent, sh.paths.multipath(), sh.rtt.timeout(), now);
+                let behind = Behind { sent: if b.reordering { sent } else { b.seen }, ..b };
                 let answer = r.on_last(h, now, sh.close_grace(), sh.rtt.timeout(), Some(behind));
                 self.answer(now, key, phase, peer, answer, sh);
             }
@@ -497,10 +497,8 @@ impl Op {
         // How many DATA datagrams the sender had sent this rank before the
         // PROBE, and how many of them are here: the rest are in flight behind
         // it (or lost).
-        let sent = wire::parse_grant(payload).map(|sent| {
-            let (seen, reordering) = sh.flow.arrived(peer, sent, sh.paths.multipath());
-            Behind { sent, seen, reordering }
-        });
+        let (multipath, rto) = (sh.paths.multipath(), sh.rtt.timeout());
+        let sent = wire::parse_grant(payload).map(|sent| sh.flow.behind(peer, sent, multipath, rto, now));
         let r = self.transfers.receiver_mut(phase, peer).ok_or(Refused::Mismatch)?;
         let est = &sh.deadlines[usize::from(phase == Phase::Gather)];
         let probed = r.on_probe(h, now, grace, est, sent)?;

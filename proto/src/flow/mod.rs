@@ -59,6 +59,11 @@
 //!   never waits on a lost GRANT or a lost tail for longer than a probe
 //!   timeout.
 //! - A peer that restarts (a new generation) starts over on both sides.
+//! - Per sender, the receiver also records which of the last 1,024 data
+//!   sequence numbers arrived, so that with several paths a LAST DATA or
+//!   PROBE is compared with exactly what arrived of what was sent before
+//!   it, and measures how late the ones it then found missing came: its
+//!   reordering window, how long it waits for them ([`arrivals`]).
 //!
 //! The receiver splits its window evenly among the ranks that may send to it;
 //! the senders' own transmit queues keep the priority order (control, then
@@ -88,6 +93,10 @@ use std::collections::BTreeSet;
 
 use crate::class::Class;
 use crate::time::{Duration, Instant};
+
+mod arrivals;
+
+use arrivals::Arrivals;
 
 /// Flow-control parameters of an endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,30 +227,6 @@ const REORDER_MEMORY: u64 = 1 << 16;
 /// Largest exponent of the credit request backoff (as the probes').
 const MAX_BACKOFF: u32 = 3;
 
-/// How many of a sender's data sequence numbers below its highest the
-/// receiver remembers the arrival of ([`Flow::arrived`]): more than a
-/// datagram on a slower path falls behind (a sender's window bounds it).
-const ARRIVAL_WINDOW: u64 = 1024;
-
-/// The arrival record of one sender: bit `d % ARRIVAL_WINDOW` says whether
-/// data sequence number `d` arrived, for `d` in the window below its highest.
-type Arrivals = [u64; (ARRIVAL_WINDOW / 64) as usize];
-
-/// The word of an [`Arrivals`] record that holds `dseq`, and its bit there.
-fn ring_slot(dseq: u64) -> (usize, u64) {
-    let i = dseq % ARRIVAL_WINDOW;
-    ((i / 64) as usize, 1 << (i % 64))
-}
-
-/// `high` moves from `from` to `to`: the sequence numbers in between come
-/// into the window as not arrived (the ones they replace leave it).
-fn advance(bits: &mut Arrivals, from: u64, to: u64) {
-    for d in from.max(to.saturating_sub(ARRIVAL_WINDOW))..to {
-        let (w, b) = ring_slot(d);
-        bits[w] &= !b;
-    }
-}
-
 /// Flow-control state of one endpoint towards and from every rank.
 #[derive(Debug, Clone)]
 pub(crate) struct Flow {
@@ -249,7 +234,8 @@ pub(crate) struct Flow {
     per_sender: u64,
     tx: Vec<TxCredit>,
     rx: Vec<RxCredit>,
-    /// Per sender, which of its recent data sequence numbers arrived.
+    /// Per sender, which of its recent data sequence numbers arrived, and
+    /// how late reordered ones come ([`arrivals`]).
     arrivals: Vec<Arrivals>,
     /// `(request_at, peer)` of every armed credit request timer (at most
     /// one per peer): `poll_timeout` and `handle_timeout` read the earliest
@@ -388,13 +374,14 @@ impl Flow {
     /// is now due. ([`Flow::note_data`] then [`Flow::grant_due`].)
     #[cfg(test)]
     pub(crate) fn on_data(&mut self, src: u32, dseq: u32, backlog: bool, want: u64) -> bool {
-        self.note_data(src, dseq);
+        self.note_data(src, dseq, Instant::ZERO);
         self.grant_due(src, backlog, want)
     }
 
-    /// DATA with `dseq` (low 32 bits) arrived from `src`: move its receive
-    /// window (and halve it on a run of losses).
-    pub(crate) fn note_data(&mut self, src: u32, dseq: u32) {
+    /// DATA with `dseq` (low 32 bits) arrived from `src` at `now`: move its
+    /// receive window (and halve it on a run of losses), and record it
+    /// ([`arrivals`]).
+    pub(crate) fn note_data(&mut self, src: u32, dseq: u32, now: Instant) {
         // The highest dseq is kept with flow control off too: a PROBE names
         // how many DATA datagrams its sender had sent, and the receiver
         // compares ([`Flow::high`]).
@@ -409,11 +396,7 @@ impl Flow {
         // window is far below 2^31).
         let delta = i64::from(dseq.wrapping_sub(r.high as u32) as i32);
         let d = r.high.saturating_add_signed(delta);
-        advance(bits, r.high, d + 1);
-        if d + ARRIVAL_WINDOW >= r.high.max(d + 1) {
-            let (w, b) = ring_slot(d);
-            bits[w] |= b;
-        }
+        bits.note(d, r.high, now);
         if d >= r.high {
             let missing = d - r.high;
             r.high = d + 1;
@@ -524,51 +507,9 @@ impl Flow {
         // written off stays not arrived in the record ([`Flow::arrived`]):
         // it may still be on its way.
         let high = r.high.max(sent.min(r.granted));
-        advance(bits, r.high, high);
+        bits.advance(r.high, high);
         r.high = high;
         r.granted = r.granted.max(r.high + r.win);
-    }
-
-    /// `dseq` (low 32 bits) of a DATA datagram from `src` that arrived,
-    /// extended to 64 bits around the highest seen.
-    pub(crate) fn extend(&self, src: u32, dseq: u32) -> u64 {
-        let high = self.rx.get(src as usize).map_or(0, |r| r.high);
-        high.saturating_add_signed(i64::from(dseq.wrapping_sub(high as u32) as i32))
-    }
-
-    /// How many of the first `sent` DATA datagrams of `src` arrived, and
-    /// whether they may arrive out of order. With several paths configured
-    /// (`multipath`), or once `src`'s datagrams were seen reordered
-    /// ([`Flow::reordering`]), they may, from the start: the count is then
-    /// exact, from the record of which data sequence numbers arrived (the
-    /// last [`ARRIVAL_WINDOW`] below the highest; older ones count as here),
-    /// so datagrams `src` sent later, on faster paths, make up for none of
-    /// the earlier ones still on slower paths. Otherwise [`Flow::high`]:
-    /// what the highest arrival says was sent before it.
-    pub(crate) fn arrived(&self, src: u32, sent: u64, multipath: bool) -> (u64, bool) {
-        let (Some(r), Some(bits)) = (self.rx.get(src as usize), self.arrivals.get(src as usize)) else {
-            return (0, false);
-        };
-        if !(multipath || self.reordering(src)) {
-            return (r.high, false);
-        }
-        let from = r.high.saturating_sub(ARRIVAL_WINDOW).max(r.lost_below);
-        let gaps = (from..sent.min(r.high))
-            .filter(|&d| {
-                let (w, b) = ring_slot(d);
-                bits[w] & b == 0
-            })
-            .count() as u64;
-        (sent - gaps - sent.saturating_sub(r.high.max(from)), true)
-    }
-
-    /// A receiver waited for `src`'s first `sent` DATA datagrams as long as
-    /// datagrams on their way can take (see [`Flow::arrived`]): the ones
-    /// still missing are lost, and no later PROBE waits for them again.
-    pub(crate) fn take_as_lost(&mut self, src: u32, sent: u64) {
-        if let Some(r) = self.rx.get_mut(src as usize) {
-            r.lost_below = r.lost_below.max(sent);
-        }
     }
 
     /// A new chunk (not a duplicate) of `class` with `dseq` arrived from
@@ -874,35 +815,6 @@ mod tests {
         // ...a gap deeper than any late chunk came is a loss run.
         r.on_data(0, 40, true, u64::MAX);
         assert_eq!(r.cuts, 2);
-    }
-
-    #[test]
-    fn with_several_paths_what_arrived_of_what_was_sent_is_counted_exactly() {
-        let mut f = flow(4096, 2);
-        // Of the first 10 DATA datagrams, 5 and 6 are on a slower path; 10
-        // to 14, sent after them (after the LAST, dseq 9), came on faster
-        // ones: 13 arrived in all, but 2 of the 10 are still on their way.
-        for d in (0..5).chain(7..15) {
-            f.note_data(1, d);
-        }
-        assert_eq!(f.arrived(1, 10, true), (8, true));
-        assert_eq!(f.arrived(1, 20, true), (13, true), "15 to 19 not here yet either");
-        assert_eq!(f.arrived(1, 10, false), (15, false), "one path: the highest says it all");
-        f.note_data(1, 5);
-        assert_eq!(f.arrived(1, 10, true), (9, true));
-        // Waited for long enough: 6 is lost, and no later count waits for it.
-        f.take_as_lost(1, 10);
-        assert_eq!(f.arrived(1, 10, true), (10, true));
-        assert_eq!(f.arrived(1, 15, true), (15, true));
-        // A gap older than the record's window is forgotten.
-        f.note_data(1, 16);
-        assert_eq!(f.arrived(1, 17, true), (16, true));
-        f.note_data(1, 16 + ARRIVAL_WINDOW as u32);
-        assert_eq!(f.arrived(1, 17 + ARRIVAL_WINDOW, true).0, 17 + ARRIVAL_WINDOW - (ARRIVAL_WINDOW - 1));
-        // A restart starts the record over.
-        f.reset(1);
-        f.note_data(1, 1);
-        assert_eq!(f.arrived(1, 2, true), (1, true));
     }
 
     #[test]

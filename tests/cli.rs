@@ -246,6 +246,39 @@ fn simulate_runs_and_verifies_under_loss() {
     assert!(n(" GRANTs") > 0, "{flow}");
 }
 
+/// 64 ranks × 1 MB on a clean network, the default configuration: every
+/// iteration takes about as long as the others. A rank holds its peers'
+/// short all-gathers out of its port until it reduced; when a quiet NACK
+/// ended that hold (before this test), every owner's all-gather landed
+/// ahead of the last reduce-scatter chunks still in the port's queue and
+/// one iteration in this run took 1.42× as long as the fastest (2.69 ms
+/// against 1.90). Virtual time: deterministic, not a timing test.
+#[test]
+fn simulate_at_64_ranks_has_no_slow_iterations_on_a_clean_network() {
+    let out = dlcpd()
+        .args(["simulate", "--hosts", "64", "--size", "1", "--layers", "1", "--iters", "5", "--seed", "2"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("every rank byte-identical"), "{stdout}");
+    // "iter    2/5:     1.898 ms ..."
+    let times: Vec<f64> = stdout
+        .lines()
+        .filter(|l| l.starts_with("iter "))
+        .map(|l| l.split(':').nth(1).and_then(|r| r.split_whitespace().next()).and_then(|t| t.parse().ok()))
+        .collect::<Option<_>>()
+        .unwrap_or_else(|| panic!("unparsable iteration line: {stdout}"));
+    assert_eq!(times.len(), 5, "{stdout}");
+    let fastest = times.iter().copied().fold(f64::MAX, f64::min);
+    let slowest = times.iter().copied().fold(0.0, f64::max);
+    assert!(
+        slowest <= 1.15 * fastest,
+        "iteration times {times:?} ms: the slowest is {:.2}× the fastest",
+        slowest / fastest
+    );
+}
+
 #[test]
 fn demo_rejects_bad_flags_with_the_flag_name() {
     let out = dlcpd().args(["demo", "--budget", "20"]).output().unwrap();

@@ -34,8 +34,10 @@
 //!   all-gather, whose classes outrank the reduce-scatter's, into `r`'s
 //!   port at once, and the last contributions `r` waits for would wait
 //!   behind it (64 ranks: 2.67 ms per clean op instead of 1.89). The hold
-//!   ends when `r` reduces or NACKs a reduce-scatter chunk (a repair is a
-//!   round trip away), and is not used below 8 ranks, where it idles the
+//!   ends when `r` reduces or NACKs a reduce-scatter chunk in answer to a
+//!   LAST or PROBE (a repair is a round trip away; a NACK sent because a
+//!   sender went quiet does not end it: that tail is most often still in
+//!   `r`'s port queue), and is not used below 8 ranks, where it idles the
 //!   port more than it saves (`Endpoint::wants`, `Op::wants_from`). A
 //!   piggybacked limit allows one datagram more while `r` holds, so two
 //!   ranks that hold each other still carry each other's credit.

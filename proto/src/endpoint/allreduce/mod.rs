@@ -722,10 +722,15 @@ impl Op {
                 // queue; the sender's overdue PROBE (or the deadline)
                 // recovers it, later.
                 Fired::Quiet if sh.flow.congested(j) => {}
+                // Not a NACK that ends the all-gather hold (`nacked`): a
+                // sender quiet before its LAST is most often one whose tail
+                // still waits in this rank's port queue, and letting every
+                // owner's all-gather in now would queue it ahead of that
+                // tail (64 ranks, 1 MB, clean: one op in three took 2.7 ms
+                // instead of 1.9; 256 ranks: five in eight).
                 Fired::Quiet => {
                     sh.stats.quiet_nacks += 1;
                     sh.tx.push_bitmaps(key, phase, j, r.bitmap_segments(sh.seg_bytes()));
-                    nacked = true;
                 }
             }
             if std::mem::take(&mut nacked) {

@@ -62,9 +62,13 @@ impl Op {
         true
     }
 
-    /// This rank NACKs (sends a BITMAP for) a transfer of `phase`: a
-    /// reduce-scatter repair before the reduce ends the all-gather hold
+    /// This rank NACKs (sends a BITMAP for) a transfer of `phase` in
+    /// answer to its sender's LAST DATA or PROBE, or at a receive deadline:
+    /// a reduce-scatter repair before the reduce ends the all-gather hold
     /// (`wants_from`); its peers hear of the credit (`Shared::want_grew`).
+    /// A quiet NACK (the sender went silent before its LAST) does not: the
+    /// sender's first pass may not be over, and its tail is most often in
+    /// this rank's port queue, where an all-gather let in would go first.
     pub(super) fn nacked(&mut self, phase: Phase, sh: &mut Shared) {
         if phase == Phase::Scatter && !self.reduced && !self.repairing {
             self.repairing = true;
@@ -86,7 +90,8 @@ impl Op {
     /// paced by credit as it goes, and holding it would only make its
     /// sender pour its rate into other ports (4 ranks × 16 MB: switch
     /// drops on a clean network). Nor is anything held once this rank
-    /// NACKed a reduce-scatter chunk (`nacked`): the first pass is over,
+    /// NACKed a reduce-scatter chunk after its sender's LAST or PROBE
+    /// (`nacked`): the first pass is over,
     /// the repair is a round trip away, and the all-gather may use the
     /// port meanwhile (8 ranks × 1 MB at 1% loss: 2.6 ms instead of 2.0
     /// while held until the reduce).

@@ -143,7 +143,7 @@ impl Endpoint {
     /// DATA is all for ops that ended needs no credit any more; to the
     /// others a request goes out, and the next one backs off.
     pub(super) fn flow_timeouts(&mut self, now: Instant) {
-        let due: Vec<u32> = self.sh.flow.requests_due(now).collect();
+        let due = self.sh.flow.requests_due(now);
         for peer in due {
             let ops = &self.ops;
             let gone = self.sh.tx.drain_parked(peer, |item| {

@@ -346,10 +346,10 @@ impl Flow {
     /// many DATA datagrams this rank sent them, [`Flow::sent`]), in peer
     /// order. Each one's timer is re-armed, backed off, when the request is
     /// sent ([`Flow::blocked`] after [`Flow::request_sent`]).
-    pub(crate) fn requests_due(&self, now: Instant) -> impl Iterator<Item = u32> + use<> {
+    pub(crate) fn requests_due(&self, now: Instant) -> Vec<u32> {
         let mut due: Vec<u32> = self.requests.range(..=(now, u32::MAX)).map(|&(_, p)| p).collect();
         due.sort_unstable();
-        due.into_iter()
+        due
     }
 
     /// A credit request to `peer` was queued: the next one backs off.
@@ -671,7 +671,7 @@ mod tests {
         let ms = Duration::from_millis;
         assert!(s.blocked(1, Instant::ZERO, ms(1), ms(20)));
         let at = s.next_timeout().unwrap();
-        assert_eq!(s.requests_due(at).collect::<Vec<_>>(), [1]);
+        assert_eq!(s.requests_due(at), [1]);
         s.request_sent(1);
         // Both lost; the request says 2 were sent.
         r.on_request(0, s.sent(1));

@@ -51,11 +51,18 @@ fn lossy_path_run(o: OpOptions, seed: u64) -> (f64, f64) {
     paths[BAD].loss = 0.2;
     let mut c = cluster(paths, seed);
     let x = inputs(seed, WORLD, LEN);
+    let lost_per_path = |c: &Cluster| -> Vec<u64> {
+        (0..usize::from(PATHS))
+            .map(|p| (0..WORLD).map(|r| c.sim.node(r).stats().lost_path[p]).sum())
+            .collect()
+    };
     let mut before = Vec::new();
+    let mut lost_before = Vec::new();
     let mut min_frac = 1.0f64;
     for seq in 0..OPS {
         if seq == WARMUP {
             before = data_per_path(&c);
+            lost_before = lost_per_path(&c);
         }
         let out = all_ok(c.allreduce(OpId { run: 1, seq, tensor: 0 }, &x, o, Duration::from_secs(10)));
         assert_identical(&out);
@@ -74,16 +81,28 @@ fn lossy_path_run(o: OpOptions, seed: u64) -> (f64, f64) {
     let sent: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
     let total: u64 = sent.iter().sum();
     let share = sent[BAD] as f64 / total as f64;
-    // The endpoints' own per-path counters saw the losses on the bad path.
-    let lost: Vec<u64> = (0..usize::from(PATHS))
-        .map(|p| (0..WORLD).map(|r| c.sim.node(r).stats().lost_path[p]).sum())
-        .collect();
+    // The endpoints' own per-path counters saw the losses on the bad path:
+    // ten times those of any healthy path. In the first ops a receiver has
+    // not yet measured how late a datagram sent before a LAST can come
+    // (`flow::arrivals`), NACKs some that are only stuck behind higher
+    // classes at its port, and their healthy paths are blamed (seed 42,
+    // budget 1%: 37 chunks over the 7 healthy paths, at most 8 on one,
+    // against 327 on the bad path); after the warm-up, next to none.
+    let lost = lost_per_path(&c);
+    let lost_late: Vec<u64> = lost.iter().zip(&lost_before).map(|(a, b)| a - b).collect();
     let weights: Vec<u64> = (0..usize::from(PATHS)).map(|p| c.sim.node(0).stats().path_weight[p]).collect();
     eprintln!("DATA per path after op {WARMUP}: {sent:?}; share of path {BAD}: {share:.4}");
-    eprintln!("chunks reported lost per path: {lost:?}; rank 0's lowest weights: {weights:?}");
+    eprintln!(
+        "chunks reported lost per path: {lost:?} ({lost_late:?} after op {WARMUP}); rank 0's lowest weights: {weights:?}"
+    );
+    let healthy = |v: &[u64]| v.iter().enumerate().filter(|p| p.0 != BAD).map(|p| *p.1).collect::<Vec<u64>>();
     assert!(
-        lost[BAD] > 0
-            && lost[BAD] > 10 * lost.iter().enumerate().filter(|p| p.0 != BAD).map(|p| *p.1).sum::<u64>()
+        lost[BAD] > 0 && healthy(&lost).iter().all(|&n| lost[BAD] > 10 * n),
+        "the bad path's losses stand out from every healthy path's: {lost:?}"
+    );
+    assert!(
+        healthy(&lost_late).iter().sum::<u64>() <= 2,
+        "healthy paths blamed after the warm-up: {lost_late:?}"
     );
     for (p, &n) in sent.iter().enumerate().filter(|p| p.0 != BAD) {
         assert!(n as f64 > 0.10 * total as f64, "healthy path {p} carries its share: {sent:?}");

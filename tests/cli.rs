@@ -8,6 +8,14 @@ fn dlcpd() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dlcpd"))
 }
 
+/// Run `dlcpd args`, which must exit 0; its standard output.
+fn succeeds(args: &[&str]) -> String {
+    let out = dlcpd().args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
 /// A scratch directory removed on drop (even when the test fails).
 struct Scratch(PathBuf);
 
@@ -125,12 +133,8 @@ fn check_config_reports_a_missing_file() {
 
 #[test]
 fn demo_runs_real_daemons_and_verifies_under_receive_loss() {
-    let out = dlcpd()
-        .args(["demo", "--hosts", "3", "--iters", "2", "--size", "1", "--loss", "2", "--budget", "0.05"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let stdout =
+        succeeds(&["demo", "--hosts", "3", "--iters", "2", "--size", "1", "--loss", "2", "--budget", "0.05"]);
     assert!(stdout.contains("iter    2/2"), "{stdout}");
     assert!(stdout.contains("every trainer byte-identical"), "{stdout}");
     assert!(stdout.contains("ops completed / failed      8 / 0"), "{stdout}");
@@ -138,12 +142,7 @@ fn demo_runs_real_daemons_and_verifies_under_receive_loss() {
 
 #[test]
 fn demo_reliable_is_bit_exact() {
-    let out = dlcpd()
-        .args(["demo", "--hosts", "2", "--iters", "2", "--size", "1", "--budget", "0"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = succeeds(&["demo", "--hosts", "2", "--iters", "2", "--size", "1", "--budget", "0"]);
     assert!(stdout.contains("bit-exact against the reference sum"), "{stdout}");
 }
 
@@ -152,22 +151,16 @@ fn demo_reliable_is_bit_exact() {
 /// and one of the result); f16 under loss in the simulator; a bad value named.
 #[test]
 fn demo_and_simulate_take_a_dtype_and_an_op() {
-    let out = dlcpd()
-        .args(["demo", "--hosts", "2", "--iters", "2", "--size", "1", "--budget", "0"])
-        .args(["--dtype", "bf16", "--op", "average"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = succeeds(&[
+        "demo", "--hosts", "2", "--iters", "2", "--size", "1", "--budget", "0", "--dtype", "bf16", "--op",
+        "average",
+    ]);
     assert!(stdout.contains("MB bf16 (average)"), "{stdout}");
     assert!(stdout.contains("bit-exact against the reference sum"), "{stdout}");
-    let out = dlcpd()
-        .args(["simulate", "--iters", "2", "--size", "2", "--loss", "2", "--budget", "1%", "--dtype", "f16"])
-        .args(["--op", "average"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = succeeds(&[
+        "simulate", "--iters", "2", "--size", "2", "--loss", "2", "--budget", "1%", "--dtype", "f16", "--op",
+        "average",
+    ]);
     assert!(stdout.contains("MB f16 (average)") && stdout.contains("every rank byte-identical"), "{stdout}");
     for (flag, value) in [("--dtype", "f64"), ("--op", "max")] {
         let out = dlcpd().args(["demo", flag, value]).output().unwrap();
@@ -193,13 +186,23 @@ fn demo_runs_every_collective() {
         ("barrier", "every barrier completed on every trainer"),
     ];
     for (collective, want) in wants {
-        let out = dlcpd()
-            .args(["demo", "--hosts", "3", "--iters", "2", "--size", "1", "--budget", "0", "--dtype", "bf16"])
-            .args(["--collective", collective, "--root", "2"])
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = succeeds(&[
+            "demo",
+            "--hosts",
+            "3",
+            "--iters",
+            "2",
+            "--size",
+            "1",
+            "--budget",
+            "0",
+            "--dtype",
+            "bf16",
+            "--collective",
+            collective,
+            "--root",
+            "2",
+        ]);
         assert!(stdout.contains(want), "{collective}: {stdout}");
         assert!(stdout.contains("ops completed / failed      8 / 0"), "{stdout}");
     }
@@ -224,12 +227,7 @@ fn demo_runs_every_collective() {
 
 #[test]
 fn simulate_runs_and_verifies_under_loss() {
-    let out = dlcpd()
-        .args(["simulate", "--iters", "2", "--size", "2", "--loss", "2", "--budget", "1%"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = succeeds(&["simulate", "--iters", "2", "--size", "2", "--loss", "2", "--budget", "1%"]);
     assert!(stdout.contains("iter    2/2"), "{stdout}");
     assert!(stdout.contains("every rank byte-identical"), "{stdout}");
     assert!(stdout.contains("ops completed / failed      32 / 0"), "{stdout}");
@@ -255,12 +253,9 @@ fn simulate_runs_and_verifies_under_loss() {
 /// against 1.90). Virtual time: deterministic, not a timing test.
 #[test]
 fn simulate_at_64_ranks_has_no_slow_iterations_on_a_clean_network() {
-    let out = dlcpd()
-        .args(["simulate", "--hosts", "64", "--size", "1", "--layers", "1", "--iters", "5", "--seed", "2"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = succeeds(&[
+        "simulate", "--hosts", "64", "--size", "1", "--layers", "1", "--iters", "5", "--seed", "2",
+    ]);
     assert!(stdout.contains("every rank byte-identical"), "{stdout}");
     // "iter    2/5:     1.898 ms ..."
     let times: Vec<f64> = stdout

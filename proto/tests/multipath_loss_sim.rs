@@ -11,7 +11,7 @@ mod common;
 
 use common::*;
 use dlcp_proto::endpoint::{OpId, OpOptions};
-use dlcp_proto::sim::{NetConfig, PathConfig};
+use dlcp_proto::sim::PathConfig;
 use dlcp_proto::time::Duration;
 
 const WORLD: u32 = 4;
@@ -23,17 +23,8 @@ const WARMUP: u64 = 2;
 /// Median op time (µs, every rank's report) after the warm-up, `paths`
 /// paths of equal delay, each losing 1% of what it carries, budget 1%.
 fn median_op_us(paths: u16, seed: u64) -> f64 {
-    let cfgs = (0..WORLD)
-        .map(|r| {
-            let mut c = endpoint_config(r, WORLD, 1);
-            c.paths = paths;
-            c.timers.hard_timeout = Duration::from_secs(2);
-            c
-        })
-        .collect();
     let lossy = PathConfig { loss: 0.01, ..PathConfig::clean() };
-    let net = NetConfig::default().with_seed(seed).with_paths(vec![lossy; usize::from(paths)]);
-    let mut c = Cluster::with_configs(net, cfgs);
+    let mut c = Cluster::multipath(WORLD, vec![lossy; usize::from(paths)], seed);
     let o = OpOptions { budget_ppm: 10_000, gather_budget_ppm: 10_000, ..OpOptions::default() };
     let x = inputs(seed, WORLD, LEN);
     let mut times = Vec::new();

@@ -13,7 +13,7 @@ use std::rc::Rc;
 
 use common::*;
 use dlcp_proto::endpoint::{OpId, OpOptions, OpReport};
-use dlcp_proto::sim::{NetConfig, PathConfig, TraceEvent};
+use dlcp_proto::sim::{PathConfig, TraceEvent};
 use dlcp_proto::time::Duration;
 use dlcp_proto::wire::{Packet, PacketType};
 
@@ -26,15 +26,8 @@ const WARMUP: u64 = 5;
 const OPS: u64 = 20;
 
 fn cluster(paths: Vec<PathConfig>, seed: u64) -> Cluster {
-    let cfgs = (0..WORLD)
-        .map(|r| {
-            let mut c = endpoint_config(r, WORLD, 1);
-            c.paths = PATHS;
-            c.timers.hard_timeout = Duration::from_secs(2);
-            c
-        })
-        .collect();
-    Cluster::with_configs(NetConfig::default().with_seed(seed).with_paths(paths), cfgs)
+    assert_eq!(paths.len(), usize::from(PATHS));
+    Cluster::multipath(WORLD, paths, seed)
 }
 
 /// DATA datagrams offered on each path so far.

@@ -11,7 +11,7 @@ use dlcp_proto::endpoint::{
     Endpoint, EndpointConfig, Event, Fill, OpError, OpId, OpOptions, OpReport, ReduceOp, Timers,
 };
 use dlcp_proto::rng::Rng;
-use dlcp_proto::sim::{ChunkKey, NetConfig, Sim, TraceEvent};
+use dlcp_proto::sim::{ChunkKey, NetConfig, PathConfig, Sim, TraceEvent};
 use dlcp_proto::time::{Duration, Instant};
 use dlcp_proto::wire::{self, Flags, JobKey, PacketType, Phase};
 
@@ -95,6 +95,21 @@ pub struct Cluster {
 impl Cluster {
     pub fn new(world: u32, net: NetConfig) -> Cluster {
         Self::with_configs(net, (0..world).map(|r| endpoint_config(r, world, 1)).collect())
+    }
+
+    /// `world` ranks spraying over `paths` (one simulated path each, in
+    /// order), a hard timeout of 2 s.
+    pub fn multipath(world: u32, paths: Vec<PathConfig>, seed: u64) -> Cluster {
+        let n = u16::try_from(paths.len()).expect("at most 65535 paths");
+        let cfgs = (0..world)
+            .map(|r| {
+                let mut c = endpoint_config(r, world, 1);
+                c.paths = n;
+                c.timers.hard_timeout = Duration::from_secs(2);
+                c
+            })
+            .collect();
+        Self::with_configs(NetConfig::default().with_seed(seed).with_paths(paths), cfgs)
     }
 
     pub fn with_configs(net: NetConfig, cfgs: Vec<EndpointConfig>) -> Cluster {

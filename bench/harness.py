@@ -278,17 +278,29 @@ def cg_name(system):
 CONGESTED_PORT = {"rate": 300, "rate_ports": "0", "cross": 400}
 
 
+def wait_tcp_listen(ns, port, timeout=20.0):
+    """Wait until something in namespace `ns` listens on TCP `port` (an iperf3
+    server): a fixed sleep loses that race on a loaded machine."""
+    t0 = time.time()
+    while not sh(["ip", "netns", "exec", ns, "ss", "-Hltn", f"sport = :{port}"]).stdout.strip():
+        if time.time() - t0 > timeout:
+            sys.exit(f"nothing listens on tcp port {port} in {ns} after {timeout:.0f} s")
+        time.sleep(0.02)
+
+
 def cross_traffic(bed, hosts, mbps):
     """Best-effort (DSCP 0) iperf3 UDP from an extra host (number `hosts`) into host 0's
     bottleneck port; the processes to kill afterwards."""
     src = hosts  # the extra host
     srv = subprocess.Popen(["ip", "netns", "exec", bed.ns(0), "iperf3", "-s", "-p", "5302"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.5)
+    wait_tcp_listen(bed.ns(0), 5302)
     cli = subprocess.Popen(["ip", "netns", "exec", bed.ns(src), "iperf3", "-u", "-c", "10.77.0.1",
                             "-p", "5302", "-b", f"{mbps}M", "-l", "1400", "-t", "3600", "--tos", "0"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)
+    if cli.poll() is not None:
+        sys.exit(f"the iperf3 cross-traffic client exited at once (status {cli.returncode})")
     return [cli, srv]
 
 
@@ -663,7 +675,7 @@ class Bench:
         srv = subprocess.Popen(["ip", "netns", "exec", self.bed.ns(1), "iperf3", "-s", "-1", "-p", "5201"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            time.sleep(0.5)
+            wait_tcp_listen(self.bed.ns(1), 5201)
             secs = "3" if self.quick else "6"
             args = ["ip", "netns", "exec", self.bed.ns(0), "iperf3", "-c", "10.77.0.2", "-p", "5201", "-t", secs,
                     "--bidir", "-J"]

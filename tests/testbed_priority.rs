@@ -50,17 +50,22 @@ fn bottleneck_with_cross_traffic_front_layer_loses_less_and_completes_first() {
         .spawn()
         .expect("iperf3 (apt-get install iperf3)");
     bed.others.push(server);
-    std::thread::sleep(Duration::from_millis(300));
+    bed.wait_tcp_listen(1, 5301);
     let before = htb_classes(PREFIX, "p1");
-    let client = Command::new("ip")
+    let mut client = Command::new("ip")
         .args(["netns", "exec", &bed.ns(2), "iperf3", "-u", "-c", "10.77.0.2", "-p", "5301", "--tos", "0"])
         .args(["-b", "300M", "-l", "1400", "-t", "15"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    bed.others.push(client);
     std::thread::sleep(Duration::from_millis(500));
+    if let Some(st) = client.try_wait().unwrap() {
+        let mut err = String::new();
+        let _ = std::io::Read::read_to_string(&mut client.stderr.take().unwrap(), &mut err);
+        panic!("the iperf3 cross-traffic client exited before the run ({st}): {err}");
+    }
+    bed.others.push(client);
 
     // Every round, every host submits the back layer's tensor, then at once
     // the front layer's (layers = 2: layer 0 is the front).
@@ -101,6 +106,11 @@ fn bottleneck_with_cross_traffic_front_layer_loses_less_and_completes_first() {
         .collect();
     let results: Vec<_> = hs.into_iter().map(|h| h.join().expect("trainer thread")).collect();
     let after = htb_classes(PREFIX, "p1");
+    let cross = bed.others.last_mut().unwrap().try_wait().unwrap();
+    assert!(
+        cross.is_none(),
+        "the iperf3 cross traffic stopped during the run ({cross:?}): the congestion was not there throughout"
+    );
     let delta: BTreeMap<u8, (u64, u64)> = after
         .iter()
         .map(|(c, &(s, d))| {

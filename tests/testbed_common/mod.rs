@@ -244,6 +244,28 @@ impl Bed {
         std::fs::read(&c.pcap).unwrap_or_else(|e| panic!("{}: {e}", c.pcap.display()))
     }
 
+    /// Wait until something in host `h`'s namespace listens on TCP `port`
+    /// (`ss -Hltn`), e.g. an iperf3 server: a fixed sleep lost that race on a
+    /// loaded machine, and the cross traffic then never ran.
+    pub fn wait_tcp_listen(&self, h: usize, port: u16) {
+        let t0 = Instant::now();
+        loop {
+            let out = Command::new("ip")
+                .args(["netns", "exec", &self.ns(h), "ss", "-Hltn", &format!("sport = :{port}")])
+                .output()
+                .expect("ss (apt-get install iproute2)");
+            if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "nothing listens on tcp port {port} in {}",
+                self.ns(h)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn ns(&self, h: usize) -> String {
         format!("{}-h{h}", self.prefix)
     }

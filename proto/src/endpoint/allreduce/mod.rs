@@ -93,6 +93,8 @@ pub(crate) struct Op {
     /// The first reduce-scatter sender that may still have DATA queued
     /// (`scatter_drained`).
     held_scan: u32,
+    /// Reduce-scatter chunks queued by the first pass, and gone since (`ack_wait`).
+    scatter_pass: (u32, u32),
     /// The agreed mask of own shard, once decided.
     gmask: Option<Bitmap>,
     repairs_sent: u32,
@@ -182,6 +184,7 @@ impl Op {
             reduced: false,
             gather_held: false,
             held_scan: 0,
+            scatter_pass: (0, 0),
             repairing: false,
             gmask: None,
             repairs_sent: 0,
@@ -832,12 +835,7 @@ impl Op {
         sh: &mut Shared,
     ) -> Option<Instant> {
         let retry = sh.retry();
-        // The owner acknowledges a reduce-scatter transfer with its
-        // all-gather, after its own first pass: about as long as this
-        // rank's took so far (every rank sends the same (N−1)/N of the data
-        // in each phase). A collective without an all-gather acknowledges
-        // with DONE at once.
-        let ack = if self.opts.collective.gathers() { now - self.started } else { Duration::ZERO };
+        let ack = self.ack_wait(now, phase, retry.deadline_cap());
         let st = self.transfers.sender_mut(phase, peer)?;
         let drained = st.dequeued(now, &retry, ack, sh.loss.lossy());
         if phase == Phase::Scatter

@@ -7,6 +7,7 @@
 use crate::endpoint::api::OpKey;
 use crate::endpoint::shared::Shared;
 use crate::endpoint::tx::{TxItem, TxKind};
+use crate::time::{Duration, Instant};
 use crate::wire::Phase;
 
 use super::Op;
@@ -40,10 +41,39 @@ impl Op {
                     continue;
                 };
                 st.queue(1);
+                self.scatter_pass.0 += u32::from(phase == Phase::Scatter);
                 let kind = TxKind::Data { chunk, repair: false, class: self.class_of(phase, j, chunk) };
                 sh.tx.push_data(TxItem { op: key, phase, peer: j, kind });
             }
         }
+    }
+
+    /// How much longer than the probe timeout the answer to a send
+    /// transfer's LAST DATA of `phase` may take, once its last queued chunk
+    /// left (at most `cap`). A reduce-scatter transfer is acknowledged by
+    /// its owner's all-gather, which comes only after the owner reduced:
+    /// when every rank's first pass into it is through, about when this
+    /// rank's own is (every rank sends the same (N−1)/N of the data),
+    /// estimated from the share of this rank's first-pass chunks gone so
+    /// far; the owner's all-gather then takes about as long again. At least
+    /// the time this rank's first pass took so far, as before the estimate:
+    /// with that alone, at 1,024 ranks (one chunk per transfer) the
+    /// transfers sent early in the pass were all probed before their
+    /// acknowledgement could come (0.71 PROBEs and 0.35 DONEs per peer and
+    /// op). A collective without an all-gather acknowledges with DONE at once.
+    pub(super) fn ack_wait(&mut self, now: Instant, phase: Phase, cap: Duration) -> Duration {
+        if !self.opts.collective.gathers() {
+            return Duration::ZERO;
+        }
+        let elapsed = now - self.started;
+        if phase != Phase::Scatter {
+            return elapsed;
+        }
+        let (queued, gone) = &mut self.scatter_pass;
+        *gone = (*gone + 1).min(*queued);
+        let pass = elapsed.as_nanos() * u128::from(*queued) / u128::from((*gone).max(1));
+        let until = Duration::from_nanos(u64::try_from(2 * pass).unwrap_or(u64::MAX)).saturating_sub(elapsed);
+        elapsed.max(until).min(cap.max(elapsed))
     }
 
     /// Whether none of this op's reduce-scatter DATA is queued here: the

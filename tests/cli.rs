@@ -276,10 +276,11 @@ fn simulate_at_64_ranks_has_no_slow_iterations_on_a_clean_network() {
 
 /// 64 ranks × 1 MB on a clean network, the default configuration: control
 /// is at most 5% of the packets (issue 16), and a GRANT packet is rare,
-/// because a receiver does not send one while DATA of its own for that
-/// sender is queued and sendable: that DATA carries the credit. Before
-/// this test the receiver granted anyway (0.41 GRANTs per peer and op,
-/// control 5.6%); the op time did not change (1.884 / 1.880 ms).
+/// because while DATA of a receiver's own for that sender is queued and
+/// sendable (it carries the credit) the receiver grants only when the
+/// sender is down to a quarter of its window. Before this test it granted
+/// at three quarters whenever the sender said BACKLOG (0.41 GRANTs per
+/// peer and op, control 5.6%); the op time did not change.
 #[test]
 fn simulate_at_64_ranks_keeps_control_under_five_percent_with_credit_on_data() {
     let stdout = succeeds(&["simulate", "--hosts", "64", "--size", "1", "--layers", "1", "--iters", "2"]);
@@ -304,7 +305,7 @@ fn simulate_at_64_ranks_keeps_control_under_five_percent_with_credit_on_data() {
         .rsplit_once("grant ")
         .and_then(|(_, r)| r.trim_end_matches(')').parse().ok())
         .unwrap_or_else(|| panic!("unparsable: {per_peer}"));
-    assert!(grants <= 0.05, "{grants} GRANTs per peer and op: {per_peer}");
+    assert!(grants <= 0.1, "{grants} GRANTs per peer and op: {per_peer}");
 }
 
 /// 256 ranks × 256 KB on a clean network (one chunk per transfer, as at

@@ -45,10 +45,11 @@
 //!   credit it wants to give are left and the sender said it has more
 //!   waiting than its credit covers (the DATA flag BACKLOG), a quarter
 //!   without BACKLOG, or when an op reduced and a held sender has no DATA
-//!   of `r`'s on its way to carry the news; never while DATA of `r`'s for
-//!   the sender is queued and sendable, which carries the limit a little
-//!   later (64 ranks, 1 MB, clean: GRANTs 0.41 → 0.01 per peer and op, op
-//!   time unchanged). (Granting at half a window left
+//!   of `r`'s on its way to carry the news. While DATA of `r`'s for the
+//!   sender is queued and sendable (it carries the limit a little later),
+//!   BACKLOG is not heeded (64 ranks, 1 MB, clean: GRANTs 0.41 → 0.05 per
+//!   peer and op, op time unchanged; sending none then made 64 ranks ×
+//!   64 MB 1.46× slower). (Granting at half a window left
 //!   the senders idle for part of every round trip in the simulator: the
 //!   4-rank allreduce of `flow_sim.rs` took 1.4× as long as without
 //!   credit.) A limit is cumulative and idempotent, so a lost one is

@@ -16,6 +16,14 @@ fn succeeds(args: &[&str]) -> String {
     stdout
 }
 
+/// The summary line of `dlcpd simulate`'s `stdout` that starts with `start`.
+fn summary_line<'a>(stdout: &'a str, start: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with(start))
+        .unwrap_or_else(|| panic!("no {start:?} line: {stdout}"))
+}
+
 /// A scratch directory removed on drop (even when the test fails).
 struct Scratch(PathBuf);
 
@@ -234,8 +242,7 @@ fn simulate_runs_and_verifies_under_loss() {
     // Flow control's figures: credit kept the switch's queues from
     // dropping anything (the 2% are the network's random loss), and the
     // receivers gave it.
-    let flow =
-        stdout.lines().find(|l| l.trim_start().starts_with("flow control")).expect("no flow control line");
+    let flow = summary_line(&stdout, "flow control");
     let n = |what: &str| -> u64 {
         let at = flow.find(what).unwrap_or_else(|| panic!("{what} missing: {flow}"));
         flow[..at].split_whitespace().last().and_then(|w| w.parse().ok()).unwrap_or_else(|| panic!("{flow}"))
@@ -285,14 +292,8 @@ fn simulate_at_64_ranks_has_no_slow_iterations_on_a_clean_network() {
 fn simulate_at_64_ranks_keeps_control_under_five_percent_with_credit_on_data() {
     let stdout = succeeds(&["simulate", "--hosts", "64", "--size", "1", "--layers", "1", "--iters", "2"]);
     assert!(stdout.contains("every rank byte-identical"), "{stdout}");
-    let line = |start: &str| {
-        stdout
-            .lines()
-            .find(|l| l.trim_start().starts_with(start))
-            .unwrap_or_else(|| panic!("no {start:?}: {stdout}"))
-    };
     // "packets per rank per op     1512.0 data (...), 63.9 control (4.1% of all)"
-    let packets = line("packets per rank per op");
+    let packets = summary_line(&stdout, "packets per rank per op");
     let share: f64 = packets
         .rsplit_once("control (")
         .and_then(|(_, r)| r.split('%').next())
@@ -300,7 +301,7 @@ fn simulate_at_64_ranks_keeps_control_under_five_percent_with_credit_on_data() {
         .unwrap_or_else(|| panic!("unparsable: {packets}"));
     assert!(share <= 5.0, "control is {share}% of the packets: {packets}");
     // "control per peer per op     1.015 (probe 0.001, ..., grant 0.009)"
-    let per_peer = line("control per peer per op");
+    let per_peer = summary_line(&stdout, "control per peer per op");
     let grants: f64 = per_peer
         .rsplit_once("grant ")
         .and_then(|(_, r)| r.trim_end_matches(')').parse().ok())
@@ -321,10 +322,7 @@ fn simulate_at_256_ranks_waits_for_the_owners_all_gather_instead_of_probing() {
     let stdout = succeeds(&["simulate", "--hosts", "256", "--size", "0.25", "--layers", "1", "--iters", "2"]);
     assert!(stdout.contains("every rank byte-identical"), "{stdout}");
     // "control per peer per op     1.018 (probe 0.012, bitmap 1.000, done 0.006, ...)"
-    let line = stdout
-        .lines()
-        .find(|l| l.trim_start().starts_with("control per peer per op"))
-        .unwrap_or_else(|| panic!("no control line: {stdout}"));
+    let line = summary_line(&stdout, "control per peer per op");
     let field = |name: &str| -> f64 {
         line.split(&format!("{name} "))
             .nth(1)

@@ -835,6 +835,9 @@ impl Op {
         sh: &mut Shared,
     ) -> Option<Instant> {
         let retry = sh.retry();
+        if phase == Phase::Scatter {
+            self.scatter_pass.1 = (self.scatter_pass.1 + 1).min(self.scatter_pass.0);
+        }
         let ack = self.ack_wait(now, phase, retry.deadline_cap());
         let st = self.transfers.sender_mut(phase, peer)?;
         let drained = st.dequeued(now, &retry, ack, sh.loss.lossy());

@@ -61,7 +61,7 @@ impl Op {
     /// transfers sent early in the pass were all probed before their
     /// acknowledgement could come (0.71 PROBEs and 0.35 DONEs per peer and
     /// op). A collective without an all-gather acknowledges with DONE at once.
-    pub(super) fn ack_wait(&mut self, now: Instant, phase: Phase, cap: Duration) -> Duration {
+    pub(super) fn ack_wait(&self, now: Instant, phase: Phase, cap: Duration) -> Duration {
         if !self.opts.collective.gathers() {
             return Duration::ZERO;
         }
@@ -69,9 +69,8 @@ impl Op {
         if phase != Phase::Scatter {
             return elapsed;
         }
-        let (queued, gone) = &mut self.scatter_pass;
-        *gone = (*gone + 1).min(*queued);
-        let pass = elapsed.as_nanos() * u128::from(*queued) / u128::from((*gone).max(1));
+        let (queued, gone) = self.scatter_pass;
+        let pass = elapsed.as_nanos() * u128::from(queued) / u128::from(gone.max(1));
         let until = Duration::from_nanos(u64::try_from(2 * pass).unwrap_or(u64::MAX)).saturating_sub(elapsed);
         elapsed.max(until).min(cap.max(elapsed))
     }

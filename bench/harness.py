@@ -383,6 +383,13 @@ class Runner:
         """extra: TOML appended to every host's config, or a function of the host giving it."""
         d = tempfile.mkdtemp(prefix="dlcpd-", dir=self.workdir)
         daemons, socks = [], []
+        # Experiments only: DLCP_BENCH_EXTRA_TOML is appended to every dlcp row's config
+        # (a run with it is not the default configuration; its log says so).
+        exp = os.environ.get("DLCP_BENCH_EXTRA_TOML", "")
+        if exp:
+            log(f"  (experiment: every dlcpd config ends with {exp!r})")
+            base = extra
+            extra = (lambda h: (base(h) if callable(base) else base) + "\n" + exp + "\n")
         for h in range(hosts):
             sock = os.path.join(d, f"d{h}.sock")
             cfg = os.path.join(d, f"d{h}.toml")
@@ -987,7 +994,9 @@ class Bench:
                     self.data["flow"].append(row)
                     sw = k.get("switch_queue_drops", 0)
                     log(f"  {LABEL.get(s, s)}: p50 {ms(row['stats']['p50'])} ms, kernel UDP rcvbuf errors "
-                        f"{k.get('udp_rcvbuf_errors', '?')}, switch queue drops {sw} "
+                        f"{k.get('udp_rcvbuf_errors', '?')}, input backlog drops {k.get('backlog_drops', '?')}, "
+                        f"device drops (hosts' eth0 rx/tx, switch ports) {k.get('eth0_rx_dropped', '?')}/"
+                        f"{k.get('eth0_tx_dropped', '?')}/{k.get('switch_dev_dropped', '?')}, switch queue drops {sw} "
                         f"({100 * sw / max(1, per_op_into_0 * (reps + 1)):.3f}% of the datagrams into host 0), "
                         f"min delivered {(r.get('min_delivered_ppm') or 0) / 1e4:.2f}%, repairs {r.get('repairs')}, "
                         f"early datagrams dropped {(r.get('drops') or {}).get('early_dropped', '?')}, transfers "
@@ -1196,6 +1205,8 @@ def check_measure():
     dev = ("Inter-|   Receive |  Transmit\n face |bytes packets errs drop fifo frame compressed multicast|bytes\n"
            "    lo: 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n  eth0: 1000 10 0 3 0 0 0 0 2000 20 0 9 0 0 0 0\n")
     assert m.parse_netdev_rx_dropped(dev) == 3
+    assert m.parse_netdev_drops(dev) == (3, 9) and m.parse_netdev_drops(dev, {"p0"}) == (0, 0)
+    assert m.parse_softnet_drops("00001000 0000000a 00000001\n00002000 00000006 00000000\n") == 16
     tc = ("qdisc htb 1: root refcnt 2 r2q 10 default 0x10 direct_packets_stat 0 direct_qlen 1000\n"
           " Sent 123456 bytes 100 pkt (dropped 7, overlimits 2 requeues 0)\n backlog 0b 0p requeues 0\n"
           "qdisc pfifo 20: parent 1:10 limit 50p\n Sent 1000 bytes 10 pkt (dropped 3, overlimits 0 requeues 0)\n"

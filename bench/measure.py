@@ -182,6 +182,34 @@ def parse_netdev_rx_dropped(text, dev="eth0"):
     return 0
 
 
+def parse_netdev_drops(text, devs=None):
+    """(rx dropped, tx dropped) summed over the devices of /proc/net/dev text (all but lo,
+    or those named in `devs`)."""
+    rx = tx = 0
+    for line in text.splitlines():
+        name, sep, rest = line.partition(":")
+        name = name.strip()
+        if not sep or name == "lo" or (devs is not None and name not in devs):
+            continue
+        w = rest.split()
+        if len(w) >= 12:
+            rx += int(w[3])
+            tx += int(w[11])
+    return rx, tx
+
+
+def parse_softnet_drops(text):
+    """Packets the kernel dropped because a CPU's input backlog was full
+    (net.core.netdev_max_backlog), summed over CPUs: /proc/net/softnet_stat, second column
+    (hex). Machine-wide: veth hands every packet to the receiving side through this backlog."""
+    total = 0
+    for line in text.splitlines():
+        w = line.split()
+        if len(w) >= 2:
+            total += int(w[1], 16)
+    return total
+
+
 def parse_qdisc_drops(text):
     """Packets dropped by the pfifo leaves in `tc -s qdisc show` text (the switch's queues;
     the htb root repeats its leaves' drops, so only leaves are summed)."""
@@ -206,18 +234,31 @@ class KernelCounters:
         self.sh = sh
 
     def snapshot(self):
-        s = {"udp_rcvbuf_errors": 0, "udp_in_errors": 0, "eth0_rx_dropped": 0, "switch_queue_drops": 0}
+        s = {"udp_rcvbuf_errors": 0, "udp_in_errors": 0, "eth0_rx_dropped": 0, "eth0_tx_dropped": 0,
+             "switch_queue_drops": 0, "switch_dev_dropped": 0}
+        # Drops no socket or queue counter sees: a CPU's input backlog full (veth delivers
+        # through it; machine-wide), a switch port's device dropping (rx or tx).
+        try:
+            with open("/proc/net/softnet_stat") as f:
+                s["backlog_drops"] = parse_softnet_drops(f.read())
+        except OSError:
+            s["backlog_drops"] = 0
         for h in range(self.bed.hosts):
             ns = ["ip", "netns", "exec", self.bed.ns(h)]
             u = parse_snmp_udp(self.sh(ns + ["cat", "/proc/net/snmp"], check=False).stdout)
             s["udp_rcvbuf_errors"] += u.get("RcvbufErrors", 0)
             s["udp_in_errors"] += u.get("InErrors", 0)
-            s["eth0_rx_dropped"] += parse_netdev_rx_dropped(self.sh(ns + ["cat", "/proc/net/dev"], check=False).stdout)
+            dev = self.sh(ns + ["cat", "/proc/net/dev"], check=False).stdout
+            s["eth0_rx_dropped"] += parse_netdev_rx_dropped(dev)
+            s["eth0_tx_dropped"] += parse_netdev_drops(dev, {"eth0"})[1]
         ports = getattr(self.bed, "switch_ports", None)
         ports = ports() if ports else [(f"{self.bed.prefix}-sw", f"p{h}") for h in range(self.bed.hosts)]
         for ns, dev in ports:
             r = self.sh(["ip", "netns", "exec", ns, "tc", "-s", "qdisc", "show", "dev", dev], check=False)
             s["switch_queue_drops"] += parse_qdisc_drops(r.stdout)
+        for ns in sorted({ns for ns, _ in ports}):
+            text = self.sh(["ip", "netns", "exec", ns, "cat", "/proc/net/dev"], check=False).stdout
+            s["switch_dev_dropped"] += sum(parse_netdev_drops(text))
         return s
 
     @staticmethod

@@ -219,18 +219,26 @@ def write(b, outdir):
 
     if d.get("flow"):
         w("## Flow control on the emulated cluster (budget 1%)\n")
-        w("| condition | hosts | MiB | system | p50 ms | kernel socket-buffer drops | switch queue drops | "
-          "switch drops / datagrams into host 0 | min delivered | repairs |")
-        w("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+        w("| condition | hosts | MiB | system | p50 ms | kernel socket-buffer drops | input backlog / device drops | "
+          "switch queue drops | switch drops / datagrams into host 0 | min delivered | repairs | "
+          "closed within budget | deadline NACKs / closes |")
+        w("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for f in d["flow"]:
             k = f.get("kernel") or {}
             sw = k.get("switch_queue_drops", 0)
             share = 100 * sw / max(1, f["into_host0_per_op"] * f["ops"])
             md_ = f.get("min_delivered_ppm")
+            dr = f.get("drops") or {}
+            dev = sum(k.get(x, 0) for x in ("eth0_rx_dropped", "eth0_tx_dropped", "switch_dev_dropped"))
             w(f"| {f['cond']} | {f['hosts']} | {f['size'] // (1 << 20)} | {LABEL.get(f['system'], f['system'])} | "
-              f"{ms(f['stats']['p50'])} | {k.get('udp_rcvbuf_errors', '?')} | {sw} | {share:.3f}% | "
-              f"{'?' if md_ is None else f'{md_ / 1e4:.2f}%'} | {f.get('repairs', '?')} |")
-        w("\nOn a clean network every switch queue drop is dlcp's own. The slow port's row divides the "
+              f"{ms(f['stats']['p50'])} | {k.get('udp_rcvbuf_errors', '?')} | {k.get('backlog_drops', '?')} / {dev} | "
+              f"{sw} | {share:.3f}% | {'?' if md_ is None else f'{md_ / 1e4:.2f}%'} | {f.get('repairs', '?')} | "
+              f"{dr.get('closed_within_budget', '?')} | {dr.get('deadline_nacks', '?')} / {dr.get('deadline_closes', '?')} |")
+        w("\nInput backlog drops: packets the kernel dropped because a CPU's input queue was full "
+          "(`/proc/net/softnet_stat`, machine-wide; veth delivers through it); device drops: the hosts' "
+          "eth0 (rx + tx) and the switch's ports. With these, the socket and the switch queues, every place "
+          "the testbed's kernel can drop a datagram is counted. "
+          "On a clean network every switch queue drop is dlcp's own. The slow port's row divides the "
           "switch's drops (all ports) by the datagrams the op sends into host 0 (2(N−1)/N of the tensor "
           "in 1372-byte chunks, both phases, warm-up included).\n")
 

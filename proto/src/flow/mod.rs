@@ -71,6 +71,15 @@
 //!   it, and measures how late the ones it then found missing came: its
 //!   reordering window, how long it waits for them ([`arrivals`]).
 //!
+//! - Per sender, the receiver also measures the longest pause within a
+//!   transfer that the sender came back from (first-pass DATA after
+//!   earlier DATA of the same transfer; remembered for one to two seconds,
+//!   `Flow::pause`). A receive deadline takes a sender for quiet only
+//!   after a silence of twice that: a daemon that is not scheduled for a
+//!   few ms on a loaded host is alive, its datagrams on their way (8 hosts
+//!   on 2 cores, clean: deadline NACKs 2,043 → 0 and deadline closes 5 → 0
+//!   in 6 ops of 64 MiB; `bench/results/2026-12-04-deadline-pauses.md`).
+//!
 //! The receiver splits its window evenly among the ranks that may send to it;
 //! the senders' own transmit queues keep the priority order (control, then
 //! repairs, then classes high to low) within the credit each receiver gives.
@@ -212,6 +221,14 @@ struct RxCredit {
     /// The data sequence numbers below this that did not arrive are taken
     /// as lost, no longer as on their way ([`Flow::take_as_lost`]).
     lost_below: u64,
+    /// When the sender's latest DATA arrived, and the one before it.
+    last_at: Option<Instant>,
+    prev_at: Option<Instant>,
+    /// The longest pause within a transfer after which the sender went on
+    /// sending ([`Flow::pause`]): in the current epoch and the one before.
+    pauses: [Duration; 2],
+    /// When the current epoch of `pauses` began.
+    pause_epoch: Option<Instant>,
 }
 
 impl RxCredit {
@@ -229,6 +246,10 @@ const LOSS_RUN: u64 = 3;
 /// How many of a sender's DATA datagrams a reordering is remembered for
 /// ([`Flow::reordering`]).
 const REORDER_MEMORY: u64 = 1 << 16;
+
+/// How long a sender's pauses are remembered ([`Flow::pause`]): the
+/// longest of the current epoch and the one before.
+const PAUSE_EPOCH: Duration = Duration::from_secs(1);
 
 /// Largest exponent of the credit request backoff (as the probes').
 const MAX_BACKOFF: u32 = 3;
@@ -398,6 +419,7 @@ impl Flow {
             return;
         };
         r.count += 1;
+        r.prev_at = r.last_at.replace(now);
         // Extend to 64 bits around the highest seen (serial arithmetic: the
         // window is far below 2^31).
         let delta = i64::from(dseq.wrapping_sub(r.high as u32) as i32);
@@ -423,6 +445,44 @@ impl Flow {
                     r.clean = 0;
                 }
             }
+        }
+    }
+
+    /// The DATA from `src` just noted ([`Flow::note_data`]) continued a
+    /// transfer that had DATA already: the silence before it is a pause the
+    /// sender came back from — it was alive and sending all along (a daemon
+    /// not scheduled for a while on a loaded host, a sender serving higher
+    /// classes or other receivers first). Not sampled across ops: the idle
+    /// time between a job's steps is no pause within a transfer.
+    pub(crate) fn note_pause(&mut self, src: u32, now: Instant) {
+        let Some(r) = self.rx.get_mut(src as usize) else { return };
+        let Some(prev) = r.prev_at else { return };
+        let gap = now.saturating_duration_since(prev);
+        match r.pause_epoch {
+            Some(start) if now.saturating_duration_since(start) < PAUSE_EPOCH => {}
+            Some(start) if now.saturating_duration_since(start) < PAUSE_EPOCH * 2 => {
+                r.pauses = [Duration::ZERO, r.pauses[0]];
+                r.pause_epoch = Some(now);
+            }
+            _ => {
+                r.pauses = [Duration::ZERO; 2];
+                r.pause_epoch = Some(now);
+            }
+        }
+        r.pauses[0] = r.pauses[0].max(gap);
+    }
+
+    /// The longest pause `src` came back from within a transfer in the last
+    /// one to two [`PAUSE_EPOCH`]s ([`Flow::note_pause`]): a receive
+    /// deadline waits longer than that before it takes the sender for
+    /// quiet, so a live sender's pauses cost no NACK and no close.
+    pub(crate) fn pause(&self, src: u32, now: Instant) -> Duration {
+        let Some(r) = self.rx.get(src as usize) else { return Duration::ZERO };
+        match r.pause_epoch {
+            Some(start) if now.saturating_duration_since(start) < PAUSE_EPOCH * 2 => {
+                r.pauses[0].max(r.pauses[1])
+            }
+            _ => Duration::ZERO,
         }
     }
 
@@ -821,6 +881,38 @@ mod tests {
         // ...a gap deeper than any late chunk came is a loss run.
         r.on_data(0, 40, true, u64::MAX);
         assert_eq!(r.cuts, 2);
+    }
+
+    /// A pause the sender came back from within a transfer is remembered
+    /// for one to two epochs; the first DATA of a transfer (after the idle
+    /// time between ops) is no sample.
+    #[test]
+    fn pauses_a_sender_came_back_from_are_remembered_for_an_epoch_or_two() {
+        let mut r = flow(16, 3);
+        let ms = |n: u64| Instant::from_nanos(n * 1_000_000);
+        r.note_data(0, 0, ms(100));
+        r.note_pause(0, ms(100));
+        assert_eq!(r.pause(0, ms(100)), Duration::ZERO, "nothing came before");
+        r.note_data(0, 1, ms(105));
+        r.note_pause(0, ms(105));
+        r.note_data(0, 2, ms(106));
+        r.note_pause(0, ms(106));
+        assert_eq!(r.pause(0, ms(106)), Duration::from_millis(5), "the longest, not the latest");
+        assert_eq!(r.pause(1, ms(106)), Duration::ZERO, "per sender");
+        // A long idle time, then a new transfer's first DATA: not sampled.
+        r.note_data(0, 3, ms(1_400));
+        assert_eq!(r.pause(0, ms(1_400)), Duration::from_millis(5), "the epoch before still counts");
+        // A new epoch's sample rotates the old one out after two epochs.
+        r.note_data(0, 4, ms(1_401));
+        r.note_pause(0, ms(1_401));
+        assert_eq!(r.pause(0, ms(1_401)), Duration::from_millis(5));
+        assert_eq!(r.pause(0, ms(3_500)), Duration::ZERO, "forgotten after two epochs");
+        // A restart forgets everything.
+        r.note_data(0, 5, ms(3_510));
+        r.note_pause(0, ms(3_510));
+        assert_eq!(r.pause(0, ms(3_510)), Duration::from_millis(2_109));
+        r.reset(0);
+        assert_eq!(r.pause(0, ms(3_510)), Duration::ZERO);
     }
 
     #[test]

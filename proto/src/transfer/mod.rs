@@ -117,7 +117,10 @@
 //! - GRANTs carried on DATA going the other way (every pair exchanges DATA
 //!   both ways in every op).
 //! - Receive deadlines that close only after the sender's probe schedule,
-//!   backoff included, has run out, or after a NACK.
+//!   backoff included, has run out, or after a NACK. (Built: a deadline
+//!   NACKs before it closes, and takes the sender for quiet only after
+//!   twice the longest pause it was seen to come back from,
+//!   [`crate::flow`].) The quiet timer does not follow those pauses yet.
 //!
 //! Nothing here sends, arms an index or counts: every method changes the
 //! transfer's state and returns what should happen (an outcome enum), and

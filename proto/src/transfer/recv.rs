@@ -331,6 +331,11 @@ impl Receiver {
         if self.got.is_full() { 1 } else { Bitmap::segment_count(self.n, seg_bytes) }
     }
 
+    /// Whether a chunk of this transfer arrived before.
+    pub(crate) fn has_data(&self) -> bool {
+        self.last_at.is_some()
+    }
+
     /// Check a DATA chunk of `payload_len` bytes, for a chunk of `chunk_bytes`
     /// bytes (its elements times the op's element size), against the
     /// transfer, and mark it arrived.

@@ -50,7 +50,9 @@ use crate::endpoint::tx::{TxItem, TxKind};
 use crate::pool::BufferPool;
 use crate::priority::{ChunkTraits, ClassifierConfig, classify};
 use crate::time::{Duration, Instant};
-use crate::transfer::{Answer, Arrived, Behind, Drained, Fired, Mode, Receiver, Refused, Sender, fill_mask};
+use crate::transfer::{
+    Answer, Arrived, Behind, Drained, Fired, Mode, Receiver, Refused, Retry, Sender, fill_mask,
+};
 use crate::wire::{self, Flags, Header, PacketType, Phase};
 
 use accumulate::{Accumulator, Shard};
@@ -405,6 +407,10 @@ impl Op {
         let range = self.layout.chunk(owner, c);
         let dtype = self.opts.dtype;
         r.admit(h, payload.len(), range.len() * dtype.size())?;
+        // A repair comes a NACK's round trip after the first pass: no pause.
+        if r.has_data() && !h.flags.contains(Flags::REPAIR) {
+            sh.flow.note_pause(peer, now);
+        }
         sh.flow.new_chunk(peer, h.seq, h.class);
         self.last_progress = now;
         let layout = &self.layout;
@@ -701,6 +707,11 @@ impl Op {
             let phase = side.phase();
             let Some(r) = self.transfers.receiver_mut(phase, j) else { continue };
             let arrived = r.probe_sent().map_or(0, |sent| sh.flow.arrived(j, sent, sh.paths.multipath()).0);
+            // A deadline takes the sender for quiet only after a silence
+            // longer than the pauses it was seen to come back from.
+            let pause = sh.flow.pause(j, now).saturating_mul(2);
+            let retry =
+                Retry { deadline_min: retry.deadline_min.max(pause).min(retry.deadline_max), ..retry };
             let fired = r.on_timer(now, &retry, sh.flow.seen(j), arrived);
             if let (Fired::Close { .. } | Fired::Bitmap { .. }, Some(sent)) = (fired, r.probe_sent()) {
                 sh.flow.take_as_lost(j, sent);

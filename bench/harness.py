@@ -1002,7 +1002,8 @@ class Bench:
                         f"early datagrams dropped {(r.get('drops') or {}).get('early_dropped', '?')}, transfers "
                         f"closed within budget {(r.get('drops') or {}).get('closed_within_budget', '?')}, deadline "
                         f"NACKs / closes {(r.get('drops') or {}).get('deadline_nacks', '?')} / "
-                        f"{(r.get('drops') or {}).get('deadline_closes', '?')}")
+                        f"{(r.get('drops') or {}).get('deadline_closes', '?')}, quiet NACKs "
+                        f"{(r.get('drops') or {}).get('quiet_nacks', '?')}")
             finally:
                 self.bed.down()
 

@@ -278,6 +278,7 @@ DROP_PATHS = {
     # within budget shows here).
     "deadline_nacks": [("protocol", "deadline_nacks")],
     "deadline_closes": [("protocol", "deadline_closes")],
+    "quiet_nacks": [("protocol", "quiet_nacks")],
     "closed_within_budget": [("protocol", "closed_within_budget")],
 }
 DISCOVER = ("rcvbuf", "overrun", "ring_full", "ring_drop")

@@ -135,6 +135,7 @@ impl Shared {
             probe_max: t.probe_max,
             deadline_min: t.deadline_min,
             deadline_max: t.deadline_max,
+            hold: Duration::ZERO,
         }
     }
 

@@ -79,6 +79,12 @@
 //!   few ms on a loaded host is alive, its datagrams on their way (8 hosts
 //!   on 2 cores, clean: deadline NACKs 2,043 → 0 and deadline closes 5 → 0
 //!   in 6 ops of 64 MiB; `bench/results/2026-12-04-deadline-pauses.md`).
+//!   Where the network lost next to nothing lately (the endpoint's loss
+//!   meter), chunks the sender sent and the receiver has not seen are taken
+//!   for on their way for as long after the transfer's latest chunk: the
+//!   grace after a PROBE or LAST and the quiet timer wait that out
+//!   (`Retry::hold`; same run: least delivered 99.66% → 100.00% in two of
+//!   three runs, no repairs).
 //!
 //! The receiver splits its window evenly among the ranks that may send to it;
 //! the senders' own transmit queues keep the priority order (control, then

@@ -120,7 +120,8 @@
 //!   backoff included, has run out, or after a NACK. (Built: a deadline
 //!   NACKs before it closes, and takes the sender for quiet only after
 //!   twice the longest pause it was seen to come back from,
-//!   [`crate::flow`].) The quiet timer does not follow those pauses yet.
+//!   [`crate::flow`]; on a network that lost next to nothing lately the
+//!   quiet timer and the grace after a PROBE wait them out too.)
 //!
 //! Nothing here sends, arms an index or counts: every method changes the
 //! transfer's state and returns what should happen (an outcome enum), and

@@ -707,7 +707,8 @@ impl Receiver {
                 // costs no wait where the paths do not reorder).
                 let missing = self.probe_sent.is_some_and(|sent| arrived < sent);
                 let in_flight = self.reordered && now < self.settled_at + self.reorder_wait.min(retry.rto);
-                let draining = missing && (arrived > mark || in_flight);
+                let held = missing && self.last_at.is_some_and(|last| now < last + retry.hold);
+                let draining = missing && (arrived > mark || in_flight || held);
                 if landing || draining {
                     self.settle = Some((len, now, arrived));
                     self.grace = Some(now + len);
@@ -729,6 +730,11 @@ impl Receiver {
             if seen > self.quiet_mark {
                 self.quiet = Some((now + wait, wait));
                 self.quiet_mark = seen;
+                return Fired::Nothing;
+            }
+            // A pause of the kind the sender was seen to come back from.
+            if let Some(until) = self.last_at.map(|last| last + retry.hold).filter(|&u| now < u) {
+                self.quiet = Some((until, wait));
                 return Fired::Nothing;
             }
             self.quiet = None;

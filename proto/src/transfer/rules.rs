@@ -71,6 +71,12 @@ pub(crate) struct Retry {
     pub deadline_min: Duration,
     /// Upper bound of the receive deadline.
     pub deadline_max: Duration,
+    /// How long after a transfer's latest chunk a receiver still takes the
+    /// chunks its sender sent and it has not seen for on their way, rather
+    /// than NACKing them (its quiet timer, or the grace after a PROBE or
+    /// LAST): twice the longest pause the sender was seen to come back from
+    /// (`Flow::pause`), where the network lost next to nothing lately, else 0.
+    pub hold: Duration,
 }
 
 impl Retry {

@@ -25,7 +25,13 @@ fn at(micros: u64) -> Instant {
 }
 
 fn retry() -> Retry {
-    Retry { rto: us(1000), probe_max: us(5000), deadline_min: us(2000), deadline_max: us(100_000) }
+    Retry {
+        rto: us(1000),
+        probe_max: us(5000),
+        deadline_min: us(2000),
+        deadline_max: us(100_000),
+        hold: Duration::ZERO,
+    }
 }
 
 fn est() -> DeadlineEstimator {
@@ -438,6 +444,54 @@ fn after_a_probe_the_receiver_waits_for_the_chunk_it_overtook() {
     let mut r = Receiver::new(3, Vec::new(), Mode::Own);
     arrive(&mut r, &data(2, 3, 0, 0, Flags::default()), at(0));
     assert_eq!(r.on_probe(&probe(2, 3, 1, 0, 0), at(5), grace, &est(), None).unwrap().answer, Answer::Bitmap);
+}
+
+/// A sender seen to pause (a daemon not scheduled for a while) on a network
+/// that lost next to nothing lately (`Retry::hold`): chunks it sent that are
+/// not here yet are waited for until the hold after the transfer's latest
+/// chunk has passed, by the grace after a PROBE and by the quiet timer; with
+/// no hold the receiver answers when the count stops moving, as before.
+#[test]
+fn a_hold_waits_out_the_senders_pauses_before_answering() {
+    let grace = us(100);
+    let n = 200;
+    let hold = Retry { hold: us(3_000), ..retry() };
+    let start = |r: &mut Receiver| {
+        for c in (0..n - 1).filter(|&c| c != 50) {
+            arrive(r, &data(c, n, 0, 10_000, Flags::default()), at(10));
+        }
+        let behind = Some(Behind { sent: 1000, seen: 960, reordering: false, wait: us(0) });
+        assert_eq!(
+            r.on_probe(&probe(n - 1, n, 1, 0, 10_000), at(20), grace, &est(), behind).unwrap().answer,
+            Answer::Nothing
+        );
+    };
+    // No hold: the count stuck for a grace, closed within budget.
+    let mut r = Receiver::new(n, Vec::new(), Mode::Own);
+    start(&mut r);
+    assert_eq!(r.on_timer(at(120), &retry(), 960, 960), Fired::Close { deadline: false });
+    // A hold of 3 ms: the count stuck, yet it waits until 3 ms after the
+    // latest chunk (at 10 µs)...
+    let mut r = Receiver::new(n, Vec::new(), Mode::Own);
+    start(&mut r);
+    for t in [120, 1_000, 2_900] {
+        assert_eq!(r.on_timer(at(t), &hold, 960, 960), Fired::Nothing, "{t} µs: held");
+    }
+    // ...the rest lands, and the transfer closes complete.
+    assert_eq!(arrive(&mut r, &data(50, n, 0, 10_000, Flags::default()), at(2_950)), Arrived::Nothing);
+    let last = arrive(&mut r, &data(n - 1, n, 0, 10_000, Flags::default()), at(2_950));
+    assert_eq!(last, Arrived::Close, "every chunk, nothing NACKed");
+    // The quiet timer too: a sender mid-pass that stops is not NACKed
+    // before the hold after its latest chunk.
+    let mut r = Receiver::new(n, Vec::new(), Mode::Own);
+    for c in 0..20 {
+        arrive(&mut r, &data(c, n, 0, 10_000, Flags::default()), at(10 + c as u64));
+    }
+    let mut t = r.timers().min().unwrap();
+    while r.on_timer(t, &hold, 0, 0) == Fired::Nothing {
+        t = r.timers().min().unwrap();
+    }
+    assert!(t >= at(29) + us(3_000), "quiet NACK at {t:?}, within the hold");
 }
 
 #[test]

@@ -709,9 +709,15 @@ impl Op {
             let arrived = r.probe_sent().map_or(0, |sent| sh.flow.arrived(j, sent, sh.paths.multipath()).0);
             // A deadline takes the sender for quiet only after a silence
             // longer than the pauses it was seen to come back from.
+            // And where the network lost next to nothing lately, chunks the
+            // sender sent and this rank has not seen are taken for on their
+            // way for as long after the transfer's latest chunk.
             let pause = sh.flow.pause(j, now).saturating_mul(2);
-            let retry =
-                Retry { deadline_min: retry.deadline_min.max(pause).min(retry.deadline_max), ..retry };
+            let retry = Retry {
+                deadline_min: retry.deadline_min.max(pause).min(retry.deadline_max),
+                hold: if sh.loss.lossy() { Duration::ZERO } else { pause.min(retry.deadline_max) },
+                ..retry
+            };
             let fired = r.on_timer(now, &retry, sh.flow.seen(j), arrived);
             if let (Fired::Close { .. } | Fired::Bitmap { .. }, Some(sent)) = (fired, r.probe_sent()) {
                 sh.flow.take_as_lost(j, sent);

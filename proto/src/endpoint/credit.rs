@@ -78,7 +78,8 @@ impl Endpoint {
                 if h.flags.contains(Flags::REQUEST) {
                     self.sh.stats.flow_requests_received += 1;
                     if self.sh.flow.enabled() {
-                        self.sh.flow.on_request(h.src, count);
+                        let want = self.wants(h.src, false);
+                        self.sh.flow.on_request(h.src, count, want);
                         self.queue_grant(h.src);
                     }
                 } else {
@@ -230,7 +231,7 @@ impl Endpoint {
         match (holding, piggyback) {
             (true, true) => want + 1,
             (true, false) => want,
-            (false, _) => want + self.sh.flow.unscheduled(),
+            (false, _) => want + self.sh.flow.unscheduled_left(peer),
         }
     }
 }

@@ -152,7 +152,7 @@ impl Endpoint {
     pub(super) fn other_run(&mut self, now: Instant, h: &Header, datagram: &[u8]) {
         let pending = self.sh.runs.epoch().is_some() && self.sh.runs.agreed().is_none();
         if pending && h.ty == PacketType::Data && h.phase == Phase::Scatter && h.run != 0 {
-            self.buffer_early(now, OpId { run: h.run, seq: h.op, tensor: h.tensor }, datagram);
+            self.buffer_early(now, OpId { run: h.run, seq: h.op, tensor: h.tensor }, h.src, datagram);
         } else {
             self.sh.stats.rejected.other_run += 1;
         }

@@ -394,6 +394,9 @@ impl Endpoint {
             self.history.replayed(d.len());
             self.handle_datagram_impl(now, &d, true, None);
         }
+        if self.history.early_bytes() == 0 {
+            self.sh.flow.clear_early();
+        }
         self.check_complete(id);
         self.prune_timers();
     }
@@ -555,6 +558,8 @@ impl Endpoint {
         if !replay {
             self.sh.stats.count_rx(h.src, h.class, datagram.len());
             self.flow_received(now, &h, payload);
+        } else {
+            self.sh.flow.early_replayed(h.src);
         }
         match h.ty {
             PacketType::Grant => return,
@@ -591,7 +596,7 @@ impl Endpoint {
             // any of a reduce-scatter's, an allgather's (all-gather only) or
             // a broadcast's (from the root, or from an owner that heard from
             // the root first).
-            self.buffer_early(now, OpId { run: h.run, ..id }, datagram);
+            self.buffer_early(now, OpId { run: h.run, ..id }, h.src, datagram);
         } else {
             // A control packet for an op not started here: the sender retries.
             self.sh.stats.rejected.stale_op += 1;
@@ -599,12 +604,13 @@ impl Endpoint {
     }
 
     /// Keep a DATA datagram for an op not started here yet (bounded).
-    fn buffer_early(&mut self, now: Instant, id: OpId, datagram: &[u8]) {
+    fn buffer_early(&mut self, now: Instant, id: OpId, src: u32, datagram: &[u8]) {
         let rejected = &mut self.sh.stats.rejected;
         match self.history.buffer(now, id, datagram, self.sh.cfg.early_buffer_bytes) {
             Early::Buffered => rejected.early_buffered += 1,
             Early::Dropped => rejected.early_dropped += 1,
         }
+        self.sh.flow.note_early(src);
     }
 
     fn check_complete(&mut self, id: OpId) {
@@ -688,6 +694,9 @@ impl Endpoint {
         }
         // Lingering ops, finished ids and early datagrams age out.
         self.sh.stats.rejected.early_expired += self.history.expire(now, t.linger, t.hard_timeout);
+        if self.history.early_bytes() == 0 {
+            self.sh.flow.clear_early();
+        }
         // Per-op timers: the transfers with a timer due, in (op, side, peer) order.
         let ops = &self.ops;
         let due = self.timers.pop_due(now, |e| timer_live(ops, e));

@@ -139,6 +139,22 @@ impl Shared {
         }
     }
 
+    /// The retry timing of a receive transfer from `peer` at `now`: a
+    /// deadline takes the sender for quiet only after a silence twice as
+    /// long as the pauses it was seen to come back from ([`Flow::pause`]);
+    /// where the network lost next to nothing lately, chunks the sender sent
+    /// and this rank has not seen are taken for on their way for as long
+    /// after the transfer's latest chunk (`Retry::hold`).
+    pub(crate) fn retry_from(&self, peer: u32, now: Instant) -> Retry {
+        let retry = self.retry();
+        let pause = self.flow.pause(peer, now).saturating_mul(2).min(retry.deadline_max);
+        Retry {
+            deadline_min: retry.deadline_min.max(pause),
+            hold: if self.loss.lossy() { Duration::ZERO } else { pause },
+            ..retry
+        }
+    }
+
     /// How long a receiver waits after a PROBE for chunks it may have overtaken:
     /// the configured `close_grace`, or longer when PROBEs were seen to
     /// overtake data by more (deep switch queues under incast). Answering

@@ -50,9 +50,7 @@ use crate::endpoint::tx::{TxItem, TxKind};
 use crate::pool::BufferPool;
 use crate::priority::{ChunkTraits, ClassifierConfig, classify};
 use crate::time::{Duration, Instant};
-use crate::transfer::{
-    Answer, Arrived, Behind, Drained, Fired, Mode, Receiver, Refused, Retry, Sender, fill_mask,
-};
+use crate::transfer::{Answer, Arrived, Behind, Drained, Fired, Mode, Receiver, Refused, Sender, fill_mask};
 use crate::wire::{self, Flags, Header, PacketType, Phase};
 
 use accumulate::{Accumulator, Shard};
@@ -694,7 +692,6 @@ impl Op {
     /// Serve the due timers of this op: `keys` are its transfers with a live
     /// timer at or before `now`, as (side, peer), sorted.
     pub(crate) fn on_timers(&mut self, now: Instant, key: OpKey, keys: &[(Side, u32)], sh: &mut Shared) {
-        let retry = sh.retry();
         for &(side, j) in keys.iter().filter(|k| k.0.is_send()) {
             if self.transfers.sender_mut(side.phase(), j).is_some_and(|st| st.on_timer(now)) {
                 sh.tx.push_probes(key, side.phase(), j);
@@ -707,18 +704,7 @@ impl Op {
             let phase = side.phase();
             let Some(r) = self.transfers.receiver_mut(phase, j) else { continue };
             let arrived = r.probe_sent().map_or(0, |sent| sh.flow.arrived(j, sent, sh.paths.multipath()).0);
-            // A deadline takes the sender for quiet only after a silence
-            // longer than the pauses it was seen to come back from.
-            // And where the network lost next to nothing lately, chunks the
-            // sender sent and this rank has not seen are taken for on their
-            // way for as long after the transfer's latest chunk.
-            let pause = sh.flow.pause(j, now).saturating_mul(2);
-            let retry = Retry {
-                deadline_min: retry.deadline_min.max(pause).min(retry.deadline_max),
-                hold: if sh.loss.lossy() { Duration::ZERO } else { pause.min(retry.deadline_max) },
-                ..retry
-            };
-            let fired = r.on_timer(now, &retry, sh.flow.seen(j), arrived);
+            let fired = r.on_timer(now, &sh.retry_from(j, now), sh.flow.seen(j), arrived);
             if let (Fired::Close { .. } | Fired::Bitmap { .. }, Some(sent)) = (fired, r.probe_sent()) {
                 sh.flow.take_as_lost(j, sent);
             }

@@ -110,10 +110,10 @@ fn daemons_with_different_packet_auth_refuse_each_other_naming_both() {
     assert!(m0.contains("dlcp_packet_auth{mode=\"aes-128-gmac\"} 1\n"), "{m0}");
 }
 
-/// A datagram of wire version 8 (the previous release) or 7 (the one before).
+/// A datagram of wire version 9 (the previous release) or 8 (the one before).
 #[test]
-fn a_version_7_or_8_datagram_is_counted_and_reported_naming_both_versions() {
-    for old in [8u8, 7] {
+fn a_version_8_or_9_datagram_is_counted_and_reported_naming_both_versions() {
+    for old in [9u8, 8] {
         old_version_is_refused(old);
     }
 }
@@ -129,7 +129,7 @@ fn old_version_is_refused(old: u8) {
         std::thread::sleep(Duration::from_millis(5));
     }
     let want = format!(
-        "rank 1 (127.0.0.1:{}) speaks dlcp wire version {old}; this daemon speaks version 9",
+        "rank 1 (127.0.0.1:{}) speaks dlcp wire version {old}; this daemon speaks version 10",
         c.ports[1]
     );
     let log = wait_log(&c, 0, "version report", |l| l.contains(&format!("wire version {old}")));

@@ -79,6 +79,7 @@ pub const SETTINGS: &[(&str, Reload)] = &[
     ("loss.probe_timeout_min_ms", Runtime),
     ("loss.probe_timeout_max_ms", Runtime),
     ("loss.initial_per_chunk_us", Runtime),
+    ("loss.ack_delay_ms", Runtime),
     ("pacing.rate_mbps", Runtime),
     ("pacing.burst_bytes", Runtime),
     ("pacing.adapt", Runtime),

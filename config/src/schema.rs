@@ -555,6 +555,11 @@ pub struct Loss {
     /// Initial per-chunk time estimate of the deadline estimator, µs
     /// (1 ..= 1000000). Default 10.
     pub initial_per_chunk_us: u32,
+    /// How long a receiver holds the acknowledgement of an all-gather it
+    /// received whole, to send one ACK per owner for every op completed
+    /// meanwhile (wire version 10), ms (0 ..= 1000; 0 acknowledges each
+    /// op at once). Default 25.
+    pub ack_delay_ms: u32,
 }
 
 impl Default for Loss {
@@ -571,6 +576,7 @@ impl Default for Loss {
             probe_timeout_min_ms: 1,
             probe_timeout_max_ms: 200,
             initial_per_chunk_us: 10,
+            ack_delay_ms: 25,
         }
     }
 }
@@ -627,6 +633,11 @@ impl Loss {
     /// Initial per-chunk estimate.
     pub fn initial_per_chunk(&self) -> Duration {
         Duration::from_micros(self.initial_per_chunk_us.into())
+    }
+
+    /// The ACK delay.
+    pub fn ack_delay(&self) -> Duration {
+        Duration::from_millis(self.ack_delay_ms.into())
     }
 }
 

@@ -458,6 +458,7 @@ fn loss(l: &Loss) -> R {
     in_range("loss.deadline_min_ms", l.deadline_min_ms, 1, 3_600_000)?;
     in_range("loss.deadline_max_ms", l.deadline_max_ms, l.deadline_min_ms, 3_600_000)
         .map_err(|b| Bad::new(b.path, format!("{} (at least deadline_min_ms)", b.message)))?;
+    in_range("loss.ack_delay_ms", l.ack_delay_ms, 0, 1_000)?;
     in_range("loss.probe_timeout_min_ms", l.probe_timeout_min_ms, 1, 3_600_000)?;
     in_range("loss.probe_timeout_max_ms", l.probe_timeout_max_ms, l.probe_timeout_min_ms, 3_600_000)
         .map_err(|b| Bad::new(b.path, format!("{} (at least probe_timeout_min_ms)", b.message)))?;

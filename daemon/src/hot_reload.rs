@@ -140,7 +140,7 @@ mod tests {
              dscp = [0, 8, 16, 24, 32, 40, 46, 56]\nso_priority = [0, 0, 1, 1, 2, 2, 3, 3]\n\n\
              [loss]\nbudget = 0.05\ngather_budget = 0.01\nfill = \"local\"\nrescale = true\n\
              deadline_min_ms = 2\ndeadline_max_ms = 300\nhard_timeout_ms = 5000\nop_deadline_ms = 60000\n\
-             probe_timeout_min_ms = 2\nprobe_timeout_max_ms = 100\ninitial_per_chunk_us = 20\n\n\
+             probe_timeout_min_ms = 2\nprobe_timeout_max_ms = 100\ninitial_per_chunk_us = 20\nack_delay_ms = 10\n\n\
              [pacing]\nrate_mbps = 1000\nburst_bytes = 100000\nadapt = true\n\n\
              [shm]\narena_bytes = 33554432\nring_entries = 64\nmax_tensor_bytes = 1048576\n\
              early_buffer_bytes = 1048576\n\n\

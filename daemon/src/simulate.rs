@@ -192,8 +192,8 @@ pub struct SimSummary {
     /// Wall-clock run time.
     pub wall: std::time::Duration,
     /// Datagrams sent per rank per op, by wire packet type (index: type value;
-    /// 1 DATA, 2 PROBE, 3 BITMAP, 4 DONE, 5 HELLO, 6 GRANT, 7 GOODBYE).
-    pub per_rank_op: [f64; 8],
+    /// 1 DATA, 2 PROBE, 3 BITMAP, 4 DONE, 5 HELLO, 6 GRANT, 7 GOODBYE, 8 ACK).
+    pub per_rank_op: [f64; 9],
     /// DATA packets per rank per op if every chunk crossed the network once.
     pub ideal_data_per_rank_op: f64,
     /// Largest per-rank memory and state figures sampled during the run.
@@ -226,7 +226,7 @@ impl SimSummary {
         self.per_rank_op[1]
     }
 
-    /// Control packets (PROBE, BITMAP, DONE, HELLO, GRANT, GOODBYE) per rank per op.
+    /// Control packets (PROBE, BITMAP, DONE, HELLO, GRANT, GOODBYE, ACK) per rank per op.
     pub fn control_per_rank_op(&self) -> f64 {
         self.per_rank_op[2..].iter().sum()
     }
@@ -330,13 +330,13 @@ pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
         next_agreed == world
     });
     // Datagrams handed to the network, by packet type (index = wire type value).
-    let sent_by_type = Rc::new(RefCell::new([0u64; 8]));
+    let sent_by_type = Rc::new(RefCell::new([0u64; 9]));
     let counter = Rc::clone(&sent_by_type);
     sim.set_trace(Some(Box::new(move |t: &TraceRecord<'_>| {
         if t.event == TraceEvent::Sent
             && let Ok(p) = Packet::new_checked(t.datagram)
         {
-            let ty = usize::from(p.raw_type()).min(7);
+            let ty = usize::from(p.raw_type()).min(8);
             counter.borrow_mut()[ty] += 1;
         }
     })));
@@ -375,6 +375,7 @@ pub fn run(opts: &SimOptions, out: &mut impl Write) -> io::Result<SimSummary> {
     for it in 0..opts.iters {
         run.iteration(it, out)?;
     }
+    run.finish();
     let per_rank_op = *sent_by_type.borrow();
     let summary = run.summary(per_rank_op, wall.elapsed());
     print_summary(opts, &summary, out)?;
@@ -424,6 +425,22 @@ impl Run<'_> {
             if iter_ok { "ok" } else { "MISMATCH" }
         )?;
         out.flush()
+    }
+
+    /// After the last iteration: run until every owner heard every ACK
+    /// (wire version 10: receivers hold them up to the ACK delay), so the
+    /// packet counts include them (the op times do not: a result is
+    /// delivered before its ACKs).
+    fn finish(&mut self) {
+        let world = self.opts.hosts;
+        let start = self.sim.now();
+        let mut next = 0u32;
+        self.sim.run_until(start + Duration::from_secs(10), |s| {
+            while next < world && s.node(next).ops_unacknowledged() == 0 {
+                next += 1;
+            }
+            next == world
+        });
     }
 
     /// Start iteration `it`'s op of every layer on every rank, with seeded inputs.
@@ -524,7 +541,7 @@ impl Run<'_> {
     }
 
     /// The summary, given the datagrams sent by packet type.
-    fn summary(mut self, sent_by_type: [u64; 8], wall: std::time::Duration) -> SimSummary {
+    fn summary(mut self, sent_by_type: [u64; 9], wall: std::time::Duration) -> SimSummary {
         let world = self.opts.hosts;
         self.op_times.sort();
         let st: &NetStats = self.sim.stats();
@@ -662,23 +679,25 @@ fn print_summary(opts: &SimOptions, summary: &SimSummary, out: &mut impl Write) 
     let t = &summary.per_rank_op;
     writeln!(
         out,
-        "  control per rank per op     probe {:.1}, bitmap {:.1}, done {:.1}, hello {:.1}, grant {:.1}",
+        "  control per rank per op     probe {:.1}, bitmap {:.1}, done {:.1}, hello {:.1}, grant {:.1}, ack {:.1}",
         t[2],
         t[3],
         t[4],
         t[5],
-        t[6] + t[7]
+        t[6] + t[7],
+        t[8]
     )?;
     let peers = f64::from(world.saturating_sub(1).max(1));
     writeln!(
         out,
-        "  control per peer per op     {:.3} (probe {:.3}, bitmap {:.3}, done {:.3}, hello {:.3}, grant {:.3})",
+        "  control per peer per op     {:.3} (probe {:.3}, bitmap {:.3}, done {:.3}, hello {:.3}, grant {:.3}, ack {:.3})",
         ctl / peers,
         t[2] / peers,
         t[3] / peers,
         t[4] / peers,
         t[5] / peers,
-        (t[6] + t[7]) / peers
+        (t[6] + t[7]) / peers,
+        t[8] / peers
     )?;
     let p = &summary.peak;
     writeln!(

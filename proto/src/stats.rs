@@ -600,6 +600,26 @@ crate::counters! {
             "probes_sent",
             "PROBEs sent (\"I have sent through chunk X\"; every copy counts)",
         )],
+        /// ACKs sent (wire version 10): each acknowledges the exact
+        /// all-gathers of up to 64 ops from one owner ([`crate::wire::AckEntry`]).
+        pub acks_sent: u64 => [Desc::new(
+            "acks_sent",
+            "acks_sent",
+            "ACKs sent: one per owner per ACK delay, acknowledging every all-gather received whole meanwhile",
+        )],
+        /// ACK entries received that ended an all-gather transfer of an op in flight.
+        pub acks_received: u64 => [Desc::new(
+            "acks_received",
+            "acks_received",
+            "ACK entries received that ended an all-gather transfer of an op in flight here",
+        )],
+        /// Ops whose result went to the trainer but whose all-gather a receiver
+        /// never acknowledged before the hard timeout (a receiver left or failed).
+        pub unacknowledged: u64 => [Desc::new(
+            "unacknowledged",
+            "unacknowledged_ops",
+            "Delivered ops whose all-gather some receiver never acknowledged before the hard timeout",
+        )],
         /// Redundant PROBE copies received (same sequence number as one already
         /// acted on) and ignored.
         pub probes_duplicate: u64 => [Desc::new(
@@ -784,8 +804,8 @@ mod tests {
         in_debug.sort_unstable();
         assert_eq!(in_debug, given);
         // 4×8 + 4×3 per class / per peer, 3×2 per path, 2×(8+1+3+1) dropped,
-        // 21 reasons, 2 + 4×8 + 2×2×3 repairs, 7 flow control, 13 others.
-        assert_eq!(given.len(), 32 + 12 + 6 + 26 + 21 + 2 + 32 + 12 + 7 + 13);
+        // 21 reasons, 2 + 4×8 + 2×2×3 repairs, 7 flow control, 16 others.
+        assert_eq!(given.len(), 32 + 12 + 6 + 26 + 21 + 2 + 32 + 12 + 7 + 16);
     }
 
     #[test]

@@ -674,29 +674,29 @@ fn a_progressing_op_fails_at_its_absolute_deadline() {
 }
 
 /// An exact all-gather (gather budget 0, the default) agrees no mask: a
-/// receiver holding every chunk closes on its own and reports COMPLETE (two
-/// copies on a lossy network), the owner sends no DONE. When the first two
-/// reports of every receiver are lost the owner PROBEs, and the receiver —
-/// still in the op, or completed and lingering — answers COMPLETE again;
-/// every result stays exact and nothing times out.
+/// receiver holding every chunk closes on its own and acknowledges it in an
+/// ACK (wire version 10: one per owner for every op completed within the
+/// ACK delay), and the owner delivers its result without waiting for it and
+/// sends no DONE. When every ACK is lost the owner PROBEs once the ACK delay
+/// and a probe timeout have passed, and the receiver — still in the op, or
+/// completed and lingering — answers COMPLETE; every result stays exact,
+/// nothing times out, and every owner ends with nothing unacknowledged.
 #[test]
-fn an_exact_all_gather_sends_no_mask_and_survives_lost_reports() {
+fn an_exact_all_gather_sends_no_mask_and_survives_lost_acks() {
     use dlcp_proto::wire::{Flags, PacketType, Phase};
     use std::cell::RefCell;
-    use std::collections::BTreeMap;
     use std::rc::Rc;
     let world = 4;
     let len = 60_000;
     let x = inputs(71, world, len);
     let mut c = Cluster::new(world, NetConfig::default().with_seed(71));
-    // Drop the first two COMPLETE reports of every (receiver, owner, op) in
-    // the all-gather; count gather DONEs and PROBEs.
+    // Drop every ACK; count gather DONEs, PROBEs and COMPLETE reports.
     #[derive(Default)]
     struct Seen {
-        reports: BTreeMap<(u32, u32, u64), u32>,
-        dropped: u32,
+        acks: u32,
         gather_done: u32,
         gather_probe: u32,
+        complete: u32,
     }
     let seen: Rc<RefCell<Seen>> = Rc::default();
     let s2 = seen.clone();
@@ -707,16 +707,13 @@ fn an_exact_all_gather_sends_no_mask_and_survives_lost_reports() {
         }
         let mut s = s2.borrow_mut();
         match p.raw_type() {
+            t if t == PacketType::Ack as u8 => {
+                s.acks += 1;
+                return true;
+            }
             t if t == PacketType::Done as u8 => s.gather_done += 1,
             t if t == PacketType::Probe as u8 => s.gather_probe += 1,
-            t if t == PacketType::Bitmap as u8 && p.flags().contains(Flags::COMPLETE) => {
-                let n = s.reports.entry((p.src(), p.dst(), p.op())).or_default();
-                *n += 1;
-                if *n <= 2 {
-                    s.dropped += 1;
-                    return true;
-                }
-            }
+            t if t == PacketType::Bitmap as u8 && p.flags().contains(Flags::COMPLETE) => s.complete += 1,
             _ => {}
         }
         false
@@ -726,11 +723,63 @@ fn an_exact_all_gather_sends_no_mask_and_survives_lost_reports() {
         assert_identical(&res);
         assert!(bits(&res[0].0) == bits(&reference_sum(&x)), "op {seq}: exact");
     }
+    let now = c.sim.now();
+    c.sim.run_to(now + Duration::from_millis(100));
     let s = seen.borrow();
     let pairs = world * (world - 1) * 3;
-    assert_eq!(s.dropped, 2 * pairs, "both copies of every report were lost");
+    assert!(s.acks >= world * (world - 1), "every receiver acknowledged every owner: {}", s.acks);
+    assert!(s.acks < pairs, "an ACK covers several ops: {} for {pairs} transfers", s.acks);
     assert_eq!(s.gather_done, 0, "an exact all-gather announces no mask");
-    assert!(s.gather_probe >= pairs, "every owner probed for its lost reports: {}", s.gather_probe);
+    assert!(s.gather_probe >= pairs, "every owner probed for its lost ACKs: {}", s.gather_probe);
+    assert!(s.complete >= pairs, "every receiver answered COMPLETE: {}", s.complete);
     let timeouts: u64 = (0..world).map(|r| c.sim.node(r).stats().hard_timeouts).sum();
     assert_eq!(timeouts, 0);
+    for r in 0..world {
+        assert_eq!(c.sim.node(r).ops_unacknowledged(), 0, "rank {r}");
+    }
+}
+
+/// On a clean network an exact all-gather costs one ACK per (receiver,
+/// owner) for every op completed within the ACK delay, and nothing else
+/// comes back: no COMPLETE report, no PROBE, no DONE. The owners deliver
+/// their results before the ACKs arrive and retire the ops when they do.
+#[test]
+fn a_clean_all_gather_is_acknowledged_in_one_ack_per_owner_for_many_ops() {
+    use dlcp_proto::wire::{PacketType, Phase};
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    let world = 4;
+    let x = inputs(72, world, 40_000);
+    let mut c = Cluster::new(world, NetConfig::default().with_seed(72));
+    let counts: Rc<RefCell<[u32; 9]>> = Rc::default();
+    let c2 = counts.clone();
+    c.sim.set_drop(Some(Box::new(move |rec| {
+        if let Ok(p) = wire::Packet::new_checked(rec.datagram)
+            && p.raw_phase() == Phase::Gather as u8
+        {
+            c2.borrow_mut()[usize::from(p.raw_type()).min(8)] += 1;
+        }
+        false
+    })));
+    let ops = 6;
+    for seq in 0..ops {
+        let res = all_ok(c.allreduce(OpId { run: 1, seq, tensor: 0 }, &x, opts(0), SECOND));
+        assert!(bits(&res[0].0) == bits(&reference_sum(&x)), "op {seq}: exact");
+    }
+    let delivered: usize = (0..world).map(|r| c.sim.node(r).ops_unacknowledged()).sum();
+    assert!(delivered > 0, "owners delivered before their ACKs arrived");
+    let now = c.sim.now();
+    c.sim.run_to(now + Duration::from_millis(50));
+    let n = *counts.borrow();
+    let pairs = world * (world - 1);
+    assert!(n[PacketType::Ack as usize] >= pairs, "{n:?}");
+    assert!(n[PacketType::Ack as usize] < pairs * ops as u32 / 2, "several ops per ACK: {n:?}");
+    for ty in [PacketType::Bitmap, PacketType::Probe, PacketType::Done] {
+        assert_eq!(n[ty as usize], 0, "{ty:?} in the all-gather: {n:?}");
+    }
+    let acked: u64 = (0..world).map(|r| c.sim.node(r).stats().acks_received).sum();
+    assert_eq!(acked, u64::from(pairs) * ops, "one entry per transfer");
+    for r in 0..world {
+        assert_eq!(c.sim.node(r).ops_unacknowledged(), 0, "rank {r}");
+    }
 }

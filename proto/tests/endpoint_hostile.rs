@@ -300,12 +300,12 @@ fn a_datagram_must_come_from_the_peer_it_claims() {
     assert_eq!((r.wrong_rank, r.unknown_source), (1, 1), "{r:?}");
 }
 
-/// A peer of the previous releases (wire versions 4 to 8): its HELLO,
-/// the golden vector `tests/golden/v8/hello.hex` (`v7/` … `v4/`), is
+/// A peer of the previous releases (wire versions 4 to 9): its HELLO,
+/// the golden vector `tests/golden/v9/hello.hex` (`v8/` … `v4/`), is
 /// refused, counted and reported naming both versions, and it never comes up.
 #[test]
-fn a_version_4_to_8_peer_is_refused_naming_both_versions() {
-    for (old, count) in [(4u8, 1u64), (5, 1), (6, 1), (7, 1), (8, 1)] {
+fn a_version_4_to_9_peer_is_refused_naming_both_versions() {
+    for (old, count) in [(4u8, 1u64), (5, 1), (6, 1), (7, 1), (8, 1), (9, 1)] {
         let mut e = live_endpoint();
         let path = format!("{}/tests/golden/v{old}/hello.hex", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).unwrap();
@@ -316,10 +316,10 @@ fn a_version_4_to_8_peer_is_refused_naming_both_versions() {
         assert_eq!((hello[2], hello[3], wire::peek_src(&hello)), (old, PacketType::Hello as u8, Some(3)));
         while e.poll_event().is_some() {}
         e.handle_datagram_from(Instant::from_nanos(10), &hello, Some(3));
-        let mismatch = Mismatch::WireVersion { theirs: old, ours: 9 };
+        let mismatch = Mismatch::WireVersion { theirs: old, ours: 10 };
         let events: Vec<Event> = std::iter::from_fn(|| e.poll_event()).collect();
         assert_eq!(events, [Event::PeerIncompatible { rank: Some(3), mismatch }]);
-        let says = format!("speaks dlcp wire version {old}; this daemon speaks version 9");
+        let says = format!("speaks dlcp wire version {old}; this daemon speaks version 10");
         assert_eq!(mismatch.to_string(), says);
         assert_eq!((e.stats().rejected.version_mismatch, e.peer_mismatch(3)), (count, Some(mismatch)));
     }
@@ -359,7 +359,7 @@ fn incompatible_peers_are_refused_counted_and_reported() {
     e.handle_datagram_from(now, &buf[..n], Some(3));
     let v1 = Mismatch::WireVersion { theirs: 1, ours: wire::VERSION };
     assert_eq!(events(&mut e), [(Some(3), v1)]);
-    assert_eq!(v1.to_string(), "speaks dlcp wire version 1; this daemon speaks version 9");
+    assert_eq!(v1.to_string(), "speaks dlcp wire version 1; this daemon speaks version 10");
     assert_eq!(e.stats().rejected.version_mismatch, 2);
     assert_eq!(e.peer_mismatch(3), Some(v1));
     // From no known address: reported without a rank, nothing remembered.

@@ -19,6 +19,7 @@ fn header(ty: PacketType) -> Header {
     let (class, phase) = match ty {
         PacketType::Data => (Class::new(4).unwrap(), Phase::Gather),
         PacketType::Hello | PacketType::Grant | PacketType::Goodbye => (Class::CONTROL, Phase::None),
+        PacketType::Ack => (Class::CONTROL, Phase::Gather),
         _ => (Class::CONTROL, Phase::Scatter),
     };
     let mut h = Header::new(ty, class, phase);
@@ -34,6 +35,9 @@ fn header(ty: PacketType) -> Header {
     if matches!(ty, PacketType::Probe | PacketType::Grant) {
         h.payload_len = wire::GRANT_LEN as u16;
     }
+    if ty == PacketType::Ack {
+        (h.op, h.tensor, h.chunk_count, h.required, h.budget_ppm) = (0, 0, 1, 0, 0);
+    }
     h
 }
 
@@ -44,6 +48,7 @@ fn payload_for(ty: PacketType) -> Vec<u8> {
         PacketType::Hello => settings(),
         PacketType::Grant | PacketType::Probe => vec![0, 0, 0, 0, 0, 0, 1, 0],
         PacketType::Goodbye => vec![],
+        PacketType::Ack => vec![0; wire::ACK_ENTRY_LEN],
     }
 }
 
@@ -90,7 +95,29 @@ fn set_u32(b: &mut [u8], off: usize, v: u32) {
     b[off..off + 4].copy_from_slice(&v.to_be_bytes());
 }
 
-const ALL_TYPES: [PacketType; 7] = PacketType::ALL;
+const ALL_TYPES: [PacketType; 8] = PacketType::ALL;
+
+/// An ACK (version 10): phase 2, no op, dtype or kind of its own, its entry
+/// count in `chunk_count` (1 to 64) and 20 bytes per entry.
+#[test]
+fn bad_ack() {
+    let mut out = vec![0u8; 2048];
+    let h = header(PacketType::Ack);
+    let enc = |h: &Header, n: usize, out: &mut Vec<u8>| wire::encode(&key(), h, &vec![0; n], out).map(|_| ());
+    assert_eq!(enc(&h, 20, &mut out), Ok(()));
+    for (n, len) in [(1u32, 19usize), (1, 21), (2, 20), (0, 0), (65, 65 * 20)] {
+        let e = enc(&Header { chunk_count: n, ..h }, len, &mut out);
+        assert!(e.is_err(), "{n} entries in {len} bytes: {e:?}");
+    }
+    assert_eq!(enc(&Header { chunk_count: 64, ..h }, 64 * 20, &mut out), Ok(()));
+    assert_eq!(enc(&Header { op: 1, ..h }, 20, &mut out), Err(WireError::BadField("op")));
+    assert_eq!(enc(&Header { tensor: 1, ..h }, 20, &mut out), Err(WireError::BadField("op")));
+    assert_eq!(enc(&Header { dtype: DType::Bf16, ..h }, 20, &mut out), Err(WireError::BadField("dtype")));
+    assert_eq!(enc(&Header { seq: 1, ..h }, 20, &mut out), Err(WireError::BadField("chunk_index")));
+    assert_eq!(enc(&Header { phase: Phase::Scatter, ..h }, 20, &mut out), Err(WireError::BadPhase(1)));
+    assert_eq!(enc(&Header { flags: Flags::COMPLETE, ..h }, 20, &mut out), Err(WireError::BadFlags(2)));
+    assert_eq!(decode_edited(PacketType::Ack, |b| b[6] = 0), Err(WireError::BadPhase(0)));
+}
 
 /// A GRANT's payload is exactly 8 bytes, and its phase is none.
 #[test]
@@ -165,7 +192,7 @@ fn bad_magic() {
 
 #[test]
 fn unsupported_version() {
-    for v in [0u8, 1, 2, 3, 4, 5, 6, 7, 8, 10, 255] {
+    for v in [0u8, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 255] {
         let r = decode_edited(PacketType::Hello, |b| b[2] = v);
         assert_eq!(r, Err(WireError::UnsupportedVersion(v)));
     }
@@ -235,7 +262,7 @@ fn bad_tag() {
 
 #[test]
 fn unknown_type() {
-    for t in [0u8, 8, 0x80, 255] {
+    for t in [0u8, 9, 0x80, 255] {
         assert_eq!(decode_edited(PacketType::Probe, |b| b[3] = t), Err(WireError::UnknownType(t)));
     }
 }

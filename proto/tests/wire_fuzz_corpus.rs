@@ -64,7 +64,9 @@ fn replay_decode_corpus() {
         }
         types.extend(valid.map(|t| t as u8));
     }
-    assert_eq!(types, (1..=6).collect(), "corpus lacks a valid packet of some type");
+    let mut want: BTreeSet<u8> = (1..=6).collect();
+    want.insert(PacketType::Ack as u8);
+    assert_eq!(types, want, "corpus lacks a valid packet of some type");
 }
 
 #[test]
@@ -159,6 +161,16 @@ fn seeds() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.flags = Flags::FAILED;
     h.seq = 6;
     v.push(("seed-done-failed", h, vec![wire::FailReason::Deadline as u8]));
+
+    // Version 10: an ACK of three ops' all-gathers.
+    let mut h = base(PacketType::Ack, Class::CONTROL, Phase::Gather);
+    (h.op, h.tensor, h.chunk_count, h.required, h.budget_ppm) = (0, 0, 3, 0, 0);
+    let entries: Vec<wire::AckEntry> = (0..3)
+        .map(|i| wire::AckEntry { op: 1000 + i, tensor: 12, echo: 40 + i as u32, held_us: 250 })
+        .collect();
+    let mut acks = vec![0u8; 3 * wire::ACK_ENTRY_LEN];
+    wire::emit_acks(&entries, &mut acks);
+    v.push(("seed-ack", h, acks));
 
     let mut h = Header::new(PacketType::Hello, Class::CONTROL, Phase::None);
     h.job = 42;

@@ -1,7 +1,7 @@
 //! Golden byte vectors pinning the wire layout, one set per wire version.
 //!
-//! The version 9 vectors in `tests/golden/v9/*.hex` were produced by
-//! `tests/golden/v9/gen.py`, which writes each field at the offset given by
+//! The version 10 vectors in `tests/golden/v10/*.hex` were produced by
+//! `tests/golden/v10/gen.py`, which writes each field at the offset given by
 //! the layout table in the `wire` module docs and computes the tag with
 //! Python's `cryptography` (HKDF-SHA256, AES-128-GCM) — independently of the
 //! Rust encoder. Each vector is checked both ways: `encode(header, payload)
@@ -19,10 +19,10 @@
 //! version 5 (`tests/golden/v5/`, failing DONEs; f32 only, byte 15
 //! reserved), version 6 (`tests/golden/v6/`, f16/bf16 and average;
 //! allreduce only), version 7 (`tests/golden/v7/`, the other
-//! collectives; no LAST DATA) and version 8 (`tests/golden/v8/`, an 80-byte
-//! header without `credit`). This build refuses every one of them with
-//! `UnsupportedVersion(1)` to `(8)`, and still reads the sender rank they
-//! claim.
+//! collectives; no LAST DATA), version 8 (`tests/golden/v8/`, an 80-byte
+//! header without `credit`) and version 9 (`tests/golden/v9/`, no ACK).
+//! This build refuses every one of them with `UnsupportedVersion(1)` to
+//! `(9)`, and still reads the sender rank they claim.
 
 use dlcp_proto::class::Class;
 use dlcp_proto::wire::{
@@ -30,8 +30,8 @@ use dlcp_proto::wire::{
     Packet, PacketAuth, PacketType, Phase, ReduceOp, SETTINGS_LEN, SenderId, Settings, TAG_LEN, WireError,
 };
 
-/// The job secret every version 9 golden vector is tagged with (see `v9/gen.py`).
-const SECRET: &[u8] = b"dlcp golden secret v9";
+/// The job secret every version 10 golden vector is tagged with (see `v10/gen.py`).
+const SECRET: &[u8] = b"dlcp golden secret v10";
 
 fn key() -> JobKey {
     JobKey::new(SECRET)
@@ -174,9 +174,12 @@ const V8: [&str; 22] = [
     "goodbye",
 ];
 
+/// The version 9 vectors: version 8's (the header grew by `credit`).
+const V9: [&str; 22] = V8;
+
 /// Parse a `.hex` golden file of this version: `#` comments and whitespace are ignored.
 fn golden(name: &str) -> Vec<u8> {
-    golden_of("v9", name)
+    golden_of("v10", name)
 }
 
 /// Parse the `.hex` golden file `name` of version directory `version`.
@@ -376,7 +379,7 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.packet = 7;
     let mut settings = vec![0u8; SETTINGS_LEN];
     Settings {
-        version: 9,
+        version: 10,
         auth: PacketAuth::AesGmac,
         chunk_bytes: 1376,
         flow_window: 256,
@@ -420,6 +423,24 @@ fn vectors() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.session = 0x5E55_20A0_B0C0_D0E0;
     h.packet = 0xFFFF_FFFF_FFFF_FFF0;
     v.push(("goodbye", h, vec![]));
+
+    // Version 10: two ops' all-gathers acknowledged in one ACK.
+    let mut h = Header::new(PacketType::Ack, Class::CONTROL, Phase::Gather);
+    h.job = 0x0102_0304;
+    h.run = 0x0A0B_0C0D_0E0F_1011;
+    h.src = 2;
+    h.dst = 1;
+    h.chunk_count = 2;
+    h.session = 0x5E55_20A0_B0C0_D0E0;
+    h.packet = 19;
+    h.credit = 0x80;
+    let entries = [
+        wire::AckEntry { op: 0x1122_3344_5566_7788, tensor: 0xCAFE_BABE, echo: 0x1234_5678, held_us: 25_000 },
+        wire::AckEntry { op: 0x1122_3344_5566_7789, tensor: 0, echo: u32::MAX, held_us: u32::MAX },
+    ];
+    let mut payload = vec![0u8; 2 * wire::ACK_ENTRY_LEN];
+    wire::emit_acks(&entries, &mut payload);
+    v.push(("ack", h, payload));
 
     for (_, h, p) in &mut v {
         h.payload_len = p.len() as u16;
@@ -533,6 +554,7 @@ fn older_versions_vectors_are_refused() {
         (6, &V6[..]),
         (7, &V7[..]),
         (8, &V8[..]),
+        (9, &V9[..]),
     ] {
         let own = JobKey::new(format!("dlcp golden secret v{version}").as_bytes());
         for name in names {
@@ -619,7 +641,7 @@ fn probe_header_written_by_hand() {
     #[rustfmt::skip]
     let hand: [u8; HEADER_LEN] = [
         0xD1, 0xC9,             //  0 magic
-        0x09,                   //  2 version
+        0x0A,                   //  2 version
         0x02,                   //  3 type = PROBE
         0x00,                   //  4 flags
         0x07,                   //  5 class = control
@@ -658,7 +680,7 @@ fn probe_header_written_by_hand() {
 #[test]
 fn data_packet_written_by_hand() {
     let mut hand = Vec::new();
-    hand.extend_from_slice(&[0xD1, 0xC9, 9, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
+    hand.extend_from_slice(&[0xD1, 0xC9, 10, 1, 0, 3, 1, 0]); // magic version DATA flags class3 scatter f32
     hand.extend_from_slice(&[1, 2, 3, 4, 0, 8, 1, 0]); // job payload_len auth kind (allreduce, sum)
     hand.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 2]); // src dst
     hand.extend_from_slice(&[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]); // op
@@ -681,7 +703,7 @@ fn data_packet_written_by_hand() {
 #[test]
 fn f16_average_header_written_by_hand() {
     let mut hand = Vec::new();
-    hand.extend_from_slice(&[0xD1, 0xC9, 9, 1, 0x08, 2, 1, 1]); // magic version DATA REQUIRED class2 scatter f16
+    hand.extend_from_slice(&[0xD1, 0xC9, 10, 1, 0x08, 2, 1, 1]); // magic version DATA REQUIRED class2 scatter f16
     hand.extend_from_slice(&[1, 2, 3, 4, 0, 6, 1, 0x01]); // job payload_len auth kind (allreduce, average)
     let g = golden("data_f16_average");
     assert_eq!(g[..16], hand[..]);
@@ -714,7 +736,7 @@ fn credit_written_by_hand() {
 #[test]
 fn last_flag_written_by_hand() {
     let g = golden("data_last");
-    assert_eq!(g[..8], [0xD1, 0xC9, 9, 1, 0xA8, 2, 1, 0]); // magic version DATA flags class2 scatter f32
+    assert_eq!(g[..8], [0xD1, 0xC9, 10, 1, 0xA8, 2, 1, 0]); // magic version DATA flags class2 scatter f32
     let (h, _) = wire::decode(&key(), &g).unwrap();
     assert!(
         h.flags.contains(Flags::LAST)
@@ -735,22 +757,49 @@ fn collective_kind_bytes_written_by_hand() {
         ("done_allgather", 2, 0x20, wire::Collective::Allgather),
     ] {
         let g = golden(name);
-        assert_eq!((g[2], g[6], g[15]), (9, phase, kind), "{name}: version, phase, kind");
+        assert_eq!((g[2], g[6], g[15]), (10, phase, kind), "{name}: version, phase, kind");
         let (h, _) = wire::decode(&key(), &g).unwrap();
         assert_eq!(h.collective, collective, "{name}");
     }
 }
 
+/// The version 10 ACK by hand: type 8, phase 2, the run in the header,
+/// `chunk_count` 2 entries of 20 bytes (op, tensor, echo, held), big-endian.
+#[test]
+fn ack_written_by_hand() {
+    let g = golden("ack");
+    assert_eq!(g[..8], [0xD1, 0xC9, 10, 8, 0, 7, 2, 0]); // magic version ACK flags class7 gather f32
+    assert_eq!(g[12..16], [0, 40, 1, 0]); // payload_len auth kind
+    assert_eq!(g[24..40], [0; 16]); // op, tensor, chunk_index: 0
+    assert_eq!(g[40..44], [0, 0, 0, 2]); // chunk_count = entries
+    assert_eq!(g[44..56], [0; 12]); // required, budget_ppm, seq: 0
+    assert_eq!(g[56..64], [0x0A, 0x0B, 0x0C, 0x0D, 0x0E, 0x0F, 0x10, 0x11]); // run
+    let entry = [
+        0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, // op
+        0xCA, 0xFE, 0xBA, 0xBE, // tensor
+        0x12, 0x34, 0x56, 0x78, // echo
+        0x00, 0x00, 0x61, 0xA8, // held = 25 000 µs
+    ];
+    assert_eq!(g[HEADER_LEN..HEADER_LEN + 20], entry);
+    let (h, p) = wire::decode(&key(), &g).unwrap();
+    let es: Vec<_> = wire::parse_acks(p).collect();
+    assert_eq!((h.ty, h.chunk_count, es.len()), (PacketType::Ack, 2, 2));
+    assert_eq!(
+        (es[1].op, es[1].tensor, es[1].echo, es[1].held_us),
+        (0x1122_3344_5566_7789, 0, u32::MAX, u32::MAX)
+    );
+}
+
 /// The key schedule is pinned too: HKDF salt and info, then AES-128-GCM.
 #[test]
 fn key_schedule_is_pinned() {
-    assert_eq!(KEY_SALT, b"dlcp wire v9 packet authentication");
-    assert_eq!(KEY_INFO, b"dlcp v9 aes-128-gmac sender key");
+    assert_eq!(KEY_SALT, b"dlcp wire v10 packet authentication");
+    assert_eq!(KEY_INFO, b"dlcp v10 aes-128-gmac sender key");
     // The probe vector's tag, computed by gen.py with Python's cryptography.
     let g = golden("probe");
     let n = HEADER_LEN + wire::GRANT_LEN;
-    assert_eq!(hex(&g[n..]), "1e95a283308d483d8cacd37cbaad2ba2");
-    assert_eq!(hex(&key().tag(&g[..n])), "1e95a283308d483d8cacd37cbaad2ba2");
+    assert_eq!(hex(&g[n..]), "76872f622ade3470faa7ce88b295acbd");
+    assert_eq!(hex(&key().tag(&g[..n])), "76872f622ade3470faa7ce88b295acbd");
     assert_ne!(JobKey::new(b"").tag(&g[..n]), key().tag(&g[..n]));
 }
 

@@ -122,6 +122,7 @@ pub fn timers(cfg: &Config) -> Timers {
         peer_timeout: cfg.network.peer_timeout(),
         linger: l.hard_timeout(),
         close_grace: t.close_grace,
+        ack_delay: l.ack_delay(),
     }
 }
 

@@ -69,6 +69,7 @@ fn timers() -> Timers {
         peer_timeout: ms(150),
         linger: ms(200),
         close_grace: Duration::from_micros(50),
+        ack_delay: ms(5),
     }
 }
 

@@ -193,6 +193,10 @@ pub struct Timers {
     /// chunks after a PROBE before it closes: a PROBE travels in the control
     /// class and can overtake the transfer's last chunks queued in the network.
     pub close_grace: Duration,
+    /// How long a receiver holds the acknowledgement of an exact all-gather
+    /// to send it with later ones in one ACK (wire version 10,
+    /// `endpoint::acks`).
+    pub ack_delay: Duration,
 }
 
 impl Default for Timers {
@@ -211,6 +215,7 @@ impl Default for Timers {
             peer_timeout: ms(5_000),
             linger: ms(10_000),
             close_grace: Duration::from_micros(100),
+            ack_delay: ms(25),
         }
     }
 }

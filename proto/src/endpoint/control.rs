@@ -41,7 +41,7 @@ impl Endpoint {
     /// Add control packet `item` to `batch` (header and payload; the tag is
     /// computed with the batch's). False if it is no longer due.
     pub(super) fn encode_control(&mut self, now: Instant, item: TxItem, batch: &mut TxBatch) -> bool {
-        let room = batch.inline_room(wire::OVERHEAD + self.sh.seg_bytes());
+        let room = batch.inline_room(wire::OVERHEAD + self.sh.seg_bytes().max(wire::ACK_ENTRY_LEN));
         match self.write_control(now, item, room) {
             Some(n) => {
                 let probe = item.kind == TxKind::Probe;
@@ -119,6 +119,24 @@ impl Endpoint {
             TxKind::Grant { request } => {
                 let count = self.fill_grant(&mut h, peer, request);
                 return self.sh.seal(&h, buf, |p| wire::emit_grant(count, p));
+            }
+            TxKind::Ack => {
+                // As many entries as a BITMAP segment's bytes hold (the
+                // datagram stays within the chunk size's MTU), at least one.
+                let max = self.sh.seg_bytes() / wire::ACK_ENTRY_LEN;
+                let (run, entries) = self.sh.acks.take(peer, now, max)?;
+                h.ty = PacketType::Ack;
+                h.phase = Phase::Gather;
+                h.run = self.sh.runs.id_of(run)?;
+                (h.op, h.tensor, h.dtype) = (0, 0, wire::DType::F32);
+                h.reduce = wire::ReduceOp::Sum;
+                h.collective = wire::Collective::Allreduce;
+                h.chunk_count = entries.len() as u32;
+                h.payload_len = (entries.len() * wire::ACK_ENTRY_LEN) as u16;
+                self.sh.stats.acks_sent += 1;
+                return self.sh.seal(&h, buf, |p| {
+                    wire::emit_acks(&entries, p);
+                });
             }
             TxKind::Data { .. } => return None,
         }

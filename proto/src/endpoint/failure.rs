@@ -28,7 +28,16 @@ impl Endpoint {
     /// A failing DONE from `h.src` about op `id`.
     pub(super) fn on_failure_notice(&mut self, id: OpId, h: &Header, payload: &[u8]) {
         let reason = crate::wire::parse_failure(payload).unwrap_or(FailReason::Other);
-        if self.ops.contains(&id) {
+        if let Some(slot) = self.ops.slot(&id)
+            && let Some(op) = self.ops.at_mut(slot, &id)
+            && op.is_delivered()
+        {
+            // Its result is out; the peer that failed will not acknowledge
+            // this rank's all-gather: stop waiting for it.
+            self.sh.stats.rejected.failure_notice_ignored += 1;
+            op.unawaited(OpKey::new(id, slot), h.src, &mut self.sh);
+            self.check_complete(id);
+        } else if self.ops.contains(&id) {
             self.sh.stats.failure_notices_received += 1;
             self.fail(id, OpError::PeerFailed { rank: h.src, reason });
         } else if self.history.knows(&id) {

@@ -58,6 +58,8 @@ impl Endpoint {
     /// Announce this daemon's shutdown to every peer (GOODBYE), so they
     /// mark it down at once; the caller then sends what is queued.
     pub fn goodbye(&mut self) {
+        // The ACKs this rank still holds go first: their owners are waiting.
+        self.flush_acks(self.now, true);
         let me = self.sh.me();
         for peer in (0..self.sh.cfg.world).filter(|&j| j != me) {
             self.sh.tx.push_phaseless(peer, TxKind::Goodbye);
@@ -130,6 +132,7 @@ impl Endpoint {
         for id in self.ops.ids() {
             self.fail(id, OpError::PeerRestarted { rank: src, old, new });
         }
+        self.sh.acks.forget(src);
         self.history.forget_early_from(src);
         self.flow_reset(src);
     }
@@ -142,6 +145,7 @@ impl Endpoint {
         for id in self.ops.ids() {
             self.fail(id, OpError::PeerLeft { rank: src });
         }
+        self.sh.acks.forget(src);
         self.history.forget_early_from(src);
         self.flow_reset(src);
     }

@@ -93,6 +93,7 @@ use crate::rate::{RateAdapter, RateConfig, SendTotals};
 use crate::time::Instant;
 use crate::wire::{self, Header, KeyCache, PacketType, Phase, WireError};
 
+mod acks;
 pub(crate) mod allreduce;
 pub(crate) mod api;
 pub(crate) mod batch;
@@ -215,9 +216,17 @@ impl Endpoint {
         &self.sh.stats
     }
 
-    /// Number of ops in flight.
+    /// Number of ops in flight: started and not yet completed or failed
+    /// (delivered ops waiting only for their all-gather's ACKs are not).
     pub fn ops_in_flight(&self) -> usize {
-        self.ops.len()
+        self.ops.values().filter(|op| !op.is_delivered()).count()
+    }
+
+    /// Ops whose result was delivered and whose owner still waits for some
+    /// receiver's ACK (wire version 10), or this rank still holds ACKs to
+    /// send: the endpoint has something to finish.
+    pub fn ops_unacknowledged(&self) -> usize {
+        self.ops.values().filter(|op| op.is_delivered()).count() + self.sh.acks.len()
     }
 
     /// Whether `rank` has been heard from within the peer timeout (false for
@@ -261,6 +270,7 @@ impl Endpoint {
             + self.timers.bytes()
             + self.keys.bytes()
             + self.sh.flow.bytes()
+            + self.sh.acks.bytes()
             + self.held.bytes();
         f.early_bytes = self.history.early_bytes();
         f.queued = self.queued();
@@ -564,6 +574,7 @@ impl Endpoint {
         match h.ty {
             PacketType::Grant => return,
             PacketType::Goodbye => return self.on_goodbye(h.src),
+            PacketType::Ack => return self.on_ack(now, &h, payload),
             _ => {}
         }
         let Some(run) = self.sh.runs.epoch_of(h.run) else {
@@ -613,26 +624,41 @@ impl Endpoint {
         self.sh.flow.note_early(src);
     }
 
+    /// Deliver op `id`'s result once it is final, and retire the op once
+    /// nothing more is owed for it: an exact all-gather's owner delivers as
+    /// soon as its own receives are done and retires the op when every
+    /// receiver's ACK arrived (wire version 10, [`acks`]).
     fn check_complete(&mut self, id: OpId) {
-        if !self.ops.get(&id).is_some_and(Op::is_complete) {
-            return;
+        let Some(op) = self.ops.get_mut(&id) else { return };
+        let me = self.sh.me();
+        if op.is_deliverable(op.exact_gather(&self.sh)) {
+            let now = self.now;
+            let report = op.report(id, now, me);
+            let result = op.deliver(now, me, &mut self.pool);
+            self.sh.stats.ops_completed += 1;
+            self.events.push_back(Event::OpComplete { id, result, report: Box::new(report) });
         }
-        let Some(mut op) = self.ops.remove(&id) else { return };
+        if self.ops.get(&id).is_some_and(Op::is_complete) {
+            self.retire(id);
+        }
+    }
+
+    /// Op `id` is over here: it lingers (answers late PROBEs and BITMAPs)
+    /// and its buffers go back to the pool.
+    fn retire(&mut self, id: OpId) {
+        let Some(op) = self.ops.remove(&id) else { return };
         let now = self.now;
         let me = self.sh.me();
-        let report = op.report(id, now, me);
-        self.sh.stats.ops_completed += 1;
+        let exact = op.exact_gather(&self.sh);
         let linger = Linger {
             until: now + self.sh.cfg.timers.linger,
-            own_chunks: report.own_chunks,
-            mask: report.own_mask.clone(),
+            own_chunks: op.own_chunks(me),
+            mask: op.own_mask(me),
             kind: op.kind(),
-            exact: op.exact_gather(&self.sh),
+            exact,
         };
         self.history.completed(now, id, linger);
-        let result = op.take_result();
         self.release(op);
-        self.events.push_back(Event::OpComplete { id, result, report: Box::new(report) });
     }
 
     /// Returns a finished op's input and receive buffers to the pool.
@@ -661,6 +687,13 @@ impl Endpoint {
     }
 
     fn fail(&mut self, id: OpId, error: OpError) {
+        if self.ops.get(&id).is_some_and(Op::is_delivered) {
+            // Its result is out: a receiver that never acknowledged the
+            // all-gather (it left, or failed the op) changes nothing here.
+            self.sh.stats.unacknowledged += 1;
+            let _ = error;
+            return self.retire(id);
+        }
         if let Some(op) = self.ops.remove(&id) {
             let kind = op.kind();
             self.release(op);
@@ -710,10 +743,42 @@ impl Endpoint {
             }
             self.check_complete(id);
         }
+        self.flush_acks(now, false);
         self.release_credit();
         self.flow_timeouts(now);
         self.prune_timers();
         self.adapt_rate(now);
+    }
+
+    /// Queue an ACK to every owner whose oldest acknowledgement is due (to
+    /// all that have one, if `all`).
+    fn flush_acks(&mut self, now: Instant, all: bool) {
+        for owner in self.sh.acks.due(now, self.sh.cfg.timers.ack_delay, all) {
+            // One item takes up to a packet's worth; queue as many as needed.
+            let n = self.sh.acks.packets(owner, self.sh.seg_bytes() / wire::ACK_ENTRY_LEN);
+            for _ in 0..n {
+                let op = OpKey::outside(OpId { run: 0, seq: 0, tensor: 0 });
+                self.sh.tx.push(TxItem { op, phase: Phase::Gather, peer: owner, kind: TxKind::Ack });
+            }
+        }
+    }
+
+    /// An ACK from `h.src`: the all-gathers of these ops arrived there whole.
+    fn on_ack(&mut self, now: Instant, h: &Header, payload: &[u8]) {
+        let Some(run) = self.sh.runs.epoch_of(h.run) else {
+            self.sh.stats.rejected.other_run += 1;
+            return;
+        };
+        for e in wire::parse_acks(payload) {
+            let id = OpId { run, seq: e.op, tensor: e.tensor };
+            let Some(slot) = self.ops.slot(&id) else { continue };
+            let key = OpKey::new(id, slot);
+            let Some(op) = self.ops.at_mut(slot, &id) else { continue };
+            if op.on_ack(now, key, h.src, e, &mut self.sh) {
+                self.sh.stats.acks_received += 1;
+            }
+            self.check_complete(id);
+        }
     }
 
     /// Serve the due timers of op `id` (`keys`: its transfers with a live
@@ -765,6 +830,7 @@ impl Endpoint {
         let candidates = [
             self.peers.next_timeout(t.peer_timeout),
             self.history.next_timeout(t.linger, t.hard_timeout),
+            self.sh.acks.next_due(t.ack_delay),
             self.ops.values().map(|op| op.stalls_at(t.hard_timeout).min(op.deadline_at(t.op_deadline))).min(),
             self.timers.first_live(|e| timer_live(ops, e)),
             (!self.sh.tx.is_empty() && self.pacer.rate() > 0)

@@ -20,11 +20,6 @@ pub(crate) struct OpTable {
 }
 
 impl OpTable {
-    /// Ops in flight.
-    pub(crate) fn len(&self) -> usize {
-        self.index.len()
-    }
-
     /// Whether op `id` is in flight.
     pub(crate) fn contains(&self, id: &OpId) -> bool {
         self.index.contains_key(id)
@@ -38,6 +33,12 @@ impl OpTable {
     /// Op `id`.
     pub(crate) fn get(&self, id: &OpId) -> Option<&Op> {
         self.at(self.slot(id)?, id)
+    }
+
+    /// Op `id`, to change.
+    pub(crate) fn get_mut(&mut self, id: &OpId) -> Option<&mut Op> {
+        let slot = self.slot(id)?;
+        self.at_mut(slot, id)
     }
 
     /// The op in `slot`, if it is op `id` (a slot is reused once its op ends).

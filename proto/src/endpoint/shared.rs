@@ -7,6 +7,7 @@
 use std::cell::Cell;
 
 use crate::class::Class;
+use crate::endpoint::acks::Acks;
 use crate::endpoint::api::{EndpointConfig, OpId};
 use crate::endpoint::tx::TxQueues;
 use crate::estimator::{DeadlineEstimator, RttEstimator};
@@ -44,6 +45,8 @@ pub(crate) struct Shared {
     pub paths: Paths,
     /// How lossy the network has been lately ([`LossMeter`]).
     pub loss: LossMeter,
+    /// Exact all-gathers received whole, to acknowledge ([`Acks`]).
+    pub acks: Acks,
     /// An op reduced, or stopped holding its peers' all-gather back, since
     /// the endpoint last looked: it wants that DATA now, and a peer it held
     /// back may need credit (`Endpoint::release_credit`).
@@ -104,6 +107,7 @@ impl Shared {
             stats,
             paths,
             loss: LossMeter::default(),
+            acks: Acks::new(cfg.world),
             want_grew: false,
             grant_check: None,
             rtt: RttEstimator::new(t.probe_initial, t.probe_min, t.probe_max),

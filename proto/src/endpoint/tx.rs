@@ -54,6 +54,10 @@ pub(crate) enum TxKind {
     Grant { request: bool },
     /// A failing DONE: this rank failed the op (wire version 5).
     Failed,
+    /// An ACK of the exact all-gathers received whole from the peer
+    /// (version 10): the entries are taken from `Shared::acks` as it is
+    /// written, so a second queued ACK with nothing left is not sent.
+    Ack,
 }
 
 /// A queued packet: of `kind`, for the transfer of op `op` in `phase` with `peer`.

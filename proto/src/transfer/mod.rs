@@ -68,25 +68,29 @@
 //!   class, which overtakes the data — ends a round sooner than a LAST DATA
 //!   that is lost as often as any chunk (4 ranks, 10% loss: 2.9 ms against
 //!   2.1 ms per op with LAST on repairs too). The clean path sends none.
-//! - **Round trips.** A BITMAP (or an all-gather receiver's COMPLETE report)
-//!   that answers a LAST DATA echoes that DATA's data sequence number in its
-//!   `seq`, so the sender takes an unambiguous round-trip sample from it
-//!   (Karn's rule) as it does from a PROBE's round number.
+//! - **Round trips.** A BITMAP (or an all-gather receiver's COMPLETE report,
+//!   or ACK entry) that answers a LAST DATA echoes that DATA's data sequence
+//!   number in its `seq` (an ACK entry's `echo`), so the sender takes an
+//!   unambiguous round-trip sample from it (Karn's rule) as it does from a
+//!   PROBE's round number; less, for an ACK, the time it was held.
 //! - **PROBE copies.** A PROBE now goes out only when an answer is overdue —
 //!   already a tail event — so it keeps its [`PROBE_COPIES`] copies: a lost
 //!   single copy would double that tail.
 //! - **Exact all-gather (`Mode::Agreed`, gather budget 0, the default).**
 //!   The owner repairs every receiver to every chunk, so the agreed mask is
 //!   empty and need not be sent: a receiver that holds every chunk closes on
-//!   its own and reports COMPLETE (the only packet it sends the owner when
-//!   nothing is lost; two copies where the loss meter says the network is
-//!   lossy; written without the op, which may complete and leave before the
-//!   report does); the owner repairs each incomplete
-//!   receiver as soon as its BITMAP arrives (not after every receiver
-//!   reported) and sends no DONE. If the report is lost the owner PROBEs, and the receiver — still in the op, or completed and
-//!   lingering — says COMPLETE again. Under a gather budget > 0 the owner
-//!   still agrees a mask from every receiver's report and announces it in
-//!   one DONE per receiver.
+//!   its own. On a clean network it acknowledges that in an ACK (wire
+//!   version 10): one per owner for every op it completed within the ACK
+//!   delay (25 ms by default; `endpoint::acks`); on a lossy one (the loss
+//!   meter) it reports COMPLETE at once, in two copies, as the owner PROBEs
+//!   right after its LAST DATA there anyway. The owner delivers its result as
+//!   soon as its own receives are done and keeps a copy of its shard, from
+//!   which it repairs a receiver whose BITMAP arrives later; its probe timer
+//!   allows the ACK delay plus as long as the op took so far before it PROBEs,
+//!   and the receiver — still in the op, or completed and lingering —
+//!   answers COMPLETE. Under a gather budget > 0 the owner still agrees a
+//!   mask from every receiver's report and announces it in one DONE per
+//!   receiver.
 //!
 //! Measured (`dlcpd simulate --size 1 --layers 1`, defaults: budget 1%,
 //! gather budget 0; ten iterations at 64 ranks, five at 256; control
@@ -106,22 +110,16 @@
 //! PROBEs, overtaking the data, let budget-1% transfers close before their
 //! tail arrived), at 256 ranks 12% faster.
 //!
-//! ## Next (designed, not built yet)
+//! Since then (measured in `bench/results/2026-12-04-ack-v10.md`): GRANTs
+//! ride as credit on every packet (version 9), and the COMPLETE report is an
+//! ACK covering every op of the ACK delay (version 10): at 1,024 ranks, 1 MB,
+//! control falls from 1.04 to the figures there.
 //!
-//! - A lazy, cumulative acknowledgement instead of the COMPLETE report: the
-//!   owner keeps a copy of its shard after its op completes, and receivers
-//!   acknowledge many ops at once (on their next DATA to it, or in one
-//!   control packet per peer per ack delay) — fewer than 0.25 control
-//!   packets per peer per op is what 10% control at 1,024 ranks needs. A
-//!   receiver that got nothing from an owner NACKs by an op-level timer.
-//! - GRANTs carried on DATA going the other way (every pair exchanges DATA
-//!   both ways in every op).
-//! - Receive deadlines that close only after the sender's probe schedule,
-//!   backoff included, has run out, or after a NACK. (Built: a deadline
-//!   NACKs before it closes, and takes the sender for quiet only after
-//!   twice the longest pause it was seen to come back from,
-//!   [`crate::flow`]; on a network that lost next to nothing lately the
-//!   quiet timer and the grace after a PROBE wait them out too.)
+//! Receive deadlines close only after the sender's probe schedule has run
+//! out, or after a NACK: a deadline NACKs before it closes, and takes the
+//! sender for quiet only after twice the longest pause it was seen to come
+//! back from ([`crate::flow`]); on a network that lost next to nothing lately
+//! the quiet timer and the grace after a PROBE wait them out too.
 //!
 //! Nothing here sends, arms an index or counts: every method changes the
 //! transfer's state and returns what should happen (an outcome enum), and

@@ -237,8 +237,7 @@ impl Sender {
             // The receiver answers the LAST DATA as it would a PROBE (a
             // BITMAP if it lacks chunks; a COMPLETE report in all-gather);
             // a reduce-scatter receiver that closes stays silent.
-            let extra = if self.mode == Mode::Own { ack } else { Duration::ZERO };
-            let at = now + retry.backoff(self.backoff) + extra;
+            let at = now + retry.backoff(self.backoff) + ack;
             self.probe_timer = Some(at);
             return Drained::ProbeAt(at);
         }

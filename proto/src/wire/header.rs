@@ -1,6 +1,7 @@
 //! The parsed, validated header and its rules.
 
 use crate::class::Class;
+use crate::wire::ack::{ACK_ENTRY_LEN, MAX_ACKS};
 use crate::wire::auth::PacketAuth;
 use crate::wire::error::WireError;
 use crate::wire::failure::FAILURE_LEN;
@@ -143,11 +144,13 @@ impl Header {
     /// names none; a collective that does not reduce carries sum, and its
     /// packets belong to the phases it has.
     fn check_kind(&self, phaseless: bool) -> Result<(), WireError> {
-        // A packet about no op names no element type or reduction (version 6).
-        if phaseless && self.dtype != DType::F32 {
+        // A packet about no op names no element type or reduction (version
+        // 6), nor does an ACK, about several (version 10).
+        let opless = phaseless || self.ty == PacketType::Ack;
+        if opless && self.dtype != DType::F32 {
             return Err(WireError::BadField("dtype"));
         }
-        if phaseless && (self.reduce != ReduceOp::Sum || self.collective != Collective::Allreduce) {
+        if opless && (self.reduce != ReduceOp::Sum || self.collective != Collective::Allreduce) {
             return Err(WireError::BadField("kind"));
         }
         // Version 7: a collective that does not reduce carries sum, and its
@@ -173,7 +176,7 @@ impl Header {
             PacketType::Bitmap => Flags::COMPLETE.0,
             PacketType::Done => Flags::MASK_EMPTY.0 | Flags::FAILED.0,
             PacketType::Grant => Flags::REQUEST.0,
-            PacketType::Probe | PacketType::Hello | PacketType::Goodbye => 0,
+            PacketType::Probe | PacketType::Hello | PacketType::Goodbye | PacketType::Ack => 0,
         };
         if self.flags.0 & !allowed_flags != 0 {
             return Err(WireError::BadFlags(self.flags.0));
@@ -270,6 +273,25 @@ impl Header {
             }
             PacketType::Goodbye => {
                 if len != 0 {
+                    return Err(WireError::BadField("payload_len"));
+                }
+            }
+            PacketType::Ack => {
+                // About several ops of one run, each an all-gather transfer:
+                // no op of its own, entries counted in `chunk_count`.
+                if self.phase != Phase::Gather {
+                    return Err(WireError::BadPhase(self.phase as u8));
+                }
+                if self.op != 0 || self.tensor != 0 {
+                    return Err(WireError::BadField("op"));
+                }
+                if self.chunk_count as usize > MAX_ACKS {
+                    return Err(WireError::BadField("chunk_count"));
+                }
+                if self.chunk_index != 0 || self.required != 0 || self.budget_ppm != 0 || self.seq != 0 {
+                    return Err(WireError::BadField("chunk_index"));
+                }
+                if len != self.chunk_count as usize * ACK_ENTRY_LEN {
                     return Err(WireError::BadField("payload_len"));
                 }
             }

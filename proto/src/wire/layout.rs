@@ -5,8 +5,8 @@
 /// `0xD1C9`, the first two bytes of every dlcp datagram.
 pub const MAGIC: u16 = 0xD1C9;
 /// Wire version this crate speaks.
-pub const VERSION: u8 = 9;
-/// Length of the fixed header (version 9: 84 bytes, the 80 of versions 4–8
+pub const VERSION: u8 = 10;
+/// Length of the fixed header (versions 9 and 10: 84 bytes, the 80 of versions 4–8
 /// and the 4-byte `credit`; GCM pads the last partial block of plaintext).
 pub const HEADER_LEN: usize = 84;
 /// The prefix every version shares (magic, version, type, flags, class,

@@ -73,9 +73,9 @@ use crate::wire::auth::PacketAuth;
 use crate::wire::layout::{HEADER_LEN, TAG_LEN, be32, be64, field};
 
 /// HKDF salt of the packet key schedule (public, fixed per wire version).
-pub const KEY_SALT: &[u8] = b"dlcp wire v9 packet authentication";
+pub const KEY_SALT: &[u8] = b"dlcp wire v10 packet authentication";
 /// Prefix of the HKDF info of a sender's packet key (see the module docs).
-pub const KEY_INFO: &[u8] = b"dlcp v9 aes-128-gmac sender key";
+pub const KEY_INFO: &[u8] = b"dlcp v10 aes-128-gmac sender key";
 
 /// Who sent a datagram: what a packet key is derived for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -26,11 +26,14 @@ pub enum PacketType {
     /// not after the peer timeout. Accepted only from the sender's current,
     /// verified session and only if newer than anything else it sent.
     Goodbye = 7,
+    /// Receiver to owner (version 10): the all-gather transfers of several
+    /// ops it received whole, in one packet ([`crate::wire::AckEntry`]).
+    Ack = 8,
 }
 
 impl PacketType {
     /// Every packet type, in wire-value order.
-    pub const ALL: [PacketType; 7] = [
+    pub const ALL: [PacketType; 8] = [
         PacketType::Data,
         PacketType::Probe,
         PacketType::Bitmap,
@@ -38,6 +41,7 @@ impl PacketType {
         PacketType::Hello,
         PacketType::Grant,
         PacketType::Goodbye,
+        PacketType::Ack,
     ];
 
     /// Parse the wire value.
@@ -50,6 +54,7 @@ impl PacketType {
             5 => PacketType::Hello,
             6 => PacketType::Grant,
             7 => PacketType::Goodbye,
+            8 => PacketType::Ack,
             _ => return Err(WireError::UnknownType(v)),
         })
     }

@@ -50,8 +50,10 @@ use crate::endpoint::tx::{TxItem, TxKind};
 use crate::pool::BufferPool;
 use crate::priority::{ChunkTraits, ClassifierConfig, classify};
 use crate::time::{Duration, Instant};
-use crate::transfer::{Answer, Arrived, Behind, Drained, Fired, Mode, Receiver, Refused, Sender, fill_mask};
-use crate::wire::{self, Flags, Header, PacketType, Phase};
+use crate::transfer::{
+    Answer, Arrived, Behind, Drained, Fired, Mode, Receiver, Refused, Sender, fill_done, fill_mask,
+};
+use crate::wire::{self, AckEntry, Flags, Header, PacketType, Phase};
 
 use accumulate::{Accumulator, Shard};
 pub(crate) use shard::Layout;
@@ -101,6 +103,10 @@ pub(crate) struct Op {
     peer_gen: Vec<Option<u64>>,
     /// The classifier when the op started (a reload changes only new ops).
     classifier: ClassifierConfig,
+    /// Its result went to the caller (wire version 10): what is left is an
+    /// exact all-gather waiting for its receivers' ACKs, sent from the copy
+    /// of this rank's shard in `wire_result` ([`Op::deliver`]).
+    delivered: bool,
 }
 
 /// Which of an op's buffers a DATA payload is sent from.
@@ -187,6 +193,7 @@ impl Op {
             scatter_pass: (0, 0),
             repairing: false,
             gmask: None,
+            delivered: false,
             repairs_sent: 0,
             peer_gen: vec![None; world as usize],
             classifier: sh.cfg.classifier,
@@ -380,13 +387,44 @@ impl Op {
             }
             _ => {}
         }
+        if self.delivered {
+            return self.on_packet_delivered(key, h, payload, now, sh);
+        }
         let handled = match (h.ty, h.phase) {
             (PacketType::Data, _) => self.on_data(now, key, h, payload, sh),
             (PacketType::Probe, _) => self.on_probe(now, key, h, payload, sh),
             (PacketType::Bitmap, _) => self.on_bitmap(now, key, h, payload, sh),
             (PacketType::Done, Phase::Scatter) => self.on_done(now, h, sh),
             (PacketType::Done, _) => self.on_mask(now, h, payload, sh),
-            (PacketType::Hello | PacketType::Grant | PacketType::Goodbye, _) => Err(Refused::Mismatch),
+            (PacketType::Hello | PacketType::Grant | PacketType::Goodbye | PacketType::Ack, _) => {
+                Err(Refused::Mismatch)
+            }
+        };
+        if let Err(r) = handled {
+            refused(sh, r);
+        }
+    }
+
+    /// A packet for this op after its result was delivered, when only its
+    /// all-gather sends that wait for an ACK are left: a receiver's BITMAP
+    /// (a NACK, or a COMPLETE report) is served; a PROBE of a transfer into
+    /// this rank, which closed before the result left, is answered as a
+    /// completed op answers it (scatter: DONE; gather: COMPLETE); the rest
+    /// is a late copy.
+    fn on_packet_delivered(&mut self, key: OpKey, h: &Header, payload: &[u8], now: Instant, sh: &mut Shared) {
+        let (phase, peer) = (h.phase, h.src);
+        let handled = match (h.ty, phase) {
+            (PacketType::Bitmap, Phase::Gather) => self.on_bitmap(now, key, h, payload, sh),
+            (PacketType::Probe, Phase::Scatter) => {
+                sh.tx.push(TxItem { op: key, phase, peer, kind: TxKind::Done { seg: 0 } });
+                Ok(())
+            }
+            (PacketType::Probe, _) => {
+                let kind = TxKind::Complete { n: h.chunk_count, seq: h.seq };
+                sh.tx.push(TxItem { op: key, phase, peer, kind });
+                Ok(())
+            }
+            _ => Err(Refused::Late),
         };
         if let Err(r) = handled {
             refused(sh, r);
@@ -449,17 +487,22 @@ impl Op {
             Arrived::Complete => match r.close_complete(now) {
                 None => sh.tx.push_bitmaps(key, phase, peer, 1),
                 Some(closed) => {
-                    // Exact: the report is all the owner waits for, and the
-                    // only packet this transfer sends back — written without
-                    // the op, which may complete before it leaves. In two
-                    // copies on a lossy network, like a PROBE, so that one
-                    // loss costs no timeout (on a clean one a lost report
-                    // costs the owner's PROBE; two copies from every receiver
-                    // at once overflowed owners' queues at 256 ranks).
-                    let kind = TxKind::Complete { n: r.n(), seq: h.seq };
-                    sh.tx.push(TxItem { op: key, phase, peer, kind });
+                    // Exact: the owner waits only to hear that this rank has
+                    // its shard. On a clean network that goes in one ACK per
+                    // owner for every op completed within the ACK delay
+                    // (wire version 10, `endpoint::acks`), written without
+                    // the op, which may complete before it leaves. On a lossy
+                    // one the owner PROBEs right after its LAST DATA, so the
+                    // report goes at once, as the COMPLETE bitmap of version
+                    // 8, in two copies like a PROBE: one loss costs no timeout
+                    // (two copies from every receiver at once overflowed
+                    // owners' queues at 256 ranks, so not on a clean one).
                     if sh.loss.lossy() {
+                        let kind = TxKind::Complete { n: r.n(), seq: h.seq };
                         sh.tx.push(TxItem { op: key, phase, peer, kind });
+                        sh.tx.push(TxItem { op: key, phase, peer, kind });
+                    } else if sh.acks.add(peer, key.id(), h.seq, now) {
+                        sh.tx.push(TxItem { op: key, phase, peer, kind: TxKind::Ack });
                     }
                     if let Some(took) = closed.took {
                         sh.deadlines[1].observe(took, r.n());
@@ -528,6 +571,53 @@ impl Op {
         payload: &[u8],
         sh: &mut Shared,
     ) -> Handled {
+        self.heard_bitmap(now, key, h, payload, Duration::ZERO, sh)
+    }
+
+    /// An ACK entry from `src` (wire version 10): it holds every chunk of
+    /// this rank's exact all-gather, as a COMPLETE bitmap would say, sent
+    /// `held` after the DATA it echoes arrived. False if that was known.
+    pub(crate) fn on_ack(
+        &mut self,
+        now: Instant,
+        key: OpKey,
+        src: u32,
+        e: AckEntry,
+        sh: &mut Shared,
+    ) -> bool {
+        if !self.exact_gather(sh) {
+            return false;
+        }
+        let Some(st) = self.transfers.sender(Phase::Gather, src) else { return false };
+        if st.is_done() || st.receiver_complete() {
+            return false;
+        }
+        let mut h = sh.header(PacketType::Bitmap, Class::CONTROL, Phase::Gather, key.id(), sh.me());
+        (h.src, h.flags, h.chunk_count, h.seq) = (src, Flags::COMPLETE, st.n(), e.echo);
+        let held = Duration::from_micros(e.held_us.into());
+        self.heard_bitmap(now, key, &h, &[], held, sh).is_ok()
+    }
+
+    /// A delivered op's receiver `peer` failed the op: it will not
+    /// acknowledge this rank's all-gather, which no longer waits for it.
+    pub(crate) fn unawaited(&mut self, key: OpKey, peer: u32, sh: &mut Shared) {
+        if let Some(st) = self.transfers.sender_mut(Phase::Gather, peer) {
+            st.finish();
+            self.decide_gather(key, sh);
+        }
+    }
+
+    /// A BITMAP, or (`held` > 0) an ACK entry read as a COMPLETE one: the
+    /// round-trip sample it gives excludes the time it was held.
+    fn heard_bitmap(
+        &mut self,
+        now: Instant,
+        key: OpKey,
+        h: &Header,
+        payload: &[u8],
+        held: Duration,
+        sh: &mut Shared,
+    ) -> Handled {
         let (phase, peer) = (h.phase, h.src);
         let exact = self.exact_gather(sh);
         let st = self.transfers.sender_mut(phase, peer).ok_or(Refused::Mismatch)?;
@@ -547,7 +637,7 @@ impl Op {
         let seg_bytes = sh.seg_bytes();
         let heard = st.on_bitmap(h, payload, now, seg_bytes, &mut |p, ok| sh.judge_path(peer, p, ok, now));
         if let Some(rtt) = heard.rtt {
-            sh.rtt.observe(rtt);
+            sh.rtt.observe(rtt.saturating_sub(held));
         }
         if heard.news {
             self.last_progress = now;
@@ -631,13 +721,63 @@ impl Op {
     /// Whether the op is over: reduced, its mask agreed and every gather
     /// transfer closed.
     pub(crate) fn is_complete(&self) -> bool {
+        self.gmask.is_some() && self.is_received()
+    }
+
+    /// Whether the op's result is final: complete, or (`exact`: an exact
+    /// all-gather, whose owner waits only for its receivers' ACKs) its
+    /// receives done. The owner delivers then ([`Op::deliver`]).
+    pub(crate) fn is_deliverable(&self, exact: bool) -> bool {
+        !self.delivered && (self.gmask.is_some() || exact) && self.is_received()
+    }
+
+    /// Reduced, every gather receive closed, every scatter send known to
+    /// have arrived.
+    fn is_received(&self) -> bool {
         // In an allreduce, an owner's all-gather says it has this rank's
         // contribution. Without one (reduce-scatter, barrier), or where this
         // rank's all-gather does not wait for its scatter (a broadcast's
         // root), only the owners' DONEs say so.
         let sent = self.opts.collective == Collective::Allreduce
             || self.transfers.senders(Phase::Scatter).all(|(_, st)| st.is_done());
-        self.reduced && self.gmask.is_some() && !self.transfers.any_open(Phase::Gather) && sent
+        self.reduced && !self.transfers.any_open(Phase::Gather) && sent
+    }
+
+    /// Chunks of this rank's shard.
+    pub(crate) fn own_chunks(&self, me: u32) -> u32 {
+        self.layout.chunks(me)
+    }
+
+    /// The agreed mask of this rank's shard (empty for an exact all-gather,
+    /// which has none).
+    pub(crate) fn own_mask(&self, me: u32) -> Bitmap {
+        self.gmask.clone().unwrap_or_else(|| Bitmap::new(self.layout.chunks(me)))
+    }
+
+    /// Whether the result went to the caller already.
+    pub(crate) fn is_delivered(&self) -> bool {
+        self.delivered
+    }
+
+    /// Hand the result to the caller before the owner's all-gather is
+    /// acknowledged (wire version 10): copy this rank's shard to where the
+    /// all-gather's repairs are sent from (f16/bf16 ops have it there
+    /// already), and give the input and staging buffers back to `pool` — the
+    /// caller's next op wants them now, not an ACK delay later.
+    pub(crate) fn deliver(&mut self, now: Instant, me: u32, pool: &mut BufferPool) -> Vec<f32> {
+        if self.opts.dtype == DType::F32 {
+            let own = &self.result[self.layout.shard(me)];
+            self.wire_result.clear();
+            self.wire_result.extend_from_slice(bytemuck::cast_slice(own));
+        }
+        self.delivered = true;
+        self.last_progress = now;
+        pool.put(now, std::mem::take(&mut self.input));
+        for buf in self.transfers.trim_delivered() {
+            pool.put(now, buf);
+        }
+        self.classes = Vec::new();
+        std::mem::take(&mut self.result)
     }
 
     /// When the op fails unless it learns something first.
@@ -673,15 +813,11 @@ impl Op {
             scatter,
             gather,
             own_chunks: self.layout.chunks(me),
-            own_mask: self.gmask.take().unwrap_or_else(|| Bitmap::new(0)),
+            // An op delivered before its ACKs is exact: its mask is empty.
+            own_mask: self.own_mask(me),
             repairs_sent: self.repairs_sent,
             deadline_fired,
         }
-    }
-
-    /// Take the result out.
-    pub(crate) fn take_result(&mut self) -> Vec<f32> {
-        std::mem::take(&mut self.result)
     }
 
     /// The op's buffers, for the pool: input, result, scatter receive buffers.
@@ -819,7 +955,9 @@ impl Op {
         let size = self.opts.dtype.size();
         let (wire, base) = match (self.opts.dtype, b) {
             (DType::F32, Buffer::Input) => return bytemuck::cast_slice(&self.input[start..start + len]),
-            (DType::F32, Buffer::Result) => return bytemuck::cast_slice(&self.result[start..start + len]),
+            (DType::F32, Buffer::Result) if !self.delivered => {
+                return bytemuck::cast_slice(&self.result[start..start + len]);
+            }
             (_, Buffer::Input) => (&self.wire_input, 0),
             (_, Buffer::Result) => (&self.wire_result, self.own_start),
         };
@@ -841,7 +979,19 @@ impl Op {
         if phase == Phase::Scatter {
             self.scatter_pass.1 = (self.scatter_pass.1 + 1).min(self.scatter_pass.0);
         }
-        let ack = self.ack_wait(now, phase, retry.deadline_cap());
+        // How long the receiver's answer to the LAST DATA may take beyond a
+        // round trip: the owner's all-gather (reduce-scatter), the ACK delay
+        // (exact all-gather), nothing (a gather whose mask is agreed).
+        let ack = match phase {
+            // The receiver's last chunk from this rank may wait in its port
+            // behind the other owners' all-gathers: allow as long again as
+            // the op took so far, as for reduce-scatter.
+            Phase::Gather if self.exact_gather(sh) => {
+                sh.cfg.timers.ack_delay + (now - self.started).min(retry.deadline_cap())
+            }
+            Phase::Gather => Duration::ZERO,
+            _ => self.ack_wait(now, phase, retry.deadline_cap()),
+        };
         let st = self.transfers.sender_mut(phase, peer)?;
         let drained = st.dequeued(now, &retry, ack, sh.loss.lossy());
         if phase == Phase::Scatter
@@ -878,6 +1028,12 @@ impl Op {
         seg_bytes: usize,
     ) -> Option<()> {
         match phase {
+            // Delivered (its receivers gone): it closed every one; `h.src`
+            // is this rank, whose shard's chunks the DONE names.
+            Phase::Scatter if self.delivered => {
+                fill_done(h, self.layout.chunks(h.src), 0);
+                Some(())
+            }
             Phase::Scatter => {
                 self.transfers.receiver(Phase::Scatter, peer)?.fill_done(h);
                 Some(())

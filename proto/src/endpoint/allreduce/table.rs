@@ -160,6 +160,26 @@ impl Transfers {
         rs.filter_map(|(j, r)| Some(r.as_ref()?.report(j as u32, phase))).collect()
     }
 
+    /// The op is delivered (wire version 10): only its all-gather sends
+    /// that wait for an ACK are left to serve. The rest goes — receive
+    /// transfers (their reduce-scatter buffers returned, for the pool),
+    /// reduce-scatter sends (every one acknowledged), acknowledged gather
+    /// sends — so that the ops waiting for ACKs cost a few bytes per peer,
+    /// not a whole op's state.
+    pub(crate) fn trim_delivered(&mut self) -> Vec<Vec<f32>> {
+        let bufs = self.recvs[0].iter_mut().flatten().map(Receiver::take_buf).filter(|b| b.capacity() > 0);
+        let bufs = bufs.collect();
+        self.recvs = [Vec::new(), Vec::new()];
+        self.sends[0] = Vec::new();
+        let gather = &mut self.sends[1];
+        for st in gather.iter_mut() {
+            if st.as_ref().is_some_and(Sender::is_done) {
+                *st = None;
+            }
+        }
+        bufs
+    }
+
     /// The reduce-scatter receive buffers, for the pool.
     pub(crate) fn into_buffers(self) -> impl Iterator<Item = Vec<f32>> {
         let [scatter, _] = self.recvs;

@@ -14,6 +14,8 @@
 //! and keeps a copy of its shard until the ACKs arrive, probing for a
 //! missing one only after `ack_delay` plus a probe timeout.
 
+use std::collections::VecDeque;
+
 use crate::endpoint::api::OpId;
 use crate::time::{Duration, Instant};
 use crate::wire::{AckEntry, MAX_ACKS};
@@ -30,8 +32,9 @@ struct Pending {
 #[derive(Debug, Default)]
 pub(crate) struct Acks {
     pending: Vec<Vec<Pending>>,
-    /// Owners with pending entries (each once).
-    owners: Vec<u32>,
+    /// Owners with pending entries (each once), in the order their oldest
+    /// entry arrived.
+    owners: VecDeque<u32>,
     /// Per owner: an ACK is queued to it (not written yet), so its entries
     /// are not due again.
     queued: Vec<bool>,
@@ -41,7 +44,11 @@ impl Acks {
     /// For `world` ranks.
     pub(crate) fn new(world: u32) -> Acks {
         let n = world as usize;
-        Acks { pending: (0..n).map(|_| Vec::new()).collect(), owners: Vec::new(), queued: vec![false; n] }
+        Acks {
+            pending: (0..n).map(|_| Vec::new()).collect(),
+            owners: VecDeque::new(),
+            queued: vec![false; n],
+        }
     }
 
     /// The all-gather of op `id` from `owner` arrived whole at `now`, its
@@ -51,7 +58,7 @@ impl Acks {
         let o = owner as usize;
         let Some(p) = self.pending.get_mut(o) else { return false };
         if p.is_empty() {
-            self.owners.push(owner);
+            self.owners.push_back(owner);
         }
         p.push(Pending { id, echo, at: now });
         let full = p.len() >= MAX_ACKS && !self.queued[o];
@@ -60,24 +67,30 @@ impl Acks {
     }
 
     /// When the oldest entry not already queued is due (`ack_delay` after
-    /// it arrived).
+    /// it arrived). Owners are kept in the order their oldest entry arrived,
+    /// so this is the first owner without a queued ACK: O(1) but for the
+    /// queued ones, which leave as their ACKs are written.
     pub(crate) fn next_due(&self, ack_delay: Duration) -> Option<Instant> {
-        let waiting = self.owners.iter().filter(|&&o| !self.queued[o as usize]);
-        waiting.filter_map(|&o| self.pending[o as usize].first()).map(|p| p.at + ack_delay).min()
+        let mut waiting = self.owners.iter().filter(|&&o| !self.queued[o as usize]);
+        waiting.next().and_then(|&o| self.pending[o as usize].first()).map(|p| p.at + ack_delay)
     }
 
     /// Owners with an entry due by `now` (every owner with entries, if
     /// `all`) and no ACK queued: the caller queues one to each, and they
-    /// count as queued until it is written ([`Acks::take`]).
+    /// count as queued until it is written ([`Acks::take`]). The scan stops
+    /// at the first owner not due (they are in order of their oldest entry).
     pub(crate) fn due(&mut self, now: Instant, ack_delay: Duration, all: bool) -> Vec<u32> {
         let (pending, queued) = (&self.pending, &mut self.queued);
         let mut out = Vec::new();
         for &o in &self.owners {
-            let due = all || pending[o as usize].first().is_some_and(|p| p.at + ack_delay <= now);
-            if due && !queued[o as usize] {
-                queued[o as usize] = true;
-                out.push(o);
+            if queued[o as usize] {
+                continue;
             }
+            if !all && pending[o as usize].first().is_none_or(|p| p.at + ack_delay > now) {
+                break;
+            }
+            queued[o as usize] = true;
+            out.push(o);
         }
         out
     }
@@ -105,8 +118,17 @@ impl Acks {
             out.push(AckEntry { op: e.id.seq, tensor: e.id.tensor, echo: e.echo, held_us });
             false
         });
-        if p.is_empty() {
+        // Keep the owners in the order of their oldest entry: one with
+        // entries left (another run's, or past `max`) goes to the back.
+        // ACKs are written in the order they were queued, so this owner is
+        // usually the first: O(1).
+        if self.owners.front() == Some(&owner) {
+            self.owners.pop_front();
+        } else {
             self.owners.retain(|&o| o != owner);
+        }
+        if !p.is_empty() {
+            self.owners.push_back(owner);
         }
         Some((run, out))
     }

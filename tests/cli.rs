@@ -282,7 +282,8 @@ fn simulate_at_64_ranks_has_no_slow_iterations_on_a_clean_network() {
 }
 
 /// 64 ranks × 1 MB on a clean network, the default configuration: control
-/// is at most 5% of the packets (issue 16), and a GRANT packet is rare,
+/// is at most 5% of the packets (issue 16), the all-gather is acknowledged
+/// by one ACK per owner for both ops (wire v10), and a GRANT packet is rare,
 /// because while DATA of a receiver's own for that sender is queued and
 /// sendable (it carries the credit) the receiver grants only when the
 /// sender is down to a quarter of its window. Before this test it granted
@@ -308,6 +309,18 @@ fn simulate_at_64_ranks_keeps_control_under_five_percent_with_credit_on_data() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("unparsable: {per_peer}"));
     assert!(grants <= 0.1, "{grants} GRANTs per peer and op: {per_peer}");
+    // Wire v10: no COMPLETE report per op; one ACK per owner covers both
+    // iterations (they take ~4 ms, the ACK delay is 25 ms).
+    let field = |name: &str| -> f64 {
+        per_peer
+            .split(&format!("{name} "))
+            .nth(1)
+            .and_then(|r| r.split([',', ')']).next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {per_peer}"))
+    };
+    assert_eq!(field("bitmap"), 0.0, "{per_peer}");
+    assert!((field("ack") - 0.5).abs() < 0.01, "one ACK per peer for two ops: {per_peer}");
 }
 
 /// 256 ranks × 256 KB on a clean network (one chunk per transfer, as at

@@ -16,9 +16,11 @@
 
 use std::collections::VecDeque;
 
-use crate::endpoint::api::OpId;
+use crate::endpoint::Endpoint;
+use crate::endpoint::api::{OpId, OpKey};
+use crate::endpoint::tx::{TxItem, TxKind};
 use crate::time::{Duration, Instant};
-use crate::wire::{AckEntry, MAX_ACKS};
+use crate::wire::{self, AckEntry, Header, MAX_ACKS, Phase};
 
 /// One completed transfer waiting to be acknowledged.
 #[derive(Debug, Clone, Copy)]
@@ -151,6 +153,39 @@ impl Acks {
     pub(crate) fn bytes(&self) -> usize {
         self.pending.iter().map(|p| p.capacity() * size_of::<Pending>()).sum::<usize>()
             + self.pending.capacity() * size_of::<Vec<Pending>>()
+    }
+}
+
+impl Endpoint {
+    /// Queue an ACK to every owner whose oldest acknowledgement is due (to
+    /// all that have one, if `all`).
+    pub(super) fn flush_acks(&mut self, now: Instant, all: bool) {
+        for owner in self.sh.acks.due(now, self.sh.cfg.timers.ack_delay, all) {
+            // One item takes up to a packet's worth; queue as many as needed.
+            let n = self.sh.acks.packets(owner, self.sh.seg_bytes() / wire::ACK_ENTRY_LEN);
+            for _ in 0..n {
+                let op = OpKey::outside(OpId { run: 0, seq: 0, tensor: 0 });
+                self.sh.tx.push(TxItem { op, phase: Phase::Gather, peer: owner, kind: TxKind::Ack });
+            }
+        }
+    }
+
+    /// An ACK from `h.src`: the all-gathers of these ops arrived there whole.
+    pub(super) fn on_ack(&mut self, now: Instant, h: &Header, payload: &[u8]) {
+        let Some(run) = self.sh.runs.epoch_of(h.run) else {
+            self.sh.stats.rejected.other_run += 1;
+            return;
+        };
+        for e in wire::parse_acks(payload) {
+            let id = OpId { run, seq: e.op, tensor: e.tensor };
+            let Some(slot) = self.ops.slot(&id) else { continue };
+            let key = OpKey::new(id, slot);
+            let Some(op) = self.ops.at_mut(slot, &id) else { continue };
+            if op.on_ack(now, key, h.src, e, &mut self.sh) {
+                self.sh.stats.acks_received += 1;
+            }
+            self.check_complete(id);
+        }
     }
 }
 

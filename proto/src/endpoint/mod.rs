@@ -100,6 +100,7 @@ pub(crate) mod batch;
 mod control;
 mod credit;
 mod digest;
+mod ending;
 mod failure;
 mod held;
 pub(crate) mod history;
@@ -123,7 +124,7 @@ pub use tx::Transmit;
 use allreduce::{Layout, Op, Side};
 use api::OpKey;
 use held::{Held, HeldOp};
-use history::{Early, Failed, History, Linger};
+use history::{Early, History};
 use membership::Peers;
 use optable::OpTable;
 use shared::Shared;
@@ -624,50 +625,6 @@ impl Endpoint {
         self.sh.flow.note_early(src);
     }
 
-    /// Deliver op `id`'s result once it is final, and retire the op once
-    /// nothing more is owed for it: an exact all-gather's owner delivers as
-    /// soon as its own receives are done and retires the op when every
-    /// receiver's ACK arrived (wire version 10, [`acks`]).
-    fn check_complete(&mut self, id: OpId) {
-        let Some(op) = self.ops.get_mut(&id) else { return };
-        let me = self.sh.me();
-        if op.is_deliverable(op.exact_gather(&self.sh)) {
-            let now = self.now;
-            let report = op.report(id, now, me);
-            let result = op.deliver(now, me, &mut self.pool);
-            self.sh.stats.ops_completed += 1;
-            self.events.push_back(Event::OpComplete { id, result, report: Box::new(report) });
-        }
-        if self.ops.get(&id).is_some_and(Op::is_complete) {
-            self.retire(id);
-        }
-    }
-
-    /// Op `id` is over here: it lingers (answers late PROBEs and BITMAPs)
-    /// and its buffers go back to the pool.
-    fn retire(&mut self, id: OpId) {
-        let Some(op) = self.ops.remove(&id) else { return };
-        let now = self.now;
-        let me = self.sh.me();
-        let exact = op.exact_gather(&self.sh);
-        let linger = Linger {
-            until: now + self.sh.cfg.timers.linger,
-            own_chunks: op.own_chunks(me),
-            mask: op.own_mask(me),
-            kind: op.kind(),
-            exact,
-        };
-        self.history.completed(now, id, linger);
-        self.release(op);
-    }
-
-    /// Returns a finished op's input and receive buffers to the pool.
-    fn release(&mut self, op: Op) {
-        for buf in op.into_buffers() {
-            self.pool.put(self.now, buf);
-        }
-    }
-
     /// A buffer of `len` elements with unspecified contents, from the pool of
     /// finished ops' buffers when one fits (see [`crate::pool`]): for a caller
     /// that overwrites all of it, e.g. with the next op's input.
@@ -684,26 +641,6 @@ impl Endpoint {
     /// The buffer pool (for counters and tests).
     pub fn pool(&self) -> &BufferPool {
         &self.pool
-    }
-
-    fn fail(&mut self, id: OpId, error: OpError) {
-        if self.ops.get(&id).is_some_and(Op::is_delivered) {
-            // Its result is out: a receiver that never acknowledged the
-            // all-gather (it left, or failed the op) changes nothing here.
-            self.sh.stats.unacknowledged += 1;
-            let _ = error;
-            return self.retire(id);
-        }
-        if let Some(op) = self.ops.remove(&id) {
-            let kind = op.kind();
-            self.release(op);
-            self.sh.stats.ops_failed += 1;
-            let until = self.now + self.sh.cfg.timers.linger;
-            let mut failed = Failed::new(until, error.fail_reason());
-            failed.kind = kind;
-            self.history.failed(self.now, id, failed);
-            self.events.push_back(Event::OpFailed { id, error });
-        }
     }
 
     /// Process timers that expired at or before `now`.
@@ -748,37 +685,6 @@ impl Endpoint {
         self.flow_timeouts(now);
         self.prune_timers();
         self.adapt_rate(now);
-    }
-
-    /// Queue an ACK to every owner whose oldest acknowledgement is due (to
-    /// all that have one, if `all`).
-    fn flush_acks(&mut self, now: Instant, all: bool) {
-        for owner in self.sh.acks.due(now, self.sh.cfg.timers.ack_delay, all) {
-            // One item takes up to a packet's worth; queue as many as needed.
-            let n = self.sh.acks.packets(owner, self.sh.seg_bytes() / wire::ACK_ENTRY_LEN);
-            for _ in 0..n {
-                let op = OpKey::outside(OpId { run: 0, seq: 0, tensor: 0 });
-                self.sh.tx.push(TxItem { op, phase: Phase::Gather, peer: owner, kind: TxKind::Ack });
-            }
-        }
-    }
-
-    /// An ACK from `h.src`: the all-gathers of these ops arrived there whole.
-    fn on_ack(&mut self, now: Instant, h: &Header, payload: &[u8]) {
-        let Some(run) = self.sh.runs.epoch_of(h.run) else {
-            self.sh.stats.rejected.other_run += 1;
-            return;
-        };
-        for e in wire::parse_acks(payload) {
-            let id = OpId { run, seq: e.op, tensor: e.tensor };
-            let Some(slot) = self.ops.slot(&id) else { continue };
-            let key = OpKey::new(id, slot);
-            let Some(op) = self.ops.at_mut(slot, &id) else { continue };
-            if op.on_ack(now, key, h.src, e, &mut self.sh) {
-                self.sh.stats.acks_received += 1;
-            }
-            self.check_complete(id);
-        }
     }
 
     /// Serve the due timers of op `id` (`keys`: its transfers with a live

@@ -212,3 +212,76 @@ fn a_rank_that_starts_late_gets_one_unscheduled_window_per_sender_in_its_early_b
         world - 1
     );
 }
+
+/// A rank holds its peers' all-gathers back until it reduced, but the one
+/// datagram its credit allows beyond what it asked for is the whole
+/// all-gather when a shard is one chunk (1,024 ranks, 1 MB; here 256 ranks
+/// and a 256-chunk tensor). Such an all-gather goes at the op's lowest
+/// reduce-scatter class, so at no switch port does an all-gather datagram
+/// overtake a reduce-scatter datagram queued before it: the last
+/// contributions a rank waits for are not starved behind every early
+/// owner's all-gather. (With the all-gather at its own class this run saw
+/// 187 such overtakes, and none at 64 or 128 ranks; `dlcpd simulate` at
+/// 1,024 ranks and 1 MB took 2.43 ms per op against 1.88.)
+#[test]
+fn an_all_gather_never_overtakes_the_reduce_scatter_of_a_rank_that_has_not_reduced() {
+    use dlcp_proto::sim::TraceEvent;
+    use dlcp_proto::wire::{Packet, PacketType};
+    use std::cell::RefCell;
+    use std::collections::{BTreeSet, HashMap};
+    use std::rc::Rc;
+
+    #[derive(Default)]
+    struct Ports {
+        /// Per (src, packet number): the port's arrival sequence number.
+        arrival: HashMap<(u32, u64), u64>,
+        /// Per port: arrival numbers of reduce-scatter DATA not yet delivered.
+        scatter_queued: HashMap<u32, BTreeSet<u64>>,
+        next: u64,
+        overtakes: u64,
+        gathers: u64,
+    }
+    let world = 256;
+    let mut c = cluster(world, FlowConfig::default(), NetConfig::default().with_seed(9));
+    let ports = Rc::new(RefCell::new(Ports::default()));
+    let p2 = Rc::clone(&ports);
+    c.sim.set_trace(Some(Box::new(move |t| {
+        let Ok(p) = Packet::new_checked(t.datagram) else { return };
+        if p.raw_type() != PacketType::Data as u8 {
+            return;
+        }
+        let mut s = p2.borrow_mut();
+        let id = (t.src, p.packet());
+        let scatter = p.raw_phase() == 1;
+        match t.event {
+            TraceEvent::Enqueued => {
+                s.next += 1;
+                let n = s.next;
+                s.arrival.insert(id, n);
+                if scatter {
+                    s.scatter_queued.entry(t.dst).or_default().insert(n);
+                }
+            }
+            TraceEvent::Delivered => {
+                let Some(n) = s.arrival.remove(&id) else { return };
+                let q = s.scatter_queued.entry(t.dst).or_default();
+                if scatter {
+                    q.remove(&n);
+                } else {
+                    let overtook = q.first().is_some_and(|&first| first < n);
+                    s.gathers += 1;
+                    s.overtakes += u64::from(overtook);
+                }
+            }
+            _ => {}
+        }
+    })));
+    let x = inputs(11, world, world as usize * CHUNK_ELEMS);
+    let res = all_ok(c.allreduce(OpId { run: 1, seq: 1, tensor: 1 }, &x, opts(0), SECOND * 5));
+    let want = bits(&reference_sum(&x));
+    assert!(res.iter().all(|(v, _)| bits(v) == want), "not bit-exact");
+    let s = ports.borrow();
+    eprintln!("{} all-gather datagrams delivered, {} overtook reduce-scatter DATA", s.gathers, s.overtakes);
+    assert!(s.gathers >= u64::from(world * (world - 1)), "the trace missed all-gather DATA");
+    assert_eq!(s.overtakes, 0, "all-gather DATA overtook reduce-scatter DATA at a switch port");
+}

@@ -2,7 +2,7 @@
 //! packets and protocol state per rank must grow at most linearly with the
 //! number of peers (one transfer per peer and phase), not faster, and on a
 //! clean network control stays near one packet per peer per op (wire
-//! version 8). Runs the real endpoints on the deterministic simulator at 16
+//! version 10: one ACK per peer for this one op). Runs the real endpoints on the deterministic simulator at 16
 //! and 64 ranks.
 
 use std::cell::RefCell;
@@ -29,13 +29,13 @@ fn run(world: u32) -> (f64, f64, usize) {
         })
         .collect();
     let mut sim = Sim::new(NetConfig::default().with_seed(7), nodes);
-    let sent = Rc::new(RefCell::new([0u64; 7]));
+    let sent = Rc::new(RefCell::new([0u64; 9]));
     let s2 = Rc::clone(&sent);
     sim.set_trace(Some(Box::new(move |t| {
         if t.event == TraceEvent::Sent
             && let Ok(p) = Packet::new_checked(t.datagram)
         {
-            s2.borrow_mut()[usize::from(p.raw_type()).min(6)] += 1;
+            s2.borrow_mut()[usize::from(p.raw_type()).min(8)] += 1;
         }
     })));
     let mut rng = Rng::new(u64::from(world));
@@ -51,7 +51,7 @@ fn run(world: u32) -> (f64, f64, usize) {
         (0..world).all(|r| s.node(r).run().is_some_and(|(_, id)| id != 0))
     });
     assert!(agreed, "{world} ranks did not agree on a run");
-    *sent.borrow_mut() = [0; 7];
+    *sent.borrow_mut() = [0; 9];
     let now = sim.now();
     for r in 0..world {
         sim.node_mut(r).start_allreduce(now, id, inputs[r as usize].clone(), o).unwrap();
@@ -66,6 +66,12 @@ fn run(world: u32) -> (f64, f64, usize) {
         (0..world).all(|r| s.node(r).ops_in_flight() == 0)
     });
     assert!(finished, "{world} ranks: the op did not finish within 5 s of virtual time");
+    // Results are delivered before the receivers' ACKs (wire version 10,
+    // sent up to the ACK delay later): count those too.
+    let acked = sim.run_until(sim.now() + Duration::from_secs(1), |s| {
+        (0..world).all(|r| s.node(r).ops_unacknowledged() == 0)
+    });
+    assert!(acked, "{world} ranks: the op's ACKs did not all arrive within 1 s of virtual time");
     let mut results = Vec::new();
     for r in 0..world {
         match sim.node_mut(r).poll_event_matching_op() {
@@ -113,12 +119,13 @@ fn per_rank_packets_and_state_grow_at_most_linearly_in_peers() {
         per_peer(c16, 16),
         per_peer(c64, 64)
     );
-    // Wire version 8 on a clean network: a transfer ends on its LAST DATA,
+    // Wire version 10 on a clean network: a transfer ends on its LAST DATA,
     // the owner's all-gather acknowledges the reduce-scatter, and an exact
-    // all-gather ends in one COMPLETE report per receiver — one control
-    // packet per peer per op (no PROBE, no DONE; this tensor fits the flow
-    // control window, so no GRANT). Version 7 sent about ten (two PROBE
-    // copies and a DONE or BITMAP per transfer, the mask DONE).
+    // all-gather ends in one ACK per receiver and owner for every op of the
+    // ACK delay — one control packet per peer for this one op (no PROBE, no
+    // DONE, no BITMAP; this tensor fits the flow control window, so few
+    // GRANTs). Version 7 sent about ten (two PROBE copies and a DONE or
+    // BITMAP per transfer, the mask DONE).
     for (c, d, w) in [(c16, d16, 16), (c64, d64, 64)] {
         let share = c / (c + d);
         eprintln!("{w} ranks: control {:.1}% of packets", share * 100.0);

@@ -242,7 +242,7 @@ impl Endpoint {
 /// 64 ranks, 1.75 instead of 2.53 at 16, 1.72 instead of 2.37 at 8, but 1.52
 /// instead of 1.38 at 4, where three owners' all-gathers are the whole of
 /// a port's traffic and holding them idles it.
-const HOLD_MIN_WORLD: u32 = 8;
+pub(crate) const HOLD_MIN_WORLD: u32 = 8;
 
 /// A queued GRANT (or credit request) to `peer`.
 fn grant_item(peer: u32, request: bool) -> TxItem {

@@ -866,7 +866,7 @@ impl Endpoint {
             return false;
         }
         let len = h.packet_len();
-        batch.push_data(batch::To { dst: item.peer, class, path }, &header, item.op, buffer, range);
+        batch.push_data(batch::To { dst: item.peer, class: h.class, path }, &header, item.op, buffer, range);
         if repair {
             self.sh.stats.count_repair_sent(item.peer, class, len);
         }

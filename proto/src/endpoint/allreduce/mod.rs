@@ -34,6 +34,7 @@
 //! other's packets (`op_kind_mismatch`) and the op fails by the hard timeout.
 
 pub(crate) mod accumulate;
+mod classes;
 mod delivery;
 mod gather;
 mod order;
@@ -49,7 +50,7 @@ use crate::endpoint::api::{Collective, DType, OpKey, OpKind, OpOptions};
 use crate::endpoint::shared::Shared;
 use crate::endpoint::tx::{TxItem, TxKind};
 use crate::pool::BufferPool;
-use crate::priority::{ChunkTraits, ClassifierConfig, classify};
+use crate::priority::ClassifierConfig;
 use crate::time::{Duration, Instant};
 use crate::transfer::{
     Answer, Arrived, Behind, Drained, Fired, Mode, Receiver, Refused, Sender, fill_done, fill_mask,
@@ -281,24 +282,6 @@ impl Op {
             self.acc.start(shard, self.transfers.receivers(Phase::Scatter), out);
         }
         self.first_pass(key, Phase::Scatter, sh);
-    }
-
-    fn classify(&self, phase: Phase, magnitude_rank: u32, chunks: u32) -> Class {
-        let (layer, layers) = (self.opts.layer, self.opts.layers);
-        classify(&self.classifier, &ChunkTraits { phase, layer, layers, magnitude_rank, chunks })
-    }
-
-    /// Chunks of a class that is not droppable.
-    fn required(&self, classes: &[Class]) -> u32 {
-        classes.iter().filter(|&&c| !self.classifier.droppable.contains(c)).count() as u32
-    }
-
-    /// The class of `chunk` in the transfer with `peer` in `phase`.
-    fn class_of(&self, phase: Phase, peer: u32, chunk: u32) -> Class {
-        match phase {
-            Phase::Gather => self.gclasses[chunk as usize],
-            _ => self.classes[peer as usize][chunk as usize],
-        }
     }
 
     /// Reduce this rank's shard once every reduce-scatter transfer closed,
@@ -788,39 +771,6 @@ impl Op {
         Some((h, buffer, cr, path))
     }
 
-    /// The class DATA of `class` to `peer` in `phase` goes at on the wire.
-    /// An all-gather to a peer that may not have reduced yet (nothing of
-    /// its own all-gather had arrived here when the first chunk left) goes,
-    /// all of it, at this op's lowest reduce-scatter class. That peer holds
-    /// the owners' all-gathers back until it reduced ([`crate::flow`]), but
-    /// the one datagram its credit allows beyond what it asked for (so that
-    /// credit can come back on DATA) is a third of the all-gather at 256
-    /// ranks and all of it at 1,024 (1 MB): hundreds of owners' of them at
-    /// an all-gather class, which outranks reduce-scatter at the switch,
-    /// starved the last reduce-scatter chunks it waited for (`dlcpd
-    /// simulate`, 1 MB, clean: 1,024 ranks 2.43 → 1.88 ms per op, 256 ranks
-    /// 2.01 → 1.82). All of the transfer, so that its chunks keep their
-    /// order; the op's own lowest class rather than the band's, so that it
-    /// still outranks later layers' reduce-scatter. Whether a chunk is
-    /// REQUIRED still follows its own class.
-    fn network_class(&mut self, phase: Phase, peer: u32, class: Class, sh: &Shared) -> Class {
-        if phase != Phase::Gather {
-            return class;
-        }
-        if !self.gather_low.get(peer) {
-            let c = self.opts.collective;
-            let may_hold = c.scatters()
-                && c.gathers()
-                && sh.cfg.world >= crate::endpoint::credit::HOLD_MIN_WORLD
-                && self.transfers.receiver(Phase::Gather, peer).is_some_and(|r| r.got().count_ones() == 0);
-            if !may_hold {
-                return class;
-            }
-            self.gather_low.set(peer);
-        }
-        self.scatter_low.unwrap_or(class)
-    }
-
     /// The LAST DATA of the transfer to `peer` in `phase` went out at `now`
     /// as data sequence number `dseq` (for round-trip samples).
     pub(crate) fn last_sent_as(&mut self, phase: Phase, peer: u32, dseq: u32, now: Instant) {
@@ -933,7 +883,8 @@ impl Op {
             + self.gclasses.capacity()
             + self.peer_gen.capacity() * size_of::<Option<u64>>()
             + self.acc.bytes()
-            + self.gmask.as_ref().map_or(0, Bitmap::heap_bytes);
+            + self.gmask.as_ref().map_or(0, Bitmap::heap_bytes)
+            + self.gather_low.heap_bytes();
         let wire = self.wire_input.capacity() + self.wire_result.capacity();
         (state, tensor + (self.input.capacity() + self.result.capacity()) * 4 + wire, open)
     }

@@ -135,7 +135,8 @@ no_dpdk() {
 }
 # The benchmark tools, cheaply: the micro-benchmark binary runs (20 ms per figure)
 # and prints a ratio line for each of its figures; the harness's self-check
-# (ResNet-50 parameter list, bucketing, percentiles). The benchmarks themselves
+# (ResNet-50 parameter list, bucketing, percentiles) and the slow-port tool's
+# parsers. The benchmarks themselves
 # (bench/run.sh) are not CI.
 bench_smoke() {
   local out name
@@ -146,6 +147,7 @@ bench_smoke() {
       || { echo "dlcp-bench micro: no summary line for $name" >&2; return 1; }
   done
   /usr/bin/python3 bench/harness.py --self-check
+  /usr/bin/python3 bench/slow_port.py --self-check
 }
 demo() {
   ./target/release/dlcpd --version

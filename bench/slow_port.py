@@ -42,7 +42,11 @@ SENT_LINE = re.compile(r"Sent (\d+) bytes (\d+) pkt \(dropped (\d+)")
 
 
 def parse_classes(text):
-    """{class: (sent packets, dropped)} of the leaf classes 1:10 .. 1:17 in `tc -s class show`."""
+    """{class: (sent packets, dropped)} of the leaf classes 1:10 .. 1:17 in `tc -s class show`.
+
+    `testbed.sh counters` (Testbed.counters) reports the same per-class pairs, but for every
+    port, spine and host at once, from a bash script: too much CPU to run every 20 ms on two
+    cores during the measurement. One `tc` call on one port, parsed here, is the sampler."""
     out, cur = {}, None
     for line in text.splitlines():
         m = CLASS_LINE.match(line)
@@ -104,6 +108,8 @@ def main():
                       measure.Profiler(wd, "slowport", 0.0, wd, H.log, H.sh))
     plain = H.Runner.daemon_stats
 
+    # Runner.daemon_stats reads every daemon's stats before they stop and returns only
+    # drop counters, summed: read daemons 0 and 1 once more here, just before it.
     def daemon_stats(self, socks):
         ctl = os.path.join(self.bindir, "dlcpctl")
         for i, s in enumerate(socks[:2]):

@@ -220,7 +220,12 @@ fn demo_runs_every_collective() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && stdout.contains("byte-identical on its shard"), "{stdout}");
+    assert!(
+        out.status.success() && stdout.contains("byte-identical on its shard"),
+        "{}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     let refused = [
         (vec!["--collective", "broadcast", "--root", "4"], "--root 4"),
         (vec!["--collective", "allgather", "--op", "average"], "--op average"),

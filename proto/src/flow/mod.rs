@@ -119,8 +119,12 @@
 //! a slow port still drops a share of what it receives (simulator, a port at
 //! a third of the rate behind 50 packets: 47% of arrivals dropped, against
 //! 74% without flow control; the emulated cluster, 8 hosts, a 500 Mbit/s
-//! port: 5–9% of the datagrams into it, against 55% with the window alone).
-//! A delay or rate signal at the receiver is the next step.
+//! port: 0.18–1.29% of the datagrams into it, `bench/slow_port.py`). The
+//! signal that would separate that queue's drops from random loss is its
+//! delay (Swift) or ECN marks: on the two-core emulated cluster ECN has no
+//! marking qdisc and a one-way-delay prototype measured ≥ 6.4 ms of host
+//! (softirq) queueing on almost every datagram at every receiver, against
+//! the slow port's 1.2 ms (`bench/results/2026-12-04-delay-signal.md`).
 
 use std::collections::BTreeSet;
 

@@ -94,6 +94,9 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--sample-ms", type=int, default=20)
+    ap.add_argument("--extra", default="",
+                    help="TOML appended to every daemon's config (a variant's settings, e.g. "
+                         "'[datapath.socket]\\ngso = false'; \\n is a newline)")
     ap.add_argument("--bindir", default=os.path.join(H.ROOT, "target", "release"))
     ap.add_argument("--prefix", default="slowp", help="testbed namespace prefix [%(default)s]")
     a = ap.parse_args()
@@ -132,7 +135,7 @@ def main():
         th = threading.Thread(target=sample, daemon=True)
         t0 = time.time()
         th.start()
-        r = runner.run("dlcp1", a.hosts, a.reps, 1, sizes=[a.mib * H.MiB])
+        r = runner.run("dlcp1", a.hosts, a.reps, 1, sizes=[a.mib * H.MiB], extra=a.extra.replace("\\n", "\n") + "\n")
         stop.set()
         th.join()
         print("op times ms:", [round(t * 1000) for t in r["results"][0]["times"]])

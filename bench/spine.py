@@ -158,8 +158,13 @@ def step(bench, stats):
     bench.data["spine_meta"] = {"rate": rate, "size": size, "paths": paths.strip() or "dlcpd default",
                                 "hosts": HOSTS, "spines": SPINES, "sample_s": SAMPLE_S, "from_op": FROM_OP}
     reps_scale = bench.a.spine_reps
+    only_conds, _, only_systems = (getattr(bench.a, "spine_only", "") or "").partition(":")
+    only_conds = {x.strip() for x in only_conds.split(",") if x.strip()}
+    only_systems = {x.strip() for x in only_systems.split(",") if x.strip()}
     for c in plan(bench.quick, bench.ccs, rate):
-        systems = [(s, reps_scale or n) for s, n in c["systems"]]
+        if only_conds and c["cond"] not in only_conds:
+            continue
+        systems = [(s, reps_scale or n) for s, n in c["systems"] if not only_systems or s in only_systems]
         bench.log(f"spine: {c['cond']}, spine links {c['rate']} Mbit/s, {size // MiB} MiB, {HOSTS} hosts: "
                   + ", ".join(f"{s} x{n}" for s, n in systems))
         bed.up(HOSTS, spines=SPINES, spine_rate=c["rate"])

@@ -56,14 +56,16 @@
 //!   the others are the reference) and cut when its losses exceed that by
 //!   five standard deviations and five, and its rate is above 1.5 times it
 //!   plus 0.2%. Strict, because the best quarter's rate is below the true
-//!   one by chance alone: with four deviations and three (and a window of
-//!   2,048), uniform loss of 0.2–2% on 16 paths cut a path in 15 of 80 runs
-//!   of 400,000 verdicts; as set, in 1 of 80. A cut path that recovers by
-//!   time is cut again at the next evaluation while its window still says
-//!   so; clean verdicts dilute it. Measured on the leaf–spine testbed (4
-//!   hosts, 64 MiB, spine 1 with 1% loss): the lossy spine carried 31–36%
-//!   of dlcp's datagrams from op 10 on, against 43–46% with the short
-//!   window alone (`bench/results/2026-12-04-spine-long-window.md`).
+//!   one by chance alone: with four deviations and three (a window of 2,048
+//!   and twice the baseline), uniform loss of 0.2–2% on 16 paths cut a path
+//!   in 15 of 80 runs of 400,000 verdicts; as set, in 1 of 80. A cut path
+//!   that recovers by time is cut again at the next evaluation while its
+//!   window still says so; clean verdicts dilute it. Measured on the
+//!   leaf–spine testbed (4 hosts, 64 MiB, spine 1 with 1% loss): the lossy
+//!   spine carried 31% of dlcp's datagrams from op 10 on (one run), against
+//!   49–50% with the short window alone (two runs;
+//!   `bench/results/2026-12-04-spine-long-window.md`). 16 bytes more per
+//!   path and peer.
 //!
 //! Uniform loss on every path cuts none (nothing stands out), and a lost
 //! chunk is repaired whatever path it took: path health only moves load.

@@ -161,7 +161,12 @@ def step(bench, stats):
     only_conds, _, only_systems = (getattr(bench.a, "spine_only", "") or "").partition(":")
     only_conds = {x.strip() for x in only_conds.split(",") if x.strip()}
     only_systems = {x.strip() for x in only_systems.split(",") if x.strip()}
-    for c in plan(bench.quick, bench.ccs, rate):
+    conds = plan(bench.quick, bench.ccs, rate)
+    unknown = (only_conds - {c["cond"] for c in conds}) | (only_systems - {s for c in conds for s, _ in c["systems"]})
+    if unknown:
+        raise SystemExit(f"--spine-only: no such condition or system: {', '.join(sorted(unknown))} (conditions: "
+                         + "; ".join(c["cond"] for c in conds) + ")")
+    for c in conds:
         if only_conds and c["cond"] not in only_conds:
             continue
         systems = [(s, reps_scale or n) for s, n in c["systems"] if not only_systems or s in only_systems]

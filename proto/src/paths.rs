@@ -232,18 +232,14 @@ impl PeerPaths {
             // not raise the bar it is measured against.
             let others = ok + lost - n;
             let base = if others > 0.0 { (lost - p.lost) / others } else { 0.0 };
-            let expected = n * base + 3.0 * (n * base * (1.0 - base)).sqrt() + 2.0;
-            let fast = short_evidence && p.lost > expected && p.lost / n > 2.0 * base + 0.005;
+            let fast = short_evidence && stands_out(p.lost, n, base, (3.0, 2.0), (2.0, 0.005));
             // The long window sees what the short one cannot: a path that
             // loses 1% where the others lose 0.4% takes thousands of
             // verdicts to tell apart (five standard deviations and five above
             // the baseline, and more than 1.5 times it plus 0.2%: the best
             // quarter's rate is below the paths' true one by chance alone).
             let slow = long_evidence
-                && long_base.is_some_and(|b| {
-                    p.lost_long > nl * b + 5.0 * (nl * b * (1.0 - b)).sqrt() + 5.0
-                        && p.lost_long / nl > 1.5 * b + 0.002
-                });
+                && long_base.is_some_and(|b| stands_out(p.lost_long, nl, b, (5.0, 5.0), (1.5, 0.002)));
             if fast || slow {
                 self.long_cuts += u64::from(!fast && p.weight > FLOOR);
                 p.weight = FLOOR;
@@ -259,6 +255,13 @@ impl PeerPaths {
         }
         self.retotal();
     }
+}
+
+/// Whether `lost` of `n` verdicts stand out against a loss rate of `base`:
+/// more than expected by `sd.0` standard deviations plus `sd.1`, and a rate
+/// above `rate.0` times `base` plus `rate.1`.
+fn stands_out(lost: f64, n: f64, base: f64, sd: (f64, f64), rate: (f64, f64)) -> bool {
+    lost > n * base + sd.0 * (n * base * (1.0 - base)).sqrt() + sd.1 && lost / n > rate.0 * base + rate.1
 }
 
 /// The paths towards every peer (see the module docs).

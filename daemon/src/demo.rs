@@ -247,6 +247,34 @@ fn config_text(rank: u32, ports: &[u16], socket: &std::path::Path, arena: u64, o
     t
 }
 
+/// The first ports of `n` non-overlapping blocks of `block` consecutive free
+/// UDP ports on `ip` — one block per daemon, which binds `network.paths`
+/// ports from its configured one. Every port is held until all blocks are
+/// found, then released (another process could take one in that short window;
+/// the daemon then fails to bind and says which port).
+pub fn free_port_blocks(n: usize, block: u16, ip: std::net::IpAddr) -> io::Result<Vec<u16>> {
+    let block = block.max(1);
+    let mut held: Vec<UdpSocket> = Vec::new();
+    let mut bases = Vec::new();
+    for _ in 0..10_000 {
+        if bases.len() == n {
+            return Ok(bases);
+        }
+        let first = UdpSocket::bind((ip, 0))?;
+        let base = first.local_addr()?.port();
+        if u32::from(base) + u32::from(block) > 65536 {
+            continue;
+        }
+        let rest: Option<Vec<UdpSocket>> = (1..block).map(|k| UdpSocket::bind((ip, base + k)).ok()).collect();
+        if let Some(rest) = rest {
+            held.push(first);
+            held.extend(rest);
+            bases.push(base);
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::AddrInUse, format!("no {n} blocks of {block} free UDP ports on {ip}")))
+}
+
 /// A daemon thread: the `stats` it ended with.
 type DaemonThread = std::thread::JoinHandle<Result<serde_json::Value, String>>;
 /// A trainer thread.
@@ -259,10 +287,11 @@ pub fn run(o: &DemoOptions, out: &mut impl Write) -> io::Result<DemoSummary> {
     let dir = Dir(std::env::temp_dir().join(format!("dlcpd-demo-{}", std::process::id())));
     let _ = std::fs::remove_dir_all(&dir.0);
     std::fs::create_dir_all(&dir.0)?;
-    let socks: Vec<UdpSocket> =
-        (0..o.hosts).map(|_| UdpSocket::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
-    let ports: Vec<u16> = socks.iter().map(|s| s.local_addr().map(|a| a.port())).collect::<Result<_, _>>()?;
-    drop(socks);
+    // Each daemon binds `network.paths` consecutive ports from its own: the
+    // blocks must not overlap (configuration refuses a peer's port inside
+    // another's block).
+    let ports =
+        free_port_blocks(o.hosts as usize, dlcp_config::schema::DEFAULT_PATHS, "127.0.0.1".parse().unwrap())?;
     let tensor_bytes = (n * o.dtype.size()) as u64;
     let arena = ((tensor_bytes * u64::from(o.layers) * 5 / 4).div_ceil(1 << 20) << 20).max(16 << 20);
     writeln!(
@@ -722,6 +751,23 @@ fn print_summary(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn port_blocks_do_not_overlap_and_the_configuration_takes_them() {
+        let block = dlcp_config::schema::DEFAULT_PATHS;
+        for _ in 0..20 {
+            let ports = free_port_blocks(4, block, "127.0.0.1".parse().unwrap()).unwrap();
+            assert_eq!(ports.len(), 4);
+            for (i, a) in ports.iter().enumerate() {
+                for b in &ports[i + 1..] {
+                    assert!(a.abs_diff(*b) >= block, "{ports:?}");
+                }
+            }
+            let o = DemoOptions { hosts: 4, ..DemoOptions::default() };
+            let text = config_text(0, &ports, std::path::Path::new("/tmp/x.sock"), 16 << 20, &o);
+            dlcp_config::Config::from_str_named(&text, "demo.toml").unwrap();
+        }
+    }
 
     #[test]
     fn options_are_checked() {

@@ -33,26 +33,7 @@ pub const PORT_BLOCK: u16 = 16;
 /// are found, then released (the window is tiny).
 pub fn free_ports(n: usize, ipv6: bool) -> Vec<u16> {
     let ip = if ipv6 { "::1" } else { "127.0.0.1" };
-    let mut held: Vec<UdpSocket> = Vec::new();
-    let mut bases = Vec::new();
-    for _ in 0..10_000 {
-        if bases.len() == n {
-            return bases;
-        }
-        let first = UdpSocket::bind((ip, 0)).unwrap();
-        let base = first.local_addr().unwrap().port();
-        if u32::from(base) + u32::from(PORT_BLOCK) > 65536 {
-            continue;
-        }
-        let rest: Option<Vec<UdpSocket>> =
-            (1..PORT_BLOCK).map(|k| UdpSocket::bind((ip, base + k)).ok()).collect();
-        if let Some(rest) = rest {
-            held.push(first);
-            held.extend(rest);
-            bases.push(base);
-        }
-    }
-    panic!("no {n} blocks of {PORT_BLOCK} free UDP ports on {ip}");
+    dlcp::demo::free_port_blocks(n, PORT_BLOCK, ip.parse().unwrap()).unwrap()
 }
 
 /// A UDP socket on 127.0.0.1 whose port is outside every daemon's block of

@@ -437,6 +437,8 @@ class Runner:
         """Drop counters of every daemon (dlcpctl stats --json), summed, and the datapath in use."""
         ctl = os.path.join(self.bindir, "dlcpctl")
         docs = [measure.load_json(sh([ctl, "--socket", s, "stats", "--json"], check=False).stdout) for s in socks]
+        # Path health per daemon and peer (multipath only): the spine step reports it.
+        self.last_paths = [d.get("paths_per_peer") for d in docs]
         return measure.sum_counters(measure.daemon_drops(d) for d in docs), (docs[0].get("datapath", "") if docs else "")
 
     def run_dlcp(self, system, hosts, budget_ppm, reps, warmup, sizes=None, buckets=None, timeout=900, extra=""):

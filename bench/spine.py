@@ -207,6 +207,10 @@ def run_one(bench, stats, c, system, reps, size):
            "pin": c["pin"], "system": system, "size": size, "stats": st, "times": r["results"][0]["times"],
            "spine": fig, "kernel": r.get("kernel"), "drops": r.get("drops"),
            "min_delivered_ppm": r.get("min_delivered_ppm"), "repairs": r.get("repairs"), "wall_s": r["wall_s"]}
+    if proto == "udp":
+        row["paths"] = getattr(runner, "last_paths", None)
+        for line in path_health_lines(row["paths"], reps + 1):
+            bench.log("    " + line)
     sh_ = " / ".join(f"{x * 100:.1f}%" for x in fig["share"])
     later = fig.get("share_from_op")
     later = f", from op {later['op']} " + " / ".join(f"{x * 100:.1f}%" for x in later["share"]) if later else ""
@@ -216,6 +220,25 @@ def run_one(bench, stats, c, system, reps, size):
               f"{proto} per spine {sh_}{later}; random loss per spine {lost}, queue drops on each spine's links {qd}, "
               f"switch queue drops {(r.get('kernel') or {}).get('switch_queue_drops', '?')} ({r['wall_s']:.0f} s)")
     return row
+
+
+def path_health_lines(per_host, ops):
+    """One line per daemon and peer from `dlcpctl stats --json`'s paths_per_peer: verdicts
+    per path per op, cuts, paths below full weight, and the long-window loss % by path."""
+    out = []
+    for h, peers in enumerate(per_host or []):
+        for p in peers or []:
+            paths = p.get("paths") or []
+            if not paths:
+                continue
+            verdicts = sum(x.get("verdicts", 0) for x in paths)
+            cuts = sum(x.get("cuts", 0) for x in paths)
+            low = sum(1 for x in paths if x.get("weight", 1024) < 1024)
+            loss = " ".join(f"{x.get('long_loss_ppm', 0) / 1e4:.2f}" for x in paths)
+            out.append(f"host {h} -> rank {p.get('rank')}: {verdicts / len(paths) / max(ops, 1):.0f} verdicts "
+                       f"per path per op, {cuts} cuts, {low} of {len(paths)} paths below full weight; "
+                       f"loss % by path {loss}")
+    return out
 
 
 def lines(bench):
@@ -275,6 +298,11 @@ def report(rows, meta, label):
 
 def check():
     """Self-check of the share arithmetic on synthetic counters (no root, no testbed)."""
+    ph = path_health_lines([[{"rank": 1, "paths": [{"weight": 1024, "verdicts": 300, "cuts": 0, "long_loss_ppm": 3000},
+                                                    {"weight": 16, "verdicts": 100, "cuts": 2, "long_loss_ppm": 13000}]}],
+                            None], 2)
+    assert ph == ["host 0 -> rank 1: 100 verdicts per path per op, 2 cuts, 1 of 2 paths below full weight; "
+                  "loss % by path 0.30 1.30"], ph
     samples = [(100.0, [{"seen_udp": (0, 0)}, {"seen_udp": (0, 0)}]),
                (101.0, [{"seen_udp": (100, 0)}, {"seen_udp": (300, 0)}]),
                (102.0, [{"seen_udp": (200, 0)}, {"seen_udp": (400, 0)}])]

@@ -82,6 +82,18 @@ fn four_paths_four_source_ports_and_exact_results() {
         let weights = list(&s["protocol"]["weight_per_path"]);
         assert_eq!(weights.len(), usize::from(PATHS));
         assert_eq!(s["protocol"]["rejected"]["unknown_source"], 0u64, "host {h}: {s}");
+        // Path health per peer: every other rank, every path, and the
+        // receivers' verdicts on what was sent.
+        let peers =
+            s["paths_per_peer"].as_array().unwrap_or_else(|| panic!("host {h}: no paths_per_peer: {s}"));
+        assert_eq!(peers.len(), HOSTS as usize - 1, "host {h}: {s}");
+        for p in peers {
+            let paths = p["paths"].as_array().unwrap();
+            assert_eq!(paths.len(), usize::from(PATHS), "host {h}: {p}");
+            let verdicts: u64 = paths.iter().map(|x| x["verdicts"].as_u64().unwrap()).sum();
+            assert!(verdicts > 0, "host {h}: no verdicts from rank {}: {p}", p["rank"]);
+            assert!(paths.iter().all(|x| x["losses"].as_u64() <= x["verdicts"].as_u64()), "{p}");
+        }
     }
     // The same counters as metrics, labelled by path.
     let m = c.status(0);

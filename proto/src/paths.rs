@@ -109,6 +109,27 @@ struct Path {
     lost_long: f64,
     /// When the weight last changed by a cut or a recovery step.
     since: Instant,
+    /// Every verdict and every loss so far, and the cuts (for operators).
+    verdicts: u64,
+    losses: u64,
+    cuts: u64,
+}
+
+/// How one path towards one peer stands (`dlcpctl stats`: why a path
+/// carries little).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PathHealth {
+    /// Its share weight ([`FULL`]: healthy; [`FLOOR`]: cut).
+    pub weight: u32,
+    /// Verdicts on chunks sent on it so far: delivered or reported missing.
+    pub verdicts: u64,
+    /// Of those, reported missing.
+    pub losses: u64,
+    /// Times it was cut to [`FLOOR`] (from a higher weight).
+    pub cuts: u64,
+    /// Its loss rate in the long window, and the verdicts that window holds.
+    pub long_rate: f64,
+    pub long_verdicts: f64,
 }
 
 /// The paths towards one peer.
@@ -133,7 +154,17 @@ struct PeerPaths {
 
 impl PeerPaths {
     fn new(n: u16, now: Instant) -> PeerPaths {
-        let p = Path { weight: FULL, ok: 0.0, lost: 0.0, ok_long: 0.0, lost_long: 0.0, since: now };
+        let p = Path {
+            weight: FULL,
+            ok: 0.0,
+            lost: 0.0,
+            ok_long: 0.0,
+            lost_long: 0.0,
+            since: now,
+            verdicts: 0,
+            losses: 0,
+            cuts: 0,
+        };
         PeerPaths {
             paths: vec![p; usize::from(n)],
             total: FULL * u32::from(n),
@@ -242,6 +273,7 @@ impl PeerPaths {
                 && long_base.is_some_and(|b| stands_out(p.lost_long, nl, b, (5.0, 5.0), (1.5, 0.002)));
             if fast || slow {
                 self.long_cuts += u64::from(!fast && p.weight > FLOOR);
+                p.cuts += u64::from(p.weight > FLOOR);
                 p.weight = FLOOR;
                 p.since = now;
             } else if short_evidence {
@@ -294,6 +326,26 @@ impl Paths {
     /// or path that does not exist).
     pub fn weight(&self, peer: u32, path: u8) -> u32 {
         self.peers.get(peer as usize).and_then(|p| p.paths.get(usize::from(path))).map_or(0, |p| p.weight)
+    }
+
+    /// How each path towards `peer` stands (empty for a peer that does not
+    /// exist).
+    pub fn health(&self, peer: u32) -> Vec<PathHealth> {
+        let Some(pp) = self.peers.get(peer as usize) else { return Vec::new() };
+        pp.paths
+            .iter()
+            .map(|p| {
+                let n = p.ok_long + p.lost_long;
+                PathHealth {
+                    weight: p.weight,
+                    verdicts: p.verdicts,
+                    losses: p.losses,
+                    cuts: p.cuts,
+                    long_rate: if n > 0.0 { p.lost_long / n } else { 0.0 },
+                    long_verdicts: n,
+                }
+            })
+            .collect()
     }
 
     /// Cuts of `peer`'s paths that only the long window called for.
@@ -365,6 +417,8 @@ impl Paths {
         let Some(p) = pp.paths.get_mut(usize::from(path)) else { return false };
         p.ok_long *= 1.0 - 1.0 / LONG_WINDOW;
         p.lost_long *= 1.0 - 1.0 / LONG_WINDOW;
+        p.verdicts += 1;
+        p.losses += u64::from(!delivered);
         if delivered {
             p.ok += 1.0;
             p.ok_long += 1.0;
@@ -456,6 +510,13 @@ mod tests {
         assert!(p.weight(1, 5) <= 2 * FLOOR, "{}", p.weight(1, 5));
         let w: Vec<u32> = (0..8).map(|i| p.weight(1, i)).collect();
         assert!((0..8usize).filter(|&i| i != 5).all(|i| w[i] == FULL), "no healthy path is cut: {w:?}");
+        // What an operator sees: every verdict counted, the cut on path 5 alone.
+        let h = p.health(1);
+        assert_eq!(h.iter().map(|x| x.verdicts).sum::<u64>(), 4000);
+        assert!(h[5].cuts >= 1 && h[5].weight == p.weight(1, 5), "{:?}", h[5]);
+        assert!(h.iter().enumerate().all(|(i, x)| (i == 5) == (x.cuts > 0)), "{h:?}");
+        assert!(h[5].losses * 10 > h[5].verdicts && h[5].long_rate > 0.1, "{:?}", h[5]);
+        assert!(p.health(7).is_empty(), "no such peer");
         let c = shares(&mut p, 1, 100_000, t(1));
         assert!(c[5] < 1000, "the cut path carries under 1%: {c:?}");
         assert!(c[5] > 0, "but not nothing");

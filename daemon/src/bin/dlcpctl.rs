@@ -418,6 +418,7 @@ fn print_traffic_tables(w: &mut String, v: &Value) {
     }
     row(w, "unknown", unknown("rx_dropped_unknown_peer"));
     print_path_table(w, v);
+    print_paths_per_peer(w, v);
 }
 
 /// Per path (source port offset): sent, chunks reported lost, the lowest
@@ -438,6 +439,33 @@ fn print_path_table(w: &mut String, v: &Value) {
     for i in 0..n {
         let [a, b, c, d] = cols.each_ref().map(|x| x.get(i).copied().unwrap_or(0));
         outln!(w, "{i:>7} {a:>12} {b:>12} {c:>8} {d:>12}");
+    }
+}
+
+/// Per peer, the paths that are not at full weight and the loss rates of
+/// its paths (long window): why a path carries little.
+fn print_paths_per_peer(w: &mut String, v: &Value) {
+    let Some(peers) = v["paths_per_peer"].as_array() else { return };
+    outln!(w, "\npath health per peer (long-window loss; weight below 1024 = cut or recovering):");
+    for peer in peers {
+        let paths = peer["paths"].as_array().cloned().unwrap_or_default();
+        let verdicts: u64 = paths.iter().map(|p| u(&p["verdicts"])).sum();
+        let cuts: u64 = paths.iter().map(|p| u(&p["cuts"])).sum();
+        let low: Vec<String> = paths
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| u(&p["weight"]) < 1024)
+            .map(|(i, p)| format!("{i}:{}", u(&p["weight"])))
+            .collect();
+        let loss: Vec<String> =
+            paths.iter().map(|p| format!("{:.2}", u(&p["long_loss_ppm"]) as f64 / 1e4)).collect();
+        outln!(
+            w,
+            "  rank {:>4}: {verdicts} verdicts, {cuts} cuts; below full weight: {}; loss % by path: {}",
+            u(&peer["rank"]),
+            if low.is_empty() { "none".to_owned() } else { low.join(" ") },
+            loss.join(" ")
+        );
     }
 }
 
@@ -647,6 +675,31 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn path_health_names_the_cut_paths_of_each_peer() {
+        let v: Value = serde_json::from_str(
+            r#"{"paths_per_peer": [
+                {"rank": 1, "paths": [{"weight": 1024, "verdicts": 900, "cuts": 0, "long_loss_ppm": 2000},
+                                      {"weight": 16, "verdicts": 100, "cuts": 3, "long_loss_ppm": 12500}]},
+                {"rank": 2, "paths": [{"weight": 1024, "verdicts": 5, "cuts": 0, "long_loss_ppm": 0},
+                                      {"weight": 1024, "verdicts": 5, "cuts": 0, "long_loss_ppm": 0}]}
+            ]}"#,
+        )
+        .unwrap();
+        let mut w = String::new();
+        print_paths_per_peer(&mut w, &v);
+        assert!(
+            w.contains(
+                "rank    1: 1000 verdicts, 3 cuts; below full weight: 1:16; loss % by path: 0.20 1.25"
+            ),
+            "{w}"
+        );
+        assert!(w.contains("rank    2: 10 verdicts, 0 cuts; below full weight: none;"), "{w}");
+        let mut none = String::new();
+        print_paths_per_peer(&mut none, &serde_json::json!({}));
+        assert!(none.is_empty(), "one path: no section");
+    }
 
     #[test]
     fn the_recent_ops_table_is_aligned() {

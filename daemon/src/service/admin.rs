@@ -388,8 +388,38 @@ impl Admin {
         });
         v.visit_counters(&mut |section, d, l, value| put_counter(&mut out, section, d.json, l, value));
         out["datapath_counters"]["detail"] = v.datapath.detail_json().unwrap_or_default();
+        if v.endpoint.config().paths > 1 {
+            out["paths_per_peer"] = paths_per_peer(v);
+        }
         out
     }
+}
+
+/// Every other rank's paths as this one sees them: weight, verdicts, losses,
+/// cuts, and the long window's loss rate (parts per million) and size.
+fn paths_per_peer(v: &View<'_>) -> serde_json::Value {
+    let me = v.cfg.rank();
+    (0..v.cfg.world_size())
+        .filter(|&r| r != me)
+        .map(|r| {
+            let paths: Vec<serde_json::Value> = v
+                .endpoint
+                .path_health(r)
+                .iter()
+                .map(|h| {
+                    serde_json::json!({
+                        "weight": h.weight,
+                        "verdicts": h.verdicts,
+                        "losses": h.losses,
+                        "cuts": h.cuts,
+                        "long_loss_ppm": (h.long_rate * 1e6).round() as u64,
+                        "long_verdicts": h.long_verdicts.round() as u64,
+                    })
+                })
+                .collect();
+            serde_json::json!({ "rank": r, "paths": paths })
+        })
+        .collect()
 }
 
 /// Place one counter value in the stats document: at `section` (empty: the

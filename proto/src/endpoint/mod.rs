@@ -217,6 +217,11 @@ impl Endpoint {
         &self.sh.stats
     }
 
+    /// How each path towards `peer` stands ([`crate::paths`]).
+    pub fn path_health(&self, peer: u32) -> Vec<crate::paths::PathHealth> {
+        self.sh.paths.health(peer)
+    }
+
     /// Number of ops in flight: started and not yet completed or failed
     /// (delivered ops waiting only for their all-gather's ACKs are not).
     pub fn ops_in_flight(&self) -> usize {

@@ -127,8 +127,9 @@ pub struct PathHealth {
     pub losses: u64,
     /// Times it was cut to [`FLOOR`] (from a higher weight).
     pub cuts: u64,
-    /// Its loss rate in the long window, and the verdicts that window holds.
+    /// Its loss rate in the long window.
     pub long_rate: f64,
+    /// The verdicts the long window holds (decayed).
     pub long_verdicts: f64,
 }
 

@@ -117,23 +117,20 @@ fn a_lossy_path_is_steered_away_from_within_a_one_percent_budget() {
     assert!(share < 0.05, "the bad path's share of DATA after the warm-up: {share:.4}");
 }
 
-/// Half the paths lose 2%, the other half 1% (a spine with 1% random loss,
-/// and every link losing a little besides): a difference the short window
-/// cannot see; the long window moves the DATA off the lossy half, and every
-/// transfer stays within its 1% budget.
-#[test]
-fn a_lossy_half_of_the_paths_is_steered_away_from_by_the_long_window() {
-    const LONG_OPS: u64 = 60;
-    const FROM: u64 = 35;
+/// Run `LONG_OPS` ops with budget 1% on paths of which the upper half lose
+/// `lossy` and the others `clean`: every result the oracle's, every transfer
+/// within budget. Returns the lossy half's share of the DATA from op `FROM`.
+fn lossy_half_share(lossy: f64, clean: f64, seed: u64, len: usize, ops: u64) -> f64 {
+    let (long_ops, from) = (ops, ops * 7 / 12);
     let paths: Vec<PathConfig> = (0..PATHS)
-        .map(|p| PathConfig { loss: if p >= PATHS / 2 { 0.02 } else { 0.01 }, ..PathConfig::clean() })
+        .map(|p| PathConfig { loss: if p >= PATHS / 2 { lossy } else { clean }, ..PathConfig::clean() })
         .collect();
-    let mut c = cluster(paths, 44);
-    let x = inputs(44, WORLD, LEN);
+    let mut c = cluster(paths, seed);
+    let x = inputs(seed, WORLD, len);
     let o = OpOptions { budget_ppm: 10_000, gather_budget_ppm: 10_000, ..OpOptions::default() };
     let mut before = Vec::new();
-    for seq in 0..LONG_OPS {
-        if seq == FROM {
+    for seq in 0..long_ops {
+        if seq == from {
             before = data_per_path(&c);
         }
         let out = all_ok(c.allreduce(OpId { run: 1, seq, tensor: 0 }, &x, o, Duration::from_secs(10)));
@@ -150,8 +147,35 @@ fn a_lossy_half_of_the_paths_is_steered_away_from_by_the_long_window() {
     let sent: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
     let lossy: u64 = sent[usize::from(PATHS / 2)..].iter().sum();
     let share = lossy as f64 / sent.iter().sum::<u64>() as f64;
-    eprintln!("DATA per path from op {FROM}: {sent:?}; the lossy half's share {share:.3}");
-    assert!(share < 0.2, "the lossy half carries under a fifth from op {FROM} on: {share:.3} ({sent:?})");
+    eprintln!("DATA per path from op {from}: {sent:?}; the lossy half's share {share:.3}");
+    let h = c.sim.node(0).path_health(1);
+    eprintln!(
+        "rank 0 -> 1 verdicts per path per op: {:?}; weights {:?}; cuts {:?}; long loss {:?}",
+        h.iter().map(|x| x.verdicts / long_ops).collect::<Vec<_>>(),
+        h.iter().map(|x| x.weight).collect::<Vec<_>>(),
+        h.iter().map(|x| x.cuts).collect::<Vec<_>>(),
+        h.iter().map(|x| (x.long_rate * 1e4).round() / 100.0).collect::<Vec<_>>()
+    );
+    share
+}
+
+/// Half the paths lose 2%, the other half 1% (a spine with 1% random loss,
+/// and every link losing a little besides): a difference the short window
+/// cannot see; the long window moves the DATA off the lossy half, and every
+/// transfer stays within its 1% budget.
+#[test]
+fn a_lossy_half_of_the_paths_is_steered_away_from_by_the_long_window() {
+    let share = lossy_half_share(0.02, 0.01, 44, LEN, 60);
+    assert!(share < 0.2, "the lossy half carries under a fifth: {share:.3}");
+}
+
+/// The same with the losses under the budget (1.2% and 0.2%: 0.7% on
+/// average, as on the leaf–spine testbed with one spine at 1%): receivers
+/// close most transfers within budget, and the verdicts must still come.
+#[test]
+fn a_lossy_half_is_steered_away_from_while_losses_stay_within_budget() {
+    let share = lossy_half_share(0.012, 0.002, 45, 16 * LEN, 24);
+    assert!(share < 0.2, "the lossy half carries under a fifth: {share:.3}");
 }
 
 /// Transfer key of a DATA or PROBE datagram: (op, tensor, phase, src, dst).

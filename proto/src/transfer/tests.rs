@@ -96,7 +96,7 @@ fn drained_sender(n: u32, required: u32, budget_ppm: u32, mode: Mode) -> Sender 
     // here), an all-gather's ACK delay (version 10; 200 µs here).
     let ack = if mode == Mode::Own { us(500) } else { us(200) };
     for c in 0..n {
-        assert_eq!(s.sent(c, 0), c == n - 1, "only the last queued chunk carries LAST");
+        assert_eq!(s.sent(c, 0, &mut |_, _| {}), c == n - 1, "only the last queued chunk carries LAST");
         let wait = if mode == Mode::Own { 1500 } else { 1200 };
         let want = if c == n - 1 { Drained::ProbeAt(at(wait)) } else { Drained::Busy };
         assert_eq!(s.dequeued(at(0), &retry(), ack, false), want);
@@ -266,7 +266,7 @@ fn the_probe_timer_backs_off_to_its_cap_and_news_resets_it() {
     assert_eq!(heard.rtt, Some(us(300)));
     assert!(heard.news && heard.round);
     assert_eq!(s.decide_alone(now, |_| Class::new(0).unwrap(), ClassSet::EMPTY), [9]);
-    assert!(!s.sent(9, 0), "a repair round carries no LAST");
+    assert!(!s.sent(9, 0, &mut |_, _| {}), "a repair round carries no LAST");
     assert_eq!(s.dequeued(now, &retry(), Duration::ZERO, false), Drained::Probe, "no backoff left");
     let later = at(100_000);
     assert_eq!(s.fill_probe(&mut h, later, &retry()), Some(later + us(1000)));
@@ -618,7 +618,7 @@ fn a_multipath_sender_judges_each_chunk_on_its_path_once() {
     let mut s = Sender::new(10, 0, 0, SEG, Mode::Own, true);
     s.queue(10);
     for c in 0..10 {
-        s.sent(c, (c % 3) as u8);
+        s.sent(c, (c % 3) as u8, &mut |_, _| panic!("no verdict on a first sending"));
         s.dequeued(at(0), &retry(), Duration::ZERO, false);
     }
     assert_eq!(s.path_of(4), Some(1));
@@ -643,10 +643,62 @@ fn a_multipath_sender_judges_each_chunk_on_its_path_once() {
     assert!(seen.is_empty());
     // Repairs go out on other paths; the DONE (budget 0) delivers them.
     assert_eq!(s.decide_alone(at(30), |_| Class::new(0).unwrap(), ClassSet::EMPTY), [8, 9]);
-    s.sent(8, 1);
-    s.sent(9, 1);
+    s.sent(8, 1, &mut |_, _| {});
+    s.sent(9, 1, &mut |_, _| {});
     s.on_done(1, at(40), &mut |p, ok| seen.push((p, ok)));
     assert_eq!(seen, [(1, true), (1, true)]);
+}
+
+/// A chunk repaired on the word of a report that gave no verdict (a NACK)
+/// was lost on the path it last took: the repair's sending is that verdict,
+/// so the report after the repair cannot call it delivered on the repair's
+/// path alone.
+#[test]
+fn a_repair_without_a_verdict_judges_the_last_sending_lost() {
+    let mut s = Sender::new(10, 0, 0, SEG, Mode::Own, true);
+    s.queue(10);
+    for c in 0..10 {
+        s.sent(c, (c % 3) as u8, &mut |_, _| panic!("no verdict on a first sending"));
+        s.dequeued(at(0), &retry(), Duration::ZERO, false);
+    }
+    // Chunk 4 (path 1) sent again with no verdict on it: lost on path 1.
+    let mut seen = Vec::new();
+    s.sent(4, 2, &mut |p, ok| seen.push((p, ok)));
+    assert_eq!(seen, [(1, false)]);
+    // Once judged, a chunk sent again is no news.
+    seen.clear();
+    s.last_sent_as(5, at(0));
+    let mut b = header(PacketType::Bitmap, 10, 0);
+    b.payload_len = 2;
+    b.seq = 5;
+    s.on_bitmap(&b, &[0xEF, 0x03], at(10), SEG, &mut |p, ok| seen.push((p, ok)));
+    assert_eq!((seen.len(), seen.iter().filter(|v| !v.1).count()), (10, 1), "{seen:?}");
+    seen.clear();
+    s.sent(4, 0, &mut |p, ok| seen.push((p, ok)));
+    assert!(seen.is_empty(), "judged already: {seen:?}");
+}
+
+/// Every segment of a BITMAP answering the LAST DATA is a verdict, not only
+/// the first one to arrive (which ends the round-trip sample).
+#[test]
+fn every_segment_answering_the_last_data_is_a_verdict() {
+    // 20 chunks, segments of one byte: chunks 0..8 and 8..16 and 16..20.
+    let mut s = Sender::new(20, 0, 0, 1, Mode::Own, true);
+    s.queue(20);
+    for c in 0..20 {
+        s.sent(c, (c % 2) as u8, &mut |_, _| panic!("no verdict on a first sending"));
+        s.dequeued(at(0), &retry(), Duration::ZERO, false);
+    }
+    s.last_sent_as(9, at(0));
+    let mut seen = Vec::new();
+    for (first, bits) in [(0u32, 0xFFu8), (8, 0x7F), (16, 0x0F)] {
+        let mut b = header(PacketType::Bitmap, 20, first);
+        b.payload_len = 1;
+        b.seq = 9;
+        s.on_bitmap(&b, &[bits], at(10), 1, &mut |p, ok| seen.push((p, ok)));
+    }
+    let lost: Vec<u8> = seen.iter().filter(|v| !v.1).map(|v| v.0).collect();
+    assert_eq!((seen.len(), lost), (20, vec![1]), "chunk 15 (path 1) lost, the rest delivered");
 }
 
 /// A reduce-scatter receiver decides on the LAST DATA as on a PROBE: within
@@ -678,7 +730,7 @@ fn a_last_data_is_decided_on_like_a_probe() {
     }
     let repairs = s.decide_alone(at(2), |_| Class::new(0).unwrap(), ClassSet::from_classes(Class::all()));
     assert_eq!(repairs, [40], "one repair gets it within budget");
-    assert!(!s.sent(40, 0), "a repair round carries no LAST");
+    assert!(!s.sent(40, 0, &mut |_, _| {}), "a repair round carries no LAST");
     assert_eq!(s.dequeued(at(3), &retry(), us(500), false), Drained::Probe, "it ends in a PROBE");
     let repair = data(40, n, 0, budget, Flags::REPAIR);
     arrive(&mut r, &repair, at(4));
@@ -754,7 +806,7 @@ fn a_lossy_network_follows_the_last_data_with_a_probe() {
         let mut s = Sender::new(3, 0, 0, SEG, Mode::Own, false);
         s.queue(3);
         for c in 0..3 {
-            assert_eq!(s.sent(c, 0), c == 2);
+            assert_eq!(s.sent(c, 0, &mut |_, _| {}), c == 2);
             let got = s.dequeued(at(0), &retry(), us(500), tail_probe);
             assert_eq!(got, if c == 2 { want } else { Drained::Busy });
         }

@@ -765,7 +765,7 @@ impl Op {
         }
         let avoid = if repair { st.path_of(chunk) } else { None };
         let path = sh.pick_path(peer, avoid, false, now);
-        if st.sent(chunk, path) {
+        if st.sent(chunk, path, &mut |p, ok| sh.judge_path(peer, p, ok, now)) {
             h.flags = h.flags.with(Flags::LAST);
         }
         Some((h, buffer, cr, path))

@@ -40,6 +40,8 @@ pub(crate) struct Sender {
     /// heard: every segment of a BITMAP answering it is a verdict, not only
     /// the first (which clears `last_data`). Cleared by the next round.
     answering_last: Option<u32>,
+    /// The last chunk judged lost and its path (see [`Sender::lost`]).
+    last_loss: Option<(u32, u8)>,
     backoff: u32,
     /// Chunks the receiver was known to hold when this report round began:
     /// a complete report that adds none means the last repairs were all lost.
@@ -119,6 +121,7 @@ impl Sender {
             last_flagged: false,
             last_data: None,
             answering_last: None,
+            last_loss: None,
             backoff: 0,
             round_known: None,
             have: Bitmap::new(n),
@@ -196,10 +199,11 @@ impl Sender {
     pub(crate) fn sent(&mut self, chunk: u32, path: u8, verdict: Verdict<'_>) -> bool {
         self.last_sent = chunk;
         if let Some(p) = self.path_of.get_mut(chunk as usize) {
-            if self.outstanding.get(chunk) {
-                verdict(*p, false);
-            }
+            let last = *p;
             *p = path;
+            if self.outstanding.get(chunk) {
+                self.lost(chunk, last, verdict);
+            }
             self.outstanding.set(chunk);
         }
         self.last_flagged = self.queued == 1 && self.repairs == 0;
@@ -217,8 +221,27 @@ impl Sender {
         let end = first.saturating_add(len).min(self.outstanding.len());
         for c in first..end {
             if self.outstanding.clear(c) {
-                verdict(self.path_of[c as usize], self.have.get(c));
+                let path = self.path_of[c as usize];
+                if self.have.get(c) {
+                    verdict(path, true);
+                } else {
+                    self.lost(c, path, verdict);
+                }
             }
+        }
+    }
+
+    /// A verdict of lost on `chunk`, sent on `path` — unless the chunk
+    /// before it was lost on the same path: a run of losses on one path is
+    /// one loss episode (a switch queue or the receiver's socket that
+    /// overflowed drops a burst; a bad link drops datagrams one by one), so
+    /// one overflow does not brand a path as if each datagram had been a
+    /// separate loss. The run's other chunks get no verdict.
+    fn lost(&mut self, chunk: u32, path: u8, verdict: Verdict<'_>) {
+        let run = self.last_loss == Some((chunk.wrapping_sub(1), path));
+        self.last_loss = Some((chunk, path));
+        if !run {
+            verdict(path, false);
         }
     }
 

@@ -678,6 +678,31 @@ fn a_repair_without_a_verdict_judges_the_last_sending_lost() {
     assert!(seen.is_empty(), "judged already: {seen:?}");
 }
 
+/// A run of chunks lost on one path is one loss (a queue that overflowed):
+/// one verdict of lost for the run; a loss on another path, or after a
+/// delivered chunk, is a loss of its own.
+#[test]
+fn a_run_of_losses_on_one_path_is_one_loss() {
+    let mut s = Sender::new(16, 0, 0, SEG, Mode::Own, true);
+    s.queue(16);
+    for c in 0..16 {
+        // Chunks 0..8 on path 0, 8..16 on path 1.
+        s.sent(c, (c / 8) as u8, &mut |_, _| panic!("no verdict on a first sending"));
+        s.dequeued(at(0), &retry(), Duration::ZERO, false);
+    }
+    s.last_sent_as(3, at(0));
+    let mut b = header(PacketType::Bitmap, 16, 0);
+    b.payload_len = 2;
+    b.seq = 3;
+    // Lost: 2, 3, 4, 5 (path 0: one run), 7 (path 0, after 6 arrived: a
+    // second), 8, 9 (path 1: a run of its own though it follows 7).
+    let mut seen = Vec::new();
+    s.on_bitmap(&b, &[0b0100_0011, 0b1111_1100], at(10), SEG, &mut |p, ok| seen.push((p, ok)));
+    let lost: Vec<u8> = seen.iter().filter(|v| !v.1).map(|v| v.0).collect();
+    assert_eq!(lost, [0, 0, 1], "{seen:?}");
+    assert_eq!(seen.iter().filter(|v| v.1).count(), 9, "every delivered chunk judged");
+}
+
 /// Every segment of a BITMAP answering the LAST DATA is a verdict, not only
 /// the first one to arrive (which ends the round-trip sample).
 #[test]

@@ -1360,7 +1360,7 @@ def main():
     ap.add_argument("--spine-rate", type=int, default=0,
                     help=f"spine step: rate of the spine links in Mbit/s (default {spine.SPINE_MBPS})")
     ap.add_argument("--spine-reps", type=int, default=0,
-                    help="spine step: reps of every system (default 10, 5 for the bbr peers; 3 with --quick)")
+                    help="spine step: reps of every system (default 10, 14 for dlcp, 5 for the bbr peers; 3 with --quick)")
     ap.add_argument("--spine-only", default="",
                     help="spine step: only these conditions and systems, 'cond[,cond...][:system,...]', e.g. "
                          "'spine1 loss 1%%:dlcp1' (default: every condition, every system)")

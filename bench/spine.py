@@ -43,7 +43,8 @@ def plan(quick, ccs, rate=SPINE_MBPS):
     (spine, proto) or None, systems [(system, reps)]."""
     n, m = (3, 3) if quick else (10, 5)
     bbr = [(f"{p}-bbr", m) for p in ("gloo", "mpi") if "bbr" in ccs]
-    trio = [("dlcp1", n), ("gloo", n), ("mpi", n)]
+    # dlcp's share "from op FROM_OP on" needs ops after it: 4 more (5 ops) in a full run.
+    trio = [("dlcp1", n if quick else max(n, FROM_OP + 4)), ("gloo", n), ("mpi", n)]
     return [{"cond": "clean", "rate": rate, "link": {}, "pin": None, "systems": trio + bbr},
             {"cond": "spine1 loss 1%", "rate": rate, "link": {1: {"loss": 1}}, "pin": None, "systems": trio + bbr},
             {"cond": "spine1 at 1/3 rate", "rate": rate, "link": {1: {"rate": rate // 3}}, "pin": None,
@@ -325,7 +326,7 @@ def check():
     assert [c["cond"] for c in ps] == ["clean", "spine1 loss 1%", "spine1 at 1/3 rate", "hash collision",
                                        "clean, half rate"]
     assert ps[2]["link"] == {1: {"rate": SPINE_MBPS // 3}} and ps[4]["rate"] == SPINE_MBPS // 2
-    assert ps[3]["pin"] == (0, "tcp") and all(n == 10 for s, n in ps[0]["systems"] if "bbr" not in s)
+    assert ps[3]["pin"] == (0, "tcp") and all(n == (14 if s == "dlcp1" else 10) for s, n in ps[0]["systems"] if "bbr" not in s)
     assert {s for s, _ in ps[0]["systems"]} == {"dlcp1", "gloo", "mpi", "gloo-bbr", "mpi-bbr"}
     lines_ = report([{"cond": "clean", "system": "dlcp1", "stats": {"n": 10, "p50": 1.0, "p99": 1.2, "max": 1.3},
                       "spine": dict(f, spines=[{"dropped_packets": 0, "queue_drops": 1},

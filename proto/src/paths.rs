@@ -53,13 +53,14 @@
 //!   whose trouble is over comes back even while the budget hides its
 //!   losses. From its first recovery step a path is **on probation**: it is
 //!   judged on its verdicts since, not on the window that cut it, by a
-//!   sequential probability-ratio test (Wald): "as lossy as when it was
-//!   cut" against "as good as the baseline", until the odds are 19 to 1
-//!   either way ([`PROBATION_ODDS`]) — cut again, or healed (its probation
-//!   verdicts become its long window). At 1.2% against 0.3% that takes
-//!   about 400 verdicts to cut and 600 to heal, where a fixed test of
-//!   "stands out" needed 1,000–2,000 and healed a path still at 1.2% about
-//!   half the time when the baseline was 0.6%. Each cut on probation doubles
+//!   sequential probability-ratio test (Wald): "just lossy enough to be
+//!   cut" (the long window's bar, 1.5 times the baseline plus 0.2%)
+//!   against "as good as the baseline", until the odds are 19 to 1 either
+//!   way ([`PROBATION_ODDS`]) — cut again, or healed (its probation
+//!   verdicts become its long window). Against a baseline of 0.05% that
+//!   takes about 170 verdicts to cut a path at 1.2% and about 2,000 clean
+//!   ones to heal, where a fixed test of "stands out" needed 1,000–2,000
+//!   to cut (by calculation). Each cut on probation doubles
 //!   its recovery step, up to `RECOVER_AFTER << MAX_BACKOFF`, and a
 //!   healing resets it: a path that stays lossy is tried ever more rarely.
 //! - **A long window for small differences.** The short window holds tens
@@ -81,8 +82,8 @@
 //!   many minutes of the odd packet to forget (before probation, such a
 //!   path never came back: `heal_tests`). Unit test: paths losing 1.2%
 //!   against 0.2%, 4,000 verdicts a second (at once, or in batches every
-//!   1.5 s as a transfer's BITMAP brings them), carry 4–15% of the DATA from
-//!   20 s on (12 seeds) and are all back at full weight 35–109 s after
+//!   1.5 s as a transfer's BITMAP brings them), carry 4–10% of the DATA from
+//!   20 s on (12 seeds) and are all back at full weight 36–136 s after
 //!   their loss ends.
 //!   The long window and probation take 40 bytes per path and peer, the
 //!   operators' counters ([`PathHealth`]) 24.
@@ -144,8 +145,6 @@ struct Path {
     /// verdicts since then, delivered and lost. It is judged on these, not on
     /// the long window that cut it; enough of them clean heal it.
     probation: Option<(f64, f64)>,
-    /// Its loss rate in the window that cut it: what probation tests against.
-    cut_rate: f64,
     /// Cuts in a row on probation: each doubles the time a recovery step
     /// takes ([`RECOVER_AFTER`] << `backoff`, up to [`MAX_BACKOFF`]).
     backoff: u8,
@@ -210,7 +209,6 @@ impl PeerPaths {
             lost_long: 0.0,
             since: now,
             probation: None,
-            cut_rate: 0.0,
             backoff: 0,
             verdicts: 0,
             losses: 0,
@@ -324,7 +322,7 @@ impl PeerPaths {
             // A path on probation is judged on its verdicts since: the long
             // window that cut it forgets too slowly for it ever to heal.
             let trial = match (p.probation, long_base) {
-                (Some((ok, lost)), Some(b)) => probation_odds(ok, lost, p.cut_rate, b),
+                (Some((ok, lost)), Some(b)) => probation_odds(ok, lost, b),
                 _ => 0.0,
             };
             let slow = match p.probation {
@@ -340,16 +338,8 @@ impl PeerPaths {
                 if p.weight > FLOOR {
                     self.long_cuts += u64::from(!fast);
                     p.cuts += 1;
-                    // What probation will test against: the rate that cut
-                    // it (a cut on probation confirms the one it had).
-                    let on_probation = p.probation.take().is_some();
-                    if on_probation {
+                    if p.probation.take().is_some() {
                         p.backoff = (p.backoff + 1).min(MAX_BACKOFF);
-                    }
-                    if fast {
-                        p.cut_rate = p.cut_rate.max(p.lost / n);
-                    } else if !on_probation {
-                        p.cut_rate = p.lost_long / nl;
                     }
                     p.weight = FLOOR;
                     p.since = now;
@@ -362,7 +352,6 @@ impl PeerPaths {
                     (p.ok_long, p.lost_long) = (ok, lost);
                     p.probation = None;
                     p.backoff = 0;
-                    p.cut_rate = 0.0;
                 }
                 if short_evidence {
                     p.weight = (p.weight * 2).min(FULL);
@@ -378,12 +367,15 @@ impl PeerPaths {
     }
 }
 
-/// The log-odds of `lost` losses and `ok` deliveries under a loss rate of
-/// `bad` (at least twice `base`) against one of `base` (both at least
-/// [`MIN_RATE`]): positive says still lossy, negative healed.
-fn probation_odds(ok: f64, lost: f64, bad: f64, base: f64) -> f64 {
+/// The log-odds of `lost` losses and `ok` deliveries under the least loss
+/// rate the long window cuts for (1.5 times `base` plus 0.2%, at least twice
+/// it) against `base` (at least [`MIN_RATE`]): positive says still lossy,
+/// negative healed. Not the rate that cut the path: a path cut on a burst
+/// of queue drops (tens of percent in the short window) would pass as
+/// healed at 2%, nearer the baseline than the burst.
+fn probation_odds(ok: f64, lost: f64, base: f64) -> f64 {
     let b = base.max(MIN_RATE);
-    let r = bad.max(2.0 * b).min(0.5);
+    let r = (1.5 * b + 0.002).max(2.0 * b).min(0.5);
     lost * (r / b).ln() + ok * ((1.0 - r) / (1.0 - b)).ln()
 }
 

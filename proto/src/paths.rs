@@ -107,9 +107,10 @@ pub const RECOVER_AFTER: Duration = Duration::from_millis(500);
 /// path still lossy after several probations is tried about every three
 /// minutes).
 pub const MAX_BACKOFF: u8 = 6;
-/// Probation is a sequential test (Wald's SPRT) between "as lossy as when
-/// it was cut" and "as good as the baseline": it ends when the odds of one
-/// over the other reach 19 to 1 (this is their logarithm).
+/// Probation is a sequential test (Wald's SPRT) between "just lossy enough
+/// to be cut" and "as good as the baseline" ([`probation_odds`]): it ends
+/// when the odds of one over the other reach 19 to 1 (this is their
+/// logarithm).
 const PROBATION_ODDS: f64 = 2.944_438_979;
 /// The least loss rate either side of that test assumes (a baseline of 0
 /// would make one loss proof).

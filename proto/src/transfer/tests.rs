@@ -609,18 +609,26 @@ fn an_all_gather_transfer_reports_to_the_owner_and_closes_on_the_agreed_mask() {
     assert_eq!(r.timers().count(), 0);
 }
 
+/// A multipath sender of `n` chunks (BITMAP segments of `seg` bytes) that
+/// sent every chunk once, chunk `c` on path `path(c)`, in Mode::Own: no
+/// verdict yet.
+fn sent_on(n: u32, seg: usize, path: impl Fn(u32) -> u8) -> Sender {
+    let mut s = Sender::new(n, 0, 0, seg, Mode::Own, true);
+    s.queue(n);
+    for c in 0..n {
+        s.sent(c, path(c), &mut |_, _| panic!("no verdict on a first sending"));
+        s.dequeued(at(0), &retry(), Duration::ZERO, false);
+    }
+    s
+}
+
 /// With more than one path, the sender remembers each chunk's path and
 /// turns the BITMAP answering its LAST DATA (or PROBE) into one verdict per chunk sent:
 /// delivered, or lost on its path. A stale bitmap gives none; a DONE under
 /// budget 0 says every outstanding chunk arrived.
 #[test]
 fn a_multipath_sender_judges_each_chunk_on_its_path_once() {
-    let mut s = Sender::new(10, 0, 0, SEG, Mode::Own, true);
-    s.queue(10);
-    for c in 0..10 {
-        s.sent(c, (c % 3) as u8, &mut |_, _| panic!("no verdict on a first sending"));
-        s.dequeued(at(0), &retry(), Duration::ZERO, false);
-    }
+    let mut s = sent_on(10, SEG, |c| (c % 3) as u8);
     assert_eq!(s.path_of(4), Some(1));
     // Chunk 9 went out as LAST, data sequence number 77.
     s.last_sent_as(77, at(0));
@@ -655,12 +663,7 @@ fn a_multipath_sender_judges_each_chunk_on_its_path_once() {
 /// path alone.
 #[test]
 fn a_repair_without_a_verdict_judges_the_last_sending_lost() {
-    let mut s = Sender::new(10, 0, 0, SEG, Mode::Own, true);
-    s.queue(10);
-    for c in 0..10 {
-        s.sent(c, (c % 3) as u8, &mut |_, _| panic!("no verdict on a first sending"));
-        s.dequeued(at(0), &retry(), Duration::ZERO, false);
-    }
+    let mut s = sent_on(10, SEG, |c| (c % 3) as u8);
     // Chunk 4 (path 1) sent again with no verdict on it: lost on path 1.
     let mut seen = Vec::new();
     s.sent(4, 2, &mut |p, ok| seen.push((p, ok)));
@@ -683,13 +686,8 @@ fn a_repair_without_a_verdict_judges_the_last_sending_lost() {
 /// delivered chunk, is a loss of its own.
 #[test]
 fn a_run_of_losses_on_one_path_is_one_loss() {
-    let mut s = Sender::new(16, 0, 0, SEG, Mode::Own, true);
-    s.queue(16);
-    for c in 0..16 {
-        // Chunks 0..8 on path 0, 8..16 on path 1.
-        s.sent(c, (c / 8) as u8, &mut |_, _| panic!("no verdict on a first sending"));
-        s.dequeued(at(0), &retry(), Duration::ZERO, false);
-    }
+    // Chunks 0..8 on path 0, 8..16 on path 1.
+    let mut s = sent_on(16, SEG, |c| (c / 8) as u8);
     s.last_sent_as(3, at(0));
     let mut b = header(PacketType::Bitmap, 16, 0);
     b.payload_len = 2;
@@ -708,12 +706,7 @@ fn a_run_of_losses_on_one_path_is_one_loss() {
 #[test]
 fn every_segment_answering_the_last_data_is_a_verdict() {
     // 20 chunks, segments of one byte: chunks 0..8 and 8..16 and 16..20.
-    let mut s = Sender::new(20, 0, 0, 1, Mode::Own, true);
-    s.queue(20);
-    for c in 0..20 {
-        s.sent(c, (c % 2) as u8, &mut |_, _| panic!("no verdict on a first sending"));
-        s.dequeued(at(0), &retry(), Duration::ZERO, false);
-    }
+    let mut s = sent_on(20, 1, |c| (c % 2) as u8);
     s.last_sent_as(9, at(0));
     let mut seen = Vec::new();
     for (first, bits) in [(0u32, 0xFFu8), (8, 0x7F), (16, 0x0F)] {

@@ -622,6 +622,16 @@ fn sent_on(n: u32, seg: usize, path: impl Fn(u32) -> u8) -> Sender {
     s
 }
 
+/// The verdicts `s` gives on a BITMAP segment from chunk `first` with
+/// `bits`, echoing data sequence number `seq` (segments of `seg` bytes).
+fn bitmap_verdicts(s: &mut Sender, first: u32, seq: u32, bits: &[u8], seg: usize) -> Vec<(u8, bool)> {
+    let mut b = header(PacketType::Bitmap, s.n(), first);
+    (b.payload_len, b.seq) = (bits.len() as u16, seq);
+    let mut seen = Vec::new();
+    s.on_bitmap(&b, bits, at(10), seg, &mut |p, ok| seen.push((p, ok)));
+    seen
+}
+
 /// With more than one path, the sender remembers each chunk's path and
 /// turns the BITMAP answering its LAST DATA (or PROBE) into one verdict per chunk sent:
 /// delivered, or lost on its path. A stale bitmap gives none; a DONE under
@@ -671,10 +681,7 @@ fn a_repair_without_a_verdict_judges_the_last_sending_lost() {
     // Once judged, a chunk sent again is no news.
     seen.clear();
     s.last_sent_as(5, at(0));
-    let mut b = header(PacketType::Bitmap, 10, 0);
-    b.payload_len = 2;
-    b.seq = 5;
-    s.on_bitmap(&b, &[0xEF, 0x03], at(10), SEG, &mut |p, ok| seen.push((p, ok)));
+    seen = bitmap_verdicts(&mut s, 0, 5, &[0xEF, 0x03], SEG);
     assert_eq!((seen.len(), seen.iter().filter(|v| !v.1).count()), (10, 1), "{seen:?}");
     seen.clear();
     s.sent(4, 0, &mut |p, ok| seen.push((p, ok)));
@@ -689,13 +696,9 @@ fn a_run_of_losses_on_one_path_is_one_loss() {
     // Chunks 0..8 on path 0, 8..16 on path 1.
     let mut s = sent_on(16, SEG, |c| (c / 8) as u8);
     s.last_sent_as(3, at(0));
-    let mut b = header(PacketType::Bitmap, 16, 0);
-    b.payload_len = 2;
-    b.seq = 3;
     // Lost: 2, 3, 4, 5 (path 0: one run), 7 (path 0, after 6 arrived: a
     // second), 8, 9 (path 1: a run of its own though it follows 7).
-    let mut seen = Vec::new();
-    s.on_bitmap(&b, &[0b0100_0011, 0b1111_1100], at(10), SEG, &mut |p, ok| seen.push((p, ok)));
+    let seen = bitmap_verdicts(&mut s, 0, 3, &[0b0100_0011, 0b1111_1100], SEG);
     let lost: Vec<u8> = seen.iter().filter(|v| !v.1).map(|v| v.0).collect();
     assert_eq!(lost, [0, 0, 1], "{seen:?}");
     assert_eq!(seen.iter().filter(|v| v.1).count(), 9, "every delivered chunk judged");
@@ -710,10 +713,7 @@ fn every_segment_answering_the_last_data_is_a_verdict() {
     s.last_sent_as(9, at(0));
     let mut seen = Vec::new();
     for (first, bits) in [(0u32, 0xFFu8), (8, 0x7F), (16, 0x0F)] {
-        let mut b = header(PacketType::Bitmap, 20, first);
-        b.payload_len = 1;
-        b.seq = 9;
-        s.on_bitmap(&b, &[bits], at(10), 1, &mut |p, ok| seen.push((p, ok)));
+        seen.extend(bitmap_verdicts(&mut s, first, 9, &[bits], 1));
     }
     let lost: Vec<u8> = seen.iter().filter(|v| !v.1).map(|v| v.0).collect();
     assert_eq!((seen.len(), lost), (20, vec![1]), "chunk 15 (path 1) lost, the rest delivered");

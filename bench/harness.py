@@ -204,11 +204,16 @@ def proc_cpu(pid):
         return 0.0
 
 
-def wait_all(procs, timeout, what):
-    """Wait for every Popen; kill them all if the deadline passes. Returns stdouts."""
+def wait_all(procs, timeout, what, grace=0.0):
+    """Wait for every Popen; kill them all if the deadline passes. Returns stdouts.
+
+    When one exits non-zero, the others get up to `grace` seconds to end by
+    themselves (a dlcp trainer whose peer failed fails too, within its op
+    timeout, saying what it waited on) before they are killed; the error
+    names every process that failed, by its index, with its stderr's tail."""
     deadline = time.time() + timeout
     outs = []
-    for p in procs:
+    for i, p in enumerate(procs):
         left = max(0.1, deadline - time.time())
         try:
             out, err = p.communicate(timeout=left)
@@ -217,10 +222,21 @@ def wait_all(procs, timeout, what):
                 q.kill()
             raise RuntimeError(f"{what}: timed out after {timeout} s")
         if p.returncode != 0:
-            for q in procs:
-                if q.poll() is None:
+            failed = [f"[{i}] exit {p.returncode}: {err.strip()[-1500:]}"]
+            end = time.time() + grace
+            for j, q in enumerate(procs):
+                if j <= i:
+                    continue
+                try:
+                    _, qerr = q.communicate(timeout=max(0.1, end - time.time()))
+                except subprocess.TimeoutExpired:
                     q.kill()
-            raise RuntimeError(f"{what}: exit {p.returncode}: {err.strip()[-1500:]}")
+                    _, qerr = q.communicate()
+                    failed.append(f"[{j}] still running after {grace:.0f} s, killed")
+                    continue
+                if q.returncode != 0:
+                    failed.append(f"[{j}] exit {q.returncode}: {(qerr or '').strip()[-1500:]}")
+            raise RuntimeError(f"{what}: " + "; ".join(failed))
         outs.append(out)
     return outs
 
@@ -445,6 +461,7 @@ class Runner:
         if isinstance(extra, str):
             extra += self.shm_for(sizes, buckets)
         daemons, socks, d = self.start_daemons(system, hosts, extra)
+        failed = False
         try:
             cpu0 = sum(proc_cpu(p.pid) for p in daemons)
             procs = []
@@ -454,15 +471,51 @@ class Runner:
                         "--budget-ppm", str(budget_ppm), "--seed", str(1000 * h + 1), "--timeout-s", "120"]
                 args += workload_args(sizes, buckets)
                 procs.append(self.popen(system, args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-            outs = wait_all(procs, timeout, "dlcp trainers")
+            # A trainer that fails is waited on by its peers' own op timeout (10 s): their
+            # errors say what each waited on.
+            outs = wait_all(procs, timeout, "dlcp trainers", grace=15.0)
             cpu = sum(proc_cpu(p.pid) for p in daemons) - cpu0
             r = combine(LABEL.get(system, system), parse_json_lines(outs), extra_cpu=cpu)
             r["drops"], r["datapath"] = self.daemon_stats(socks)
             return r
+        except BaseException:
+            failed = True
+            try:
+                self.dump_daemons(socks, d)
+            except Exception as e:  # the failure being raised matters more
+                log(f"  {system}: dlcpctl dumps incomplete: {e}")
+            raise
         finally:
             self.stop_daemons(daemons)
-            if os.environ.get("DLCP_BENCH_KEEP_LOGS") != "1":
-                shutil.rmtree(d, ignore_errors=True)
+            if failed or os.environ.get("DLCP_BENCH_KEEP_LOGS") == "1":
+                self.keep_logs(system, d, failed)
+            shutil.rmtree(d, ignore_errors=True)
+
+    def dump_daemons(self, socks, d):
+        """What each daemon says of itself as a run fails: `dlcpctl stats` and `status`
+        (counters, ops in flight, peers) into d/d<h>.<what>.json."""
+        ctl = os.path.join(self.bindir, "dlcpctl")
+        for h, sock in enumerate(socks):
+            for what in ("stats", "status"):
+                r = sh([ctl, "--socket", sock, what, "--json"], check=False, timeout=10)
+                with open(os.path.join(d, f"d{h}.{what}.json"), "w") as f:
+                    f.write(r.stdout if r.returncode == 0 else f"dlcpctl {what}: exit {r.returncode}: {r.stderr}")
+
+    @staticmethod
+    def keep_logs(system, d, failed):
+        """Copy a dlcp row's daemon logs and dumps (not its configs: they hold the job
+        secret) out of the work directory, which the run removes, to
+        $DLCP_BENCH_LOG_DIR (default /var/tmp/dlcp-bench-logs)/<time>-<system>[-failed]/."""
+        root = os.environ.get("DLCP_BENCH_LOG_DIR", "/var/tmp/dlcp-bench-logs")
+        dest = os.path.join(root, time.strftime("%Y%m%d-%H%M%S") + f"-{system}" + ("-failed" if failed else ""))
+        try:
+            os.makedirs(dest, exist_ok=True)
+            for name in sorted(os.listdir(d)):
+                if name.endswith((".log", ".json")):
+                    shutil.copy2(os.path.join(d, name), dest)
+            log(f"  {system}: daemon logs{' of the failed run' if failed else ''} kept in {dest}")
+        except OSError as e:
+            log(f"  {system}: could not keep the daemon logs in {dest}: {e}")
 
     # ---------------- the floor
     def run_floor(self, hosts, reps, warmup, sizes, timeout=900):
@@ -1145,6 +1198,42 @@ def parse_simulate(stdout, n, size_mb):
     return row
 
 
+def check_wait_all():
+    """wait_all: one process fails, one fails by itself within the grace, one would run
+    on and is killed; the error names all three. And the log copy leaves configs behind."""
+    def py(code):
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    procs = [py("import sys; sys.exit(0)"), py("import sys; sys.stderr.write('op 8 timeout'); sys.exit(3)"),
+             py("import sys, time; time.sleep(0.5); sys.stderr.write('rank 2 waited on op 7'); sys.exit(4)"),
+             py("import time; time.sleep(60)")]
+    t0 = time.time()
+    try:
+        wait_all(procs, 30, "trainers", grace=2.0)
+        raise AssertionError("wait_all returned although processes failed")
+    except RuntimeError as e:
+        msg = str(e)
+    assert "[1] exit 3: op 8 timeout" in msg and "[2] exit 4: rank 2 waited on op 7" in msg, msg
+    assert "[3] still running after 2 s, killed" in msg and time.time() - t0 < 10, msg
+    assert all(p.poll() is not None for p in procs)
+    with tempfile.TemporaryDirectory() as work, tempfile.TemporaryDirectory() as kept:
+        for name in ("d0.log", "d0.stats.json", "d0.toml"):
+            with open(os.path.join(work, name), "w") as f:
+                f.write(name)
+        old = os.environ.get("DLCP_BENCH_LOG_DIR")
+        os.environ["DLCP_BENCH_LOG_DIR"] = kept
+        try:
+            Runner.keep_logs("dlcp1", work, failed=True)
+        finally:
+            if old is None:
+                del os.environ["DLCP_BENCH_LOG_DIR"]
+            else:
+                os.environ["DLCP_BENCH_LOG_DIR"] = old
+        (sub,) = os.listdir(kept)
+        assert sub.endswith("-dlcp1-failed") and sorted(os.listdir(os.path.join(kept, sub))) == \
+            ["d0.log", "d0.stats.json"], os.listdir(os.path.join(kept, sub))
+
+
 def self_check():
     """Cheap checks of the harness's own logic (CI runs this; no root, no testbed)."""
     params = resnet50_params()
@@ -1172,6 +1261,7 @@ def self_check():
     check_measure()
     check_config_and_plan()
     check_report()
+    check_wait_all()
     spine.check()
     assert parse_nft_counters("table inet x {\n\tcounter seen {\n\t\tpackets 7 bytes 900\n\t}\n}\n") == \
         {"seen": (7, 900)}

@@ -58,6 +58,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -214,15 +215,35 @@ def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) 
         procs.append(subprocess.Popen(cmd, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, env=env))
     t0 = time.time()
     timed_out = False
-    for p in procs:
-        try:
-            p.wait(timeout=max(1, args.run_timeout - (time.time() - t0)))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            for q in procs:
-                q.kill()
-    for p in procs:
-        p.wait()
+    try:
+        for p in procs:
+            try:
+                p.wait(timeout=max(1, args.run_timeout - (time.time() - t0)))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                for q in procs:
+                    q.kill()
+    except BaseException:  # interrupted (SIGINT, or SIGTERM made one in main): no trainer outlives us
+        for q in procs:
+            q.kill()
+        raise
+    finally:
+        for p in procs:
+            p.wait()
+    if backend == "dlcp" and (timed_out or any(p.returncode for p in procs)):
+        # What each daemon says of itself as the run fails, and its log, kept out of the work
+        # directory (harness.Runner.keep_logs: not the configs, which hold the job secret).
+        for h in range(HOSTS):
+            for what in ("stats", "status"):
+                try:
+                    r = harness.sh([str(args.bindir / "dlcpctl"), "--socket", str(daemons.sock(h)), what,
+                                    "--json"], check=False, timeout=10)
+                    text = r.stdout if r.returncode == 0 else r.stderr
+                except subprocess.TimeoutExpired:
+                    text = f"dlcpctl {what}: no answer in 10 s"
+                (work / f"d{h}.{what}.json").write_text(text)
+        daemons.stop()
+        harness.Runner.keep_logs(f"tta-{transport}-seed{seed}", str(work), failed=True)
     daemons.stop()
     if timed_out:
         return {"ok": False, "error": f"wall-clock timeout {args.run_timeout:g} s: " + (work / "r0.log").read_text()[-800:]}
@@ -557,6 +578,13 @@ def main() -> int:
         return 0
     if os.geteuid() != 0:
         sys.exit("time_to_accuracy.py: needs root (network namespaces)")
+    # SIGTERM ends a run as Ctrl-C does: its trainers killed, daemons stopped, testbed down
+    # (SIGINT too: started in the background of a non-interactive shell, SIGINT is ignored).
+    def on_signal(sig, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     for f in (args.bindir / "dlcpd", args.bindir / "dlcpctl", args.lib or args.bindir / "libdlcp_client.so"):
         if not f.exists():
             sys.exit(f"{f} missing: cargo build --release -p dlcp -p dlcp-client (or --bindir, --lib)")

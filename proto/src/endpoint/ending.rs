@@ -6,7 +6,7 @@
 
 use crate::endpoint::Endpoint;
 use crate::endpoint::allreduce::Op;
-use crate::endpoint::api::{Event, OpError, OpId};
+use crate::endpoint::api::{Event, OpError, OpId, OpKey};
 use crate::endpoint::history::{Failed, Linger};
 
 impl Endpoint {
@@ -15,9 +15,14 @@ impl Endpoint {
     /// soon as its own receives are done and retires the op when every
     /// receiver's ACK arrived (wire version 10, [`acks`]).
     pub(super) fn check_complete(&mut self, id: OpId) {
-        let Some(op) = self.ops.get_mut(&id) else { return };
+        let Some(slot) = self.ops.slot(&id) else { return };
+        let Some(op) = self.ops.at_mut(slot, &id) else { return };
         let me = self.sh.me();
         if op.is_deliverable(op.exact_gather(&self.sh)) {
+            // Its all-gather, if still held for its reduce-scatter, goes
+            // now: the receivers wait for it, and the delivery below lets
+            // the reduce-scatter senders it waited on go.
+            op.release_gather(OpKey::new(id, slot), &mut self.sh);
             let now = self.now;
             let report = op.report(id, now, me);
             let result = op.deliver(now, me, &mut self.pool);

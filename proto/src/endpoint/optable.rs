@@ -35,12 +35,6 @@ impl OpTable {
         self.at(self.slot(id)?, id)
     }
 
-    /// Op `id`, to change.
-    pub(crate) fn get_mut(&mut self, id: &OpId) -> Option<&mut Op> {
-        let slot = self.slot(id)?;
-        self.at_mut(slot, id)
-    }
-
     /// The op in `slot`, if it is op `id` (a slot is reused once its op ends).
     pub(crate) fn at(&self, slot: Slot, id: &OpId) -> Option<&Op> {
         match self.slots.get(slot as usize)? {

@@ -824,17 +824,15 @@ impl Op {
             Phase::Gather => Duration::ZERO,
             _ => self.ack_wait(now, phase, retry.deadline_cap()),
         };
-        let st = self.transfers.sender_mut(phase, peer)?;
-        let drained = st.dequeued(now, &retry, ack, sh.loss.lossy());
-        if phase == Phase::Scatter
-            && st.queued() == 0
-            && self.gather_held
-            && self.scatter_drained(sh.cfg.world)
-        {
-            self.gather_held = false;
-            self.first_pass(key, Phase::Gather, sh);
+        let drained =
+            self.transfers.sender_mut(phase, peer).map(|st| st.dequeued(now, &retry, ack, sh.loss.lossy()));
+        // Whether or not its transfer is still here: a delivered op has let
+        // its reduce-scatter senders go, and a held all-gather must not wait
+        // on them ([`Op::release_gather`]).
+        if phase == Phase::Scatter && self.gather_held && self.scatter_drained(sh.cfg.world) {
+            self.release_gather(key, sh);
         }
-        match drained {
+        match drained? {
             Drained::Busy => None,
             Drained::Report => {
                 self.decide_gather(key, sh);

@@ -46,11 +46,12 @@ struct Sent {
     gather: u32,
 }
 
-/// Rank 0: an endpoint whose transmits stop for `PAUSE` after
+/// An endpoint; rank 0's (`pauses`) stops transmitting for `PAUSE` after
 /// `BEFORE_PAUSE` first-pass reduce-scatter chunks, while it keeps
 /// receiving and running its timers.
 struct Pausing {
     inner: Endpoint,
+    pauses: bool,
     sent: Rc<RefCell<Sent>>,
     /// The pause is over (its wake-up came).
     resumed: bool,
@@ -71,6 +72,9 @@ impl Node for Pausing {
         self.inner.handle_timeout(now)
     }
     fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        if !self.pauses {
+            return self.inner.poll_transmit(now, buf);
+        }
         if self.resume_at().is_some_and(|r| now < r) {
             return None;
         }
@@ -97,77 +101,12 @@ impl Node for Pausing {
     }
 }
 
-/// Rank 1 unchanged.
-struct Plain(Endpoint);
-
-impl Node for Plain {
-    fn handle_datagram(&mut self, now: Instant, d: &[u8]) {
-        self.0.handle_datagram(now, d)
-    }
-    fn handle_timeout(&mut self, now: Instant) {
-        self.0.handle_timeout(now)
-    }
-    fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
-        self.0.poll_transmit(now, buf)
-    }
-    fn poll_timeout(&self) -> Option<Instant> {
-        self.0.poll_timeout()
-    }
-}
-
-enum Either {
-    Zero(Pausing),
-    One(Plain),
-}
-
-impl Either {
-    fn endpoint(&mut self) -> &mut Endpoint {
-        match self {
-            Either::Zero(p) => &mut p.inner,
-            Either::One(p) => &mut p.0,
-        }
-    }
-    fn endpoint_ref(&self) -> &Endpoint {
-        match self {
-            Either::Zero(p) => &p.inner,
-            Either::One(p) => &p.0,
-        }
-    }
-}
-
-impl Node for Either {
-    fn handle_datagram(&mut self, now: Instant, d: &[u8]) {
-        match self {
-            Either::Zero(p) => p.handle_datagram(now, d),
-            Either::One(p) => p.handle_datagram(now, d),
-        }
-    }
-    fn handle_timeout(&mut self, now: Instant) {
-        match self {
-            Either::Zero(p) => p.handle_timeout(now),
-            Either::One(p) => p.handle_timeout(now),
-        }
-    }
-    fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
-        match self {
-            Either::Zero(p) => p.poll_transmit(now, buf),
-            Either::One(p) => p.poll_transmit(now, buf),
-        }
-    }
-    fn poll_timeout(&self) -> Option<Instant> {
-        match self {
-            Either::Zero(p) => p.poll_timeout(),
-            Either::One(p) => p.poll_timeout(),
-        }
-    }
-}
-
 type RankOutcome = Option<Result<(Vec<f32>, OpReport), String>>;
 
 /// Collect op `id`'s outcome at every rank.
-fn take(sim: &mut Sim<Either>, id: OpId, results: &mut [RankOutcome]) {
+fn take(sim: &mut Sim<Pausing>, id: OpId, results: &mut [RankOutcome]) {
     for (r, slot) in results.iter_mut().enumerate() {
-        while let Some(ev) = sim.node_mut(r as u32).endpoint().poll_event() {
+        while let Some(ev) = sim.node_mut(r as u32).inner.poll_event() {
             match ev {
                 Event::OpComplete { id: got, result, report } if got == id => {
                     *slot = Some(Ok((result, *report)))
@@ -183,27 +122,27 @@ fn take(sim: &mut Sim<Either>, id: OpId, results: &mut [RankOutcome]) {
 fn an_owner_whose_receives_finish_before_its_scatter_left_still_sends_its_all_gather() {
     let world = 2;
     let sent = Rc::new(RefCell::new(Sent::default()));
-    let nodes = vec![
-        Either::Zero(Pausing {
-            inner: Endpoint::new(endpoint_config(0, world, 1), Instant::ZERO),
+    let nodes = (0..world)
+        .map(|r| Pausing {
+            inner: Endpoint::new(endpoint_config(r, world, 1), Instant::ZERO),
+            pauses: r == 0,
             sent: sent.clone(),
             resumed: false,
-        }),
-        Either::One(Plain(Endpoint::new(endpoint_config(1, world, 1), Instant::ZERO))),
-    ];
+        })
+        .collect();
     let mut sim = Sim::new(NetConfig::default().with_seed(5), nodes);
     for r in 0..world {
-        sim.node_mut(r).endpoint().begin_run(Instant::ZERO);
+        sim.node_mut(r).inner.begin_run(Instant::ZERO);
     }
     sim.run_until(Instant::ZERO + Duration::from_millis(100), |s| {
-        (0..world).all(|r| s.node(r).endpoint_ref().run().is_some_and(|(_, id)| id != 0))
+        (0..world).all(|r| s.node(r).inner.run().is_some_and(|(_, id)| id != 0))
     });
     let x = inputs(23, world, N * CHUNK_ELEMS * world as usize);
     let o = opts(50_000);
     let id = OpId { run: 1, seq: 1, tensor: 0 };
     let start = sim.now();
     for r in 0..world {
-        sim.node_mut(r).endpoint().start_allreduce(start, id, x[r as usize].clone(), o).unwrap();
+        sim.node_mut(r).inner.start_allreduce(start, id, x[r as usize].clone(), o).unwrap();
     }
     // Through the pause: rank 1 closes within budget and sends its
     // all-gather; rank 0's receives complete while its tail is queued.
@@ -223,7 +162,7 @@ fn an_owner_whose_receives_finish_before_its_scatter_left_still_sends_its_all_ga
     );
     // After the pause: rank 0 sends its all-gather, rank 1 completes.
     sim.run_until(start + Duration::from_millis(600), |s| {
-        (0..world).all(|r| s.node(r).endpoint_ref().ops_in_flight() == 0)
+        (0..world).all(|r| s.node(r).inner.ops_in_flight() == 0)
     });
     take(&mut sim, id, &mut results);
     let res: Vec<(Vec<f32>, _)> = results

@@ -477,6 +477,8 @@ class Runner:
             cpu = sum(proc_cpu(p.pid) for p in daemons) - cpu0
             r = combine(LABEL.get(system, system), parse_json_lines(outs), extra_cpu=cpu)
             r["drops"], r["datapath"] = self.daemon_stats(socks)
+            if os.environ.get("DLCP_BENCH_KEEP_LOGS") == "1":
+                self.dump_daemons(socks, d)
             return r
         except BaseException:
             failed = True
@@ -492,7 +494,8 @@ class Runner:
             shutil.rmtree(d, ignore_errors=True)
 
     def dump_daemons(self, socks, d):
-        """What each daemon says of itself as a run fails: `dlcpctl stats` and `status`
+        """What each daemon says of itself as a run fails (or ends, with DLCP_BENCH_KEEP_LOGS=1):
+        `dlcpctl stats` and `status`
         (counters, ops in flight, peers) into d/d<h>.<what>.json."""
         ctl = os.path.join(self.bindir, "dlcpctl")
         for h, sock in enumerate(socks):
@@ -892,7 +895,7 @@ class Bench:
             tb = dict(c["tb"])
             cross = tb.pop("cross", None)
             log(f"headline: {cname}, MTU {mtu}, {csize // MiB} MiB, {hosts} hosts: "
-                + ", ".join(f"{s} x{n}" for s, n in c["systems"]))
+                + ", ".join(f"{s} x{n}" for s, n in self.pick_systems(c["systems"])))
             self.bed.up(hosts + (1 if cross else 0), mtu=mtu, **tb)
             extra = []
             try:
@@ -901,7 +904,7 @@ class Bench:
                 base = measure.idle_baseline(2 if self.quick else 4)
                 log(f"  idle baseline: {base:.2f} busy cores with nothing of ours running")
                 self.data["baselines"].append({"cond": cname, "mtu": mtu, "busy_cores": base})
-                for s, reps in c["systems"]:
+                for s, reps in self.pick_systems(c["systems"]):
                     self.headline_run(cname, mtu, csize, s, reps, base)
                 if tb.get("loss"):
                     seen, dropped = self.bed.loss_counters()
@@ -913,10 +916,23 @@ class Bench:
                 self.bed.down()
             self.headline_lines(cname, mtu, csize)
 
+    def pick_systems(self, systems):
+        """The headline rows to run: every one, or `--systems` (a comma list of system names,
+        in that order, a name may repeat: `dlcp1,dlcp1-path1,dlcp1,dlcp1-path1` interleaves an
+        A/B); `--reps N` overrides the reps of every row."""
+        names = [x.strip() for x in (self.a.systems or "").split(",") if x.strip()]
+        reps = dict(systems)
+        if names:
+            unknown = sorted(set(names) - set(LABEL))
+            if unknown:
+                raise SystemExit(f"--systems: no such system: {', '.join(unknown)} (systems: {', '.join(sorted(LABEL))})")
+            systems = [(n, reps.get(n, 3 if self.quick else 10)) for n in names]
+        return [(n, self.a.reps or r) for n, r in systems]
+
     def headline_run(self, cname, mtu, csize, s, reps, base):
         hosts = 4
         profile = None
-        if cname == "clean" and s in ("dlcp1", "dlcp0", "floor", "gloo", "mpi"):
+        if cname == "clean" and s in ("dlcp1", "dlcp0", "floor", "gloo", "mpi", "dlcp1-path1"):
             profile = f"clean-mtu{mtu}-{s}"
         try:
             r = self.runner.run(s, hosts, reps, 1, sizes=[csize], profile=profile)
@@ -1446,6 +1462,10 @@ def main():
                     help="comma list of steps: micro,datapath,headline,sizes,scaling,flow,spine,simulate")
     ap.add_argument("--conds", default="",
                     help="headline conditions to run, comma list of: clean,loss,congested (default all)")
+    ap.add_argument("--systems", default="",
+                    help="headline step: only these systems, in this order (a name may repeat, e.g. "
+                         "'dlcp1,dlcp1-path1,dlcp1,dlcp1-path1' for an interleaved A/B; default: the plan's rows)")
+    ap.add_argument("--reps", type=int, default=0, help="headline step: reps of every row (default: the plan's)")
     ap.add_argument("--sim-timeout", type=int, default=600, help="seconds per simulation")
     ap.add_argument("--spine-rate", type=int, default=0,
                     help=f"spine step: rate of the spine links in Mbit/s (default {spine.SPINE_MBPS})")

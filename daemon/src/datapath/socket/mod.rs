@@ -46,9 +46,12 @@
 //! `port .. port + paths` (`bind.rs`), and every class has a queue per path:
 //! a datagram on path `p` ([`Outgoing::path`]) leaves from port `port + p`,
 //! so ECMP switches hash a peer pair's datagrams onto up to `paths` fabric
-//! paths. Within a class, datagrams keep their order per path (across paths
-//! order means nothing: the fabric reorders them anyway); the would-block
-//! contract below holds per path and class. Peers send to path 0's port, so
+//! paths. Within a class, each destination's datagrams leave in the order
+//! given, whichever paths they take (`queue::order_by_path`: the fabric may
+//! reorder them, but on one physical path a reordering of the sender's own
+//! looks like a run of losses to the receiver's flow control), except when
+//! a path's socket would block and its queue holds datagrams back; the
+//! would-block contract below holds per path and class. Peers send to path 0's port, so
 //! the other paths' receive sockets only see strays and are read every 16th
 //! [`recv`](Datapath::recv).
 //!
@@ -148,7 +151,7 @@ use socket2::{Domain, Socket};
 
 use self::bind::bind_port;
 use self::handover::{Link, Tally, hand_over};
-use self::queue::{ClassQueue, Group, Pending, Regroup, regroup, segments};
+use self::queue::{ClassQueue, Group, Pending, Regroup, order_by_path, regroup, segments};
 use self::sys::RxMeta;
 use super::api::{Datapath, DatapathStats, Outgoing, SendOutcome};
 
@@ -414,10 +417,10 @@ impl SocketDatapath {
         }
         let paths = self.cfg.paths;
         let path = |it: &Pending| usize::from(run[it.off].path) % paths;
-        // One path after the other; the sort is stable, so each path's
-        // datagrams keep their order and stay grouped by destination.
+        // One path after the other where that keeps every destination's
+        // order (else consecutive runs of a path, as given).
         if paths > 1 {
-            items.sort_by_key(path);
+            order_by_path(&mut items, path, &mut self.regroup);
         }
         let mut at = 0;
         while at < items.len() {

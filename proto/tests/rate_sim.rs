@@ -58,9 +58,13 @@ fn under_a_bottleneck_the_rate_is_cut_and_the_switch_drops_less() {
     );
     assert!(cuts.iter().all(|c| c.is_some_and(|c| c > 0)), "every rank cut its rate: {cuts:?}");
     assert!(rates.iter().all(|&r| r < 8_000_000_000 / 8), "rates stayed at the maximum: {rates:?}");
+    // Flow control's window, cut on runs of losses down to a 64th of its
+    // share, already brakes the fixed rate (about 16k drops here; 101k when
+    // its floor was an eighth), so the rate cuts take off less than they
+    // did (36k of 101k then, about 11k of 16k now) but still something.
     assert!(
-        drops * 2 < fixed_drops,
-        "adapting dropped {drops}, not under half of the fixed rate's {fixed_drops}"
+        drops * 5 < fixed_drops * 4,
+        "adapting dropped {drops}, not a fifth fewer than the fixed rate's {fixed_drops}"
     );
 }
 

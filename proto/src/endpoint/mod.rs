@@ -436,6 +436,25 @@ impl Endpoint {
         self.handle_one(now, datagram, from);
     }
 
+    /// [`handle_datagram_from`](Self::handle_datagram_from) of a datagram
+    /// that came by `path` of its sender's (the sender's source port less its
+    /// first one: [`crate::paths`]), where the caller knows it. Flow control
+    /// then takes a gap in the sender's data sequence numbers between two
+    /// datagrams of one path for a run of losses whatever the reordering
+    /// across paths ([`crate::flow`]); without the path, only a gap deeper
+    /// than that reordering.
+    pub fn handle_datagram_via(
+        &mut self,
+        now: Instant,
+        datagram: &[u8],
+        from: Option<u32>,
+        path: Option<u16>,
+    ) {
+        self.sh.rx_path = path;
+        self.handle_one(now, datagram, from);
+        self.sh.rx_path = None;
+    }
+
     /// One received datagram, counted in [`Stats::rx_dropped`] if discarded.
     fn handle_one(&mut self, now: Instant, datagram: &[u8], from: Option<u32>) {
         let before = self.sh.stats.rejected.discarded_on_arrival();

@@ -109,10 +109,20 @@
 //! datagrams missing (a dseq gap: an overflowing queue drops runs, while
 //! random loss rarely takes three in a row, so bounded random loss does not
 //! shrink anything) halves that sender's window, at most once per window of
-//! datagrams and never below an eighth of its share; it grows back by one
-//! datagram per half window of in-order arrivals, up to the configured
-//! share (additive increase, multiplicative decrease, as in TCP, but decided
-//! where the queue's effect is seen).
+//! datagrams and never below a 64th of its share; it grows back by one
+//! datagram per window of in-order arrivals, up to the configured share
+//! (additive increase, multiplicative decrease, as in TCP's congestion
+//! avoidance, but decided where the queue's effect is seen). Where the
+//! datapath says which of the sender's paths a datagram came by, a gap
+//! between two datagrams of one path is a run however far the paths reorder
+//! among themselves ([`Flow::note_data`]). On the leaf-spine testbed (500
+//! Mbit/s spine links, 50-packet queues: a few datagrams of bandwidth-delay
+//! product per pair) a floor of an eighth (59 datagrams at MTU 1500) and an
+//! increase per half window left 45-52k datagrams a run in the spines'
+//! queues; a 64th and an increase per window, 9-16k (session 39,
+//! `bench/results/2026-12-04-path-order.md`). The price is at heavy random
+//! loss, whose runs now cut deeper: the simulator's 30% loss rows take
+//! 1.2× as long.
 //!
 //! This is a partial answer: a queue shared by many senders drops each
 //! sender's datagrams one here and one there, which a run signal misses, so
@@ -216,6 +226,8 @@ struct TxCredit {
 struct RxCredit {
     /// One past the highest `dseq` seen (or taken as lost on a REQUEST).
     high: u64,
+    /// The path the highest came by, if known.
+    high_path: Option<u16>,
     /// The limit last granted.
     granted: u64,
     /// A GRANT to the sender is queued (it reads `granted` when it is sent).
@@ -330,11 +342,12 @@ impl Flow {
         }
     }
 
-    /// The least a sender's window is cut to: an eighth of its share (so
-    /// heavy random loss, which also loses runs now and then, cannot starve
-    /// a sender), at least `min_per_sender`.
+    /// The least a sender's window is cut to: a 64th of its share (so heavy
+    /// random loss, which also loses runs now and then, cannot starve a
+    /// sender: 7 datagrams at MTU 1500 with 4 ranks, about a bandwidth-delay
+    /// product of a 500 Mbit/s link), at least `min_per_sender`.
     fn floor(&self) -> u64 {
-        (self.per_sender / 8).max(u64::from(self.cfg.min_per_sender)).max(1)
+        (self.per_sender / 64).max(u64::from(self.cfg.min_per_sender)).max(1)
     }
 
     /// The configuration.
@@ -427,14 +440,25 @@ impl Flow {
     /// is now due. ([`Flow::note_data`] then [`Flow::grant_due`].)
     #[cfg(test)]
     pub(crate) fn on_data(&mut self, src: u32, dseq: u32, backlog: bool, want: u64) -> bool {
-        self.note_data(src, dseq, Instant::ZERO);
+        self.note_data(src, dseq, Instant::ZERO, None);
         self.grant_due(src, backlog, want)
     }
 
-    /// DATA with `dseq` (low 32 bits) arrived from `src` at `now`: move its
-    /// receive window (and halve it on a run of losses), and record it
+    /// DATA with `dseq` (low 32 bits) arrived from `src` at `now`, by
+    /// `path` of the sender's if the caller knows it: move its receive
+    /// window (and halve it on a run of losses), and record it
     /// ([`arrivals`]).
-    pub(crate) fn note_data(&mut self, src: u32, dseq: u32, now: Instant) {
+    ///
+    /// A gap before a new highest `dseq` is a run of losses if it is at
+    /// least [`LOSS_RUN`] long and, unless the datagram came by the same path
+    /// as the previous highest one, longer than the reordering across paths
+    /// seen lately (`late_depth`). Within one path (a flowlet: the sender
+    /// keeps a receiver's datagrams on one path for many in a row) nothing
+    /// but a priority queue reorders, so a gap there is a loss run however
+    /// far other paths reorder: on the leaf-spine testbed's clean fabric,
+    /// reordering between the two spines had raised the bar above the runs
+    /// an overflowing spine queue drops, and the windows never came down.
+    pub(crate) fn note_data(&mut self, src: u32, dseq: u32, now: Instant, path: Option<u16>) {
         // The highest dseq is kept with flow control off too: a PROBE names
         // how many DATA datagrams its sender had sent, and the receiver
         // compares ([`Flow::high`]).
@@ -453,11 +477,14 @@ impl Flow {
         bits.note(d, r.high, now);
         if d >= r.high {
             let missing = d - r.high;
+            let same_path = path.is_some() && path == r.high_path;
             r.high = d + 1;
+            r.high_path = path;
             if !enabled {
                 return;
             }
-            if missing >= LOSS_RUN.max(r.late_depth + 1) && r.high > r.cut_until {
+            let bar = if same_path { LOSS_RUN } else { LOSS_RUN.max(r.late_depth + 1) };
+            if missing >= bar && r.high > r.cut_until {
                 // A run of lost datagrams: a queue on the way overflowed
                 // (random loss rarely takes three in a row). Halve the window.
                 r.cut_until = r.high + r.win;
@@ -466,7 +493,7 @@ impl Flow {
                 self.cuts += 1;
             } else if r.win < self.per_sender {
                 r.clean += 1;
-                if r.clean * 2 >= r.win {
+                if r.clean >= r.win {
                     r.win += 1;
                     r.clean = 0;
                 }
@@ -638,6 +665,9 @@ impl Flow {
         // it may still be on its way.
         let high = r.high.max(sent.min(r.granted));
         bits.advance(r.high, high);
+        if high > r.high {
+            r.high_path = None; // the new highest was written off, not seen
+        }
         r.high = high;
         r.granted = r.granted.max(r.high + want.min(r.win));
     }

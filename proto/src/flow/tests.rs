@@ -221,25 +221,25 @@ fn gaps_as_deep_as_seen_reordering_are_not_loss_runs() {
 fn pauses_a_sender_came_back_from_are_remembered_for_an_epoch_or_two() {
     let mut r = flow(16, 3);
     let ms = |n: u64| Instant::from_nanos(n * 1_000_000);
-    r.note_data(0, 0, ms(100));
+    r.note_data(0, 0, ms(100), None);
     r.note_pause(0, ms(100));
     assert_eq!(r.pause(0, ms(100)), Duration::ZERO, "nothing came before");
-    r.note_data(0, 1, ms(105));
+    r.note_data(0, 1, ms(105), None);
     r.note_pause(0, ms(105));
-    r.note_data(0, 2, ms(106));
+    r.note_data(0, 2, ms(106), None);
     r.note_pause(0, ms(106));
     assert_eq!(r.pause(0, ms(106)), Duration::from_millis(5), "the longest, not the latest");
     assert_eq!(r.pause(1, ms(106)), Duration::ZERO, "per sender");
     // A long idle time, then a new transfer's first DATA: not sampled.
-    r.note_data(0, 3, ms(1_400));
+    r.note_data(0, 3, ms(1_400), None);
     assert_eq!(r.pause(0, ms(1_400)), Duration::from_millis(5), "the epoch before still counts");
     // A new epoch's sample rotates the old one out after two epochs.
-    r.note_data(0, 4, ms(1_401));
+    r.note_data(0, 4, ms(1_401), None);
     r.note_pause(0, ms(1_401));
     assert_eq!(r.pause(0, ms(1_401)), Duration::from_millis(5));
     assert_eq!(r.pause(0, ms(3_500)), Duration::ZERO, "forgotten after two epochs");
     // A restart forgets everything.
-    r.note_data(0, 5, ms(3_510));
+    r.note_data(0, 5, ms(3_510), None);
     r.note_pause(0, ms(3_510));
     assert_eq!(r.pause(0, ms(3_510)), Duration::from_millis(2_109));
     r.reset(0);
@@ -260,4 +260,45 @@ fn the_window_is_shared_with_a_floor() {
     assert_eq!(FlowConfig::with_window(256).per_sender(1024), 2);
     assert_eq!(FlowConfig { window: 63, min_per_sender: 1 }.per_sender(64), 1);
     assert_eq!(FlowConfig::with_window(256).per_sender(1), 256);
+}
+
+/// With the path of each datagram known: a gap between two datagrams of one
+/// path is a loss run however deep the reordering across paths has been (an
+/// overflowing queue on that path dropped them), while the same gap where
+/// the datagram came by another path than the highest before it is still
+/// taken for reordering.
+#[test]
+fn a_gap_within_one_path_is_a_loss_run_whatever_other_paths_reorder() {
+    let c = |k| Class::new(k).unwrap();
+    let mut r = flow(256, 3); // 128 per sender
+    let note = |r: &mut Flow, d: u32, path: u16| {
+        r.note_data(0, d, Instant::ZERO, Some(path));
+        r.new_chunk(0, d, c(3));
+    };
+    // Flowlet on path 1 (0..20), the next on path 2 (20..40) overtakes
+    // the tail of the first (10..20), which lands late: deep reordering.
+    for d in 0..10 {
+        note(&mut r, d, 1);
+    }
+    for d in 20..40 {
+        note(&mut r, d, 2);
+    }
+    // Nothing reordered yet: that gap (10..20) looked like a loss run.
+    assert_eq!(r.cuts, 1);
+    for d in 10..20 {
+        note(&mut r, d, 1);
+    }
+    assert!(r.rx[0].late_depth >= 20, "{}", r.rx[0].late_depth);
+    // A gap of 5 on path 2 (40..45 dropped by its queue): a loss run.
+    r.rx[0].cut_until = 0;
+    note(&mut r, 45, 2);
+    assert_eq!(r.cuts, 2, "a gap within one path is a loss run");
+    // The same gap where the datagram came by another path: reordering.
+    r.rx[0].cut_until = 0;
+    note(&mut r, 51, 3);
+    assert_eq!(r.cuts, 2, "a gap across paths within the reordering seen is not");
+    // Without the path (a caller that does not know it), the old bar.
+    r.rx[0].cut_until = 0;
+    r.note_data(0, 57, Instant::ZERO, None);
+    assert_eq!(r.cuts, 2);
 }

@@ -15,7 +15,7 @@ use dlcp::shm::{Status, SubmitOptions, TrainerChannel};
 
 const HOSTS: u32 = 3;
 const PATHS: u16 = 4;
-const OPS: usize = 6;
+const OPS: usize = 12;
 const LEN: usize = 300_000;
 
 /// `OPS` allreduces of `LEN` floats, one trainer per host: each host's result.
@@ -74,9 +74,13 @@ fn four_paths_four_source_ports_and_exact_results() {
         eprintln!("host {h}: received per source port {rx:?}, sent per path {tx:?}");
         assert_eq!(rx.len(), usize::from(PATHS), "host {h}: {s}");
         assert_eq!(tx.len(), usize::from(PATHS), "host {h}: {s}");
+        // Paths are drawn per flowlet of 128 datagrams: a host receives about
+        // 110 flowlets here, each path's count Binomial(110, 1/4) (27.5 ± 4.5).
+        // A 16th (6.9 flowlets) is 4.6 standard deviations below it; with 6
+        // ops and a tenth as the bar, one run in about 16 failed by chance.
         let total: u64 = rx.iter().sum();
         for (p, &n) in rx.iter().enumerate() {
-            assert!(n * 10 > total, "host {h}: path {p} carried {n} of {total} received datagrams: {rx:?}");
+            assert!(n * 16 > total, "host {h}: path {p} carried {n} of {total} received datagrams: {rx:?}");
         }
         assert!(tx.iter().all(|&n| n > 0), "host {h} sent on every path: {tx:?}");
         let weights = list(&s["protocol"]["weight_per_path"]);

@@ -433,16 +433,13 @@ impl Endpoint {
     /// panics; every rejection is counted by reason ([`Stats::rejected`]) and,
     /// if it discards the datagram, by class and by `from` ([`Stats::rx_dropped`]).
     pub fn handle_datagram_from(&mut self, now: Instant, datagram: &[u8], from: Option<u32>) {
-        self.handle_one(now, datagram, from);
+        self.handle_datagram_via(now, datagram, from, None);
     }
 
-    /// [`handle_datagram_from`](Self::handle_datagram_from) of a datagram
-    /// that came by `path` of its sender's (the sender's source port less its
-    /// first one: [`crate::paths`]), where the caller knows it. Flow control
-    /// then takes a gap in the sender's data sequence numbers between two
-    /// datagrams of one path for a run of losses whatever the reordering
-    /// across paths ([`crate::flow`]); without the path, only a gap deeper
-    /// than that reordering.
+    /// [`handle_datagram_from`](Self::handle_datagram_from) of a datagram that
+    /// came by `path` of its sender's (source port less its first: [`crate::paths`]),
+    /// if known: flow control then takes a gap between two datagrams of one
+    /// path for a loss run whatever the paths reorder ([`crate::flow`]).
     pub fn handle_datagram_via(
         &mut self,
         now: Instant,

@@ -475,7 +475,14 @@ class Profiler:
         r = self.sh(["perf", "report", "-i", h["data"], "--no-children", "--sort", "comm,dso,symbol", "--stdio",
                      "-g", "none", "--percent-limit", "0.01", "-t", "\t"], check=False, timeout=600)
         try:
-            os.unlink(h["data"])
+            if os.environ.get("DLCP_BENCH_KEEP_PERF") == "1":
+                # Call graphs stay readable: `perf report -i FILE -g caller -S SYMBOL`.
+                keep = os.path.join("/var/tmp/dlcp-bench-perf", f"{self.base}-{h['tag']}.data")
+                os.makedirs(os.path.dirname(keep), exist_ok=True)
+                shutil.move(h["data"], keep)
+                self.log(f"  perf: data kept in {keep}")
+            else:
+                os.unlink(h["data"])
         except OSError:
             pass
         rows = parse_perf_report(r.stdout)

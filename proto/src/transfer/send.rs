@@ -40,8 +40,6 @@ pub(crate) struct Sender {
     /// heard: every segment of a BITMAP answering it is a verdict, not only
     /// the first (which clears `last_data`). Cleared by the next round.
     answering_last: Option<u32>,
-    /// The last chunk judged lost and its path (see [`Sender::lost`]).
-    last_loss: Option<(u32, u8)>,
     backoff: u32,
     /// Chunks the receiver was known to hold when this report round began:
     /// a complete report that adds none means the last repairs were all lost.
@@ -121,7 +119,6 @@ impl Sender {
             last_flagged: false,
             last_data: None,
             answering_last: None,
-            last_loss: None,
             backoff: 0,
             round_known: None,
             have: Bitmap::new(n),
@@ -202,7 +199,7 @@ impl Sender {
             let last = *p;
             *p = path;
             if self.outstanding.get(chunk) {
-                self.lost(chunk, last, verdict);
+                verdict(last, false);
             }
             self.outstanding.set(chunk);
         }
@@ -225,23 +222,11 @@ impl Sender {
                 if self.have.get(c) {
                     verdict(path, true);
                 } else {
-                    self.lost(c, path, verdict);
+                    // (A run of losses on one path is one loss event:
+                    // [`crate::paths`] merges it.)
+                    verdict(path, false);
                 }
             }
-        }
-    }
-
-    /// A verdict of lost on `chunk`, sent on `path` — unless the chunk
-    /// before it was lost on the same path: a run of losses on one path is
-    /// one loss episode (a switch queue or the receiver's socket that
-    /// overflowed drops a burst; a bad link drops datagrams one by one), so
-    /// one overflow does not brand a path as if each datagram had been a
-    /// separate loss. The run's other chunks get no verdict.
-    fn lost(&mut self, chunk: u32, path: u8, verdict: Verdict<'_>) {
-        let run = self.last_loss == Some((chunk.wrapping_sub(1), path));
-        self.last_loss = Some((chunk, path));
-        if !run {
-            verdict(path, false);
         }
     }
 

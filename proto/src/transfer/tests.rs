@@ -688,19 +688,17 @@ fn a_repair_without_a_verdict_judges_the_last_sending_lost() {
     assert!(seen.is_empty(), "judged already: {seen:?}");
 }
 
-/// A run of chunks lost on one path is one loss (a queue that overflowed):
-/// one verdict of lost for the run; a loss on another path, or after a
-/// delivered chunk, is a loss of its own.
+/// Every lost chunk is a verdict of lost on the path it went by, runs
+/// included: [`crate::paths`] takes a run on one path for one loss event.
 #[test]
-fn a_run_of_losses_on_one_path_is_one_loss() {
+fn every_lost_chunk_is_a_verdict_on_its_path() {
     // Chunks 0..8 on path 0, 8..16 on path 1.
     let mut s = sent_on(16, SEG, |c| (c / 8) as u8);
     s.last_sent_as(3, at(0));
-    // Lost: 2, 3, 4, 5 (path 0: one run), 7 (path 0, after 6 arrived: a
-    // second), 8, 9 (path 1: a run of its own though it follows 7).
+    // Lost: 2, 3, 4, 5 and 7 (path 0), 8, 9 (path 1).
     let seen = bitmap_verdicts(&mut s, 0, 3, &[0b0100_0011, 0b1111_1100], SEG);
     let lost: Vec<u8> = seen.iter().filter(|v| !v.1).map(|v| v.0).collect();
-    assert_eq!(lost, [0, 0, 1], "{seen:?}");
+    assert_eq!(lost, [0, 0, 0, 0, 0, 1, 1], "{seen:?}");
     assert_eq!(seen.iter().filter(|v| v.1).count(), 9, "every delivered chunk judged");
 }
 

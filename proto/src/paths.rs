@@ -126,9 +126,16 @@ const PROBATION_ODDS: f64 = 2.944_438_979;
 /// The least loss rate either side of that test assumes (a baseline of 0
 /// would make one loss proof).
 const MIN_RATE: f64 = 0.000_5;
-/// DATA datagrams to one peer that share a path before the next draw (about
-/// three GSO batches of the socket datapath at MTU 1500, eighteen at 9000).
-pub const FLOWLET: u32 = 128;
+/// DATA datagrams to one peer that share a path before the next draw: one
+/// GSO batch of the socket datapath (16 segments). A flowlet leaves at the
+/// host's line rate, so it is a burst into whatever link its path crosses;
+/// with 128 (until session 40) the leaf-spine testbed's 500 Mbit/s spine
+/// links with 50-packet queues dropped 14-16k of dlcp's datagrams in a
+/// clean 64 MiB run; with 16, 108 (19k once flow control stopped taking
+/// reordering for loss, [`crate::flow`]), and the clean p50 fell from
+/// 3.0-3.2 s to 2.4-2.6 s. On one switch the 16-path default costs no more
+/// than one path with either (`bench/results/2026-12-05-flowlets.md`).
+pub const FLOWLET: u32 = 16;
 /// Verdicts a path needs in its window before its loss rate is compared.
 const EVIDENCE: f64 = 16.0;
 /// Verdicts per peer between evaluations (at least; see [`PeerPaths::epoch`]).

@@ -112,17 +112,18 @@
 //! datagrams and never below a 64th of its share; it grows back by one
 //! datagram per window of in-order arrivals, up to the configured share
 //! (additive increase, multiplicative decrease, as in TCP's congestion
-//! avoidance, but decided where the queue's effect is seen). Where the
-//! datapath says which of the sender's paths a datagram came by, a gap
-//! between two datagrams of one path is a run however far the paths reorder
-//! among themselves ([`Flow::note_data`]). On the leaf-spine testbed (500
+//! avoidance, but decided where the queue's effect is seen). A gap is judged
+//! only after a reordering wait: what is still missing when the highest has
+//! moved on is the run ([`Flow::note_data`]; session 40, before which a gap
+//! within one path was judged at once and reordering between flowlets cut
+//! windows spuriously). On the leaf-spine testbed (500
 //! Mbit/s spine links, 50-packet queues: a few datagrams of bandwidth-delay
 //! product per pair) a floor of an eighth (59 datagrams at MTU 1500) and an
 //! increase per half window left 45-52k datagrams a run in the spines'
 //! queues; a 64th and an increase per window, 9-16k (session 39,
 //! `bench/results/2026-12-04-path-order.md`). The price is at heavy random
-//! loss, whose runs now cut deeper: the simulator's 30% loss rows take
-//! 1.2× as long.
+//! loss, whose runs now cut deeper: the simulator's 30% loss rows took
+//! 1.2× as long (1.0-1.1× again with the reordering wait).
 //!
 //! This is a partial answer: a queue shared by many senders drops each
 //! sender's datagrams one here and one there, which a run signal misses, so
@@ -226,8 +227,11 @@ struct TxCredit {
 struct RxCredit {
     /// One past the highest `dseq` seen (or taken as lost on a REQUEST).
     high: u64,
-    /// The path the highest came by, if known.
-    high_path: Option<u16>,
+    /// A gap within one path not judged yet: the data sequence numbers
+    /// `.0...1` were missing when a datagram of the same path came past
+    /// them; once the highest reaches `.2`, those still missing are a loss
+    /// run ([`Flow::note_data`]).
+    suspect: Option<(u64, u64, u64)>,
     /// The limit last granted.
     granted: u64,
     /// A GRANT to the sender is queued (it reads `granted` when it is sent).
@@ -280,6 +284,15 @@ impl RxCredit {
 /// Consecutive datagrams of one sender that must be missing for a receiver
 /// to take their loss as congestion (and halve that sender's window).
 const LOSS_RUN: u64 = 3;
+
+/// A gap within one path is judged when the highest `dseq` has moved this
+/// far past it, or as far as the reordering across paths seen lately if
+/// that is further (at most [`SUSPECT_WAIT_MAX`]).
+const SUSPECT_WAIT: u64 = 128;
+const SUSPECT_WAIT_MAX: u64 = 256;
+/// The longest gap within one path that is judged at all (with the wait,
+/// within the arrival record's [`arrivals::ARRIVAL_WINDOW`]).
+const SUSPECT_MAX: u64 = 512;
 
 /// How many of a sender's DATA datagrams a reordering is remembered for
 /// ([`Flow::reordering`]).
@@ -449,15 +462,25 @@ impl Flow {
     /// window (and halve it on a run of losses), and record it
     /// ([`arrivals`]).
     ///
-    /// A gap before a new highest `dseq` is a run of losses if it is at
-    /// least [`LOSS_RUN`] long and, unless the datagram came by the same path
-    /// as the previous highest one, longer than the reordering across paths
-    /// seen lately (`late_depth`). Within one path (a flowlet: the sender
-    /// keeps a receiver's datagrams on one path for many in a row) nothing
-    /// but a priority queue reorders, so a gap there is a loss run however
-    /// far other paths reorder: on the leaf-spine testbed's clean fabric,
-    /// reordering between the two spines had raised the bar above the runs
-    /// an overflowing spine queue drops, and the windows never came down.
+    /// A gap of at least [`LOSS_RUN`] before a new highest `dseq` is not
+    /// judged at once: its datagrams may be on a longer path (with flowlets
+    /// on many paths, the next flowlet often takes another path) or of a
+    /// lower class a priority queue holds back. The gap is remembered, and
+    /// once the highest has moved [`SUSPECT_WAIT`] further (or as far as the
+    /// reordering seen lately, `late_depth`, up to [`SUSPECT_WAIT_MAX`]),
+    /// the gap's datagrams still missing are a run of losses if there are
+    /// [`LOSS_RUN`] of them — as TCP's RACK waits a reordering window before
+    /// it takes a hole for a loss (RFC 8985). One gap is judged at a time,
+    /// and at most one cut per window (a gap that began within the window
+    /// after a cut is the same congestion).
+    ///
+    /// Before (session 39): a gap between two datagrams of one path was a
+    /// run at once, any other gap if longer than `late_depth`. That took
+    /// another path's flowlet between two of one path's, and class
+    /// reordering, for loss: in a lossless simulated fabric of 8 paths with
+    /// 0-90 µs of extra delay, 310 window cuts in 10 ops with flowlets of
+    /// 128 datagrams, 1,209 with 16; now 0 (`multipath_sim`). `path` is not
+    /// used by this rule; it stays for per-path signals.
     pub(crate) fn note_data(&mut self, src: u32, dseq: u32, now: Instant, path: Option<u16>) {
         // The highest dseq is kept with flow control off too: a PROBE names
         // how many DATA datagrams its sender had sent, and the receiver
@@ -476,15 +499,29 @@ impl Flow {
         let d = r.high.saturating_add_signed(delta);
         bits.note(d, r.high, now);
         if d >= r.high {
-            let missing = d - r.high;
-            let same_path = path.is_some() && path == r.high_path;
+            let (gap, missing) = (r.high, d - r.high);
             r.high = d + 1;
-            r.high_path = path;
+            let _ = path;
             if !enabled {
                 return;
             }
-            let bar = if same_path { LOSS_RUN } else { LOSS_RUN.max(r.late_depth + 1) };
-            if missing >= bar && r.high > r.cut_until {
+            let mut run = false;
+            if let Some((a, b, at)) = r.suspect
+                && r.high >= at
+            {
+                r.suspect = None;
+                // Still in the arrival record: judge what is still missing
+                // (at most one cut per window: a gap that began within the
+                // window after the last cut is the same congestion).
+                if r.high <= a + arrivals::ARRIVAL_WINDOW && b >= r.cut_until {
+                    run = (a..b).filter(|&x| !bits.has(x)).count() as u64 >= LOSS_RUN;
+                }
+            }
+            if (LOSS_RUN..=SUSPECT_MAX).contains(&missing) && r.suspect.is_none() {
+                let wait = (r.late_depth + 1).clamp(SUSPECT_WAIT, SUSPECT_WAIT_MAX);
+                r.suspect = Some((gap, d, r.high + wait));
+            }
+            if run {
                 // A run of lost datagrams: a queue on the way overflowed
                 // (random loss rarely takes three in a row). Halve the window.
                 r.cut_until = r.high + r.win;
@@ -666,7 +703,7 @@ impl Flow {
         let high = r.high.max(sent.min(r.granted));
         bits.advance(r.high, high);
         if high > r.high {
-            r.high_path = None; // the new highest was written off, not seen
+            r.suspect = None; // the new highest was written off, not seen
         }
         r.high = high;
         r.granted = r.granted.max(r.high + want.min(r.win));

@@ -150,68 +150,69 @@ fn off_never_blocks() {
 #[test]
 fn a_run_of_losses_halves_the_senders_window_once_per_window_and_it_grows_back() {
     let mut r = flow(32, 3); // 16 per sender
-    r.on_data(0, 0, true, u64::MAX);
-    r.on_data(0, 1, true, u64::MAX);
+    let feed = |r: &mut Flow, ds: std::ops::Range<u32>| {
+        for d in ds {
+            r.on_data(0, d, true, u64::MAX);
+        }
+    };
+    feed(&mut r, 0..2);
     // dseq 2 and 3 lost: random loss may do that, no cut.
-    r.on_data(0, 4, true, u64::MAX);
+    feed(&mut r, 4..5);
     assert_eq!((r.cuts, r.rx[0].win), (0, 16));
-    // 5, 6 and 7 lost: a run, the window halves.
-    r.on_data(0, 8, true, u64::MAX);
+    // 5, 6 and 7 missing: judged once the highest is SUSPECT_WAIT further
+    // (they might still come, by a longer path or from a lower priority
+    // queue); still missing then, a run: the window halves.
+    feed(&mut r, 8..9);
+    assert_eq!(r.cuts, 0, "not at once");
+    feed(&mut r, 9..(9 + SUSPECT_WAIT as u32));
     assert_eq!((r.cuts, r.rx[0].win), (1, 8));
-    // Another run within the window after the cut: no second cut.
-    r.on_data(0, 12, true, u64::MAX);
-    assert_eq!((r.cuts, r.rx[0].win), (1, 8));
-    // Grants now follow the smaller window.
-    let before = r.grant(0);
-    for d in 13..43 {
-        r.on_data(0, d, true, u64::MAX);
-    }
+    // Another run that began within the window after the cut: no second
+    // cut; meanwhile the window grows back, one datagram per window.
+    let h = r.high(0) as u32;
+    feed(&mut r, (h + 3)..(h + 4 + SUSPECT_WAIT as u32));
+    assert_eq!(r.cuts, 1);
     assert!(r.rx[0].win > 8 && r.rx[0].win <= 16, "grows back: {}", r.rx[0].win);
-    assert!(r.grant(0) >= before);
-    assert!(r.grant(0) <= 43 + 16);
 }
 
-/// Reordering within a class (paths of different delays) is noticed;
-/// then a gap no deeper than the late chunks came is not a loss run, but
-/// a longer one still is. One path (priority reordering across classes
-/// only) changes nothing.
+/// Datagrams that come late — reordered within their class by paths of
+/// different delays, or held back by a priority queue — are no loss run;
+/// datagrams still missing once the highest has moved on are.
 #[test]
 fn gaps_as_deep_as_seen_reordering_are_not_loss_runs() {
     let c = |k| Class::new(k).unwrap();
     let mut r = flow(64, 3); // 32 per sender
-    for d in 0..4 {
+    let note = |r: &mut Flow, d: u32, k: u8| {
         r.on_data(0, d, true, u64::MAX);
-        r.new_chunk(0, d, c(3));
+        r.new_chunk(0, d, c(k));
+    };
+    for d in 0..4 {
+        note(&mut r, d, 3);
     }
     // Class 5 overtakes class 3 in a priority queue: not reordering.
-    r.on_data(0, 5, true, u64::MAX);
-    r.new_chunk(0, 5, c(5));
-    r.on_data(0, 4, true, u64::MAX);
-    r.new_chunk(0, 4, c(3));
+    note(&mut r, 5, 5);
+    note(&mut r, 4, 3);
     assert!(!r.reordering(0) && r.seen(0) == r.high(0));
-    // dseq 6..=9 of class 3 go on a slow path: 10 arrives first, and the
-    // gap of 4 is a loss run (nothing reordered within a class yet)...
-    r.on_data(0, 10, true, u64::MAX);
-    r.new_chunk(0, 10, c(3));
-    assert_eq!(r.cuts, 1);
-    // ...until they land, late, within their class.
+    // dseq 6..=9 of class 3 go on a slow path: 10 arrives first...
+    note(&mut r, 10, 3);
+    // ...and they land, late, within their class.
     for d in 6..9 {
-        r.on_data(0, d, true, u64::MAX);
-        r.new_chunk(0, d, c(3));
+        note(&mut r, d, 3);
     }
     assert!(r.reordering(0));
     // 9 is still on its way: the highest says 11, the count 10.
     assert_eq!((r.seen(0), r.high(0)), (10, 11), "while reordering, a PROBE is compared with the count");
-    r.on_data(0, 9, true, u64::MAX);
-    r.new_chunk(0, 9, c(3));
+    note(&mut r, 9, 3);
     assert!(r.rx[0].late_depth >= 4, "{}", r.rx[0].late_depth);
-    // Past the cut's window: a gap of 4 again is reordering, not loss...
-    r.rx[0].cut_until = 0;
-    r.on_data(0, 15, true, u64::MAX);
+    for d in 11..(11 + SUSPECT_WAIT as u32) {
+        note(&mut r, d, 3);
+    }
+    assert_eq!(r.cuts, 0, "what came late was no loss");
+    // A gap whose datagrams never come: a loss run.
+    let h = r.high(0) as u32;
+    for d in (h + 4)..(h + 5 + SUSPECT_WAIT as u32) {
+        note(&mut r, d, 3);
+    }
     assert_eq!(r.cuts, 1);
-    // ...a gap deeper than any late chunk came is a loss run.
-    r.on_data(0, 40, true, u64::MAX);
-    assert_eq!(r.cuts, 2);
 }
 
 /// A pause the sender came back from within a transfer is remembered
@@ -262,11 +263,10 @@ fn the_window_is_shared_with_a_floor() {
     assert_eq!(FlowConfig::with_window(256).per_sender(1), 256);
 }
 
-/// With the path of each datagram known: a gap between two datagrams of one
-/// path is a loss run however deep the reordering across paths has been (an
-/// overflowing queue on that path dropped them), while the same gap where
-/// the datagram came by another path than the highest before it is still
-/// taken for reordering.
+/// With flowlets on many paths, two datagrams of one path may have another
+/// path's flowlet between them, and a priority queue holds a lower class
+/// back: neither gap is a loss once what it missed came. A gap whose
+/// datagrams never come is, however far the paths reorder.
 #[test]
 fn a_gap_within_one_path_is_a_loss_run_whatever_other_paths_reorder() {
     let c = |k| Class::new(k).unwrap();
@@ -276,29 +276,33 @@ fn a_gap_within_one_path_is_a_loss_run_whatever_other_paths_reorder() {
         r.new_chunk(0, d, c(3));
     };
     // Flowlet on path 1 (0..20), the next on path 2 (20..40) overtakes
-    // the tail of the first (10..20), which lands late: deep reordering.
-    for d in 0..10 {
-        note(&mut r, d, 1);
+    // the tail of the first (10..20), which lands late: deep reordering,
+    // no loss.
+    for d in (0..10).chain(20..40) {
+        note(&mut r, d, 1 + u16::from(d >= 20));
     }
-    for d in 20..40 {
-        note(&mut r, d, 2);
-    }
-    // Nothing reordered yet: that gap (10..20) looked like a loss run.
-    assert_eq!(r.cuts, 1);
     for d in 10..20 {
         note(&mut r, d, 1);
     }
     assert!(r.rx[0].late_depth >= 20, "{}", r.rx[0].late_depth);
-    // A gap of 5 on path 2 (40..45 dropped by its queue): a loss run.
-    r.rx[0].cut_until = 0;
-    note(&mut r, 45, 2);
-    assert_eq!(r.cuts, 2, "a gap within one path is a loss run");
-    // The same gap where the datagram came by another path: reordering.
-    r.rx[0].cut_until = 0;
-    note(&mut r, 51, 3);
-    assert_eq!(r.cuts, 2, "a gap across paths within the reordering seen is not");
-    // Without the path (a caller that does not know it), the old bar.
-    r.rx[0].cut_until = 0;
-    r.note_data(0, 57, Instant::ZERO, None);
-    assert_eq!(r.cuts, 2);
+    // Path 2, then a flowlet on path 4 (50..70) that lands after path 2's
+    // next one (70..110): the gap on path 2 filled in, no loss.
+    for d in (40..50).chain(70..110) {
+        note(&mut r, d, 2);
+    }
+    for d in 50..70 {
+        note(&mut r, d, 4);
+    }
+    // A priority queue lets later datagrams of a higher class overtake
+    // (110..114 come after 114..120 on the same path): no loss either.
+    for d in (114..120).chain(110..114).chain(120..300) {
+        note(&mut r, d, 2);
+    }
+    assert_eq!(r.cuts, 0, "reordering is no loss");
+    // A gap of 5 on path 2 (300..305 dropped by its queue): a loss run
+    // once the highest has moved on, though reordering was this deep.
+    for d in 305..(306 + SUSPECT_WAIT as u32) {
+        note(&mut r, d, 2);
+    }
+    assert_eq!(r.cuts, 1, "a gap whose datagrams never came is a loss run");
 }

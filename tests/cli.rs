@@ -246,14 +246,15 @@ fn simulate_runs_and_verifies_under_loss() {
     assert!(stdout.contains("ops completed / failed      32 / 0"), "{stdout}");
     // Flow control's figures: credit kept the switch's queues from
     // dropping anything (the 2% are the network's random loss), and the
-    // receivers gave it.
+    // receivers gave it — on their own DATA, or in GRANTs (none needed
+    // since windows are no longer cut for reordering: session 40).
     let flow = summary_line(&stdout, "flow control");
     let n = |what: &str| -> u64 {
         let at = flow.find(what).unwrap_or_else(|| panic!("{what} missing: {flow}"));
         flow[..at].split_whitespace().last().and_then(|w| w.parse().ok()).unwrap_or_else(|| panic!("{flow}"))
     };
     assert_eq!(n(" switch queue drops"), 0, "{flow}");
-    assert!(n(" GRANTs") > 0, "{flow}");
+    assert!(n(" GRANTs") + n(" credits piggybacked") > 0, "{flow}");
 }
 
 /// 64 ranks × 1 MB on a clean network, the default configuration: every

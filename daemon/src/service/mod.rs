@@ -5,7 +5,7 @@
 //!  trainer ─doorbell─▶ Trainers: next_submission ─copy out─▶ LocalReducer (K trainers)
 //!                               all K in, summed in local-rank order ─▶ Endpoint::start_allreduce
 //!  Datapath::recv (each datagram in its receive slot) ─▶ Pump::receive (peer of the source address)
-//!                                 ─▶ Endpoint::handle_datagram_via (source check, tag, placement)
+//!                                 ─▶ Endpoint::handle_datagram_from (source check, tag, placement)
 //!  Endpoint::poll_transmit_batch (payloads lent from op memory) ─▶ Pump::transmit
 //!                                 ─▶ Datapath::send_batch (class → DSCP, iovecs, in the order given)
 //!  Endpoint::poll_event: OpComplete ─▶ copy result into every trainer's buffer ─▶ completion

@@ -91,9 +91,7 @@ impl Pump {
                         counters.rx_debug_dropped += 1;
                         endpoint.count_dropped(bytes, peer);
                     }
-                    Fate::Delivered => {
-                        endpoint.handle_datagram_via(now, bytes, peer, source.map(|(_, path)| path))
-                    }
+                    Fate::Delivered => endpoint.handle_datagram_from(now, bytes, peer),
                 }
             });
             match r {

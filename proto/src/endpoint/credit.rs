@@ -66,7 +66,7 @@ impl Endpoint {
         }
         match h.ty {
             PacketType::Data => {
-                self.sh.flow.note_data(h.src, h.seq, now, self.sh.rx_path);
+                self.sh.flow.note_data(h.src, h.seq, now);
                 self.sh.stats.flow_window_cuts = self.sh.flow.cuts;
                 // Whether a GRANT is due is decided once the op took the
                 // chunk in (`grant_after_data`): what this rank wants next

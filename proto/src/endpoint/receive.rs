@@ -24,23 +24,7 @@ impl Endpoint {
     /// panics; every rejection is counted by reason ([`Stats::rejected`]) and,
     /// if it discards the datagram, by class and by `from` ([`Stats::rx_dropped`]).
     pub fn handle_datagram_from(&mut self, now: Instant, datagram: &[u8], from: Option<u32>) {
-        self.handle_datagram_via(now, datagram, from, None);
-    }
-
-    /// [`handle_datagram_from`](Self::handle_datagram_from) of a datagram that
-    /// came by `path` of its sender's (source port less its first: [`crate::paths`]),
-    /// if known: flow control then takes a gap between two datagrams of one
-    /// path for a loss run whatever the paths reorder ([`crate::flow`]).
-    pub fn handle_datagram_via(
-        &mut self,
-        now: Instant,
-        datagram: &[u8],
-        from: Option<u32>,
-        path: Option<u16>,
-    ) {
-        self.sh.rx_path = path;
         self.handle_one(now, datagram, from);
-        self.sh.rx_path = None;
     }
 
     /// One received datagram, counted in [`Stats::rx_dropped`] if discarded.

@@ -54,11 +54,6 @@ pub(crate) struct Shared {
     /// A DATA datagram from this peer (with BACKLOG?) is being handled:
     /// whether it earns a GRANT is decided after (`grant_after_data`).
     pub grant_check: Option<(u32, bool)>,
-    /// The path the datagram being handled came by, where the caller knows
-    /// it ([`Endpoint::handle_datagram_via`](super::Endpoint::handle_datagram_via)):
-    /// flow control tells a gap within one path (a loss run) from one
-    /// across paths (reordering).
-    pub rx_path: Option<u16>,
 }
 
 /// The share of this rank's first-pass DATA it had to repair lately: the
@@ -115,7 +110,6 @@ impl Shared {
             acks: Acks::new(cfg.world),
             want_grew: false,
             grant_check: None,
-            rx_path: None,
             rtt: RttEstimator::new(t.probe_initial, t.probe_min, t.probe_max),
             deadlines: [deadline(), deadline()],
             overtake: Duration::ZERO,

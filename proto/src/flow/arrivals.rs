@@ -292,25 +292,25 @@ mod tests {
         // to 14, sent after them (after the LAST, dseq 9), came on faster
         // ones: 13 arrived in all, but 2 of the 10 are still on their way.
         for d in (0..5).chain(7..15) {
-            f.note_data(1, d, Instant::ZERO, None);
+            f.note_data(1, d, Instant::ZERO);
         }
         assert_eq!(f.arrived(1, 10, true), (8, true));
         assert_eq!(f.arrived(1, 20, true), (13, true), "15 to 19 not here yet either");
         assert_eq!(f.arrived(1, 10, false), (15, false), "one path: the highest says it all");
-        f.note_data(1, 5, Instant::ZERO, None);
+        f.note_data(1, 5, Instant::ZERO);
         assert_eq!(f.arrived(1, 10, true), (9, true));
         // Waited for long enough: 6 is lost, and no later count waits for it.
         f.take_as_lost(1, 10);
         assert_eq!(f.arrived(1, 10, true), (10, true));
         assert_eq!(f.arrived(1, 15, true), (15, true));
         // A gap older than the record's window is forgotten.
-        f.note_data(1, 16, Instant::ZERO, None);
+        f.note_data(1, 16, Instant::ZERO);
         assert_eq!(f.arrived(1, 17, true), (16, true));
-        f.note_data(1, 16 + ARRIVAL_WINDOW as u32, Instant::ZERO, None);
+        f.note_data(1, 16 + ARRIVAL_WINDOW as u32, Instant::ZERO);
         assert_eq!(f.arrived(1, 17 + ARRIVAL_WINDOW, true).0, 17 + ARRIVAL_WINDOW - (ARRIVAL_WINDOW - 1));
         // A restart starts the record over.
         f.reset(1);
-        f.note_data(1, 1, Instant::ZERO, None);
+        f.note_data(1, 1, Instant::ZERO);
         assert_eq!(f.arrived(1, 2, true), (1, true));
     }
 }

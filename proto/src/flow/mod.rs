@@ -453,12 +453,11 @@ impl Flow {
     /// is now due. ([`Flow::note_data`] then [`Flow::grant_due`].)
     #[cfg(test)]
     pub(crate) fn on_data(&mut self, src: u32, dseq: u32, backlog: bool, want: u64) -> bool {
-        self.note_data(src, dseq, Instant::ZERO, None);
+        self.note_data(src, dseq, Instant::ZERO);
         self.grant_due(src, backlog, want)
     }
 
-    /// DATA with `dseq` (low 32 bits) arrived from `src` at `now`, by
-    /// `path` of the sender's if the caller knows it: move its receive
+    /// DATA with `dseq` (low 32 bits) arrived from `src` at `now`: move its receive
     /// window (and halve it on a run of losses), and record it
     /// ([`arrivals`]).
     ///
@@ -479,9 +478,9 @@ impl Flow {
     /// another path's flowlet between two of one path's, and class
     /// reordering, for loss: in a lossless simulated fabric of 8 paths with
     /// 0-90 µs of extra delay, 310 window cuts in 10 ops with flowlets of
-    /// 128 datagrams, 1,209 with 16; now 0 (`multipath_sim`). `path` is not
-    /// used by this rule; it stays for per-path signals.
-    pub(crate) fn note_data(&mut self, src: u32, dseq: u32, now: Instant, path: Option<u16>) {
+    /// 128 datagrams, 1,209 with 16; now 0 (`multipath_sim`). The path a
+    /// datagram came by no longer matters, so the endpoint is not told it.
+    pub(crate) fn note_data(&mut self, src: u32, dseq: u32, now: Instant) {
         // The highest dseq is kept with flow control off too: a PROBE names
         // how many DATA datagrams its sender had sent, and the receiver
         // compares ([`Flow::high`]).
@@ -501,7 +500,6 @@ impl Flow {
         if d >= r.high {
             let (gap, missing) = (r.high, d - r.high);
             r.high = d + 1;
-            let _ = path;
             if !enabled {
                 return;
             }

@@ -91,13 +91,6 @@ use switch::{Admit, PrioQueue};
 pub trait Node {
     /// A datagram arrived from the network.
     fn handle_datagram(&mut self, now: Instant, datagram: &[u8]);
-    /// A datagram arrived from the network by `path` of its sender's (as a
-    /// datapath knows it from the source port): by default
-    /// [`Node::handle_datagram`].
-    fn handle_datagram_on_path(&mut self, now: Instant, datagram: &[u8], path: u16) {
-        let _ = path;
-        self.handle_datagram(now, datagram)
-    }
     /// A timer armed via [`Node::poll_timeout`] may have expired.
     fn handle_timeout(&mut self, now: Instant);
     /// The next datagram to send, if any (the NIC is free).
@@ -110,9 +103,6 @@ pub trait Node {
 impl<T: Node + ?Sized> Node for Box<T> {
     fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) {
         (**self).handle_datagram(now, datagram)
-    }
-    fn handle_datagram_on_path(&mut self, now: Instant, datagram: &[u8], path: u16) {
-        (**self).handle_datagram_on_path(now, datagram, path)
     }
     fn handle_timeout(&mut self, now: Instant) {
         (**self).handle_timeout(now)
@@ -128,11 +118,6 @@ impl<T: Node + ?Sized> Node for Box<T> {
 impl Node for Endpoint {
     fn handle_datagram(&mut self, now: Instant, datagram: &[u8]) {
         Endpoint::handle_datagram(self, now, datagram)
-    }
-    fn handle_datagram_on_path(&mut self, now: Instant, datagram: &[u8], path: u16) {
-        // The simulator's sources are who they claim (its faults corrupt
-        // bytes, which the tag catches): the header names the sender.
-        Endpoint::handle_datagram_via(self, now, datagram, crate::wire::peek_src(datagram), Some(path))
     }
     fn handle_timeout(&mut self, now: Instant) {
         Endpoint::handle_timeout(self, now)
@@ -164,8 +149,6 @@ struct Pkt {
     src: u32,
     dst: u32,
     class: Class,
-    /// The path its sender named ([`Transmit::path`]).
-    path: u8,
     data: Vec<u8>,
     faults: Faults,
 }
@@ -669,7 +652,7 @@ impl<N: Node> Sim<N> {
             self.recycle(data);
             return;
         };
-        let pkt = Pkt { src: rank, dst: tx.dst, class: tx.class, path: tx.path, data, faults };
+        let pkt = Pkt { src: rank, dst: tx.dst, class: tx.class, data, faults };
         self.push(at, What::Arrive(pkt));
     }
 
@@ -792,7 +775,7 @@ impl<N: Node> Sim<N> {
         self.stats.delivered[class.index()] += 1;
         self.stats.delivered_bytes += pkt.data.len() as u64;
         self.hosts[dst as usize].spins = 0;
-        self.nodes[dst as usize].handle_datagram_on_path(self.now, &pkt.data, u16::from(pkt.path));
+        self.nodes[dst as usize].handle_datagram(self.now, &pkt.data);
         self.recycle(pkt.data);
         self.service(dst);
     }

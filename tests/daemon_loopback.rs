@@ -226,8 +226,14 @@ fn loss_driven_pacing_cuts_the_rate_under_loss_and_results_stay_exact() {
             })
         })
         .collect();
-    for h in hs {
-        for out in h.join().unwrap() {
+    let joined: Vec<_> = hs.into_iter().map(|h| h.join()).collect();
+    if joined.iter().any(|j| j.is_err()) {
+        for h in 0..2 {
+            eprintln!("STATS {h}: {}", c.stats(h).unwrap());
+        }
+    }
+    for h in joined {
+        for out in h.unwrap() {
             assert!(
                 out.iter().zip(&x).all(|(a, b)| a.to_bits() == (b + b).to_bits()),
                 "reliable mode not exact"

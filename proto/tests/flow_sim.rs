@@ -285,3 +285,76 @@ fn an_all_gather_never_overtakes_the_reduce_scatter_of_a_rank_that_has_not_reduc
     assert!(s.gathers >= u64::from(world * (world - 1)), "the trace missed all-gather DATA");
     assert_eq!(s.overtakes, 0, "all-gather DATA overtook reduce-scatter DATA at a switch port");
 }
+
+/// Two ranks, 10% random loss, budget 0: each rank starts its next op as
+/// soon as the last one is delivered, rank 1 `lag` later (a slower host).
+/// An exact all-gather's owner delivers before its receiver has all of it,
+/// so rank 0 starts op k+1, and parks its first pass for want of credit,
+/// while rank 1 still waits for op k's repairs. Rank 1's credit is for
+/// those repairs; parked items used to be released in the order they were
+/// parked, so the credit went to the first pass of op k+1, one datagram
+/// per GRANT, and op k stalled until the hard timeout (lag 3 ms, seed 2:
+/// "no progress for 3s"; the CI failure of `daemon_loopback`'s loss-driven
+/// pacing test, 2 daemons on one core). Now the slowest op is within 2.5×
+/// the median.
+#[test]
+fn back_to_back_ops_with_a_lagging_rank_under_loss_never_stall() {
+    use dlcp_proto::endpoint::Event;
+    for lag_us in [1000u64, 3000] {
+        for seed in 0..5u64 {
+            let world = 2;
+            let mut cfgs: Vec<EndpointConfig> = (0..world).map(|r| endpoint_config(r, world, 1)).collect();
+            for c in &mut cfgs {
+                c.timers.hard_timeout = SECOND * 3;
+            }
+            let mut c = Cluster::with_configs(NetConfig::default().with_seed(seed).with_loss(0.10), cfgs);
+            let (len, ops) = (1 << 20, 8u64);
+            let x = inputs(seed, world, len);
+            let want = bits(&reference_sum(&x));
+            let mut next = vec![(1u64, c.sim.now()); world as usize];
+            let mut started = vec![0u64; world as usize];
+            let mut took = Vec::new();
+            let limit = c.sim.now() + SECOND * 20;
+            while c.sim.now() < limit && next.iter().any(|&(k, _)| k <= ops) {
+                let now = c.sim.now();
+                for r in 0..world {
+                    let (k, at) = next[r as usize];
+                    if k <= ops && started[r as usize] < k && now >= at {
+                        let id = OpId { run: 1, seq: k, tensor: 1 };
+                        c.sim.node_mut(r).start_allreduce(now, id, x[r as usize].clone(), opts(0)).unwrap();
+                        started[r as usize] = k;
+                    }
+                }
+                c.sim.run_until(now + Duration::from_micros(50), |_| false);
+                for r in 0..world {
+                    while let Some(ev) = c.sim.node_mut(r).poll_event() {
+                        match ev {
+                            Event::OpComplete { id, result, report } => {
+                                assert_eq!(bits(&result), want, "rank {r} op {}: not exact", id.seq);
+                                took.push(report.duration());
+                                let lag = Duration::from_micros(if r == 1 { lag_us } else { 0 });
+                                next[r as usize] = (id.seq + 1, c.sim.now() + lag);
+                            }
+                            Event::OpFailed { id, error } => {
+                                panic!("lag {lag_us} µs seed {seed}: rank {r} op {}: {error}", id.seq)
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+            assert_eq!(
+                took.len() as u64,
+                ops * u64::from(world),
+                "lag {lag_us} µs seed {seed}: not all done"
+            );
+            took.sort_unstable();
+            let (median, worst) = (took[took.len() / 2], took[took.len() - 1]);
+            eprintln!("lag {lag_us} µs seed {seed}: median op {median:?}, slowest {worst:?}");
+            assert!(
+                worst.as_nanos() <= median.as_nanos() * 5 / 2,
+                "lag {lag_us} µs seed {seed}: slowest op {worst:?}, median {median:?}"
+            );
+        }
+    }
+}

@@ -195,7 +195,11 @@ def run_one(bench, stats, c, system, reps, size):
     before = bed.counters()
     try:
         with Sampler(bed) as smp:
-            r = runner.run(system, HOSTS, reps, 1, sizes=[size])
+            # With --perf, dlcp's rows are profiled too (a spine figure that
+            # moves by scheduling, not CPU, shows it in the profile).
+            slug = "".join(ch if ch.isalnum() else "-" for ch in c["cond"]).strip("-")
+            profile = f"spine-{slug}-{system}" if system.startswith("dlcp") else None
+            r = runner.run(system, HOSTS, reps, 1, sizes=[size], profile=profile)
     except Exception as e:  # a peer failing is a result, not the end of the run
         bench.log(f"  {system}: FAILED: {e}")
         bench.errors.append(f"spine {c['cond']} {system}: {e}")

@@ -98,7 +98,12 @@ pub(crate) struct TxQueues {
 #[derive(Debug, Default)]
 struct Parked {
     queues: [VecDeque<TxItem>; 9],
-    len: usize,
+}
+
+impl Parked {
+    fn len(&self) -> usize {
+        self.queues.iter().map(VecDeque::len).sum()
+    }
 }
 
 /// The queue a DATA item belongs in.
@@ -150,7 +155,6 @@ impl TxQueues {
         }
         let p = &mut self.parked[peer];
         p.queues[qi].push_back(item);
-        p.len += 1;
         self.parked_len += 1;
     }
 
@@ -161,8 +165,7 @@ impl TxQueues {
     /// costs work in proportion to the credit it gives.
     pub(crate) fn unpark(&mut self, peer: u32, n: usize) {
         let Some(p) = self.parked.get_mut(peer as usize) else { return };
-        let mut left = n.min(p.len);
-        p.len -= left;
+        let mut left = n.min(p.len());
         self.parked_len -= left;
         for qi in SERVICE_ORDER {
             if left == 0 {
@@ -178,7 +181,7 @@ impl TxQueues {
 
     /// Items parked for `peer`.
     pub(crate) fn parked(&self, peer: u32) -> usize {
-        self.parked.get(peer as usize).map_or(0, |p| p.len)
+        self.parked.get(peer as usize).map_or(0, Parked::len)
     }
 
     /// Take out `peer`'s parked items that `keep` rejects (ops that ended):
@@ -194,7 +197,6 @@ impl TxQueues {
                 }
             });
         }
-        p.len -= gone.len();
         self.parked_len -= gone.len();
         self.data_gone(peer, gone.len());
         gone

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 
 use dlcp_proto::class::Class;
 use dlcp_proto::endpoint::Transmit;
-use dlcp_proto::sim::{ChunkKey, NetConfig, NetStats, Node, Sim, TraceEvent};
+use dlcp_proto::sim::{ChunkKey, NetConfig, NetStats, Node, PathConfig, Sim, TraceEvent};
 use dlcp_proto::time::{Duration, Instant};
 use dlcp_proto::wire::{self, Header, JobKey, PacketType, Phase, WireError};
 
@@ -534,6 +534,40 @@ fn due_sender_with_busy_uplink_waits_for_the_wire() {
     let got: Vec<u64> = sim.node(1).received().map(|(t, _)| t.as_nanos()).collect();
     assert_eq!(got, (0..50).map(|i| 12_000 + 1000 * i).collect::<Vec<_>>());
     assert!(sim.stats().timers_fired <= 2 * 50, "{}", sim.stats().timers_fired);
+}
+
+#[test]
+fn a_rated_path_queues_and_drops_tail_when_its_queue_is_full() {
+    // 1,250-byte frames: 1 µs on the 10 Gbit/s uplink, 4 µs on a 2.5 Gbit/s
+    // path. Ten back to back, one a µs: the path serves one every 4 µs and
+    // holds two waiting besides the one in service, and drops one that
+    // finds two waiting (drop-tail). #3 finds #1 and #2 waiting behind #0:
+    // dropped; #4 comes as #1 starts: admitted; #5-#7 find #2 and #4:
+    // dropped; #8 comes as #2 starts: admitted; #9: dropped.
+    let run = |queue_packets: usize| {
+        let mut a = Toy::all_to_all(0, 2, 10, |_, _| 4);
+        a.eager = true;
+        let path = PathConfig { rate_bps: 2_500_000_000, queue_packets, ..PathConfig::clean() };
+        let mut sim = Sim::new(NetConfig::default().with_paths(vec![path]), vec![a, Toy::new(1)]);
+        run_idle(&mut sim);
+        let got: Vec<(u32, u64)> =
+            sim.node(1).received().map(|(t, h)| (h.chunk_index, t.as_nanos())).collect();
+        let st = sim.stats();
+        (got, st.paths[0].offered[4], st.paths[0].dropped[4], st.lost[4])
+    };
+    let (got, offered, dropped, lost) = run(2);
+    let chunks: Vec<u32> = got.iter().map(|g| g.0).collect();
+    assert_eq!(chunks, [0, 1, 2, 4, 8], "{got:?}");
+    assert_eq!((offered, dropped, lost), (10, 5, 5));
+    // Each admitted datagram leaves the path 4 µs after the one before it.
+    for w in got.windows(2) {
+        assert_eq!(w[1].1 - w[0].1, 4_000, "{got:?}");
+    }
+    // Without a queue limit the path only delays: all ten, 4 µs apart.
+    let (got, offered, dropped, lost) = run(0);
+    assert_eq!(got.len(), 10);
+    assert_eq!((offered, dropped, lost), (10, 0, 0));
+    assert_eq!(got[9].1 - got[0].1, 36_000);
 }
 
 /// A node whose timer never moves past `now`.

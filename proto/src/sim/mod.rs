@@ -39,9 +39,10 @@
 //!   sender named ([`Transmit::path`]) between its uplink and the switch
 //!   (a spine of a leaf–spine fabric): lost with the path's probability
 //!   (drawn from a stream of its own, so the other faults do not shift),
-//!   serialized at the path's rate in one FIFO shared by every sender, and
-//!   delayed by the path's delay. Paths of different delays reorder a
-//!   sender's datagrams.
+//!   serialized at the path's rate in one FIFO shared by every sender —
+//!   dropped if [`PathConfig::queue_packets`] are already waiting there
+//!   (drop-tail, counted in [`PathStats::dropped`]) — and delayed by the
+//!   path's delay. Paths of different delays reorder a sender's datagrams.
 //! - **Dead hosts.** [`Sim::set_silent`] freezes a node: it is no longer driven at all
 //!   and every datagram to or from it that would be delivered while it is silent is
 //!   dropped instead.
@@ -674,8 +675,16 @@ impl<N: Node> Sim<N> {
         let done = if path.rate_bps == 0 {
             at
         } else {
-            let start = at.max(self.path_free[i]);
-            start + self.cfg.serialization(tx.len, path.rate_bps)
+            let ser = self.cfg.serialization(tx.len, path.rate_bps);
+            let waiting = self.path_free[i].saturating_duration_since(at);
+            // Drop-tail: the backlog ahead, in this datagram's own
+            // serialization times, is the packets waiting (datagrams of one
+            // peer pair are of one size but the last of a transfer).
+            if path.queue_packets > 0 && waiting > ser * path.queue_packets as u32 {
+                self.stats.paths[i].dropped[c] += 1;
+                return None;
+            }
+            at.max(self.path_free[i]) + ser
         };
         self.path_free[i] = self.path_free[i].max(done);
         Some(done + path.delay)

@@ -18,12 +18,16 @@ pub struct PathConfig {
     /// Rate of the path, bits/s, shared by every sender in FIFO order
     /// (0: no limit of its own).
     pub rate_bps: u64,
+    /// With a rate: the most datagrams its FIFO holds waiting; one that
+    /// arrives to a full queue is dropped (drop-tail, as a switch port's
+    /// pfifo). 0: no limit (the queue only delays).
+    pub queue_packets: usize,
 }
 
 impl PathConfig {
     /// A path that loses nothing, adds no delay and has no rate limit.
     pub fn clean() -> PathConfig {
-        PathConfig { loss: 0.0, delay: Duration::ZERO, rate_bps: 0 }
+        PathConfig { loss: 0.0, delay: Duration::ZERO, rate_bps: 0, queue_packets: 0 }
     }
 }
 

@@ -100,8 +100,11 @@ pub type PerClass = [u64; Class::COUNT];
 pub struct PathStats {
     /// Datagrams handed over on this path, per class.
     pub offered: PerClass,
-    /// Datagrams the path lost, per class.
+    /// Datagrams the path lost at random ([`PathConfig::loss`](crate::sim::PathConfig::loss)), per class.
     pub lost: PerClass,
+    /// Datagrams dropped because the path's queue was full
+    /// ([`PathConfig::queue_packets`](crate::sim::PathConfig::queue_packets)), per class.
+    pub dropped: PerClass,
 }
 
 /// Counters of one switch egress port.

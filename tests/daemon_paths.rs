@@ -74,10 +74,12 @@ fn four_paths_four_source_ports_and_exact_results() {
         eprintln!("host {h}: received per source port {rx:?}, sent per path {tx:?}");
         assert_eq!(rx.len(), usize::from(PATHS), "host {h}: {s}");
         assert_eq!(tx.len(), usize::from(PATHS), "host {h}: {s}");
-        // Paths are drawn per flowlet of 128 datagrams: a host receives about
-        // 110 flowlets here, each path's count Binomial(110, 1/4) (27.5 ± 4.5).
-        // A 16th (6.9 flowlets) is 4.6 standard deviations below it; with 6
-        // ops and a tenth as the bar, one run in about 16 failed by chance.
+        // Paths are drawn per flowlet of 16 datagrams (`paths::FLOWLET`): a
+        // host receives about 880 flowlets here, each path's count
+        // Binomial(880, 1/4) (220 ± 12.8). A 16th (55 flowlets) is 13
+        // standard deviations below it. (With flowlets of 128, until session
+        // 40: 110 flowlets, 4.6 deviations; with 6 ops and a tenth as the
+        // bar, one run in about 16 had failed by chance.)
         let total: u64 = rx.iter().sum();
         for (p, &n) in rx.iter().enumerate() {
             assert!(n * 16 > total, "host {h}: path {p} carried {n} of {total} received datagrams: {rx:?}");

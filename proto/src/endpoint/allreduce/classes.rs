@@ -4,6 +4,7 @@
 //! not have reduced yet is lower ([`Op::network_class`]).
 
 use crate::class::Class;
+use crate::endpoint::shared::Shared;
 use crate::priority::{ChunkTraits, classify};
 use crate::wire::Phase;
 
@@ -44,19 +45,7 @@ impl Op {
     /// order; the op's own lowest class rather than the band's, so that it
     /// still outranks later layers' reduce-scatter. Whether a chunk is
     /// REQUIRED still follows its own class.
-    ///
-    /// In every world, not only where peers hold all-gathers back
-    /// (`credit::HOLD_MIN_WORLD`, 8 ranks): with fewer, the owners that
-    /// reduced first send their all-gathers at once, and a rank whose last
-    /// reduce-scatter chunks are of a low class (its shard is the back of
-    /// the tensor) gets them only after every owner's all-gather to it has
-    /// crossed its port — the op takes three transfer times instead of
-    /// two. Until session 43 the demotion went with holding: `dlcpd
-    /// simulate`, 4 hosts, clean, 16 MB in 4 layers: 0.886 of the link
-    /// limit, p99 23.96 ms; demoted, 0.995 and 21.31 ms (6 hosts the same;
-    /// 1 MB: p99 2.04 → 1.38 ms); `spine_sim`'s 1 Gbit/s fabric: 29.5 →
-    /// 19.7 ms per 1 MiB op.
-    pub(super) fn network_class(&mut self, phase: Phase, peer: u32, class: Class) -> Class {
+    pub(super) fn network_class(&mut self, phase: Phase, peer: u32, class: Class, sh: &Shared) -> Class {
         if phase != Phase::Gather {
             return class;
         }
@@ -64,6 +53,7 @@ impl Op {
             let c = self.opts.collective;
             let may_hold = c.scatters()
                 && c.gathers()
+                && sh.cfg.world >= crate::endpoint::credit::HOLD_MIN_WORLD
                 && self.transfers.receiver(Phase::Gather, peer).is_some_and(|r| r.got().count_ones() == 0);
             if !may_hold {
                 return class;

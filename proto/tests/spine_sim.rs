@@ -8,11 +8,13 @@
 //! - Both spines clean: each carries half the DATA.
 //! - Spine 1 at a third of the rate: its queue overflows while its share is
 //!   too high, path health cuts its paths, and it settles near its share of
-//!   the fabric's capacity (a quarter). Seed 1 (session 43): 0.228 of the
-//!   DATA, p50 1.60× clean's (36.5 against 22.8 ms).
+//!   the fabric's capacity (a quarter). Seed 1 (session 43): 0.244 of the
+//!   DATA, p50 1.43× clean's (37.0 against 25.9 ms). (Clean ops here pay
+//!   for all-gathers that outrank the reduce-scatter tail they follow at
+//!   4 ranks: see `network_class` in the allreduce module.)
 //!
-//! The clean spines' queues drop ~4% of what they carry here (seed 1:
-//! 13,025 of 310,611), far more than the testbed's (~0.7%): senders at the
+//! The clean spines' queues drop ~3% of what they carry here (seed 1:
+//! 9,996 of 313,277), far more than the testbed's (~0.7%): senders at the
 //! hosts' full rate, with windows of hundreds of datagrams, fill a
 //! 50-packet queue shared by every sender, and flow control's loss-run
 //! signal ([`dlcp_proto::flow`]) sees each sender lose one datagram here and

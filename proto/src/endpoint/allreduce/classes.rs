@@ -45,6 +45,16 @@ impl Op {
     /// order; the op's own lowest class rather than the band's, so that it
     /// still outranks later layers' reduce-scatter. Whether a chunk is
     /// REQUIRED still follows its own class.
+    ///
+    /// Only where peers hold all-gathers back (`credit::HOLD_MIN_WORLD`).
+    /// With fewer ranks the same starvation costs time in the simulator (4
+    /// ranks, 1 Gbit/s, clean, 1 MiB: 29.5 ms per op against 19.7 demoted;
+    /// `dlcpd simulate`, 4 and 6 hosts, 16 MB: 0.886 against 0.995 of the
+    /// link limit), but demoting there too (session 43, reverted) sent a
+    /// back layer's all-gather at class 0, with best-effort traffic, at a
+    /// congested port: `testbed_priority` saw no class-4 DATA at all. The
+    /// 4-host testbed's A/B was within noise
+    /// (`bench/results/2026-12-05-gather-class-every-world.md`).
     pub(super) fn network_class(&mut self, phase: Phase, peer: u32, class: Class, sh: &Shared) -> Class {
         if phase != Phase::Gather {
             return class;

@@ -66,16 +66,8 @@ impl Run {
 }
 
 fn run(spines: [PathConfig; 2], seed: u64) -> Run {
-    let cfgs = (0..WORLD)
-        .map(|r| {
-            let mut c = endpoint_config(r, WORLD, 1);
-            c.paths = PATHS;
-            c.timers.hard_timeout = Duration::from_secs(2);
-            c
-        })
-        .collect();
     let net = NetConfig::default().with_seed(seed).with_link_rate(LINK).with_paths(spines.to_vec());
-    let mut c = Cluster::with_configs(net, cfgs);
+    let mut c = Cluster::spraying(WORLD, PATHS, net);
     let o = OpOptions { budget_ppm: 10_000, gather_budget_ppm: 10_000, ..OpOptions::default() };
     let x = inputs(seed, WORLD, LEN);
     let data = |c: &Cluster| -> Vec<u64> {

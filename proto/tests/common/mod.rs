@@ -102,15 +102,22 @@ impl Cluster {
     /// order), a hard timeout of 2 s.
     pub fn multipath(world: u32, paths: Vec<PathConfig>, seed: u64) -> Cluster {
         let n = u16::try_from(paths.len()).expect("at most 65535 paths");
+        Self::spraying(world, n, NetConfig::default().with_seed(seed).with_paths(paths))
+    }
+
+    /// `world` ranks spraying over `paths` path indices each on `net`
+    /// (whose simulated paths they map onto modulo their number), a hard
+    /// timeout of 2 s.
+    pub fn spraying(world: u32, paths: u16, net: NetConfig) -> Cluster {
         let cfgs = (0..world)
             .map(|r| {
                 let mut c = endpoint_config(r, world, 1);
-                c.paths = n;
+                c.paths = paths;
                 c.timers.hard_timeout = Duration::from_secs(2);
                 c
             })
             .collect();
-        Self::with_configs(NetConfig::default().with_seed(seed).with_paths(paths), cfgs)
+        Self::with_configs(net, cfgs)
     }
 
     pub fn with_configs(net: NetConfig, cfgs: Vec<EndpointConfig>) -> Cluster {

@@ -4,7 +4,6 @@
 //! not have reduced yet is lower ([`Op::network_class`]).
 
 use crate::class::Class;
-use crate::endpoint::shared::Shared;
 use crate::priority::{ChunkTraits, classify};
 use crate::wire::Phase;
 
@@ -30,46 +29,66 @@ impl Op {
         }
     }
 
-    /// The class DATA of `class` to `peer` in `phase` goes at on the wire.
-    /// An all-gather to a peer that may not have reduced yet (nothing of
-    /// its own all-gather had arrived here when the first chunk left) goes,
-    /// all of it, at this op's lowest reduce-scatter class. That peer holds
-    /// the owners' all-gathers back until it reduced ([`crate::flow`]), but
-    /// the one datagram its credit allows beyond what it asked for (so that
-    /// credit can come back on DATA) is a third of the all-gather at 256
-    /// ranks and all of it at 1,024 (1 MB): hundreds of owners' of them at
-    /// an all-gather class, which outranks reduce-scatter at the switch,
-    /// starved the last reduce-scatter chunks it waited for (`dlcpd
-    /// simulate`, 1 MB, clean: 1,024 ranks 2.43 → 1.88 ms per op, 256 ranks
-    /// 2.01 → 1.82). All of the transfer, so that its chunks keep their
-    /// order; the op's own lowest class rather than the band's, so that it
-    /// still outranks later layers' reduce-scatter. Whether a chunk is
-    /// REQUIRED still follows its own class.
+    /// The class DATA of `class` to `peer` in `phase` goes at on the wire
+    /// (`repair`: a repair's).
     ///
-    /// Only where peers hold all-gathers back (`credit::HOLD_MIN_WORLD`).
-    /// With fewer ranks the same starvation costs time in the simulator (4
-    /// ranks, 1 Gbit/s, clean, 1 MiB: 29.5 ms per op against 19.7 demoted;
-    /// `dlcpd simulate`, 4 and 6 hosts, 16 MB: 0.886 against 0.995 of the
-    /// link limit), but demoting there too (session 43, reverted) sent a
-    /// back layer's all-gather at class 0, with best-effort traffic, at a
-    /// congested port: `testbed_priority` saw no class-4 DATA at all. The
-    /// 4-host testbed's A/B was within noise
-    /// (`bench/results/2026-12-05-gather-class-every-world.md`).
-    pub(super) fn network_class(&mut self, phase: Phase, peer: u32, class: Class, sh: &Shared) -> Class {
+    /// An all-gather to a peer that may not have reduced yet — none of its
+    /// own all-gather had arrived here when the transfer's first chunk left
+    /// — goes at this op's lowest reduce-scatter class: all of its first
+    /// pass, so that its chunks keep their order (a transfer that changed
+    /// class midway reached its receiver out of order at a strict-priority
+    /// port and cost PROBEs, BITMAPs and repairs on a clean network).
+    /// Its repairs go at the chunk's own class as soon as the peer's
+    /// all-gather has arrived.
+    ///
+    /// Why: that peer still waits for reduce-scatter chunks, and its own
+    /// all-gather, which every rank waits for, cannot start before they
+    /// arrive; at an all-gather class, which outranks reduce-scatter at the
+    /// switch, the owners' all-gathers overtook them at its port. At 4 ranks
+    /// (`gather_class_sim`: 1 Gbit/s, clean, 1 MiB of a back layer) a rank
+    /// whose last contributions were class 0 waited behind every owner's
+    /// all-gather: 3.0 transfer times per op against 2.0 demoted. From 8
+    /// ranks peers also hold all-gathers back until they reduced
+    /// ([`crate::flow`]), but the one datagram the credit allows beyond what
+    /// was asked for (so that credit can come back on DATA) is a third of
+    /// the all-gather at 256 ranks and all of it at 1,024 (1 MB): at an
+    /// all-gather class it starved the same chunks (`dlcpd simulate`, 1 MB,
+    /// clean: 1,024 ranks 2.43 → 1.88 ms per op, 256 ranks 2.01 → 1.82).
+    /// The op's own lowest class rather than the band's, so that it still
+    /// outranks later layers' reduce-scatter. Whether a chunk is REQUIRED
+    /// still follows its own class.
+    ///
+    /// The lowest class may be class 0, where best-effort traffic queues: a
+    /// demoted first pass crosses a port congested by best-effort traffic
+    /// with it (as the peer's own contributions of that class do), and what
+    /// it loses there is repaired at the all-gather's class once the peer
+    /// reduced. `tests/testbed_priority.rs` (3 hosts, a 200 Mbit/s port
+    /// flooded by best-effort UDP, one run each): the back layer's chunks
+    /// host 1 got only by repair 2.4% → 8.0%, its ops 688–740 → 697–764 ms,
+    /// the front layer's unchanged (no loss). Until session 44 this held
+    /// only from 8 ranks, repairs included; session 43 tried it at every
+    /// world size with repairs demoted too and reverted it.
+    pub(super) fn network_class(&mut self, phase: Phase, peer: u32, class: Class, repair: bool) -> Class {
         if phase != Phase::Gather {
             return class;
         }
-        if !self.gather_low.get(peer) {
-            let c = self.opts.collective;
-            let may_hold = c.scatters()
+        let c = self.opts.collective;
+        let unreduced = |op: &Op| {
+            c.scatters()
                 && c.gathers()
-                && sh.cfg.world >= crate::endpoint::credit::HOLD_MIN_WORLD
-                && self.transfers.receiver(Phase::Gather, peer).is_some_and(|r| r.got().count_ones() == 0);
-            if !may_hold {
+                && op.transfers.receiver(Phase::Gather, peer).is_some_and(|r| r.got().count_ones() == 0)
+        };
+        if !self.gather_low.get(peer) {
+            // Decided at the transfer's first chunk: once the peer's
+            // all-gather has arrived, it stays so.
+            if !unreduced(self) {
                 return class;
             }
             self.gather_low.set(peer);
         }
-        self.scatter_low.unwrap_or(class)
+        if repair && !unreduced(self) {
+            return class;
+        }
+        self.scatter_low.map_or(class, |low| low.min(class))
     }
 }

@@ -2,13 +2,8 @@
 //! host 1's switch port is a 200 Mbit/s bottleneck; the daemons' traffic into
 //! host 1 competes with iperf3 UDP best-effort cross traffic (DSCP 0) from
 //! host 2. Asserts that the port really dropped packets (htb counters), that
-//! every higher class that crossed it lost a smaller fraction than class 0
-//! (best effort, where the cross traffic and dlcp's lowest class queue), that
-//! the reduce-scatter classes 1-3 and control crossed it, and that the
-//! all-gather classes 4-6 crossed the other hosts' ports (host 1 reduces
-//! last, behind its bottleneck: the all-gathers sent to it go at their op's
-//! lowest reduce-scatter class, never at class 0 — `Op::network_class` —
-//! so few or none of them cross its port at an all-gather class),
+//! every higher class lost a smaller fraction than class 0 (best effort, where
+//! the cross traffic and dlcp's lowest class queue),
 //! that the daemons' own reports agree (host 1 had to repair a smaller
 //! fraction of the front layer's chunks than of the back layer's),
 //! and that of a front and a back tensor submitted at the same moment (the
@@ -57,7 +52,6 @@ fn bottleneck_with_cross_traffic_front_layer_loses_less_and_completes_first() {
     bed.others.push(server);
     bed.wait_tcp_listen(1, 5301);
     let before = htb_classes(PREFIX, "p1");
-    let others_before = [htb_classes(PREFIX, "p0"), htb_classes(PREFIX, "p2")];
     let mut client = Command::new("ip")
         .args(["netns", "exec", &bed.ns(2), "iperf3", "-u", "-c", "10.77.0.2", "-p", "5301", "--tos", "0"])
         .args(["-b", "300M", "-l", "1400", "-t", "15"])
@@ -112,7 +106,6 @@ fn bottleneck_with_cross_traffic_front_layer_loses_less_and_completes_first() {
         .collect();
     let results: Vec<_> = hs.into_iter().map(|h| h.join().expect("trainer thread")).collect();
     let after = htb_classes(PREFIX, "p1");
-    let others_after = [htb_classes(PREFIX, "p0"), htb_classes(PREFIX, "p2")];
     let cross = bed.others.last_mut().unwrap().try_wait().unwrap();
     assert!(
         cross.is_none(),
@@ -179,30 +172,9 @@ fn bottleneck_with_cross_traffic_front_layer_loses_less_and_completes_first() {
     );
     let (_, _, low) = frac(&delta, &[0]);
     assert!(low > 0.0, "class 0 (best effort + dlcp's lowest class) lost nothing: {delta:?}");
-    for c in [1u8, 2, 3, 7] {
-        let (sent, _, _) = frac(&delta, &[c]);
-        assert!(sent > 0, "no packets of class {c} crossed the port: {delta:?}");
-    }
-    // The all-gather classes cross the ports into hosts 0 and 2 (what host 1,
-    // which reduces last, sends them); into host 1 few or none.
-    let sent_elsewhere = |c: u8| -> u64 {
-        others_before
-            .iter()
-            .zip(&others_after)
-            .map(|(b, a)| a.get(&c).map_or(0, |x| x.0) - b.get(&c).map_or(0, |x| x.0))
-            .sum()
-    };
-    for c in 4..=6u8 {
-        let n = sent_elsewhere(c);
-        eprintln!("class {c}: {n} packets into hosts 0 and 2");
-        assert!(n > 0, "no packets of all-gather class {c} crossed the ports into hosts 0 and 2");
-    }
     for c in 1..=7u8 {
         let (sent, dropped, f) = frac(&delta, &[c]);
-        // A handful of packets says nothing of a class's loss rate.
-        if sent + dropped < 100 {
-            continue;
-        }
+        assert!(sent > 0, "no packets of class {c} crossed the port: {delta:?}");
         assert!(
             f < low,
             "class {c} lost {dropped} of {} ({:.2}%), not less than class 0 ({:.2}%): {delta:?}",

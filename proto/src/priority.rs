@@ -13,8 +13,8 @@
 //!    ([`ClassifierConfig::scatter_band`], [`ClassifierConfig::gather_band`]) and the
 //!    gather band lies wholly above the scatter band, so every gather chunk is in a
 //!    strictly higher class than every scatter chunk. ([`Phase::None`] is classified
-//!    like scatter.) On the wire one exception: an all-gather transfer to a
-//!    rank that had not reduced when it began (none of the rank's own
+//!    like scatter.) On the wire one exception (from 8 ranks): an all-gather
+//!    transfer to a rank that had not reduced when it began (none of the rank's own
 //!    all-gather had arrived) goes at the op's lowest scatter class, so that
 //!    it does not overtake the contributions that rank still waits for
 //!    ([`crate::flow`]), and its repairs at its own class once the rank's

@@ -8,10 +8,10 @@
 //! - Both spines clean: each carries half the DATA.
 //! - Spine 1 at a third of the rate: its queue overflows while its share is
 //!   too high, path health cuts its paths, and it settles near its share of
-//!   the fabric's capacity (a quarter). Seed 1 (session 44): 0.227 of the
-//!   DATA, p50 1.57× clean's (35.8 against 22.7 ms; session 43, before an
-//!   all-gather to a rank not yet reduced went below the reduce-scatter it
-//!   waits for at 4 ranks too, 37.0 against 25.9 ms).
+//!   the fabric's capacity (a quarter). Seed 1 (session 43): 0.244 of the
+//!   DATA, p50 1.43× clean's (37.0 against 25.9 ms). (Clean ops here pay
+//!   for all-gathers that outrank the reduce-scatter tail they follow at
+//!   4 ranks: see `network_class` in the allreduce module.)
 //!
 //! The clean spines' queues drop ~3% of what they carry here (seed 1:
 //! 9,996 of 313,277), far more than the testbed's (~0.7%): senders at the

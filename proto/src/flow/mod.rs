@@ -44,9 +44,10 @@
 //!   that one datagram is a whole all-gather (a shard of one chunk: 1,024
 //!   ranks, 1 MB), the owner sends it, and the rest of an all-gather to a
 //!   rank not yet known to have reduced, at the op's lowest reduce-scatter
-//!   class (as at any world size), so at `r`'s port it waits behind the
-//!   contributions `r` still waits for instead of overtaking them
-//!   (`Op::network_class`; 1,024 ranks: 2.43 → 1.88 ms per op).
+//!   class (its repairs at their own class once `r`'s all-gather arrived),
+//!   so at `r`'s port it waits behind the contributions `r` still waits
+//!   for instead of overtaking them (`Op::network_class`; 1,024 ranks: 2.43
+//!   → 1.88 ms per op).
 //! - `r` also sends the limit in a GRANT when at most three quarters of the
 //!   credit it wants to give are left and the sender said it has more
 //!   waiting than its credit covers (the DATA flag BACKLOG), a quarter

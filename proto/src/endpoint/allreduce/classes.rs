@@ -4,6 +4,7 @@
 //! not have reduced yet is lower ([`Op::network_class`]).
 
 use crate::class::Class;
+use crate::endpoint::shared::Shared;
 use crate::priority::{ChunkTraits, classify};
 use crate::wire::Phase;
 
@@ -32,44 +33,48 @@ impl Op {
     /// The class DATA of `class` to `peer` in `phase` goes at on the wire
     /// (`repair`: a repair's).
     ///
-    /// An all-gather to a peer that may not have reduced yet — none of its
-    /// own all-gather had arrived here when the transfer's first chunk left
-    /// — goes at this op's lowest reduce-scatter class: all of its first
-    /// pass, so that its chunks keep their order (a transfer that changed
-    /// class midway reached its receiver out of order at a strict-priority
-    /// port and cost PROBEs, BITMAPs and repairs on a clean network).
-    /// Its repairs go at the chunk's own class as soon as the peer's
-    /// all-gather has arrived.
+    /// Where peers hold all-gathers back (`credit::HOLD_MIN_WORLD`, 8
+    /// ranks), an all-gather to a peer that may not have reduced yet — none
+    /// of its own all-gather had arrived here when the transfer's first
+    /// chunk left — goes at this op's lowest reduce-scatter class: all of
+    /// its first pass, so that its chunks keep their order (a transfer that
+    /// changed class midway reached its receiver out of order at a
+    /// strict-priority port and cost PROBEs, BITMAPs and repairs on a clean
+    /// network). Its repairs go at the chunk's own class as soon as the
+    /// peer's all-gather has arrived: the lowest class may be class 0, which
+    /// best-effort traffic shares. The peer holds the owners' all-gathers
+    /// back until it reduced ([`crate::flow`]), but the one datagram its
+    /// credit allows beyond what it asked for (so that credit can come back
+    /// on DATA) is a third of the all-gather at 256 ranks and all of it at
+    /// 1,024 (1 MB): at an all-gather class, which outranks reduce-scatter at
+    /// the switch, it starved the last reduce-scatter chunks the peer waited
+    /// for (`dlcpd simulate`, 1 MB, clean: 1,024 ranks 2.43 → 1.88 ms per op,
+    /// 256 ranks 2.01 → 1.82). The op's own lowest class rather than the
+    /// band's, so that it still outranks later layers' reduce-scatter.
+    /// Whether a chunk is REQUIRED still follows its own class.
     ///
-    /// Why: that peer still waits for reduce-scatter chunks, and its own
-    /// all-gather, which every rank waits for, cannot start before they
-    /// arrive; at an all-gather class, which outranks reduce-scatter at the
-    /// switch, the owners' all-gathers overtook them at its port. At 4 ranks
-    /// (`gather_class_sim`: 1 Gbit/s, clean, 1 MiB of a back layer) a rank
-    /// whose last contributions were class 0 waited behind every owner's
-    /// all-gather: 3.0 transfer times per op against 2.0 demoted. From 8
-    /// ranks peers also hold all-gathers back until they reduced
-    /// ([`crate::flow`]), but the one datagram the credit allows beyond what
-    /// was asked for (so that credit can come back on DATA) is a third of
-    /// the all-gather at 256 ranks and all of it at 1,024 (1 MB): at an
-    /// all-gather class it starved the same chunks (`dlcpd simulate`, 1 MB,
-    /// clean: 1,024 ranks 2.43 → 1.88 ms per op, 256 ranks 2.01 → 1.82).
-    /// The op's own lowest class rather than the band's, so that it still
-    /// outranks later layers' reduce-scatter. Whether a chunk is REQUIRED
-    /// still follows its own class.
-    ///
-    /// The lowest class may be class 0, where best-effort traffic queues: a
-    /// demoted first pass crosses a port congested by best-effort traffic
-    /// with it (as the peer's own contributions of that class do), and what
-    /// it loses there is repaired at the all-gather's class once the peer
-    /// reduced. `tests/testbed_priority.rs` (3 hosts, a 200 Mbit/s port
-    /// flooded by best-effort UDP, one run each): the back layer's chunks
-    /// host 1 got only by repair 2.4% → 8.0%, its ops 688–740 → 697–764 ms,
-    /// the front layer's unchanged (no loss). Until session 44 this held
-    /// only from 8 ranks, repairs included; session 43 tried it at every
-    /// world size with repairs demoted too and reverted it.
-    pub(super) fn network_class(&mut self, phase: Phase, peer: u32, class: Class, repair: bool) -> Class {
-        if phase != Phase::Gather {
+    /// Not below 8 ranks, though the same inversion costs time there on a
+    /// clean fabric that its links bound: `gather_class_sim` (4 ranks, 1
+    /// Gbit/s, 1 MiB of a back layer) takes 3.0 link-limit transfer times
+    /// per op, 2.0 demoted; `dlcpd simulate`, 4 and 6 hosts, 16 MB: p99 24.0
+    /// and 26.6 ms, 21.3 and 23.7 demoted. But where best-effort traffic
+    /// floods a port — the case priority classes exist for — the demoted
+    /// first pass of a back layer's all-gather queues in class 0 with it,
+    /// is lost there and comes back by repair: the time-to-accuracy bench's
+    /// congested port (4 hosts, dlcp budget 1%, seed 1, one run each,
+    /// session 44) took 2.75 s per step demoted with repairs promoted, 2.48
+    /// s demoted with repairs demoted too (session 43's reverted rule) and
+    /// 2.03 s without the demotion
+    /// (`bench/results/2026-12-05-gather-class-every-world-2.md`).
+    pub(super) fn network_class(
+        &mut self,
+        phase: Phase,
+        peer: u32,
+        class: Class,
+        repair: bool,
+        sh: &Shared,
+    ) -> Class {
+        if phase != Phase::Gather || sh.cfg.world < crate::endpoint::credit::HOLD_MIN_WORLD {
             return class;
         }
         let c = self.opts.collective;

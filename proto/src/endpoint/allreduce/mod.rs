@@ -745,7 +745,7 @@ impl Op {
     ) -> Option<(Header, Buffer, Range<usize>, u8)> {
         let TxKind::Data { chunk, repair, class } = item.kind else { return None };
         let (phase, peer) = (item.phase, item.peer);
-        let net_class = self.network_class(phase, peer, class, repair);
+        let net_class = self.network_class(phase, peer, class, repair, sh);
         let st = self.transfers.sender_mut(phase, peer)?;
         let (owner, buffer) =
             if phase == Phase::Scatter { (peer, Buffer::Input) } else { (sh.me(), Buffer::Result) };

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use common::*;
-use dlcp_proto::endpoint::{OpId, OpOptions, OpReport};
+use dlcp_proto::endpoint::OpOptions;
 use dlcp_proto::sim::{PathConfig, TraceEvent};
 use dlcp_proto::time::Duration;
 use dlcp_proto::wire::{Packet, PacketType};
@@ -57,10 +57,7 @@ fn lossy_path_run(o: OpOptions, seed: u64) -> (f64, f64) {
             before = data_per_path(&c);
             lost_before = lost_per_path(&c);
         }
-        let out = all_ok(c.allreduce(OpId { run: 1, seq, tensor: 0 }, &x, o, Duration::from_secs(10)));
-        assert_identical(&out);
-        let reports: Vec<&OpReport> = out.iter().map(|(_, r)| r).collect();
-        assert!(bits(&out[0].0) == bits(&expected(&x, &reports, o)), "op {seq}: the oracle's result");
+        let out = c.checked_allreduce(seq, &x, o, Duration::from_secs(10));
         if o.budget_ppm == 0 {
             assert!(bits(&out[0].0) == bits(&reference_sum(&x)), "op {seq}: exact under budget 0");
         }
@@ -133,10 +130,7 @@ fn lossy_half_share(lossy: f64, clean: f64, seed: u64, len: usize, ops: u64) -> 
         if seq == from {
             before = data_per_path(&c);
         }
-        let out = all_ok(c.allreduce(OpId { run: 1, seq, tensor: 0 }, &x, o, Duration::from_secs(10)));
-        assert_identical(&out);
-        let reports: Vec<&OpReport> = out.iter().map(|(_, r)| r).collect();
-        assert!(bits(&out[0].0) == bits(&expected(&x, &reports, o)), "op {seq}: the oracle's result");
+        let out = c.checked_allreduce(seq, &x, o, Duration::from_secs(10));
         for (_, rep) in &out {
             for t in rep.scatter.iter().chain(&rep.gather) {
                 assert!(t.delivered_fraction() >= 0.99, "op {seq}: within the budget");
@@ -237,15 +231,12 @@ fn paths_of_different_delays_reorder_without_harm() {
     let x = inputs(43, WORLD, LEN);
     for (seq, budget) in (0..10).zip([0, 10_000].into_iter().cycle()) {
         let o = OpOptions { budget_ppm: budget, gather_budget_ppm: budget, ..OpOptions::default() };
-        let out = all_ok(c.allreduce(OpId { run: 1, seq, tensor: 0 }, &x, o, Duration::from_secs(10)));
-        assert_identical(&out);
+        let out = c.checked_allreduce(seq, &x, o, Duration::from_secs(10));
         let masked: u32 = out.iter().map(|(_, r)| r.own_mask.count_ones()).sum();
         let partial =
             out.iter().flat_map(|(_, r)| r.scatter.iter()).filter(|t| t.delivered_fraction() < 1.0).count();
         let w: Vec<u64> = c.sim.node(0).stats().path_weight.clone();
         eprintln!("op {seq}: masked {masked}, partial scatter transfers {partial}, weights {w:?}");
-        let reports: Vec<&OpReport> = out.iter().map(|(_, r)| r).collect();
-        assert!(bits(&out[0].0) == bits(&expected(&x, &reports, o)), "op {seq}: the oracle's result");
         if budget == 0 {
             assert!(bits(&out[0].0) == bits(&reference_sum(&x)), "op {seq}: exact");
         }

@@ -231,6 +231,23 @@ impl Cluster {
             .collect()
     }
 
+    /// Op `seq` of run 1 (tensor 0) on every rank with `inputs[rank]`: every
+    /// rank must complete it, with identical results equal to the oracle's
+    /// ([`expected`]). Returns each rank's result and report.
+    pub fn checked_allreduce(
+        &mut self,
+        seq: u64,
+        inputs: &[Vec<f32>],
+        opts: OpOptions,
+        limit: Duration,
+    ) -> Vec<(Vec<f32>, OpReport)> {
+        let out = all_ok(self.allreduce(OpId { run: 1, seq, tensor: 0 }, inputs, opts, limit));
+        assert_identical(&out);
+        let reports: Vec<&OpReport> = out.iter().map(|(_, r)| r).collect();
+        assert!(bits(&out[0].0) == bits(&expected(inputs, &reports, opts)), "op {seq}: the oracle's result");
+        out
+    }
+
     /// Run until no live rank has an op in flight, or `limit` passes.
     pub fn run(&mut self, limit: Duration) {
         let until = self.sim.now() + limit;

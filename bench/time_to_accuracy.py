@@ -253,9 +253,10 @@ def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) 
     return summarize([json.loads((work / f"r{h}.json").read_text()) for h in range(HOSTS)])
 
 
-def time_to(curve, target: float) -> float | None:
-    """Training clock at the first evaluation at or above target; None if never."""
-    return next((e["time"] for e in curve if e["acc"] >= target), None)
+def time_to(curve, target: float, cap: float) -> float | None:
+    """Training clock at the first evaluation at or above target within the cap; None if none.
+    A run stops at its first evaluation past the cap, and reaching the target there is too late."""
+    return next((e["time"] for e in curve if e["acc"] >= target and e["time"] <= cap), None)
 
 
 def ci95(xs) -> tuple[float, float]:
@@ -269,7 +270,7 @@ def ci95(xs) -> tuple[float, float]:
 def median_tta(runs, target: float, cap: float) -> float | None:
     """Median time to target over runs, a run not reaching it counted as beyond the cap; None if
     the median run did not reach it."""
-    ts = sorted((time_to(r["curve"], target) or float("inf")) for r in runs)
+    ts = sorted((time_to(r["curve"], target, cap) or float("inf")) for r in runs)
     if not ts:
         return None
     m = statistics.median(ts)
@@ -314,7 +315,7 @@ def cell_lines(args, runs, conds, transports) -> list:
             if not rs:
                 lines.append(f"| {CONDITIONS[c][0]} | {TRANSPORTS[t][0]} | 0/{len(all_rs)} | | | | | | | | |")
                 continue
-            tts = [time_to(r["curve"], target) for r in rs]
+            tts = [time_to(r["curve"], target, cap) for r in rs]
             got = [x for x in tts if x is not None]
             med = median_tta(rs, target, cap)
             rng = f" ({min(got):.1f}–{max(got):.1f})" if len(got) > 1 else ""
@@ -623,7 +624,7 @@ def main() -> int:
                      nft_seen=s1 - s0, nft_dropped=d1 - d0)
             if r["ok"] and not args.pilot:
                 r["target"] = args.target
-                r["time_to_target"] = time_to(r["curve"], args.target)  # None: not reached (within the cap)
+                r["time_to_target"] = time_to(r["curve"], args.target, args.time_cap)  # None: not reached (within the cap)
                 r["reached_target"] = r["time_to_target"] is not None
             runs = [x for x in runs if (x["cond"], x["transport"], x["seed"]) != (c, t, seed)] + [r]
             if r["ok"]:

@@ -126,17 +126,6 @@
 //! loss, whose runs now cut deeper: the simulator's 30% loss rows took
 //! 1.2× as long (1.0-1.1× again with the reordering wait).
 //!
-//! The reordering wait is long (128 to 256 datagrams) only while the
-//! sender's datagrams were seen reordered lately ([`Flow::reordering`]);
-//! otherwise it is the sender's window (at least [`LOSS_RUN`]). A wait of
-//! 128 datagrams is 16 windows of a sender cut to 8, for which it kept
-//! overflowing the queue (session 46; 8 hosts, a 500 Mbit/s port:
-//! 20–22% → 9.4–10.5% of the datagrams into it dropped, op p50 unchanged;
-//! the clean run 1.48 → 1.36–1.37 s with no switch drop;
-//! `bench/results/2026-12-05-slow-port-machine.md`). Only one gap is judged
-//! at a time, so the shorter wait judges more of heavy random loss's gaps:
-//! the simulator's 30% loss rows changed by −6% to +15% in p50.
-//!
 //! This is a partial answer: a queue shared by many senders drops each
 //! sender's datagrams one here and one there, which a run signal misses, so
 //! a slow port still drops a share of what it receives (simulator, a port at
@@ -297,10 +286,9 @@ impl RxCredit {
 /// to take their loss as congestion (and halve that sender's window).
 const LOSS_RUN: u64 = 3;
 
-/// While the sender's datagrams come reordered ([`Flow::reordering`]), a
-/// gap is judged when the highest `dseq` has moved this far past it, or as
-/// far as the reordering seen lately if that is further (at most
-/// [`SUSPECT_WAIT_MAX`]); otherwise when it has moved a window past it.
+/// A gap within one path is judged when the highest `dseq` has moved this
+/// far past it, or as far as the reordering across paths seen lately if
+/// that is further (at most [`SUSPECT_WAIT_MAX`]).
 const SUSPECT_WAIT: u64 = 128;
 const SUSPECT_WAIT_MAX: u64 = 256;
 /// The longest gap within one path that is judged at all (with the wait,
@@ -478,10 +466,8 @@ impl Flow {
     /// judged at once: its datagrams may be on a longer path (with flowlets
     /// on many paths, the next flowlet often takes another path) or of a
     /// lower class a priority queue holds back. The gap is remembered, and
-    /// once the highest has moved the sender's window further (at least
-    /// [`LOSS_RUN`]), or while its datagrams come reordered [`SUSPECT_WAIT`]
-    /// further (or as far as the reordering seen lately, `late_depth`, up to
-    /// [`SUSPECT_WAIT_MAX`]),
+    /// once the highest has moved [`SUSPECT_WAIT`] further (or as far as the
+    /// reordering seen lately, `late_depth`, up to [`SUSPECT_WAIT_MAX`]),
     /// the gap's datagrams still missing are a run of losses if there are
     /// [`LOSS_RUN`] of them — as TCP's RACK waits a reordering window before
     /// it takes a hole for a loss (RFC 8985). One gap is judged at a time,
@@ -531,13 +517,7 @@ impl Flow {
                 }
             }
             if (LOSS_RUN..=SUSPECT_MAX).contains(&missing) && r.suspect.is_none() {
-                // As `Flow::reordering` (which borrows all of `self`).
-                let reordered = r.late_at.is_some_and(|at| r.high - at <= REORDER_MEMORY);
-                let wait = if reordered {
-                    (r.late_depth + 1).clamp(SUSPECT_WAIT, SUSPECT_WAIT_MAX)
-                } else {
-                    r.win.clamp(LOSS_RUN, SUSPECT_WAIT)
-                };
+                let wait = (r.late_depth + 1).clamp(SUSPECT_WAIT, SUSPECT_WAIT_MAX);
                 r.suspect = Some((gap, d, r.high + wait));
             }
             if run {

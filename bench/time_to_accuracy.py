@@ -244,13 +244,35 @@ def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) 
                 (work / f"d{h}.{what}.json").write_text(text)
         daemons.stop()
         harness.Runner.keep_logs(f"tta-{transport}-seed{seed}", str(work), failed=True)
+    ok = not timed_out and not any(p.returncode for p in procs)
+    flow = daemon_flow(args, daemons) if backend == "dlcp" and ok else {}
     daemons.stop()
     if timed_out:
         return {"ok": False, "error": f"wall-clock timeout {args.run_timeout:g} s: " + (work / "r0.log").read_text()[-800:]}
     for h, p in enumerate(procs):
         if p.returncode != 0:
             return {"ok": False, "error": (work / f"r{h}.log").read_text()[-1500:]}
-    return summarize([json.loads((work / f"r{h}.json").read_text()) for h in range(HOSTS)])
+    r = summarize([json.loads((work / f"r{h}.json").read_text()) for h in range(HOSTS)])
+    if flow:
+        r["daemon_flow"] = flow
+    return r
+
+
+def daemon_flow(args, daemons) -> dict:
+    """The daemons' flow-control counters (`protocol.flow` of `dlcpctl stats --json`), summed over
+    the hosts: window cuts, cuts undone, grants, credit waits. Empty where a daemon does not answer."""
+    total: dict = {}
+    for h in range(HOSTS):
+        try:
+            r = harness.sh([str(args.bindir / "dlcpctl"), "--socket", str(daemons.sock(h)), "stats", "--json"],
+                           check=False, timeout=10)
+            flow = json.loads(r.stdout).get("protocol", {}).get("flow", {}) if r.returncode == 0 else {}
+        except (subprocess.TimeoutExpired, ValueError):
+            return {}
+        for k, v in flow.items():
+            if isinstance(v, (int, float)):
+                total[k] = total.get(k, 0) + v
+    return total
 
 
 def time_to(curve, target: float, cap: float) -> float | None:
@@ -632,6 +654,9 @@ def main() -> int:
                 msg = (f"final acc {100 * r['final_acc']:.2f}%, {tta}"
                        f"clock {r['train_clock']:.1f} s, step {fmt(r['step_ms'])} ms (compute {fmt(r['compute_ms'])}, "
                        f"exposed {fmt(r['exposed_ms'])})")
+                if f := r.get("daemon_flow"):
+                    msg += (f"; window cuts {f.get('window_cuts', 0)}, undone {f.get('window_cuts_undone', 0)}, "
+                            f"credit waits {f.get('credit_waits', 0)}")
             else:
                 msg = "FAILED " + (r["error"].strip().splitlines() or ["?"])[-1]
             log(f"{i + 1}/{len(plan)} {c} {t} seed {seed}: {msg}")

@@ -128,6 +128,15 @@ fn time_to_accuracy_smoke_trains_gloo_and_dlcp_and_reports_time_to_target() {
         assert!(r["step_ms"].as_f64().unwrap() >= compute, "{t}: step shorter than its compute");
         if t == "dlcp-b1" {
             assert!(r["ops"].as_u64().unwrap() >= 40, "dlcp: {} bucket reports for 40 steps", r["ops"]);
+            // The daemons' flow-control counters, summed over the four: every
+            // daemon received DATA, so credit was granted (GRANT packets or
+            // piggybacked on DATA).
+            let flow = &r["daemon_flow"];
+            let n = |k: &str| flow[k].as_u64().unwrap_or_else(|| panic!("dlcp: no {k} in daemon_flow: {flow}"));
+            assert!(n("grants_sent") + n("credit_piggybacked") > 0, "dlcp: no credit given: {flow}");
+            n("window_cuts");
+        } else {
+            assert!(r.get("daemon_flow").is_none(), "{t}: daemon counters for a Gloo run");
         }
         eprintln!(
             "{t}: final accuracy {:.2}%, time to 20% {:.1} s, clock {clock:.1} s, compute {compute:.0} ms/step, \

@@ -132,7 +132,8 @@ fn time_to_accuracy_smoke_trains_gloo_and_dlcp_and_reports_time_to_target() {
             // daemon received DATA, so credit was granted (GRANT packets or
             // piggybacked on DATA).
             let flow = &r["daemon_flow"];
-            let n = |k: &str| flow[k].as_u64().unwrap_or_else(|| panic!("dlcp: no {k} in daemon_flow: {flow}"));
+            let n =
+                |k: &str| flow[k].as_u64().unwrap_or_else(|| panic!("dlcp: no {k} in daemon_flow: {flow}"));
             assert!(n("grants_sent") + n("credit_piggybacked") > 0, "dlcp: no credit given: {flow}");
             n("window_cuts");
         } else {

@@ -260,7 +260,7 @@ def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) 
 
 def daemon_flow(args, daemons) -> dict:
     """The daemons' flow-control counters (`protocol.flow` of `dlcpctl stats --json`), summed over
-    the hosts: window cuts, cuts undone, grants, credit waits. Empty where a daemon does not answer."""
+    the hosts: window cuts, grants, credit requests and waits. Empty where a daemon does not answer."""
     total: dict = {}
     for h in range(HOSTS):
         try:
@@ -655,8 +655,7 @@ def main() -> int:
                        f"clock {r['train_clock']:.1f} s, step {fmt(r['step_ms'])} ms (compute {fmt(r['compute_ms'])}, "
                        f"exposed {fmt(r['exposed_ms'])})")
                 if f := r.get("daemon_flow"):
-                    msg += (f"; window cuts {f.get('window_cuts', 0)}, undone {f.get('window_cuts_undone', 0)}, "
-                            f"credit waits {f.get('credit_waits', 0)}")
+                    msg += f"; window cuts {f.get('window_cuts', 0)}, credit waits {f.get('credit_waits', 0)}"
             else:
                 msg = "FAILED " + (r["error"].strip().splitlines() or ["?"])[-1]
             log(f"{i + 1}/{len(plan)} {c} {t} seed {seed}: {msg}")

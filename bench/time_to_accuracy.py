@@ -130,9 +130,13 @@ class Daemons:
         cfg += f'[loss]\nbudget = {LOSS_CAP}\nfill = "{FILL}"\nrescale = {str(RESCALE).lower()}\n\n'
         return cfg + f'[control]\nsocket_path = "{self.sock(h)}"\nsocket_mode = "0600"\n\n[log]\nlevel = "warn"\n'
 
+    def ctl(self, h: int, what: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+        """`dlcpctl <what> --json` against daemon `h` (not checked)."""
+        cmd = [str(self.bindir / "dlcpctl"), "--socket", str(self.sock(h)), what, "--json"]
+        return harness.sh(cmd, check=False, timeout=timeout)
+
     def start(self):
         self.stop()
-        ctl = str(self.bindir / "dlcpctl")
         for h in range(HOSTS):
             p = self.work / f"d{h}.toml"
             with open(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
@@ -142,7 +146,7 @@ class Daemons:
             self.procs.append(subprocess.Popen(cmd, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL))
         t0 = time.time()
         for h in range(HOSTS):
-            while harness.sh([ctl, "--socket", str(self.sock(h)), "stats", "--json"], check=False).returncode:
+            while self.ctl(h, "stats").returncode:
                 if time.time() - t0 > 20 or self.procs[h].poll() is not None:
                     raise RuntimeError(f"dlcpd {h} did not come up: {(self.work / f'd{h}.log').read_text()[-2000:]}")
                 time.sleep(0.05)
@@ -236,8 +240,7 @@ def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) 
         for h in range(HOSTS):
             for what in ("stats", "status"):
                 try:
-                    r = harness.sh([str(args.bindir / "dlcpctl"), "--socket", str(daemons.sock(h)), what,
-                                    "--json"], check=False, timeout=10)
+                    r = daemons.ctl(h, what, timeout=10)
                     text = r.stdout if r.returncode == 0 else r.stderr
                 except subprocess.TimeoutExpired:
                     text = f"dlcpctl {what}: no answer in 10 s"
@@ -245,7 +248,7 @@ def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) 
         daemons.stop()
         harness.Runner.keep_logs(f"tta-{transport}-seed{seed}", str(work), failed=True)
     ok = not timed_out and not any(p.returncode for p in procs)
-    flow = daemon_flow(args, daemons) if backend == "dlcp" and ok else {}
+    flow = daemon_flow(daemons) if backend == "dlcp" and ok else {}
     daemons.stop()
     if timed_out:
         return {"ok": False, "error": f"wall-clock timeout {args.run_timeout:g} s: " + (work / "r0.log").read_text()[-800:]}
@@ -258,14 +261,13 @@ def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) 
     return r
 
 
-def daemon_flow(args, daemons) -> dict:
+def daemon_flow(daemons) -> dict:
     """The daemons' flow-control counters (`protocol.flow` of `dlcpctl stats --json`), summed over
     the hosts: window cuts, grants, credit requests and waits. Empty where a daemon does not answer."""
     total: dict = {}
     for h in range(HOSTS):
         try:
-            r = harness.sh([str(args.bindir / "dlcpctl"), "--socket", str(daemons.sock(h)), "stats", "--json"],
-                           check=False, timeout=10)
+            r = daemons.ctl(h, "stats", timeout=10)
             flow = json.loads(r.stdout).get("protocol", {}).get("flow", {}) if r.returncode == 0 else {}
         except (subprocess.TimeoutExpired, ValueError):
             return {}

@@ -669,6 +669,22 @@ crate::counters! {
         )],
         /// Ops failed by the hard timeout.
         pub hard_timeouts: u64 => [Desc::new("hard_timeouts", "hard_timeouts", "Ops failed by the hard timeout")],
+        /// Ops the hard timeout found waiting on ranks that were up but had not
+        /// started them (their trainers late): they waited on, up to the op
+        /// deadline, instead of failing.
+        pub late_rank_waits: u64 => [Desc::new(
+            "late_rank_waits",
+            "late_rank_waits",
+            "Ops that waited past the hard timeout for ranks up but not yet started on them (trainers late)",
+        )],
+        /// Ops this rank will never start (a trainer of its host that held or
+        /// owed a contribution is gone), remembered as failed so the peers
+        /// that ask are told ([`crate::endpoint::Endpoint::abandon`]).
+        pub ops_abandoned: u64 => [Desc::new(
+            "ops_abandoned",
+            "ops_abandoned",
+            "Ops never started here because a local trainer left; peers asking about them are told it failed",
+        )],
         /// Ops completed.
         pub ops_completed: u64 => [Desc::json_only("ops_completed", "Allreduce ops the endpoint completed")],
         /// Ops failed.
@@ -804,8 +820,8 @@ mod tests {
         in_debug.sort_unstable();
         assert_eq!(in_debug, given);
         // 4×8 + 4×3 per class / per peer, 3×2 per path, 2×(8+1+3+1) dropped,
-        // 21 reasons, 2 + 4×8 + 2×2×3 repairs, 7 flow control, 16 others.
-        assert_eq!(given.len(), 32 + 12 + 6 + 26 + 21 + 2 + 32 + 12 + 7 + 16);
+        // 21 reasons, 2 + 4×8 + 2×2×3 repairs, 7 flow control, 18 others.
+        assert_eq!(given.len(), 32 + 12 + 6 + 26 + 21 + 2 + 32 + 12 + 7 + 18);
     }
 
     #[test]

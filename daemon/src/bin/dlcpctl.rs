@@ -281,12 +281,14 @@ fn print_stats(w: &mut String, v: &Value) {
     );
     outln!(
         w,
-        "ops: {} started, {} completed, {} failed, {} in flight; {} hard timeouts, {} deadlines fired",
+        "ops: {} started, {} completed, {} failed, {} in flight; {} hard timeouts, {} waits for late ranks, \
+         {} deadlines fired",
         s["ops_started"],
         s["ops_completed"],
         s["ops_failed"],
         p["ops_in_flight"],
         p["hard_timeouts"],
+        p["late_rank_waits"],
         p["deadlines_fired"]
     );
     outln!(

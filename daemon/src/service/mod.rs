@@ -465,6 +465,13 @@ impl Service {
                         self.trainers.complete(&op, done, &mut self.counters);
                     }
                 }
+                Event::OpAwaitsLate { id, ranks } => log::warn!(
+                    "op {}/{} waits for ranks {ranks:?}: up but not started on it (their trainers are late); \
+                     it fails only if they go down or the op deadline ({} ms) passes",
+                    id.seq,
+                    id.tensor,
+                    self.cfg.loss.op_deadline_ms
+                ),
                 Event::PeerUp { rank, generation } => log::info!("peer {rank} up (generation {generation})"),
                 Event::PeerDown { rank } => log::warn!("peer {rank} silent: marked down"),
                 Event::PeerLeft { rank } => {

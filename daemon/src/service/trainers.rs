@@ -399,13 +399,20 @@ impl Trainers {
         let why = format!(
             "local rank {rank} of this job on this host (attachment {id}) detached before the op started"
         );
-        for (_, tickets) in self.reducer.abandon_rank(rank, |t| t.attachment == id) {
+        let now = setup::since(ctx.start);
+        let contributors = ctx.endpoint.config().world * self.local_world.unwrap_or(1);
+        for (op, tickets) in self.reducer.abandon_rank(rank, |t| t.attachment == id) {
+            // The peers are told when they ask (else they would wait for this
+            // host, up but never starting the op, until their op deadline).
+            if let Some(t) = tickets.first() {
+                ctx.endpoint.abandon(now, op, &op_options(&t.sub, ctx.cfg, contributors));
+            }
             ctx.counters.ops_failed += 1;
             self.post(&tickets, Completion::failed(Status::PeerDown, StdDuration::ZERO, &why), ctx.counters);
         }
         if self.count() == 0 {
             log::info!("local run {} ends (last trainer detached)", self.epochs[slot]);
-            ctx.endpoint.end_run(setup::since(ctx.start));
+            ctx.endpoint.end_run(now);
         }
     }
 

@@ -515,6 +515,15 @@ pub enum Event {
         /// Why.
         error: OpError,
     },
+    /// An op made no progress for the hard timeout, but some of the ranks it
+    /// waits on are up and have not started it yet (their trainers are
+    /// late): it waits for them, up to the op deadline. Once per op.
+    OpAwaitsLate {
+        /// The op.
+        id: OpId,
+        /// The late ranks.
+        ranks: Vec<u32>,
+    },
     /// First contact with a peer (or contact again after it was down).
     PeerUp {
         /// Rank.

@@ -19,12 +19,31 @@
 //! replayed notice is `rejected.stale_control`.
 
 use crate::endpoint::Endpoint;
-use crate::endpoint::api::{OpError, OpId, OpKey};
+use crate::endpoint::api::{OpError, OpId, OpKey, OpKind, OpOptions};
+use crate::endpoint::history::Failed;
 use crate::endpoint::tx::{TxItem, TxKind};
 use crate::time::Instant;
 use crate::wire::{FailReason, Flags, Header, PacketType};
 
 impl Endpoint {
+    /// This rank will never start op `id` (of options `opts`): a trainer of
+    /// its host that held or owed a contribution to it is gone. The op is
+    /// remembered as failed (reason [`FailReason::Other`]) for the linger
+    /// time, so a peer that sends this rank its DATA or a PROBE of the op gets
+    /// a failing DONE and fails it at once — without it the peer would take
+    /// this rank, up but never starting the op, for a late one and wait until
+    /// its op deadline. Nothing happens for an op started or ended here.
+    pub fn abandon(&mut self, now: Instant, id: OpId, opts: &OpOptions) {
+        self.now = now;
+        if self.ops.contains(&id) || self.held.contains(&id) || self.history.knows(&id) {
+            return;
+        }
+        let mut failed = Failed::new(now + self.sh.cfg.timers.linger, FailReason::Other);
+        failed.kind = OpKind::of(opts);
+        self.history.failed(now, id, failed);
+        self.sh.stats.ops_abandoned += 1;
+    }
+
     /// A failing DONE from `h.src` about op `id`.
     pub(super) fn on_failure_notice(&mut self, id: OpId, h: &Header, payload: &[u8]) {
         let reason = crate::wire::parse_failure(payload).unwrap_or(FailReason::Other);

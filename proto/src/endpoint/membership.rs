@@ -48,6 +48,9 @@ struct PeerState {
     hello_pn: Option<u64>,
     /// The op of the last op packet taken from it.
     last_op: Option<OpId>,
+    /// The newest op (by run, then sequence) of any op packet taken from its
+    /// verified session: it has started every op up to this one.
+    newest_op: Option<OpId>,
     last_heard: Option<Instant>,
     up: bool,
     /// Why its datagrams were last refused, until its settings agree.
@@ -196,6 +199,7 @@ impl Peers {
                     p.left = false;
                     p.control_pn = None;
                     p.hello_pn = None;
+                    p.newest_op = None;
                 }
                 Some((c, _)) if c == session => return out,
                 _ => {
@@ -237,7 +241,21 @@ impl Peers {
     pub(crate) fn saw_op(&mut self, src: u32, id: OpId) {
         if let Some(p) = self.peers.get_mut(src as usize) {
             p.last_op = Some(id);
+            if p.newest_op.is_none_or(|o| (o.run, o.seq) < (id.run, id.seq)) {
+                p.newest_op = Some(id);
+            }
         }
+    }
+
+    /// Whether `rank` is up but has not started op `id`: no op packet of `id`
+    /// or of a later op has come from it. A trainer is late (an evaluation,
+    /// a checkpoint, a pause), not its network: a rank that has started an
+    /// op soon sends this one something of it (its data, or its answer to
+    /// this one's), so a rank that started and then went silent is not late.
+    pub(crate) fn late_for(&self, rank: u32, id: OpId) -> bool {
+        self.peers
+            .get(rank as usize)
+            .is_some_and(|p| p.up && p.newest_op.is_none_or(|o| (o.run, o.seq) < (id.run, id.seq)))
     }
 
     /// The op of the last op packet taken from `rank`.

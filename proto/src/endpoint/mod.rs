@@ -52,7 +52,9 @@
 //! its loss budget or answers with a BITMAP, and the sender repairs exactly
 //! enough ([`select_repairs`]). A reduce-scatter transfer is acknowledged by
 //! its owner's all-gather; a PROBE goes out only when an answer is overdue. If an op makes no progress for the hard timeout it
-//! fails with an error naming the ranks it was waiting for — never a hang.
+//! fails with an error naming the ranks it was waiting for — never a hang —
+//! unless some of them are up and have sent nothing of it yet (late trainers,
+//! [`Event::OpAwaitsLate`]): then it waits, up to the op deadline.
 //! A rank that failed an op (for any reason) answers the PROBEs, BITMAPs and
 //! DATA of the ranks still at it with a failing DONE (wire version 5, at most
 //! one per peer per probe interval), and they fail it at once with
@@ -494,6 +496,26 @@ impl Endpoint {
         }
         if op.stalls_at(t.hard_timeout) <= now {
             let (phase, waiting_on) = (op.phase(), op.waiting_on(self.sh.me()));
+            // A rank that is up but has not started the op is late, not
+            // lost: its trainer is behind (an evaluation, a checkpoint). The
+            // op waits for it (the ranks that did start may be silent only
+            // because they wait for it too), judged again every peer timeout,
+            // until the op deadline. It fails as before when a rank it waits
+            // on is down, or there is no op deadline.
+            let down = waiting_on.iter().any(|&r| !self.peers.is_up(r));
+            let late: Vec<u32> = if t.op_deadline.is_zero() || down {
+                Vec::new()
+            } else {
+                waiting_on.iter().copied().filter(|&r| self.peers.late_for(r, id)).collect()
+            };
+            if !late.is_empty() {
+                if op.await_late(now + t.peer_timeout.min(t.hard_timeout)) {
+                    self.sh.stats.late_rank_waits += 1;
+                    self.events.push_back(Event::OpAwaitsLate { id, ranks: late });
+                }
+                op.on_timers(now, OpKey::new(id, slot), keys, &mut self.sh);
+                return;
+            }
             let elsewhere = waiting_on
                 .iter()
                 .filter_map(|&r| Some((r, self.peers.last_op(r)?)))

@@ -19,7 +19,8 @@ pub const FAILURE_LEN: usize = 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum FailReason {
-    /// Another reason (e.g. its run ended), or a code this build does not know.
+    /// Another reason (e.g. its run ended, or a trainer of its host left
+    /// before the op started), or a code this build does not know.
     Other = 0,
     /// It made no progress for the sender's hard timeout.
     Timeout = 1,
@@ -53,7 +54,9 @@ impl FailReason {
     /// op: …").
     pub fn describe(self) -> &'static str {
         match self {
-            FailReason::Other => "it failed for another reason (e.g. its run ended)",
+            FailReason::Other => {
+                "it failed for another reason (e.g. its run ended, or a trainer of its host left)"
+            }
             FailReason::Timeout => "no progress within its hard timeout",
             FailReason::Deadline => "not finished within its op deadline",
             FailReason::PeerLeft => "a rank it needed shut down or restarted",

@@ -172,9 +172,16 @@ impl Op {
         }
     }
 
-    /// When the op fails unless it learns something first.
+    /// When the op fails unless it learns something first (or is found
+    /// waiting on late ranks again, [`Op::await_late`]).
     pub(crate) fn stalls_at(&self, timeout: Duration) -> Instant {
-        self.last_progress + timeout
+        (self.last_progress + timeout).max(self.late_until.unwrap_or(Instant::ZERO))
+    }
+
+    /// The hard timeout found the op waiting on ranks that have not started
+    /// it: judge it again at `until`. Whether it is the first time.
+    pub(crate) fn await_late(&mut self, until: Instant) -> bool {
+        self.late_until.replace(until).is_none()
     }
 
     /// When the op fails for its absolute `deadline` (zero: never).

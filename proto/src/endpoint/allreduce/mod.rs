@@ -68,6 +68,9 @@ pub(crate) struct Op {
     started: Instant,
     /// Last time the op learned something (the hard timeout counts from here).
     last_progress: Instant,
+    /// The hard timeout found it waiting on late ranks (up, but not started
+    /// on it): it is not judged again before this ([`Op::await_late`]).
+    late_until: Option<Instant>,
     layout: Layout,
     /// This rank's contribution, rounded to the op's element type.
     input: Vec<f32>,
@@ -181,6 +184,7 @@ impl Op {
             opts,
             started: now,
             last_progress: now,
+            late_until: None,
             layout: layout.clone(),
             // Every chunk of the result is written (own shard: the reduction or
             // the input; the others: gathered, or zero-filled by the agreed

@@ -542,9 +542,10 @@ pub struct Loss {
     pub deadline_max_ms: u32,
     /// A peer silent this long within an op fails the op (an error to the
     /// trainer, never a hang), ms (≥ `deadline_max_ms` and ≥ `probe_timeout_max_ms`).
-    /// A peer that is up but has not started the op (its trainer late) is
-    /// waited for instead, until `op_deadline_ms` (when that is 0, the hard
-    /// timeout applies to it too). Default 10000.
+    /// A peer that is up, took part in earlier ops of the run and has not
+    /// started this one (its trainer late) is waited for instead, until
+    /// `op_deadline_ms` (when that is 0, the hard timeout applies to it too).
+    /// Default 10000.
     pub hard_timeout_ms: u32,
     /// An op still unfinished this long after it started fails, however it is
     /// progressing (a peer that trickles data cannot hold it forever), ms: 0

@@ -318,6 +318,16 @@ impl Runs {
         self.recount();
     }
 
+    /// Whether `peer` is still in the agreed run of local epoch `epoch`: it is
+    /// the current run, agreed, and the peer still announces the run nonce it
+    /// was agreed with (its trainers have not all left since).
+    pub fn in_run(&self, peer: u32, epoch: u64) -> bool {
+        let Some(p) = self.peers.get(peer as usize) else { return false };
+        self.local.is_some_and(|l| l.epoch == epoch && l.agreed.is_some())
+            && p.nonce != 0
+            && p.nonce == p.used
+    }
+
     /// The run id of local epoch `epoch` (current or remembered).
     pub fn id_of(&self, epoch: u64) -> Option<u64> {
         match self.local {

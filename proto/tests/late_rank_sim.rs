@@ -5,8 +5,9 @@
 //! exactly when they come, although the early datagrams it sent them expired
 //! meanwhile (repaired on their PROBE). Without an op deadline, a late rank is
 //! judged by the hard timeout as before; a late rank that goes down fails the
-//! op within about two peer timeouts; ranks that never come fail it at the op
-//! deadline. (Found in the time-to-accuracy grid: rank 2 failed op 374 after
+//! op within about two peer timeouts, and so does one whose run ended; ranks
+//! that never come fail it at the op deadline; ranks that sent nothing of the
+//! run yet are not late (the first op of a run is judged as before). (Found in the time-to-accuracy grid: rank 2 failed op 374 after
 //! 10 s "waiting on ranks [0, 1, 3]", which started it 13 s late.)
 
 mod common;
@@ -192,4 +193,54 @@ fn an_abandoned_op_is_failed_at_once_by_the_ranks_that_ask() {
         assert_eq!(c.sim.node(r).stats().late_rank_waits, 0, "rank {r}");
     }
     assert_eq!(c.sim.node(3).stats().ops_abandoned, 1);
+}
+
+/// Ranks that sent nothing of the op's run yet are not late: they may never
+/// have agreed on it (an asymmetric partition keeps a run from being agreed
+/// on some ranks only, whose ops then fail held). The first op of a run is
+/// judged by the hard timeout as before.
+#[test]
+fn ranks_that_took_no_part_in_the_run_are_not_waited_for() {
+    let cfgs = (0..WORLD)
+        .map(|r| {
+            let mut c = endpoint_config(r, WORLD, 1);
+            c.timers.op_deadline = Duration::from_secs(3);
+            c
+        })
+        .collect();
+    let mut c = Cluster::with_configs(NetConfig::default().with_seed(39), cfgs);
+    let x = inputs(40, WORLD, LEN);
+    let id = OpId { run: 1, seq: 1, tensor: 0 };
+    start(&mut c, &[2], id, &x);
+    let t0 = c.sim.now();
+    c.sim.run_until(t0 + MS * 1_000, |s| s.node(2).ops_in_flight() == 0);
+    let took = c.sim.now() - t0;
+    assert!(took >= MS * 200 && took < MS * 201, "failed after {took:?}");
+    let (ops, late) = events(&mut c, 2);
+    assert!(late.is_empty(), "{late:?}");
+    assert!(matches!(&ops[..], [(i, Err(OpError::Timeout { .. }))] if *i == id), "{ops:?}");
+}
+
+/// A late rank whose run ends (its last trainer detached: it announces no
+/// run any more) is not waited for: rank 2 fails the op within a peer
+/// timeout or two of that, not at the 3 s op deadline.
+#[test]
+fn a_late_rank_whose_run_ended_fails_the_op() {
+    let mut c = cluster(41, Duration::from_secs(3));
+    let x = inputs(42, WORLD, LEN);
+    let id = OpId { run: 1, seq: 2, tensor: 0 };
+    start(&mut c, &[2], id, &x);
+    let t0 = c.sim.now();
+    c.sim.run_to(t0 + MS * 300);
+    let now = c.sim.now();
+    c.sim.node_mut(3).end_run(now);
+    c.sim.run_until(t0 + MS * 3_000, |s| s.node(2).ops_in_flight() == 0);
+    let took = c.sim.now() - t0;
+    assert!(took <= MS * 600, "failed after {took:?}");
+    let (ops, late) = events(&mut c, 2);
+    assert_eq!(late, [(id, vec![0, 1, 3])]);
+    match &ops[..] {
+        [(i, Err(OpError::Timeout { waiting_on, .. }))] if *i == id => assert_eq!(waiting_on, &[0, 1, 3]),
+        other => panic!("{other:?}"),
+    }
 }

@@ -247,15 +247,18 @@ impl Peers {
         }
     }
 
-    /// Whether `rank` is up but has not started op `id`: no op packet of `id`
-    /// or of a later op has come from it. A trainer is late (an evaluation,
-    /// a checkpoint, a pause), not its network: a rank that has started an
+    /// Whether `rank` is up and has taken part in op `id`'s run but has not
+    /// started op `id`: op packets of earlier ops of the run came from it,
+    /// none of `id` or a later one. Its trainer is late (an evaluation, a
+    /// checkpoint, a pause), not its network: a rank that has started an
     /// op soon sends this one something of it (its data, or its answer to
     /// this one's), so a rank that started and then went silent is not late.
+    /// Nor is one that never sent anything of the run (it may never have
+    /// agreed on it: an asymmetric partition).
     pub(crate) fn late_for(&self, rank: u32, id: OpId) -> bool {
         self.peers
             .get(rank as usize)
-            .is_some_and(|p| p.up && p.newest_op.is_none_or(|o| (o.run, o.seq) < (id.run, id.seq)))
+            .is_some_and(|p| p.up && p.newest_op.is_some_and(|o| o.run == id.run && o.seq < id.seq))
     }
 
     /// The op of the last op packet taken from `rank`.

@@ -496,14 +496,17 @@ impl Endpoint {
         }
         if op.stalls_at(t.hard_timeout) <= now {
             let (phase, waiting_on) = (op.phase(), op.waiting_on(self.sh.me()));
-            // A rank that is up but has not started the op is late, not
+            // A rank that is up, still in the op's run and has sent packets
+            // of earlier ops of it, but nothing of this one, is late, not
             // lost: its trainer is behind (an evaluation, a checkpoint). The
             // op waits for it (the ranks that did start may be silent only
             // because they wait for it too), judged again every peer timeout,
             // until the op deadline. It fails as before when a rank it waits
-            // on is down, or there is no op deadline.
-            let down = waiting_on.iter().any(|&r| !self.peers.is_up(r));
-            let late: Vec<u32> = if t.op_deadline.is_zero() || down {
+            // on is down or out of the run (its trainers left), or there is
+            // no op deadline.
+            let runs = &self.sh.runs;
+            let gone = waiting_on.iter().any(|&r| !self.peers.is_up(r) || !runs.in_run(r, id.run));
+            let late: Vec<u32> = if t.op_deadline.is_zero() || gone {
                 Vec::new()
             } else {
                 waiting_on.iter().copied().filter(|&r| self.peers.late_for(r, id)).collect()

@@ -467,7 +467,7 @@ impl Service {
                 }
                 Event::OpAwaitsLate { id, ranks } => log::warn!(
                     "op {}/{} waits for ranks {ranks:?}: up but not started on it (their trainers are late); \
-                     it fails only if they go down or the op deadline ({} ms) passes",
+                     it fails only if they go down, leave the run or the op deadline ({} ms) passes",
                     id.seq,
                     id.tensor,
                     self.cfg.loss.op_deadline_ms

@@ -516,8 +516,9 @@ pub enum Event {
         error: OpError,
     },
     /// An op made no progress for the hard timeout, but some of the ranks it
-    /// waits on are up and have not started it yet (their trainers are
-    /// late): it waits for them, up to the op deadline. Once per op.
+    /// waits on are up, took part in earlier ops of its run and have not
+    /// started it yet (their trainers are late): it waits for them, up to the
+    /// op deadline. Once per op.
     OpAwaitsLate {
         /// The op.
         id: OpId,

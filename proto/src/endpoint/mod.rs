@@ -53,8 +53,9 @@
 //! enough ([`select_repairs`]). A reduce-scatter transfer is acknowledged by
 //! its owner's all-gather; a PROBE goes out only when an answer is overdue. If an op makes no progress for the hard timeout it
 //! fails with an error naming the ranks it was waiting for — never a hang —
-//! unless some of them are up and have sent nothing of it yet (late trainers,
-//! [`Event::OpAwaitsLate`]): then it waits, up to the op deadline.
+//! unless some of them are up, took part in earlier ops of the run and have
+//! sent nothing of this one yet (late trainers, [`Event::OpAwaitsLate`]):
+//! then it waits, up to the op deadline.
 //! A rank that failed an op (for any reason) answers the PROBEs, BITMAPs and
 //! DATA of the ranks still at it with a failing DONE (wire version 5, at most
 //! one per peer per probe interval), and they fail it at once with

@@ -15,15 +15,15 @@ mod common;
 use common::*;
 use dlcp_proto::endpoint::{Event, OpError, OpId};
 use dlcp_proto::sim::NetConfig;
-use dlcp_proto::time::Duration;
+use dlcp_proto::time::{Duration, Instant};
 
 const MS: Duration = Duration::from_millis(1);
 const WORLD: u32 = 4;
 const LEN: usize = 6_000;
 
-/// Four ranks, hard timeout 200 ms (common timers), op deadline `deadline`;
-/// op 1 run by all (so every rank has heard every other in an op).
-fn cluster(seed: u64, deadline: Duration) -> Cluster {
+/// Four ranks, hard timeout 200 ms (common timers), op deadline `deadline`,
+/// their run agreed and no op run yet.
+fn fresh(seed: u64, deadline: Duration) -> Cluster {
     let cfgs = (0..WORLD)
         .map(|r| {
             let mut c = endpoint_config(r, WORLD, 1);
@@ -31,9 +31,31 @@ fn cluster(seed: u64, deadline: Duration) -> Cluster {
             c
         })
         .collect();
-    let mut c = Cluster::with_configs(NetConfig::default().with_seed(seed), cfgs);
+    Cluster::with_configs(NetConfig::default().with_seed(seed), cfgs)
+}
+
+/// [`fresh`], then op 1 run by all (so every rank has heard every other in an op).
+fn cluster(seed: u64, deadline: Duration) -> Cluster {
+    let mut c = fresh(seed, deadline);
     c.checked_allreduce(1, &inputs(seed, WORLD, LEN), opts(0), MS * 500);
     c
+}
+
+/// Rank 2 alone starts op `seq` (of run 1) with inputs drawn from `seed`:
+/// the inputs, the op, and when it started.
+fn rank_2_starts(c: &mut Cluster, seq: u64, seed: u64) -> (Vec<Vec<f32>>, OpId, Instant) {
+    let x = inputs(seed, WORLD, LEN);
+    let id = OpId { run: 1, seq, tensor: 0 };
+    start(c, &[2], id, &x);
+    (x, id, c.sim.now())
+}
+
+/// `ops` is exactly op `id` failed by the hard timeout, waiting on [0, 1, 3].
+fn assert_timed_out_on_the_others(ops: &Outcomes, id: OpId) {
+    match &ops[..] {
+        [(i, Err(OpError::Timeout { waiting_on, .. }))] if *i == id => assert_eq!(waiting_on, &[0, 1, 3]),
+        other => panic!("{other:?}"),
+    }
 }
 
 /// Every op event of rank `r` so far: `(id, Ok(result) | Err(error))`, and
@@ -67,10 +89,7 @@ fn start(c: &mut Cluster, ranks: &[u32], id: OpId, x: &[Vec<f32>]) {
 #[test]
 fn a_rank_waits_for_late_ranks_and_the_op_completes_exactly() {
     let mut c = cluster(31, Duration::from_secs(3));
-    let x = inputs(32, WORLD, LEN);
-    let id = OpId { run: 1, seq: 2, tensor: 0 };
-    start(&mut c, &[2], id, &x);
-    let t0 = c.sim.now();
+    let (x, id, t0) = rank_2_starts(&mut c, 2, 32);
     c.sim.run_to(t0 + MS * 700);
     assert_eq!(c.sim.node(2).ops_in_flight(), 1, "rank 2 still waits");
     start(&mut c, &[0, 1, 3], id, &x);
@@ -102,19 +121,13 @@ fn a_rank_waits_for_late_ranks_and_the_op_completes_exactly() {
 #[test]
 fn without_an_op_deadline_late_ranks_fail_the_op_at_the_hard_timeout() {
     let mut c = cluster(33, Duration::ZERO);
-    let x = inputs(34, WORLD, LEN);
-    let id = OpId { run: 1, seq: 2, tensor: 0 };
-    start(&mut c, &[2], id, &x);
-    let t0 = c.sim.now();
+    let (_, id, t0) = rank_2_starts(&mut c, 2, 34);
     c.sim.run_until(t0 + MS * 400, |s| s.node(2).ops_in_flight() == 0);
     let took = c.sim.now() - t0;
     assert!(took >= MS * 200 && took < MS * 201, "failed after {took:?}");
     let (ops, late) = events(&mut c, 2);
     assert!(late.is_empty());
-    match &ops[..] {
-        [(i, Err(OpError::Timeout { waiting_on, .. }))] if *i == id => assert_eq!(waiting_on, &[0, 1, 3]),
-        other => panic!("{other:?}"),
-    }
+    assert_timed_out_on_the_others(&ops, id);
     assert_eq!(c.sim.node(2).stats().late_rank_waits, 0);
 }
 
@@ -125,10 +138,7 @@ fn without_an_op_deadline_late_ranks_fail_the_op_at_the_hard_timeout() {
 #[test]
 fn a_late_rank_that_goes_down_fails_the_op_and_the_op_deadline_bounds_the_wait() {
     let mut c = cluster(35, Duration::from_secs(3));
-    let x = inputs(36, WORLD, LEN);
-    let id = OpId { run: 1, seq: 2, tensor: 0 };
-    start(&mut c, &[2], id, &x);
-    let t0 = c.sim.now();
+    let (x, id, t0) = rank_2_starts(&mut c, 2, 36);
     c.sim.run_to(t0 + MS * 300);
     c.sim.set_silent(3, true);
     c.sim.run_until(t0 + MS * 3_000, |s| s.node(2).ops_in_flight() == 0);
@@ -136,10 +146,7 @@ fn a_late_rank_that_goes_down_fails_the_op_and_the_op_deadline_bounds_the_wait()
     assert!(took <= MS * 300 + MS * 300 + MS, "failed after {took:?}");
     let (ops, late) = events(&mut c, 2);
     assert_eq!(late, [(id, vec![0, 1, 3])]);
-    match &ops[..] {
-        [(i, Err(OpError::Timeout { waiting_on, .. }))] if *i == id => assert_eq!(waiting_on, &[0, 1, 3]),
-        other => panic!("{other:?}"),
-    }
+    assert_timed_out_on_the_others(&ops, id);
 
     // Rank 3 comes back; ranks 0, 1 and 3 stay up and never start op 3:
     // rank 2 fails it at the op deadline.
@@ -201,18 +208,8 @@ fn an_abandoned_op_is_failed_at_once_by_the_ranks_that_ask() {
 /// judged by the hard timeout as before.
 #[test]
 fn ranks_that_took_no_part_in_the_run_are_not_waited_for() {
-    let cfgs = (0..WORLD)
-        .map(|r| {
-            let mut c = endpoint_config(r, WORLD, 1);
-            c.timers.op_deadline = Duration::from_secs(3);
-            c
-        })
-        .collect();
-    let mut c = Cluster::with_configs(NetConfig::default().with_seed(39), cfgs);
-    let x = inputs(40, WORLD, LEN);
-    let id = OpId { run: 1, seq: 1, tensor: 0 };
-    start(&mut c, &[2], id, &x);
-    let t0 = c.sim.now();
+    let mut c = fresh(39, Duration::from_secs(3));
+    let (_, id, t0) = rank_2_starts(&mut c, 1, 40);
     c.sim.run_until(t0 + MS * 1_000, |s| s.node(2).ops_in_flight() == 0);
     let took = c.sim.now() - t0;
     assert!(took >= MS * 200 && took < MS * 201, "failed after {took:?}");
@@ -227,10 +224,7 @@ fn ranks_that_took_no_part_in_the_run_are_not_waited_for() {
 #[test]
 fn a_late_rank_whose_run_ended_fails_the_op() {
     let mut c = cluster(41, Duration::from_secs(3));
-    let x = inputs(42, WORLD, LEN);
-    let id = OpId { run: 1, seq: 2, tensor: 0 };
-    start(&mut c, &[2], id, &x);
-    let t0 = c.sim.now();
+    let (_, id, t0) = rank_2_starts(&mut c, 2, 42);
     c.sim.run_to(t0 + MS * 300);
     let now = c.sim.now();
     c.sim.node_mut(3).end_run(now);
@@ -239,8 +233,5 @@ fn a_late_rank_whose_run_ended_fails_the_op() {
     assert!(took <= MS * 600, "failed after {took:?}");
     let (ops, late) = events(&mut c, 2);
     assert_eq!(late, [(id, vec![0, 1, 3])]);
-    match &ops[..] {
-        [(i, Err(OpError::Timeout { waiting_on, .. }))] if *i == id => assert_eq!(waiting_on, &[0, 1, 3]),
-        other => panic!("{other:?}"),
-    }
+    assert_timed_out_on_the_others(&ops, id);
 }

@@ -400,7 +400,7 @@ impl Trainers {
             "local rank {rank} of this job on this host (attachment {id}) detached before the op started"
         );
         let now = setup::since(ctx.start);
-        let contributors = ctx.endpoint.config().world * self.local_world.unwrap_or(1);
+        let contributors = self.contributors(ctx.endpoint.config().world);
         for (op, tickets) in self.reducer.abandon_rank(rank, |t| t.attachment == id) {
             // The peers are told when they ask (else they would wait for this
             // host, up but never starting the op, until their op deadline).
@@ -414,6 +414,12 @@ impl Trainers {
             log::info!("local run {} ends (last trainer detached)", self.epochs[slot]);
             ctx.endpoint.end_run(now);
         }
+    }
+
+    /// What an average divides by: every trainer of the job, K on each of
+    /// the `world` hosts.
+    fn contributors(&self, world: u32) -> u32 {
+        world * self.local_world.unwrap_or(1)
     }
 
     fn slot_of(&self, attachment: u64) -> Option<usize> {
@@ -570,7 +576,7 @@ impl Trainers {
         };
         let (rank, world) = (ctx.endpoint.config().rank, ctx.endpoint.config().world);
         // An average is over every trainer of the job: K on every host.
-        let opts = op_options(&sub, ctx.cfg, world * self.local_world.unwrap_or(1));
+        let opts = op_options(&sub, ctx.cfg, self.contributors(world));
         let shard = shard_range(usize::try_from(sub.span.len_elems).unwrap_or(0), world, rank);
         match ctx.endpoint.start_allreduce(now, id, input, opts) {
             Ok(()) => {

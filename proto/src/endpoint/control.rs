@@ -88,9 +88,11 @@ impl Endpoint {
                 h.payload_len = wire::SETTINGS_LEN as u16;
             }
             TxKind::Probe => {
-                let st = op?.transfers_mut().sender_mut(item.phase, peer)?;
-                let at = st.fill_probe(&mut h, now, &self.sh.retry())?;
-                self.timers.insert(at, item.op.id(), Side::send(item.phase), peer);
+                let transfers = op?.transfers_mut();
+                transfers.sender_mut(item.phase, peer)?.fill_probe(&mut h, now, &self.sh.retry())?;
+                if let Some(at) = transfers.reindex(Side::send(item.phase), peer, false) {
+                    self.timers.insert(at, item.op.id(), Side::send(item.phase), peer);
+                }
                 self.sh.stats.probes_sent += 1;
                 // How many DATA datagrams went to the receiver before this
                 // PROBE: it waits for those it has not seen yet.

@@ -472,7 +472,7 @@ impl Endpoint {
             let keys: Vec<(Side, u32)> = due[a..b].iter().map(|d| (d.1, d.2)).collect();
             self.op_timers(now, id, &keys);
             for &(side, j) in &keys {
-                self.index_timers(id, side, j);
+                self.index_timers(id, side, j, true);
             }
             self.check_complete(id);
         }
@@ -533,10 +533,12 @@ impl Endpoint {
         op.on_timers(now, OpKey::new(id, slot), keys, &mut self.sh);
     }
 
-    /// Index every live timer of one transfer (after it may have been armed).
-    fn index_timers(&mut self, id: OpId, side: Side, peer: u32) {
-        let Some(op) = self.ops.get(&id) else { return };
-        for at in op.transfers().timers(side, peer) {
+    /// Index one transfer's timers after they may have changed
+    /// ([`Transfers::reindex`](allreduce::Transfers::reindex); `due`: its
+    /// entry was just taken from the index).
+    fn index_timers(&mut self, id: OpId, side: Side, peer: u32, due: bool) {
+        let Some(op) = self.ops.slot(&id).and_then(|slot| self.ops.at_mut(slot, &id)) else { return };
+        if let Some(at) = op.transfers_mut().reindex(side, peer, due) {
             self.timers.insert(at, id, side, peer);
         }
     }
@@ -656,7 +658,9 @@ impl Endpoint {
     /// queue drains, it probes.
     fn dequeued(&mut self, now: Instant, item: TxItem) {
         let Some(op) = self.ops.by_key_mut(item.op) else { return };
-        if let Some(at) = op.dequeued(now, item.op, item.phase, item.peer, &mut self.sh) {
+        if op.dequeued(now, item.op, item.phase, item.peer, &mut self.sh).is_some()
+            && let Some(at) = op.transfers_mut().reindex(Side::send(item.phase), item.peer, false)
+        {
             self.timers.insert(at, item.op.id(), Side::send(item.phase), item.peer);
         }
     }
@@ -694,7 +698,8 @@ impl Endpoint {
     }
 }
 
-/// Whether an index entry is still one of its transfer's live timers.
+/// Whether an index entry is its transfer's entry (a later one that an
+/// earlier timer superseded is not).
 fn timer_live(ops: &OpTable, &(at, id, side, peer): &TimerEntry) -> bool {
-    ops.get(&id).is_some_and(|op| op.transfers().timers(side, peer).any(|t| t == at))
+    ops.get(&id).is_some_and(|op| op.transfers().indexed(side, peer) == Some(at))
 }

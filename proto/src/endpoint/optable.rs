@@ -1,12 +1,15 @@
 //! The ops in flight, in a slab: an op lives in a slot for its whole life,
 //! and what refers to it from a queue (a [`TxItem`](super::tx::TxItem)) keeps
 //! the slot, so reaching it is an index, not a map lookup. A received
-//! datagram names its op by [`OpId`]: one hash lookup finds the slot.
+//! datagram names its op by [`OpId`]: one hash lookup finds the slot. The
+//! map hashes with FxHash, not SipHash: its keys are the ops local trainers
+//! started (a datagram only looks one up, it never adds one), so no peer
+//! can choose colliding keys, and the lookup is per datagram.
 //!
 //! Iteration in [`OpId`] order (timers, restarts) sorts the few ids in flight;
 //! it happens per event, not per datagram.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use crate::endpoint::allreduce::Op;
 use crate::endpoint::api::{OpId, OpKey, Slot};
@@ -16,7 +19,7 @@ use crate::endpoint::api::{OpId, OpKey, Slot};
 pub(crate) struct OpTable {
     slots: Vec<Option<(OpId, Op)>>,
     free: Vec<Slot>,
-    index: HashMap<OpId, Slot>,
+    index: FxHashMap<OpId, Slot>,
 }
 
 impl OpTable {

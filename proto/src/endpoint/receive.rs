@@ -192,10 +192,9 @@ impl Endpoint {
             let key = OpKey::new(id, slot);
             let side = Side::of_packet(h.ty, h.phase);
             let Some(op) = self.ops.at_mut(slot, &id) else { return };
-            let before = op.transfers().timer_set(side, h.src);
             op.on_packet(now, key, &h, payload, &mut self.sh);
-            if op.transfers().timer_set(side, h.src) != before {
-                self.index_timers(id, side, h.src);
+            if let Some(at) = op.transfers_mut().reindex(side, h.src, false) {
+                self.timers.insert(at, id, side, h.src);
             }
             self.check_complete(id);
         } else if self.history.lingering(&id).is_some() {

@@ -1,11 +1,19 @@
-//! The index of transfer timers: every value a probe timer, receive
-//! deadline, grace or nudge was armed with, keyed by transfer.
+//! The index of transfer timers: one entry per transfer with a live timer
+//! (a probe timer, receive deadline, grace, nudge or quiet timer), at or
+//! before its earliest one, keyed by transfer.
 //!
-//! Entries are checked against the transfer when read (the caller's `live`
-//! test), so a timer that was re-armed, cleared or whose op ended leaves a
-//! stale entry that is skipped and pruned. Keeps `poll_timeout` and
-//! `handle_timeout` from scanning every transfer of every op (O(world) per
-//! event).
+//! A transfer's entry is the instant its table records
+//! ([`Transfers::reindex`](crate::endpoint::allreduce::Transfers::reindex)):
+//! a timer armed earlier than the entry adds an entry there, and the older
+//! one goes stale; a timer moved later (a receiver's quiet timer, on every
+//! chunk) leaves the entry, which then comes due early: the transfer is
+//! served, finds nothing due, and is indexed anew at its earliest timer. So
+//! the per-datagram cost is one comparison, not a tree insertion, and a
+//! transfer is served early at most once per timer period. Entries are
+//! checked against the transfer's table when read (the caller's `live`
+//! test), so stale ones — superseded, or of an op that ended — are skipped
+//! and pruned. Keeps `poll_timeout` and `handle_timeout` from scanning every
+//! transfer of every op (O(world) per event).
 
 use std::collections::BTreeSet;
 
@@ -13,7 +21,7 @@ use crate::endpoint::allreduce::Side;
 use crate::endpoint::api::OpId;
 use crate::time::Instant;
 
-/// `(when, op, side, peer)`: one armed timer of one transfer.
+/// `(when, op, side, peer)`: the index entry of one transfer.
 pub(crate) type TimerEntry = (Instant, OpId, Side, u32);
 
 /// See the module docs.
@@ -23,7 +31,7 @@ pub(crate) struct TimerIndex {
 }
 
 impl TimerIndex {
-    /// Index a timer armed at `at`.
+    /// Add a transfer's entry at `at`.
     pub(crate) fn insert(&mut self, at: Instant, id: OpId, side: Side, peer: u32) {
         self.entries.insert((at, id, side, peer));
     }

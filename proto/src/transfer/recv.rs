@@ -787,7 +787,22 @@ impl Receiver {
         }
     }
 
+    /// The earliest live timer (what [`Receiver::timers`] yields, without
+    /// building it: read per datagram).
+    pub(crate) fn earliest_timer(&self) -> Option<Instant> {
+        if self.closed_at.is_some() {
+            return None;
+        }
+        let min = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, None) => x,
+            (None, y) => y,
+        };
+        min(min(self.deadline, self.grace), min(self.nudge.map(|n| n.0), self.quiet.map(|q| q.0)))
+    }
+
     /// Every live timer.
+    #[cfg(test)]
     pub(crate) fn timers(&self) -> impl Iterator<Item = Instant> {
         let open = self.closed_at.is_none();
         let quiet = self.quiet.map(|q| q.0);

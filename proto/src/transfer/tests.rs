@@ -828,3 +828,54 @@ fn a_lossy_network_follows_the_last_data_with_a_probe() {
         }
     }
 }
+
+/// The timer index's entry for a receiver (`Transfers::reindex`): a chunk
+/// that moves the receiver's earliest timer later (its quiet timer re-arms
+/// on every chunk) leaves the entry where it was — no index insertion per
+/// datagram; a timer earlier than the entry moves it; served at the early
+/// entry, the receiver fires nothing, and the entry is then replaced by its
+/// current earliest timer.
+#[test]
+fn a_timer_moved_later_keeps_its_index_entry_and_fires_nothing_at_it() {
+    use crate::endpoint::allreduce::{Side, Transfers};
+    let n = 64;
+    let side = Side::of_packet(PacketType::Data, Phase::Scatter);
+    let mut t = Transfers::new(2);
+    t.set_receiver(Phase::Scatter, 1, Receiver::new(n, Vec::new(), Mode::Own));
+    let chunk = |t: &mut Transfers, c: u32| {
+        let r = t.receiver_mut(Phase::Scatter, 1).unwrap();
+        arrive(r, &data(c, n, 0, 0, Flags::default()), at(10 + 10 * u64::from(c)));
+    };
+    chunk(&mut t, 0);
+    let first = t.reindex(side, 1, false).expect("the first chunk arms the deadline");
+    assert_eq!(t.indexed(side, 1), Some(first));
+    let (mut later, mut earlier) = (0, 0);
+    for c in 1..20 {
+        let entry = t.indexed(side, 1).unwrap();
+        chunk(&mut t, c);
+        let earliest = t.timers(side, 1).min().unwrap();
+        let got = t.reindex(side, 1, false);
+        if earliest < entry {
+            earlier += 1;
+            assert_eq!((got, t.indexed(side, 1)), (Some(earliest), Some(earliest)), "chunk {c}");
+        } else {
+            later += u32::from(earliest > entry);
+            assert_eq!((got, t.indexed(side, 1)), (None, Some(entry)), "chunk {c}: the entry stays");
+        }
+    }
+    assert!(earlier >= 1, "the quiet timer came before the deadline once");
+    assert!(later >= 10, "then it moved later with every chunk: {later}");
+    // Served at its entry, before any timer is due: nothing fires.
+    let entry = t.indexed(side, 1).unwrap();
+    let earliest = t.timers(side, 1).min().unwrap();
+    assert!(entry < earliest);
+    let r = t.receiver_mut(Phase::Scatter, 1).unwrap();
+    assert_eq!(r.on_timer(entry, &retry(), 0, 0), Fired::Nothing);
+    // The entry came due: the transfer is indexed anew at its earliest timer.
+    assert_eq!(t.reindex(side, 1, true), Some(earliest));
+    assert_eq!(t.indexed(side, 1), Some(earliest));
+    // Closed, it has no timer: a due entry leaves it unindexed.
+    t.receiver_mut(Phase::Scatter, 1).unwrap().close(at(5_000), false);
+    assert_eq!(t.reindex(side, 1, true), None);
+    assert_eq!(t.indexed(side, 1), None);
+}

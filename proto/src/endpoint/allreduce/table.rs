@@ -42,6 +42,11 @@ impl Side {
         matches!(self, Side::ScatterSend | Side::GatherSend)
     }
 
+    /// Its position in per-transfer tables.
+    fn index(self) -> usize {
+        self as usize
+    }
+
     /// Its phase.
     pub(crate) fn phase(self) -> Phase {
         match self {
@@ -61,6 +66,9 @@ fn slot(phase: Phase) -> usize {
 pub(crate) struct Transfers {
     sends: [Vec<Option<Sender>>; 2],
     recvs: [Vec<Option<Receiver>>; 2],
+    /// Per peer and [`Side`]: the instant of the transfer's entry in the
+    /// endpoint's timer index ([`Transfers::reindex`]).
+    indexed: Vec<[Option<Instant>; 4]>,
 }
 
 impl Transfers {
@@ -69,7 +77,11 @@ impl Transfers {
         fn none<T>(world: usize) -> Vec<Option<T>> {
             (0..world).map(|_| None).collect()
         }
-        Transfers { sends: [none(world), none(world)], recvs: [none(world), none(world)] }
+        Transfers {
+            sends: [none(world), none(world)],
+            recvs: [none(world), none(world)],
+            indexed: vec![[None; 4]; world],
+        }
     }
 
     /// The send side to `peer` in `phase`.
@@ -125,6 +137,7 @@ impl Transfers {
     }
 
     /// Every live timer of one transfer.
+    #[cfg(test)]
     pub(crate) fn timers(&self, side: Side, peer: u32) -> impl Iterator<Item = Instant> + '_ {
         let (phase, send) = (side.phase(), side.is_send());
         let st = self.sender(phase, peer).filter(|_| send);
@@ -132,14 +145,38 @@ impl Transfers {
         st.and_then(Sender::timer).into_iter().chain(r.into_iter().flat_map(Receiver::timers))
     }
 
-    /// The live timers of one transfer as one value, to tell whether a
-    /// packet changed them (only then does the endpoint index them again).
-    pub(crate) fn timer_set(&self, side: Side, peer: u32) -> [Option<Instant>; 4] {
-        let mut set = [None; 4];
-        for (s, t) in set.iter_mut().zip(self.timers(side, peer)) {
-            *s = Some(t);
+    /// The instant of this transfer's entry in the timer index (`None`:
+    /// it has none that counts).
+    pub(crate) fn indexed(&self, side: Side, peer: u32) -> Option<Instant> {
+        self.indexed.get(peer as usize)?[side.index()]
+    }
+
+    /// Where the timer index must (also) hold this transfer, after its
+    /// timers may have changed: its earliest live timer, when that comes
+    /// before its entry or it has none — that instant becomes its entry.
+    /// `None`: the entry it has serves. A timer that moved later (a receiver
+    /// re-arms its quiet timer on every chunk) leaves the entry where it
+    /// was: the transfer is served at the entry's instant, finds nothing
+    /// due and is indexed anew (`due`). So a datagram costs a comparison,
+    /// not an index insertion; an entry fires early at most once per timer
+    /// period.
+    ///
+    /// `due`: the entry was just taken from the index (it came due), so the
+    /// transfer has none until this one.
+    pub(crate) fn reindex(&mut self, side: Side, peer: u32, due: bool) -> Option<Instant> {
+        let (phase, send) = (side.phase(), side.is_send());
+        let earliest = if send {
+            self.sender(phase, peer).and_then(Sender::timer)
+        } else {
+            self.receiver(phase, peer).and_then(Receiver::earliest_timer)
+        };
+        let slot = &mut self.indexed.get_mut(peer as usize)?[side.index()];
+        if due {
+            *slot = None;
         }
-        set
+        let at = earliest.filter(|&t| slot.is_none_or(|i| t < i))?;
+        *slot = Some(at);
+        Some(at)
     }
 
     /// The peers (but `me`) some transfer still waits on: data, a bitmap or

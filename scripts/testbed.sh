@@ -108,7 +108,11 @@ receive processing of each veth to one CPU (no reordering), and
 net.core.netdev_max_backlog is raised to $BACKLOG while up. State (settings,
 saved sysctl) in $STATE.
 
-Environment: DLCPTB_PREFIX (name prefix, default dlcptb), DLCPTB_STATE_DIR.
+Environment: DLCPTB_PREFIX (name prefix, default dlcptb), DLCPTB_STATE_DIR;
+DLCPTB_HOST_GRO=1 (an experiment, not a benchmark condition): GRO on each host's
+own end (eth0), as a NIC would have it — the switch's queues still carry
+wire-sized packets, but --loss (nftables on the host's input) then drops merged
+ones, so use it on a clean network only.
 'up' first removes leftovers of an earlier run; 'down' is safe to run twice.
 EOF
 }
@@ -325,6 +329,9 @@ make_host() {
   run ip -n "$ns" link set lo up
   run ip -n "$parent" link add "p$i" mtu "$MTU" type veth peer name eth0 mtu "$MTU" netns "$ns"
   veth_tune "$parent" "p$i" "$ns" eth0 $(( i % ncpu ))
+  if [ "${DLCPTB_HOST_GRO:-0}" = 1 ] && command -v ethtool >/dev/null; then
+    run ip netns exec "$ns" ethtool -K eth0 gro on >/dev/null
+  fi
 }
 
 # The rate of host i's port: --rate where --rate-ports selects it, else 10000.

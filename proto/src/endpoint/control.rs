@@ -90,9 +90,7 @@ impl Endpoint {
             TxKind::Probe => {
                 let transfers = op?.transfers_mut();
                 transfers.sender_mut(item.phase, peer)?.fill_probe(&mut h, now, &self.sh.retry())?;
-                if let Some(at) = transfers.reindex(Side::send(item.phase), peer, false) {
-                    self.timers.insert(at, item.op.id(), Side::send(item.phase), peer);
-                }
+                self.timers.reindex(transfers, item.op.id(), Side::send(item.phase), peer, false);
                 self.sh.stats.probes_sent += 1;
                 // How many DATA datagrams went to the receiver before this
                 // PROBE: it waits for those it has not seen yet.

@@ -472,7 +472,7 @@ impl Endpoint {
             let keys: Vec<(Side, u32)> = due[a..b].iter().map(|d| (d.1, d.2)).collect();
             self.op_timers(now, id, &keys);
             for &(side, j) in &keys {
-                self.index_timers(id, side, j, true);
+                self.index_timers(id, side, j);
             }
             self.check_complete(id);
         }
@@ -533,14 +533,10 @@ impl Endpoint {
         op.on_timers(now, OpKey::new(id, slot), keys, &mut self.sh);
     }
 
-    /// Index one transfer's timers after they may have changed
-    /// ([`Transfers::reindex`](allreduce::Transfers::reindex); `due`: its
-    /// entry was just taken from the index).
-    fn index_timers(&mut self, id: OpId, side: Side, peer: u32, due: bool) {
-        let Some(op) = self.ops.slot(&id).and_then(|slot| self.ops.at_mut(slot, &id)) else { return };
-        if let Some(at) = op.transfers_mut().reindex(side, peer, due) {
-            self.timers.insert(at, id, side, peer);
-        }
+    /// Index one transfer's timers after they came due ([`TimerIndex::reindex`]).
+    fn index_timers(&mut self, id: OpId, side: Side, peer: u32) {
+        let Some(op) = self.ops.get_mut(&id) else { return };
+        self.timers.reindex(op.transfers_mut(), id, side, peer, true);
     }
 
     /// Drop stale entries from the front of the timer index.
@@ -658,10 +654,8 @@ impl Endpoint {
     /// queue drains, it probes.
     fn dequeued(&mut self, now: Instant, item: TxItem) {
         let Some(op) = self.ops.by_key_mut(item.op) else { return };
-        if op.dequeued(now, item.op, item.phase, item.peer, &mut self.sh).is_some()
-            && let Some(at) = op.transfers_mut().reindex(Side::send(item.phase), item.peer, false)
-        {
-            self.timers.insert(at, item.op.id(), Side::send(item.phase), item.peer);
+        if op.dequeued(now, item.op, item.phase, item.peer, &mut self.sh).is_some() {
+            self.timers.reindex(op.transfers_mut(), item.op.id(), Side::send(item.phase), item.peer, false);
         }
     }
 

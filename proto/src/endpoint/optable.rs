@@ -38,6 +38,11 @@ impl OpTable {
         self.at(self.slot(id)?, id)
     }
 
+    /// Op `id`, to change.
+    pub(crate) fn get_mut(&mut self, id: &OpId) -> Option<&mut Op> {
+        self.at_mut(self.slot(id)?, id)
+    }
+
     /// The op in `slot`, if it is op `id` (a slot is reused once its op ends).
     pub(crate) fn at(&self, slot: Slot, id: &OpId) -> Option<&Op> {
         match self.slots.get(slot as usize)? {

@@ -193,9 +193,7 @@ impl Endpoint {
             let side = Side::of_packet(h.ty, h.phase);
             let Some(op) = self.ops.at_mut(slot, &id) else { return };
             op.on_packet(now, key, &h, payload, &mut self.sh);
-            if let Some(at) = op.transfers_mut().reindex(side, h.src, false) {
-                self.timers.insert(at, id, side, h.src);
-            }
+            self.timers.reindex(op.transfers_mut(), id, side, h.src, false);
             self.check_complete(id);
         } else if self.history.lingering(&id).is_some() {
             self.answer_lingering(id, &h);

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::endpoint::allreduce::Side;
+use crate::endpoint::allreduce::{Side, Transfers};
 use crate::endpoint::api::OpId;
 use crate::time::Instant;
 
@@ -31,9 +31,13 @@ pub(crate) struct TimerIndex {
 }
 
 impl TimerIndex {
-    /// Add a transfer's entry at `at`.
-    pub(crate) fn insert(&mut self, at: Instant, id: OpId, side: Side, peer: u32) {
-        self.entries.insert((at, id, side, peer));
+    /// Index one transfer of op `id` after its timers may have changed:
+    /// add the entry [`Transfers::reindex`] asks for, if any (`due`: its
+    /// entry was just taken from the index).
+    pub(crate) fn reindex(&mut self, transfers: &mut Transfers, id: OpId, side: Side, peer: u32, due: bool) {
+        if let Some(at) = transfers.reindex(side, peer, due) {
+            self.entries.insert((at, id, side, peer));
+        }
     }
 
     /// The transfers with a live timer at or before `now`, in (op, side,

@@ -152,7 +152,7 @@ use socket2::{Domain, Socket};
 use self::bind::bind_port;
 use self::handover::{Link, Tally, hand_over};
 use self::queue::{ClassQueue, Group, Pending, Regroup, order_by_path, regroup, segments};
-use self::sys::RxMeta;
+use self::sys::RxBatch;
 use super::api::{Datapath, DatapathStats, Outgoing, SendOutcome};
 
 mod bind;
@@ -201,10 +201,8 @@ pub struct SocketDatapath {
     gso_max_payload: usize,
     stats: DatapathStats,
     extra: SocketStats,
-    rx_buf: Vec<u8>,
-    /// Bytes per receive buffer: `max_datagram`, or 64 KiB with GRO.
-    rx_slot: usize,
-    rx_meta: Vec<RxMeta>,
+    /// `batch` receive buffers of `max_datagram` bytes, or 64 KiB with GRO.
+    rx_batch: RxBatch,
     rx_drained: bool,
     groups: Vec<Group>,
     regroup: Regroup,
@@ -262,8 +260,7 @@ impl SocketDatapath {
         let gso_max_payload = cfg.max_payload();
         // With GRO a buffer must hold any coalesced packet: a whole UDP payload.
         let rx_slot = if extra.gro_active { 1 << 16 } else { cfg.max_datagram };
-        let rx_buf = vec![0; cfg.batch * rx_slot];
-        let rx_meta = vec![RxMeta::default(); cfg.batch];
+        let rx_batch = RxBatch::new(cfg.batch, rx_slot);
         let inodes = rx.iter().chain(&tx).filter_map(|s| procfs::inode(s.as_fd())).collect();
         Ok(SocketDatapath {
             inodes,
@@ -276,9 +273,7 @@ impl SocketDatapath {
             gso_max_payload,
             stats: DatapathStats::default(),
             extra,
-            rx_buf,
-            rx_slot,
-            rx_meta,
+            rx_batch,
             rx_drained: true,
             groups: Vec::new(),
             regroup: Regroup::default(),
@@ -542,7 +537,6 @@ impl Datapath for SocketDatapath {
 
     fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &[u8])) -> io::Result<usize> {
         let limit = self.cfg.batch * RX_ROUNDS;
-        let slot = self.rx_slot;
         let mut taken = 0;
         let mut delivered = 0;
         // Peers send to path 0's port: the other paths' receive sockets only
@@ -561,7 +555,7 @@ impl Datapath for SocketDatapath {
                     return Ok(delivered);
                 }
                 self.stats.rx_syscalls += 1;
-                let n = match sys::recv_batch(fd, &mut self.rx_buf, slot, &mut self.rx_meta) {
+                let n = match self.rx_batch.recv(fd) {
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -571,7 +565,7 @@ impl Datapath for SocketDatapath {
                         break;
                     }
                 };
-                for (i, m) in self.rx_meta[..n].iter().enumerate() {
+                for (i, m) in self.rx_batch.meta()[..n].iter().enumerate() {
                     if m.truncated {
                         taken += 1;
                         self.stats.rx_truncated += 1;
@@ -592,7 +586,7 @@ impl Datapath for SocketDatapath {
                     if m.segment > 0 && m.len > m.segment {
                         self.extra.gro_packets += 1;
                     }
-                    let buf = &self.rx_buf[i * slot..i * slot + m.len];
+                    let buf = self.rx_batch.datagram(i);
                     for r in segments(m.len, m.segment) {
                         taken += 1;
                         if r.len() > self.cfg.max_datagram {
@@ -605,7 +599,7 @@ impl Datapath for SocketDatapath {
                         f(src, &buf[r]);
                     }
                 }
-                if n < self.cfg.batch {
+                if n < self.rx_batch.slots() {
                     break; // recvmmsg stopped early: the socket is drained
                 }
             }

@@ -156,63 +156,116 @@ pub(super) fn send_batch(fd: BorrowedFd<'_>, msgs: &[TxMsg<'_>]) -> io::Result<u
     if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(rc as usize) }
 }
 
-/// One `recvmmsg` into `bufs` split in slots of `slot` bytes (as many
-/// messages as `meta` has entries); fills `meta` for each message
-/// received and returns how many.
-#[allow(unsafe_code)]
-pub(super) fn recv_batch(
-    fd: BorrowedFd<'_>,
-    bufs: &mut [u8],
+/// The receive side's buffers and the `recvmmsg` arrays that describe them,
+/// built once: a receive call only resets the lengths the kernel wrote back
+/// (a call used to allocate and zero four arrays, ~8 KiB at a batch of 32,
+/// and the daemon makes one call per ~15 datagrams).
+pub(super) struct RxBatch {
+    /// `n` slots of `slot` bytes, one datagram (or GRO train) each.
+    buf: Vec<u8>,
     slot: usize,
-    meta: &mut [RxMeta],
-) -> io::Result<usize> {
-    let n = meta.len().min(bufs.len() / slot);
-    let mut iovs: Vec<libc::iovec> = bufs
-        .chunks_exact_mut(slot)
-        .take(n)
-        .map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() })
-        .collect();
-    // SAFETY: all-zero bytes are a valid `sockaddr_storage`.
-    let mut names: Vec<libc::sockaddr_storage> = vec![unsafe { mem::zeroed() }; n];
-    let mut controls = vec![RxControl([0; 64]); n];
-    let iov_base = iovs.as_mut_ptr();
-    let name_base = names.as_mut_ptr();
-    let control_base = controls.as_mut_ptr();
-    let mut hdrs: Vec<libc::mmsghdr> = (0..n)
-        .map(|i| {
-            // SAFETY: all-zero bytes are a valid `mmsghdr`.
-            let mut h: libc::mmsghdr = unsafe { mem::zeroed() };
-            h.msg_hdr.msg_name = name_base.wrapping_add(i).cast();
+    meta: Vec<RxMeta>,
+    iovs: Vec<libc::iovec>,
+    names: Vec<libc::sockaddr_storage>,
+    controls: Vec<RxControl>,
+    hdrs: Vec<libc::mmsghdr>,
+}
+
+// SAFETY: the raw pointers in `iovs` and `hdrs` point into this value's own
+// heap arrays (`buf`, `iovs`, `names`, `controls`), which are never resized
+// after `new`; they are only handed to the kernel by `recv`, which holds
+// `&mut self`. Moving the value to another thread moves the arrays with it
+// (their heap addresses do not change) and shares nothing.
+#[allow(unsafe_code)]
+unsafe impl Send for RxBatch {}
+
+impl std::fmt::Debug for RxBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxBatch").field("slots", &self.meta.len()).field("slot", &self.slot).finish()
+    }
+}
+
+impl RxBatch {
+    /// Room for `n` datagrams of up to `slot` bytes per receive call.
+    #[allow(unsafe_code)]
+    pub(super) fn new(n: usize, slot: usize) -> RxBatch {
+        let mut buf = vec![0u8; n * slot];
+        let mut iovs: Vec<libc::iovec> = buf
+            .chunks_exact_mut(slot)
+            .map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() })
+            .collect();
+        // SAFETY: all-zero bytes are a valid `sockaddr_storage`.
+        let mut names: Vec<libc::sockaddr_storage> = vec![unsafe { mem::zeroed() }; n];
+        let mut controls = vec![RxControl([0; 64]); n];
+        let (iov_base, name_base, control_base) =
+            (iovs.as_mut_ptr(), names.as_mut_ptr(), controls.as_mut_ptr());
+        let hdrs = (0..n)
+            .map(|i| {
+                // SAFETY: all-zero bytes are a valid `mmsghdr`.
+                let mut h: libc::mmsghdr = unsafe { mem::zeroed() };
+                h.msg_hdr.msg_name = name_base.wrapping_add(i).cast();
+                h.msg_hdr.msg_iov = iov_base.wrapping_add(i);
+                h.msg_hdr.msg_iovlen = 1;
+                h.msg_hdr.msg_control = control_base.wrapping_add(i).cast();
+                h
+            })
+            .collect();
+        RxBatch { buf, slot, meta: vec![RxMeta::default(); n], iovs, names, controls, hdrs }
+    }
+
+    /// One `recvmmsg` on `fd` into the slots; returns how many datagrams
+    /// arrived, described by `meta()[..n]` and read with [`RxBatch::datagram`].
+    #[allow(unsafe_code)]
+    pub(super) fn recv(&mut self, fd: BorrowedFd<'_>) -> io::Result<usize> {
+        let n = self.hdrs.len();
+        // The kernel wrote back the name and control lengths and the flags of
+        // the messages of the last call: give every header its room again.
+        for h in &mut self.hdrs {
             h.msg_hdr.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_hdr.msg_iov = iov_base.wrapping_add(i);
-            h.msg_hdr.msg_iovlen = 1;
-            h.msg_hdr.msg_control = control_base.wrapping_add(i).cast();
             h.msg_hdr.msg_controllen = mem::size_of::<RxControl>() as _;
-            h
-        })
-        .collect();
-    // SAFETY: each header's name, iovec and control point to `names[i]`,
-    // `iovs[i]` (whose buffer is the distinct slot `i` of `bufs`, exclusively
-    // borrowed) and `controls[i]`; all live until the end of this function
-    // and are not moved after the pointers were taken. The kernel writes at
-    // most `msg_namelen` bytes of name, `slot` bytes of data and
-    // `msg_controllen` bytes of control per message.
-    let rc = unsafe {
-        libc::recvmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr(), n as libc::c_uint, 0, std::ptr::null_mut())
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let got = rc as usize;
-    for (i, h) in hdrs[..got].iter().enumerate() {
-        meta[i] = RxMeta {
-            len: (h.msg_len as usize).min(slot),
-            truncated: h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
-            src: parse_name(&names[i], h.msg_hdr.msg_namelen),
-            segment: gro_segment(&h.msg_hdr),
+            h.msg_hdr.msg_flags = 0;
+        }
+        // SAFETY: header `i`'s name, iovec and control point to `names[i]`,
+        // `iovs[i]` (whose buffer is the distinct slot `i` of `buf`) and
+        // `controls[i]`, set in `new` and valid since: none of these arrays is
+        // resized after it, and `&mut self` borrows them all exclusively for
+        // the call. The kernel writes at most `msg_namelen` bytes of name,
+        // `slot` bytes of data and `msg_controllen` bytes of control per
+        // message.
+        let rc = unsafe {
+            libc::recvmmsg(fd.as_raw_fd(), self.hdrs.as_mut_ptr(), n as libc::c_uint, 0, std::ptr::null_mut())
         };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let got = rc as usize;
+        for (i, h) in self.hdrs[..got].iter().enumerate() {
+            self.meta[i] = RxMeta {
+                len: (h.msg_len as usize).min(self.slot),
+                truncated: h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0,
+                src: parse_name(&self.names[i], h.msg_hdr.msg_namelen),
+                segment: gro_segment(&h.msg_hdr),
+            };
+        }
+        // The arrays the headers point into are only ever read by the kernel.
+        debug_assert!(self.iovs.len() == n && self.controls.len() == n);
+        Ok(got)
     }
-    Ok(got)
+
+    /// What the last call learned about each datagram it received.
+    pub(super) fn meta(&self) -> &[RxMeta] {
+        &self.meta
+    }
+
+    /// Datagrams per call.
+    pub(super) fn slots(&self) -> usize {
+        self.meta.len()
+    }
+
+    /// The bytes of datagram `i` of the last call (`meta()[i].len` of them).
+    pub(super) fn datagram(&self, i: usize) -> &[u8] {
+        &self.buf[i * self.slot..i * self.slot + self.meta[i].len]
+    }
 }
 
 /// Room for the control messages of one received datagram (only `UDP_GRO`,
@@ -276,6 +329,70 @@ fn parse_name(name: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<Soc
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The arrays built once serve call after call: each call reports its
+    /// own datagrams' lengths, sources and truncation, not the last call's.
+    #[test]
+    fn a_receive_batch_is_reused_across_calls() {
+        use std::net::UdpSocket;
+        use std::os::fd::AsFd;
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_nonblocking(true).unwrap();
+        let (a, b) = (UdpSocket::bind("127.0.0.1:0").unwrap(), UdpSocket::bind("127.0.0.1:0").unwrap());
+        let to = rx.local_addr().unwrap();
+        let mut batch = RxBatch::new(4, 64);
+        let wait = |batch: &mut RxBatch, want: usize| {
+            for _ in 0..200 {
+                match batch.recv(rx.as_fd()) {
+                    Ok(n) if n >= want => return n,
+                    Ok(n) => panic!("{n} datagrams, wanted {want}"),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(std::time::Duration::from_millis(5))
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            panic!("nothing arrived")
+        };
+        a.send_to(&[1; 40], to).unwrap();
+        b.send_to(&[2; 100], to).unwrap(); // longer than a slot: cut short
+        let mut got = 0;
+        while got < 2 {
+            let n = wait(&mut batch, 1);
+            for i in 0..n {
+                let m = batch.meta()[i];
+                if m.src == Some(a.local_addr().unwrap()) {
+                    assert_eq!((m.len, m.truncated, batch.datagram(i)), (40, false, &[1u8; 40][..]));
+                } else {
+                    assert_eq!(m.src, Some(b.local_addr().unwrap()));
+                    assert_eq!((m.len, m.truncated, batch.datagram(i)), (64, true, &[2u8; 64][..]));
+                }
+            }
+            got += n;
+        }
+        b.send_to(&[3; 7], to).unwrap();
+        assert_eq!(wait(&mut batch, 1), 1);
+        let m = batch.meta()[0];
+        assert_eq!(
+            (m.src, m.len, m.truncated, batch.datagram(0)),
+            (Some(b.local_addr().unwrap()), 7, false, &[3u8; 7][..])
+        );
+        // With UDP_GRO on, a plain datagram leaves the kernel's control
+        // length at 0; the next call must still read a GSO train's segment
+        // size (loopback hands the train over whole).
+        if probe_gso(Domain::IPV4) && enable_gro(rx.as_fd()).is_ok() {
+            a.send_to(&[4; 9], to).unwrap();
+            assert_eq!(wait(&mut batch, 1), 1);
+            assert_eq!((batch.meta()[0].len, batch.meta()[0].segment), (9, 0));
+            let dst = SockAddr::from(to);
+            let parts: [&[u8]; 1] = [&[5; 60]];
+            assert_eq!(send_batch(b.as_fd(), &[TxMsg { dst: &dst, parts: &parts, segment: 20 }]).unwrap(), 1);
+            assert_eq!(wait(&mut batch, 1), 1);
+            let m = batch.meta()[0];
+            assert_eq!((m.len, m.segment, m.truncated), (60, 20, false));
+        }
+        assert_eq!(batch.recv(rx.as_fd()).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+    }
 
     #[test]
     fn gso_refusal_errnos() {

@@ -102,6 +102,15 @@ TRANSPORTS = {  # name: (label, backend, budget fraction or congestion control)
     "dlcp-b1": ("dlcp budget 1%", "dlcp", 0.01),
     "dlcp-b5": ("dlcp budget 5%", "dlcp", 0.05),
 }
+# Tuned variants: labelled rows, never in the default grid; each adds these lines to
+# every dlcpd's config.
+TUNED = {
+    "dlcp-b1-noauth": ('dlcp budget 1%, packet_auth = "none" (tuned)', "dlcp", 0.01),
+}
+TUNED_CONFIG = {
+    "dlcp-b1-noauth": '[security]\npacket_auth = "none"\n\n',
+}
+ALL_TRANSPORTS = {**TRANSPORTS, **TUNED}
 # Training settings a pilot and a grid must share for the target to mean anything.
 SETTINGS = ("steps", "eval_every", "lr", "batch", "train_samples", "test_samples", "data_seed", "bucket_kb")
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
@@ -121,13 +130,14 @@ class Daemons:
     def sock(self, h: int) -> Path:
         return self.work / f"d{h}.sock"
 
-    def config(self, h: int) -> str:
+    def config(self, h: int, extra: str = "") -> str:
         cfg = f'[node]\nrank = {h}\njob_id = {JOB}\njob_secret = "time to accuracy bench secret 0123456789"\n\n'
         for r in range(HOSTS):
             cfg += f'[[peers]]\nrank = {r}\naddress = "10.77.0.{r + 1}"\nport = {PORT}\n\n'
         if self.bed.mtu != 1500:
             cfg += f"[network]\nmtu = {self.bed.mtu}\n\n"
         cfg += f'[loss]\nbudget = {LOSS_CAP}\nfill = "{FILL}"\nrescale = {str(RESCALE).lower()}\n\n'
+        cfg += extra
         return cfg + f'[control]\nsocket_path = "{self.sock(h)}"\nsocket_mode = "0600"\n\n[log]\nlevel = "warn"\n'
 
     def ctl(self, h: int, what: str, timeout: float | None = None) -> subprocess.CompletedProcess:
@@ -135,12 +145,13 @@ class Daemons:
         cmd = [str(self.bindir / "dlcpctl"), "--socket", str(self.sock(h)), what, "--json"]
         return harness.sh(cmd, check=False, timeout=timeout)
 
-    def start(self):
+    def start(self, extra: str = ""):
+        """Starts the daemons, with ``extra`` (TOML tables) in every config."""
         self.stop()
         for h in range(HOSTS):
             p = self.work / f"d{h}.toml"
             with open(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-                f.write(self.config(h))  # owner-only: dlcpd refuses an inline secret others may read
+                f.write(self.config(h, extra))  # owner-only: dlcpd refuses an inline secret others may read
             logf = open(self.work / f"d{h}.log", "a")
             cmd = ["ip", "netns", "exec", self.bed.ns(h), str(self.bindir / "dlcpd"), "--config", str(p)]
             self.procs.append(subprocess.Popen(cmd, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL))
@@ -194,11 +205,11 @@ def summarize(res: list, warm: int = 5) -> dict:
 
 
 def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) -> dict:
-    _, backend, param = TRANSPORTS[transport]
+    _, backend, param = ALL_TRANSPORTS[transport]
     if backend == "gloo":
         bed.set_cc(param)
     else:
-        daemons.start()
+        daemons.start(TUNED_CONFIG.get(transport, ""))
     lib = args.lib or args.bindir / "libdlcp_client.so"
     procs = []
     for h in range(HOSTS):
@@ -337,7 +348,7 @@ def cell_lines(args, runs, conds, transports) -> list:
             if not all_rs:
                 continue
             if not rs:
-                lines.append(f"| {CONDITIONS[c][0]} | {TRANSPORTS[t][0]} | 0/{len(all_rs)} | | | | | | | | |")
+                lines.append(f"| {CONDITIONS[c][0]} | {ALL_TRANSPORTS[t][0]} | 0/{len(all_rs)} | | | | | | | | |")
                 continue
             tts = [time_to(r["curve"], target, cap) for r in rs]
             got = [x for x in tts if x is not None]
@@ -346,7 +357,7 @@ def cell_lines(args, runs, conds, transports) -> list:
             ratio = {k: (f"{med / v:.2f}" if med and v else "—") for k, v in base.items()}
             m, h = ci95([r["final_acc"] for r in rs])
             lines.append(
-                f"| {CONDITIONS[c][0]} | {TRANSPORTS[t][0]} | {len(rs)}/{len(all_rs)} | {len(got)}/{len(rs)} "
+                f"| {CONDITIONS[c][0]} | {ALL_TRANSPORTS[t][0]} | {len(rs)}/{len(all_rs)} | {len(got)}/{len(rs)} "
                 f"| {fmt(med, '.1f', 'not reached')}{rng} | {ratio['gloo-cubic']} | {ratio['gloo-bbr']} "
                 f"| {m:.2f} ± {h:.2f} | {fmt(statistics.median(r['compute_ms'] for r in rs))} "
                 f"| {fmt(statistics.median(r['exposed_ms'] for r in rs))} "
@@ -383,13 +394,13 @@ def target_lines(args, runs, conds) -> list:
                 else:
                     if not cell(c, ref):
                         continue
-                    v, name = tta(c, ref), TRANSPORTS[ref][0]
+                    v, name = tta(c, ref), ALL_TRANSPORTS[ref][0]
                 if mine is None or v is None:
                     verdict = ("not measurable: " + ("dlcp" if mine is None else name) + " did not reach the target "
                                "in the median run")
                 else:
                     verdict = f"{mine / v:.2f} ({'met' if mine / v <= limit else 'not met'})"
-                lines.append(f"- {CONDITIONS[c][0]}, {TRANSPORTS[t][0]}: time to target ≤ {limit:g} × {name}'s: "
+                lines.append(f"- {CONDITIONS[c][0]}, {ALL_TRANSPORTS[t][0]}: time to target ≤ {limit:g} × {name}'s: "
                              f"{verdict}")
     for t, limit in (("dlcp-b1", 0.3), ("dlcp-b5", 0.5)):
         for c in conds:
@@ -397,7 +408,7 @@ def target_lines(args, runs, conds) -> list:
             if a and g:
                 (ma, ha), (mg, hg) = ci95([r["final_acc"] for r in a]), ci95([r["final_acc"] for r in g])
                 d = ma - mg
-                lines.append(f"- {CONDITIONS[c][0]}, {TRANSPORTS[t][0]}: final accuracy within {limit:g} points of "
+                lines.append(f"- {CONDITIONS[c][0]}, {ALL_TRANSPORTS[t][0]}: final accuracy within {limit:g} points of "
                              f"Gloo cubic's: {d:+.2f} points ({ma:.2f} ± {ha:.2f} vs {mg:.2f} ± {hg:.2f}; "
                              f"{'met' if abs(d) <= limit else 'not met'} on the means)")
     if not lines:
@@ -410,7 +421,7 @@ def write_outputs(args, runs, pilot):
     save_json(args, runs, pilot)
     out = names(args)
     conds = [c for c in CONDITIONS if any(r["cond"] == c for r in runs)]
-    transports = [t for t in TRANSPORTS if any(r["transport"] == t for r in runs)]
+    transports = [t for t in ALL_TRANSPORTS if any(r["transport"] == t for r in runs)]
     seeds = sorted({r["seed"] for r in runs})
     ok = [r for r in runs if r["ok"]]
     params = next((r["parameters"] for r in ok), None)
@@ -481,7 +492,7 @@ def plot(args, runs, conds, transports, path: Path):
             for r in runs:
                 if r["ok"] and r["cond"] == c and r["transport"] == t:
                     ax.plot([e["time"] for e in r["curve"]], [100 * e["acc"] for e in r["curve"]], color=f"C{i}",
-                            ls="--" if t.startswith("gloo") else "-", lw=1, label=TRANSPORTS[t][0] if first else None)
+                            ls="--" if t.startswith("gloo") else "-", lw=1, label=ALL_TRANSPORTS[t][0] if first else None)
                     first = False
         ax.axhline(100 * args.target, color="k", ls=":", lw=1, label=f"target {100 * args.target:.1f}%")
         ax.set_title(CONDITIONS[c][0], fontsize=9)
@@ -500,7 +511,7 @@ def parse_args():
     ap.add_argument("--pilot-file", default=str(ROOT / "bench/results/time_to_accuracy_pilot.json"))
     ap.add_argument("--target", type=float, help="target accuracy (fraction) instead of the pilot file's")
     ap.add_argument("--conds", default=",".join(CONDITIONS), help="of: " + ",".join(CONDITIONS))
-    ap.add_argument("--transports", default=",".join(TRANSPORTS), help="of: " + ",".join(TRANSPORTS))
+    ap.add_argument("--transports", default=",".join(TRANSPORTS), help="of: " + ",".join(ALL_TRANSPORTS) + " (default: all but the tuned " + ",".join(TUNED) + ")")
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--eval-every", type=int, default=25)
@@ -578,8 +589,8 @@ def main() -> int:
         if c not in CONDITIONS:
             sys.exit(f"unknown condition {c}: one of {','.join(CONDITIONS)}")
     for t in transports:
-        if t not in TRANSPORTS:
-            sys.exit(f"unknown transport {t}: one of {','.join(TRANSPORTS)}")
+        if t not in ALL_TRANSPORTS:
+            sys.exit(f"unknown transport {t}: one of {','.join(ALL_TRANSPORTS)}")
     if args.pilot:
         conds, transports, seeds = ["clean1500"], ["gloo-cubic"], [args.pilot_seed]
         pilot = None

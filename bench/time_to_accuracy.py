@@ -95,20 +95,18 @@ CONDITIONS = {  # name: (label, MTU, harness Testbed.up args, best-effort cross 
         harness.CONGESTED_PORT["cross"],
     ),
 }
-TRANSPORTS = {  # name: (label, backend, budget fraction or congestion control)
-    "gloo-cubic": ("Gloo cubic", "gloo", "cubic"),
-    "gloo-bbr": ("Gloo bbr", "gloo", "bbr"),
-    "dlcp-b0": ("dlcp budget 0", "dlcp", 0.0),
-    "dlcp-b1": ("dlcp budget 1%", "dlcp", 0.01),
-    "dlcp-b5": ("dlcp budget 5%", "dlcp", 0.05),
+# name: (label, backend, budget fraction or congestion control, lines added to every dlcpd's config)
+TRANSPORTS = {
+    "gloo-cubic": ("Gloo cubic", "gloo", "cubic", ""),
+    "gloo-bbr": ("Gloo bbr", "gloo", "bbr", ""),
+    "dlcp-b0": ("dlcp budget 0", "dlcp", 0.0, ""),
+    "dlcp-b1": ("dlcp budget 1%", "dlcp", 0.01, ""),
+    "dlcp-b5": ("dlcp budget 5%", "dlcp", 0.05, ""),
 }
-# Tuned variants: labelled rows, never in the default grid; each adds these lines to
-# every dlcpd's config.
+# Tuned variants: labelled rows, run only when named, never in the default grid.
 TUNED = {
-    "dlcp-b1-noauth": ('dlcp budget 1%, packet_auth = "none" (tuned)', "dlcp", 0.01),
-}
-TUNED_CONFIG = {
-    "dlcp-b1-noauth": '[security]\npacket_auth = "none"\n\n',
+    "dlcp-b1-noauth": ('dlcp budget 1%, packet_auth = "none" (tuned)', "dlcp", 0.01,
+                       '[security]\npacket_auth = "none"\n\n'),
 }
 ALL_TRANSPORTS = {**TRANSPORTS, **TUNED}
 # Training settings a pilot and a grid must share for the target to mean anything.
@@ -205,11 +203,11 @@ def summarize(res: list, warm: int = 5) -> dict:
 
 
 def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) -> dict:
-    _, backend, param = ALL_TRANSPORTS[transport]
+    _, backend, param, extra = ALL_TRANSPORTS[transport]
     if backend == "gloo":
         bed.set_cc(param)
     else:
-        daemons.start(TUNED_CONFIG.get(transport, ""))
+        daemons.start(extra)
     lib = args.lib or args.bindir / "libdlcp_client.so"
     procs = []
     for h in range(HOSTS):
@@ -511,7 +509,8 @@ def parse_args():
     ap.add_argument("--pilot-file", default=str(ROOT / "bench/results/time_to_accuracy_pilot.json"))
     ap.add_argument("--target", type=float, help="target accuracy (fraction) instead of the pilot file's")
     ap.add_argument("--conds", default=",".join(CONDITIONS), help="of: " + ",".join(CONDITIONS))
-    ap.add_argument("--transports", default=",".join(TRANSPORTS), help="of: " + ",".join(ALL_TRANSPORTS) + " (default: all but the tuned " + ",".join(TUNED) + ")")
+    ap.add_argument("--transports", default=",".join(TRANSPORTS),
+                    help=f"of: {','.join(ALL_TRANSPORTS)} (default: all but the tuned {','.join(TUNED)})")
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--eval-every", type=int, default=25)

@@ -63,6 +63,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "client", "python"))
 sys.path.insert(0, HERE)
 
+# One BLAS thread per rank, as torch.set_num_threads(1) in main() asks of torch's own pool.
+# Debian's OpenBLAS (the pthread build, which numpy and torch load) starts a worker per core
+# whatever torch is told, and between matrix products its threads spin in sched_yield: with
+# several ranks on one machine (the testbed's four on two cores) that spinning takes the CPU
+# the transport needs (dlcpd, or the kernel's TCP for Gloo). Set before numpy or torch loads
+# the library; a value from the environment wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -16,6 +16,9 @@
 //!   in any order, reports in hook order, a full ring waits for room, and an op
 //!   past its timeout, a failed completion or the daemon gone fail every future
 //!   in flight (none hangs) and every later hook call at once;
+//! - `examples/ddp_train.py` asks OpenBLAS for one thread per rank (its
+//!   spinning workers took the CPU the transport needs), unless the caller set
+//!   `OPENBLAS_NUM_THREADS`;
 //! - failure semantics: no daemon → the attach error names the op and the
 //!   socket; a daemon killed mid-training (one bucket in flight, or two) →
 //!   every rank's `backward()` raises a `DlcpHookError` naming the bucket, step
@@ -216,6 +219,58 @@ fn ddp_hook_completion_waiter_against_a_scripted_client() {
     assert!(text.contains("\nOK"), "{text}");
     let ran = text.lines().find(|l| l.starts_with("Ran ")).unwrap_or("?");
     eprintln!("test_hook_waiter.py: {ran}, OK ({:?})", t0.elapsed());
+}
+
+/// What `examples/ddp_train.py` leaves of OpenBLAS's threads: imports the
+/// example as a module (its top level runs, `main()` does not), multiplies two
+/// matrices and prints, for every OpenBLAS library mapped, its thread count.
+const BLAS_THREADS: &str = r#"
+import ctypes, importlib.util, sys
+spec = importlib.util.spec_from_file_location("ddp_train", sys.argv[1])
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
+import torch
+a = torch.randn(256, 256)
+float((a @ a).sum())
+libs = sorted({l.split()[-1] for l in open("/proc/self/maps") if "libopenblas" in l})
+for p in libs:
+    print("openblas", ctypes.CDLL(p).openblas_get_num_threads(), p)
+"#;
+
+/// The example asks OpenBLAS for one thread per rank, as it asks torch: Debian's
+/// pthread OpenBLAS otherwise starts a worker per core that spins in
+/// `sched_yield` between matrix products, taking the CPU from the transport
+/// when several ranks share a machine (bench/results/2026-12-06-one-blas-thread.md).
+/// The control run, with `OPENBLAS_NUM_THREADS=2` set by the caller (which
+/// wins), shows that the count read is the one the variable sets.
+#[test]
+fn ddp_example_runs_one_blas_thread_per_rank() {
+    if prerequisites().is_none() {
+        return;
+    }
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ddp_train.py");
+    let counts = |env: Option<&str>| -> Vec<u32> {
+        let mut cmd = Command::new(PYTHON);
+        cmd.args(["-c", BLAS_THREADS]).arg(&example).env("PYTHONDONTWRITEBYTECODE", "1");
+        match env {
+            Some(v) => cmd.env("OPENBLAS_NUM_THREADS", v),
+            None => cmd.env_remove("OPENBLAS_NUM_THREADS"),
+        };
+        let out = cmd.output().unwrap();
+        let text =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "the thread-count script failed:\n{text}");
+        eprintln!("OPENBLAS_NUM_THREADS={env:?}: {}", text.trim());
+        text.lines().filter_map(|l| l.strip_prefix("openblas ")?.split(' ').next()?.parse().ok()).collect()
+    };
+    let default = counts(None);
+    // Debian's python3-torch reaches OpenBLAS through libblas.so.3; another BLAS has no such pool.
+    assert!(!default.is_empty(), "no OpenBLAS mapped after a matrix product (another BLAS?)");
+    assert!(default.iter().all(|&n| n == 1), "OpenBLAS threads per rank: {default:?}, want 1");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus >= 2 {
+        let control = counts(Some("2"));
+        assert!(control.iter().all(|&n| n == 2), "with OPENBLAS_NUM_THREADS=2: {control:?}, want 2");
+    }
 }
 
 /// Steps of `tests/python/ddp_two_buckets.py` (the first, before DDP rebuilds

@@ -107,6 +107,7 @@ TRANSPORTS = {
 TUNED = {
     "dlcp-b1-noauth": ('dlcp budget 1%, packet_auth = "none" (tuned)', "dlcp", 0.01,
                        '[security]\npacket_auth = "none"\n\n'),
+    "dlcp-b1-paths1": ("dlcp budget 1%, paths = 1 (tuned)", "dlcp", 0.01, "[network]\npaths = 1\n\n"),
 }
 ALL_TRANSPORTS = {**TRANSPORTS, **TUNED}
 # Training settings a pilot and a grid must share for the target to mean anything.
@@ -133,7 +134,11 @@ class Daemons:
         for r in range(HOSTS):
             cfg += f'[[peers]]\nrank = {r}\naddress = "10.77.0.{r + 1}"\nport = {PORT}\n\n'
         if self.bed.mtu != 1500:
-            cfg += f"[network]\nmtu = {self.bed.mtu}\n\n"
+            mtu = f"mtu = {self.bed.mtu}\n"
+            if "[network]\n" in extra:  # a tuned variant's [network] table gets the MTU too (one table)
+                extra = extra.replace("[network]\n", "[network]\n" + mtu, 1)
+            else:
+                cfg += f"[network]\n{mtu}\n"
         cfg += f'[loss]\nbudget = {LOSS_CAP}\nfill = "{FILL}"\nrescale = {str(RESCALE).lower()}\n\n'
         cfg += extra
         return cfg + f'[control]\nsocket_path = "{self.sock(h)}"\nsocket_mode = "0600"\n\n[log]\nlevel = "warn"\n'

@@ -95,19 +95,20 @@ CONDITIONS = {  # name: (label, MTU, harness Testbed.up args, best-effort cross 
         harness.CONGESTED_PORT["cross"],
     ),
 }
-# name: (label, backend, budget fraction or congestion control, lines added to every dlcpd's config)
+# name: (label, backend, budget fraction or congestion control,
+#        keys added to every dlcpd's config: {table: TOML lines})
 TRANSPORTS = {
-    "gloo-cubic": ("Gloo cubic", "gloo", "cubic", ""),
-    "gloo-bbr": ("Gloo bbr", "gloo", "bbr", ""),
-    "dlcp-b0": ("dlcp budget 0", "dlcp", 0.0, ""),
-    "dlcp-b1": ("dlcp budget 1%", "dlcp", 0.01, ""),
-    "dlcp-b5": ("dlcp budget 5%", "dlcp", 0.05, ""),
+    "gloo-cubic": ("Gloo cubic", "gloo", "cubic", {}),
+    "gloo-bbr": ("Gloo bbr", "gloo", "bbr", {}),
+    "dlcp-b0": ("dlcp budget 0", "dlcp", 0.0, {}),
+    "dlcp-b1": ("dlcp budget 1%", "dlcp", 0.01, {}),
+    "dlcp-b5": ("dlcp budget 5%", "dlcp", 0.05, {}),
 }
 # Tuned variants: labelled rows, run only when named, never in the default grid.
 TUNED = {
     "dlcp-b1-noauth": ('dlcp budget 1%, packet_auth = "none" (tuned)', "dlcp", 0.01,
-                       '[security]\npacket_auth = "none"\n\n'),
-    "dlcp-b1-paths1": ("dlcp budget 1%, paths = 1 (tuned)", "dlcp", 0.01, "[network]\npaths = 1\n\n"),
+                       {"security": 'packet_auth = "none"\n'}),
+    "dlcp-b1-paths1": ("dlcp budget 1%, paths = 1 (tuned)", "dlcp", 0.01, {"network": "paths = 1\n"}),
 }
 ALL_TRANSPORTS = {**TRANSPORTS, **TUNED}
 # Training settings a pilot and a grid must share for the target to mean anything.
@@ -129,18 +130,19 @@ class Daemons:
     def sock(self, h: int) -> Path:
         return self.work / f"d{h}.sock"
 
-    def config(self, h: int, extra: str = "") -> str:
+    def config(self, h: int, extra: dict | None = None) -> str:
+        """Daemon ``h``'s config; ``extra`` ({table: TOML lines}) adds keys, to a table the
+        bench writes anyway (``network`` at MTU 9000) or to a new one."""
         cfg = f'[node]\nrank = {h}\njob_id = {JOB}\njob_secret = "time to accuracy bench secret 0123456789"\n\n'
         for r in range(HOSTS):
             cfg += f'[[peers]]\nrank = {r}\naddress = "10.77.0.{r + 1}"\nport = {PORT}\n\n'
-        if self.bed.mtu != 1500:
-            mtu = f"mtu = {self.bed.mtu}\n"
-            if "[network]\n" in extra:  # a tuned variant's [network] table gets the MTU too (one table)
-                extra = extra.replace("[network]\n", "[network]\n" + mtu, 1)
-            else:
-                cfg += f"[network]\n{mtu}\n"
-        cfg += f'[loss]\nbudget = {LOSS_CAP}\nfill = "{FILL}"\nrescale = {str(RESCALE).lower()}\n\n'
-        cfg += extra
+        tables = {
+            "network": f"mtu = {self.bed.mtu}\n" if self.bed.mtu != 1500 else "",
+            "loss": f'budget = {LOSS_CAP}\nfill = "{FILL}"\nrescale = {str(RESCALE).lower()}\n',
+        }
+        for table, lines in (extra or {}).items():
+            tables[table] = tables.get(table, "") + lines
+        cfg += "".join(f"[{t}]\n{lines}\n" for t, lines in tables.items() if lines)
         return cfg + f'[control]\nsocket_path = "{self.sock(h)}"\nsocket_mode = "0600"\n\n[log]\nlevel = "warn"\n'
 
     def ctl(self, h: int, what: str, timeout: float | None = None) -> subprocess.CompletedProcess:
@@ -148,8 +150,8 @@ class Daemons:
         cmd = [str(self.bindir / "dlcpctl"), "--socket", str(self.sock(h)), what, "--json"]
         return harness.sh(cmd, check=False, timeout=timeout)
 
-    def start(self, extra: str = ""):
-        """Starts the daemons, with ``extra`` (TOML tables) in every config."""
+    def start(self, extra: dict | None = None):
+        """Starts the daemons, with ``extra`` ({table: TOML lines}) in every config."""
         self.stop()
         for h in range(HOSTS):
             p = self.work / f"d{h}.toml"

@@ -52,6 +52,8 @@ the congested port.
     sudo bench/time_to_accuracy.py --conds clean1500,loss1 --transports gloo-cubic,dlcp-b1 --seeds 0 \\
         --tag preliminary                                  # a reduced grid
     sudo bench/time_to_accuracy.py --smoke --out /tmp/tta  # CI: one seed, 40 steps, Gloo and dlcp 1%, clean
+    sudo bench/time_to_accuracy.py --conds clean1500 --transports dlcp-b1 --seeds 0 --steps 200 --target 0.99 \
+        --dlcpd-set 'datapath.socket:gso_max_segments = 32' --out /tmp/x   # a tuned key (bench/step_ab.py runs these)
 """
 
 import argparse
@@ -214,6 +216,9 @@ def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) 
     if backend == "gloo":
         bed.set_cc(param)
     else:
+        extra = dict(extra)
+        for table, lines in dlcpd_set(args.dlcpd_set).items():
+            extra[table] = extra.get(table, "") + lines
         daemons.start(extra)
     lib = args.lib or args.bindir / "libdlcp_client.so"
     procs = []
@@ -264,7 +269,7 @@ def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) 
         daemons.stop()
         harness.Runner.keep_logs(f"tta-{transport}-seed{seed}", str(work), failed=True)
     ok = not timed_out and not any(p.returncode for p in procs)
-    flow = daemon_flow(daemons) if backend == "dlcp" and ok else {}
+    flow, datapath = daemon_counters(daemons) if backend == "dlcp" and ok else ({}, {})
     daemons.stop()
     if timed_out:
         return {"ok": False, "error": f"wall-clock timeout {args.run_timeout:g} s: " + (work / "r0.log").read_text()[-800:]}
@@ -274,23 +279,55 @@ def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) 
     r = summarize([json.loads((work / f"r{h}.json").read_text()) for h in range(HOSTS)])
     if flow:
         r["daemon_flow"] = flow
+    if datapath:
+        r["daemon_datapath"] = datapath
     return r
 
 
-def daemon_flow(daemons) -> dict:
-    """The daemons' flow-control counters (`protocol.flow` of `dlcpctl stats --json`), summed over
-    the hosts: window cuts, grants, credit requests and waits. Empty where a daemon does not answer."""
-    total: dict = {}
+# Datapath counters summed by daemon_counters: (name in the run's record, path in `dlcpctl stats
+# --json`). A list (per class) is summed.
+DATAPATH_COUNTERS = (
+    ("tx_datagrams", ("datapath_counters", "tx_packets_per_class")),
+    ("rx_datagrams", ("datapath_counters", "rx_packets")),
+    ("tx_syscalls", ("datapath_counters", "tx_syscalls")),
+    ("rx_syscalls", ("datapath_counters", "rx_syscalls")),
+    ("gso_messages", ("datapath_counters", "detail", "gso_sends")),
+    ("gso_segments", ("datapath_counters", "detail", "gso_segments")),
+)
+
+
+def datapath_totals(stats: dict) -> dict:
+    """One daemon's DATAPATH_COUNTERS from its `dlcpctl stats --json` (missing ones left out)."""
+    out = {}
+    for name, path in DATAPATH_COUNTERS:
+        v = stats
+        for k in path:
+            v = v.get(k) if isinstance(v, dict) else None
+        if isinstance(v, list):
+            v = sum(x for x in v if isinstance(x, (int, float)))
+        if isinstance(v, (int, float)):
+            out[name] = v
+    return out
+
+
+def daemon_counters(daemons) -> tuple:
+    """The daemons' flow-control counters (`protocol.flow` of `dlcpctl stats --json`: window cuts,
+    grants, credit requests and waits) and datapath counters (DATAPATH_COUNTERS: datagrams, system
+    calls, GSO messages; the daemon's whole life, setup included), each summed over the hosts.
+    Both empty where a daemon does not answer."""
+    flow_total: dict = {}
+    dp_total: dict = {}
     for h in range(HOSTS):
         try:
             r = daemons.ctl(h, "stats", timeout=10)
-            flow = json.loads(r.stdout).get("protocol", {}).get("flow", {}) if r.returncode == 0 else {}
+            stats = json.loads(r.stdout) if r.returncode == 0 else {}
         except (subprocess.TimeoutExpired, ValueError):
-            return {}
-        for k, v in flow.items():
-            if isinstance(v, (int, float)):
-                total[k] = total.get(k, 0) + v
-    return total
+            return {}, {}
+        for total, part in ((flow_total, stats.get("protocol", {}).get("flow", {})), (dp_total, datapath_totals(stats))):
+            for k, v in part.items():
+                if isinstance(v, (int, float)):
+                    total[k] = total.get(k, 0) + v
+    return flow_total, dp_total
 
 
 def time_to(curve, target: float, cap: float) -> float | None:
@@ -449,6 +486,9 @@ def write_outputs(args, runs, pilot):
         f"every {args.eval_every} steps stops it) at the first evaluation at or above the target. Per-run cap "
         f"{args.time_cap:g} s of training clock: a run that hits it without having reached the target counts "
         f"as not reaching it (beyond the cap in the median).",
+        *([f"- **Tuned**: every dlcpd's config also had (`--dlcpd-set`) "
+            + "; ".join(f"`[{t}] {l.strip()}`" for t, ls in dlcpd_set(args.dlcpd_set).items() for l in ls.splitlines())
+            + "."] if getattr(args, "dlcpd_set", None) else []),
         "- Final accuracy: rank 0's replica after the last step (every replica is bit-identical, checked), "
         "mean over seeds ± the 95% Student t interval's half-width.",
         "- Per step (medians over steps after the first 5, then over seeds): compute = forward, backward "
@@ -540,6 +580,10 @@ def parse_args():
     ap.add_argument("--smoke", action="store_true",
                     help="CI: seed 0, clean MTU 1500, Gloo cubic and dlcp 1%%, 40 steps, 4000/2000 samples, "
                          "target --target (default 0.2), tag smoke")
+    ap.add_argument("--dlcpd-set", action="append", default=[], metavar="TABLE:LINE",
+                    help="add a TOML line to a table of every dlcpd's config, e.g. "
+                         "'datapath.socket:gso_max_segments = 32' (repeatable; a tuned setting: "
+                         "the markdown says so)")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--replot", action="store_true",
                     help="only rewrite the markdown and plot from the output JSON (--title/--note apply)")
@@ -551,7 +595,23 @@ def parse_args():
         args.target = 0.2 if args.target is None else args.target
     if args.run_timeout is None:
         args.run_timeout = args.time_cap + 300
+    try:
+        dlcpd_set(args.dlcpd_set)
+    except ValueError as e:
+        ap.error(str(e))
     return args
+
+
+def dlcpd_set(items: list) -> dict:
+    """``--dlcpd-set`` values ("TABLE:LINE") as {table: TOML lines}."""
+    tables: dict = {}
+    for item in items:
+        table, sep, line = item.partition(":")
+        table, line = table.strip(), line.strip()
+        if not sep or not table or "=" not in line or table.startswith("["):
+            raise ValueError(f"--dlcpd-set {item!r}: expected TABLE:KEY = VALUE, e.g. 'network:paths = 1'")
+        tables[table] = tables.get(table, "") + line + "\n"
+    return tables
 
 
 def resolve_target(args) -> dict | None:

@@ -136,8 +136,25 @@ fn time_to_accuracy_smoke_trains_gloo_and_dlcp_and_reports_time_to_target() {
                 |k: &str| flow[k].as_u64().unwrap_or_else(|| panic!("dlcp: no {k} in daemon_flow: {flow}"));
             assert!(n("grants_sent") + n("credit_piggybacked") > 0, "dlcp: no credit given: {flow}");
             n("window_cuts");
+            // The datapath counters, summed likewise: the four daemons sent
+            // and received the allreduces' datagrams (17.4 MB of gradients a
+            // step, each datagram at most 1,372 payload bytes at MTU 1500), in
+            // fewer system calls than datagrams, and GSO messages of one or
+            // more datagrams (bench/step_ab.py's ratios).
+            let dp = &r["daemon_datapath"];
+            let d =
+                |k: &str| dp[k].as_f64().unwrap_or_else(|| panic!("dlcp: no {k} in daemon_datapath: {dp}"));
+            let floor = 40.0 * 17.4e6 / 1372.0;
+            assert!(d("tx_datagrams") > floor && d("rx_datagrams") > floor, "dlcp: too few datagrams: {dp}");
+            assert!(d("tx_syscalls") > 0.0 && d("tx_syscalls") < d("tx_datagrams"), "dlcp: {dp}");
+            assert!(d("rx_syscalls") > 0.0 && d("rx_syscalls") < d("rx_datagrams"), "dlcp: {dp}");
+            assert!(
+                d("gso_segments") >= d("gso_messages") && d("gso_segments") <= d("tx_datagrams"),
+                "dlcp: {dp}"
+            );
         } else {
             assert!(r.get("daemon_flow").is_none(), "{t}: daemon counters for a Gloo run");
+            assert!(r.get("daemon_datapath").is_none(), "{t}: datapath counters for a Gloo run");
         }
         eprintln!(
             "{t}: final accuracy {:.2}%, time to 20% {:.1} s, clock {clock:.1} s, compute {compute:.0} ms/step, \

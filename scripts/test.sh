@@ -148,6 +148,7 @@ bench_smoke() {
   done
   /usr/bin/python3 bench/harness.py --self-check
   /usr/bin/python3 bench/slow_port.py --self-check
+  /usr/bin/python3 bench/step_ab.py --self-check
 }
 demo() {
   ./target/release/dlcpd --version

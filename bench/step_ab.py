@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""Interleaved A/B of the training step: short runs of bench/time_to_accuracy.py's task, variant
+after variant, round after round, and their step times side by side.
+
+A change to dlcpd that is meant to shorten the DDP step is judged here. The machines are shared
+and noisy: on the 2-vCPU VM one variant's step varies by 5-10% from run to run. So the variants
+run interleaved (A, B, C, A, B, C, ...), never in blocks, and the table shows every run, not
+only the mean. A variant is ``NAME=BINDIR,TRANSPORT[,TABLE:LINE ...]``:
+
+- BINDIR holds the dlcpd, dlcpctl and libdlcp_client.so to run (build each version into its own
+  directory);
+- TRANSPORT is one of time_to_accuracy.py's transports (gloo-cubic, dlcp-b1, the tuned
+  dlcp-b1-paths1, ...);
+- each TABLE:LINE adds a line to a table of every dlcpd's config (time_to_accuracy.py
+  ``--dlcpd-set``), e.g. ``datapath.socket:gso_max_segments = 32``.
+
+For dlcp variants it also sums the daemons' datapath counters over each run (datagrams, system
+calls, GSO messages): datagrams per GSO message and GSO messages per ``sendmmsg`` call say how
+well the sends batch.
+
+    sudo bench/step_ab.py --variant main=/tmp/b0,dlcp-b1 --variant new=/tmp/b1,dlcp-b1 \\
+        --variant paths1=/tmp/b0,dlcp-b1-paths1 --rounds 3
+    sudo bench/step_ab.py --variant gso16=target/release,dlcp-b1-paths1 \\
+        --variant 'gso32=target/release,dlcp-b1-paths1,datapath.socket:gso_max_segments = 32'
+    bench/step_ab.py --self-check       # the parsing and the summary, no network
+
+Defaults: clean MTU 1500, seed 0, 200 steps, a training-clock cap of 200 s, target 99% (so no
+run stops early: the step is what is measured); about 1.2 min per run at MTU 1500 on the VM.
+Writes ``step_ab[-TAG].md`` and ``.json`` into ``--out``. Needs what time_to_accuracy.py needs,
+and root.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TTA = ROOT / "bench/time_to_accuracy.py"
+
+
+def parse_variant(spec: str) -> dict:
+    """``NAME=BINDIR,TRANSPORT[,TABLE:LINE ...]`` as {name, bindir, transport, set}."""
+    name, sep, rest = spec.partition("=")
+    parts = [p.strip() for p in rest.split(",")] if sep else []
+    if not name.strip() or len(parts) < 2 or not parts[0] or not parts[1]:
+        raise ValueError(f"--variant {spec!r}: expected NAME=BINDIR,TRANSPORT[,TABLE:LINE ...]")
+    for item in parts[2:]:
+        table, colon, line = item.partition(":")
+        if not colon or not table.strip() or "=" not in line:
+            raise ValueError(f"--variant {spec!r}: {item!r} is not TABLE:KEY = VALUE")
+    return {"name": name.strip(), "bindir": parts[0], "transport": parts[1], "set": parts[2:]}
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def summarize(variants: list, runs: list) -> list:
+    """Per variant: its runs' steps (in round order), mean, median, the mean's ratio to the first
+    variant's, compute and exposed medians, and the summed datapath counters' ratios."""
+    rows = []
+    base = None
+    for v in variants:
+        mine = [r for r in runs if r["variant"] == v["name"] and r.get("ok")]
+        steps = [r["step_ms"] for r in mine]
+        dp: dict = {}
+        for r in mine:
+            for k, x in (r.get("daemon_datapath") or {}).items():
+                dp[k] = dp.get(k, 0) + x
+        row = {
+            "variant": v["name"],
+            "spec": v,
+            "steps": steps,
+            "failed": sum(1 for r in runs if r["variant"] == v["name"] and not r.get("ok")),
+            "mean": statistics.fmean(steps) if steps else None,
+            "median": statistics.median(steps) if steps else None,
+            "compute": statistics.median([r["compute_ms"] for r in mine]) if mine else None,
+            "exposed": statistics.median([r["exposed_ms"] for r in mine]) if mine else None,
+            "segments_per_message": ratio(dp.get("gso_segments"), dp.get("gso_messages")),
+            "messages_per_call": ratio(dp.get("gso_messages"), dp.get("tx_syscalls")),
+            "datagrams_per_rx_call": ratio(dp.get("rx_datagrams"), dp.get("rx_syscalls")),
+        }
+        if base is None:
+            base = row["mean"]
+        row["vs_first"] = ratio(row["mean"], base)
+        rows.append(row)
+    return rows
+
+
+def fmt(x, spec=".1f", none="–"):
+    return none if x is None else format(x, spec)
+
+
+def table(rows: list) -> list:
+    lines = ["| variant | step ms, every run (round order) | mean | median | mean ÷ first | compute ms | "
+             "exposed ms | datagrams per GSO message | GSO messages per `sendmmsg` | datagrams per `recvmmsg` |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        runs = ", ".join(fmt(s) for s in r["steps"]) + (f" ({r['failed']} failed)" if r["failed"] else "")
+        lines.append(f"| {r['variant']} | {runs} | {fmt(r['mean'])} | {fmt(r['median'])} | "
+                     f"{fmt(r['vs_first'], '.3f')} | {fmt(r['compute'])} | {fmt(r['exposed'])} | "
+                     f"{fmt(r['segments_per_message'])} | {fmt(r['messages_per_call'], '.2f')} | "
+                     f"{fmt(r['datagrams_per_rx_call'])} |")
+    return lines
+
+
+def self_check():
+    v = [parse_variant("a=/x,dlcp-b1"), parse_variant("b = /y , dlcp-b1-paths1, datapath.socket:gso_max_segments = 32")]
+    assert v[1] == {"name": "b", "bindir": "/y", "transport": "dlcp-b1-paths1",
+                    "set": ["datapath.socket:gso_max_segments = 32"]}, v[1]
+    for bad in ("a", "a=/x", "=/x,dlcp-b1", "a=/x,dlcp-b1,paths = 1", "a=/x,dlcp-b1,network:paths"):
+        try:
+            parse_variant(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad!r} was accepted")
+    dp = {"gso_segments": 300, "gso_messages": 20, "tx_syscalls": 10, "rx_datagrams": 320, "rx_syscalls": 16}
+    runs = [{"variant": "a", "ok": True, "step_ms": 300.0, "compute_ms": 50, "exposed_ms": 250, "daemon_datapath": dp},
+            {"variant": "b", "ok": True, "step_ms": 270.0, "compute_ms": 40, "exposed_ms": 230},
+            {"variant": "a", "ok": True, "step_ms": 280.0, "compute_ms": 60, "exposed_ms": 220, "daemon_datapath": dp},
+            {"variant": "b", "ok": False, "error": "x"}]
+    a, b = summarize(v, runs)
+    assert a["steps"] == [300.0, 280.0] and a["mean"] == 290.0 and a["vs_first"] == 1.0, a
+    assert a["segments_per_message"] == 15.0 and a["messages_per_call"] == 2.0 and a["datagrams_per_rx_call"] == 20.0, a
+    assert b["steps"] == [270.0] and b["failed"] == 1 and abs(b["vs_first"] - 270 / 290) < 1e-12, b
+    assert b["segments_per_message"] is None, b
+    text = "\n".join(table([a, b]))
+    assert "| a | 300.0, 280.0 | 290.0 | 290.0 | 1.000 | 55.0 | 235.0 | 15.0 | 2.00 | 20.0 |" in text, text
+    assert "| b | 270.0 (1 failed) |" in text, text
+    print("step_ab self-check ok")
+
+
+def log(msg: str):
+    print(f"[step_ab {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run_one(args, v: dict, rnd: int, scratch: Path) -> dict:
+    out = scratch / f"{v['name']}-{rnd}"
+    cmd = [sys.executable, str(TTA), "--conds", args.cond, "--transports", v["transport"], "--seeds", str(args.seed),
+           "--steps", str(args.steps), "--time-cap", str(args.time_cap), "--target", str(args.target),
+           "--bindir", v["bindir"], "--out", str(out)]
+    for item in v["set"]:
+        cmd += ["--dlcpd-set", item]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    found = list(out.glob("time_to_accuracy*.json"))
+    if not found:
+        return {"variant": v["name"], "round": rnd, "ok": False,
+                "error": (p.stderr or p.stdout).strip().splitlines()[-1:] or [f"exit {p.returncode}"]}
+    r = json.loads(found[0].read_text())["runs"][-1]
+    r.update(variant=v["name"], round=rnd)
+    r.pop("curve", None)
+    return r
+
+
+def main() -> int:
+    if sys.argv[1:] == ["--self-check"]:
+        self_check()
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap.add_argument("--variant", action="append", required=True, metavar="NAME=BINDIR,TRANSPORT[,TABLE:LINE ...]",
+                    help="a variant (at least two; the first is the reference of the ratios)")
+    ap.add_argument("--rounds", type=int, default=3, help="runs of every variant, interleaved [%(default)s]")
+    ap.add_argument("--cond", default="clean1500", help="time_to_accuracy.py's condition [%(default)s]")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--time-cap", type=float, default=200.0)
+    ap.add_argument("--target", type=float, default=0.99, help="high, so that no run stops early [%(default)s]")
+    ap.add_argument("--out", default="/tmp", help="where step_ab[-TAG].md/.json go [%(default)s]")
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--note", default="", help="a paragraph at the top of the markdown")
+    args = ap.parse_args()
+    try:
+        variants = [parse_variant(s) for s in args.variant]
+    except ValueError as e:
+        ap.error(str(e))
+    if len({v["name"] for v in variants}) != len(variants):
+        ap.error("variant names must differ")
+    if len(variants) < 2 or args.rounds < 1:
+        ap.error("needs two variants or more and one round or more")
+    for v in variants:
+        if not (Path(v["bindir"]) / "dlcpd").exists():
+            ap.error(f"variant {v['name']}: {v['bindir']}/dlcpd missing")
+    scratch = Path(tempfile.mkdtemp(prefix="step_ab."))
+    runs = []
+    t0 = time.time()
+    total = args.rounds * len(variants)
+    for rnd in range(1, args.rounds + 1):
+        for v in variants:
+            r = run_one(args, v, rnd, scratch)
+            runs.append(r)
+            done = len(runs)
+            eta = (time.time() - t0) / done * (total - done)
+            what = (f"step {r['step_ms']:.1f} ms (compute {r['compute_ms']:.1f}, exposed {r['exposed_ms']:.1f})"
+                    if r.get("ok") else f"FAILED {r.get('error')}")
+            log(f"{done}/{total} round {rnd} {v['name']}: {what}; about {eta / 60:.0f} min left")
+    rows = summarize(variants, runs)
+    name = "step_ab" + (f"-{args.tag}" if args.tag else "")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [f"# Step A/B (bench/step_ab.py){' — ' + args.tag if args.tag else ''}", ""]
+    if args.note:
+        lines += [args.note, ""]
+    lines += [f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} in {(time.time() - t0) / 60:.1f} min. "
+              f"Task: bench/time_to_accuracy.py's, condition {args.cond}, seed {args.seed}, {args.steps} steps, "
+              f"{args.rounds} rounds, variants interleaved in the order below. Step: the median over a run's steps "
+              "after the first 5 (compute and exposed likewise); datapath ratios from the four daemons' counters "
+              "summed over every run of the variant (their whole life, setup included).", ""]
+    lines += [f"- **{v['name']}**: `{v['bindir']}`, {v['transport']}" + (
+        " + " + "; ".join(f"`{s}`" for s in v["set"]) + " (tuned)" if v["set"] else "") for v in variants]
+    lines += [""] + table(rows) + [""]
+    (out / f"{name}.md").write_text("\n".join(lines))
+    (out / f"{name}.json").write_text(json.dumps({"args": vars(args), "variants": variants, "runs": runs,
+                                                  "summary": [{k: x for k, x in r.items() if k != "spec"} for r in rows]},
+                                                 indent=1))
+    print("\n".join(table(rows)))
+    log(f"wrote {out / name}.md and .json")
+    return 0 if all(r.get("ok") for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

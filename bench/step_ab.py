@@ -16,12 +16,18 @@ only the mean. A variant is ``NAME=BINDIR,TRANSPORT[,TABLE:LINE ...]``:
 
 For dlcp variants it also sums the daemons' datapath counters over each run (datagrams, system
 calls, GSO messages): datagrams per GSO message and GSO messages per ``sendmmsg`` call say how
-well the sends batch.
+well the sends batch. With ``--cpu-window DELAY,SECONDS`` it samples the machine's CPU
+(/proc/stat) and every process's (/proc/<pid>/stat) over that window of each run, which must
+lie inside the training of every variant, and reports CPU-ms per training step: busy, kernel,
+dlcpd's user time, the trainers' user time, idle. On 2 CPU-bound cores that says where a
+step's time goes better than a profile's percentages do.
 
     sudo bench/step_ab.py --variant main=/tmp/b0,dlcp-b1 --variant new=/tmp/b1,dlcp-b1 \\
         --variant paths1=/tmp/b0,dlcp-b1-paths1 --rounds 3
     sudo bench/step_ab.py --variant gso16=target/release,dlcp-b1-paths1 \\
         --variant 'gso32=target/release,dlcp-b1-paths1,datapath.socket:gso_max_segments = 32'
+    sudo bench/step_ab.py --variant gloo=target/release,gloo-cubic --variant dlcp=target/release,dlcp-b1 \
+        --rounds 2 --cpu-window 22,12    # where each transport's step goes, CPU-ms per step
     bench/step_ab.py --self-check       # the parsing and the summary, no network
 
 Defaults: clean MTU 1500, seed 0, 200 steps, a training-clock cap of 200 s, target 99% (so no
@@ -32,10 +38,12 @@ and root.
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -84,12 +92,17 @@ def summarize(variants: list, runs: list) -> list:
             "segments_per_message": ratio(dp.get("gso_segments"), dp.get("gso_messages")),
             "messages_per_call": ratio(dp.get("gso_messages"), dp.get("tx_syscalls")),
             "datagrams_per_rx_call": ratio(dp.get("rx_datagrams"), dp.get("rx_syscalls")),
+            "cpu_per_step": {k: statistics.median([r["cpu_per_step"][k] for r in mine if "cpu_per_step" in r])
+                             for k in CPU_COLUMNS} if any("cpu_per_step" in r for r in mine) else None,
         }
         if base is None:
             base = row["mean"]
         row["vs_first"] = ratio(row["mean"], base)
         rows.append(row)
     return rows
+
+
+CPU_COLUMNS = ("busy", "kernel", "dlcpd_user", "trainer_user", "idle")
 
 
 def fmt(x, spec=".1f", none="–"):
@@ -106,6 +119,14 @@ def table(rows: list) -> list:
                      f"{fmt(r['vs_first'], '.3f')} | {fmt(r['compute'])} | {fmt(r['exposed'])} | "
                      f"{fmt(r['segments_per_message'])} | {fmt(r['messages_per_call'], '.2f')} | "
                      f"{fmt(r['datagrams_per_rx_call'])} |")
+    if any(r["cpu_per_step"] for r in rows):
+        lines += ["", "CPU-ms per training step (medians over runs; machine-wide from /proc/stat, processes "
+                  "from /proc/<pid>/stat, over the --cpu-window):", "",
+                  "| variant | busy | kernel (system + softirq + irq) | dlcpd user | trainers' user | idle |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            c = r["cpu_per_step"] or {}
+            lines.append(f"| {r['variant']} | " + " | ".join(fmt(c.get(k), ".0f") for k in CPU_COLUMNS) + " |")
     return lines
 
 
@@ -132,11 +153,70 @@ def self_check():
     text = "\n".join(table([a, b]))
     assert "| a | 300.0, 280.0 | 290.0 | 290.0 | 1.000 | 55.0 | 235.0 | 15.0 | 2.00 | 20.0 |" in text, text
     assert "| b | 270.0 (1 failed) |" in text, text
+    p0 = {"1": ("dlcpd", 100, 200), "2": ("ksoftirqd/0", 0, 10), "3": ("ksoftirqd/1", 0, 20), "4": ("gone", 1, 1)}
+    p1 = {"1": ("dlcpd", 150, 400), "2": ("ksoftirqd/0", 0, 30), "3": ("ksoftirqd/1", 0, 20), "5": ("new", 9, 9)}
+    cpu = cpu_delta(p0, [0] * 8, p1, [100, 0, 50, 20, 0, 0, 30, 0], 100.0)
+    assert cpu["procs"] == {"dlcpd": [500.0, 2000.0], "ksoftirqd": [0.0, 200.0]}, cpu
+    assert cpu["machine"]["user"] == 1000.0 and cpu["machine"]["softirq"] == 300.0, cpu
+    ps = per_step(cpu, 2.0, 500.0)  # 4 steps
+    assert ps["steps"] == 4 and ps["busy"] == 450.0 and ps["kernel"] == 200.0 and ps["dlcpd_user"] == 125.0, ps
+    assert ps["idle"] == 50.0 and ps["trainer_user"] == 0, ps
+    runs[0]["cpu_per_step"] = ps
+    a = summarize(v, runs)[0]
+    assert a["cpu_per_step"]["busy"] == 450.0, a
+    assert "| a | 450 | 200 | 125 | 0 | 50 |" in "\n".join(table([a])), table([a])
     print("step_ab self-check ok")
 
 
 def log(msg: str):
     print(f"[step_ab {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def proc_times() -> dict:
+    """Per process: (comm, utime, stime) in clock ticks, from /proc/<pid>/stat."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            s = open(f"/proc/{pid}/stat").read()
+        except OSError:
+            continue
+        rest = s[s.rindex(")") + 2:].split()
+        out[pid] = (s[s.index("(") + 1:s.rindex(")")], int(rest[11]), int(rest[12]))
+    return out
+
+
+def machine_times() -> list:
+    return [int(x) for x in open("/proc/stat").readline().split()[1:1 + len(CPU_FIELDS)]]
+
+
+def cpu_delta(p0: dict, m0: list, p1: dict, m1: list, hz: float) -> dict:
+    """CPU-ms between two samples: the machine's by /proc/stat field, and per process name
+    (ksoftirqd/N as one) user and system, for processes alive at both samples."""
+    procs: dict = {}
+    for pid, (comm, u, s) in p1.items():
+        if pid in p0:
+            name = "ksoftirqd" if comm.startswith("ksoftirqd/") else comm
+            a = procs.setdefault(name, [0.0, 0.0])
+            a[0] += (u - p0[pid][1]) * 1000 / hz
+            a[1] += (s - p0[pid][2]) * 1000 / hz
+    machine = {f: (b - a) * 1000 / hz for f, a, b in zip(CPU_FIELDS, m0, m1)}
+    return {"machine": machine, "procs": {k: v for k, v in procs.items() if v[0] + v[1] > 0}}
+
+
+def per_step(cpu: dict, window_s: float, step_ms: float) -> dict:
+    """A CPU window's figures in CPU-ms per training step: busy, kernel (system + softirq + irq),
+    dlcpd user, trainers' (python3) user."""
+    steps = window_s * 1000 / step_ms
+    m, p = cpu["machine"], cpu["procs"]
+    busy = sum(v for k, v in m.items() if k not in ("idle", "iowait"))
+    return {"steps": steps, "busy": busy / steps, "idle": m["idle"] / steps,
+            "kernel": (m["system"] + m["softirq"] + m["irq"]) / steps,
+            "dlcpd_user": p.get("dlcpd", [0, 0])[0] / steps, "trainer_user": p.get("python3", [0, 0])[0] / steps}
 
 
 def run_one(args, v: dict, rnd: int, scratch: Path) -> dict:
@@ -146,7 +226,24 @@ def run_one(args, v: dict, rnd: int, scratch: Path) -> dict:
            "--bindir", v["bindir"], "--out", str(out)]
     for item in v["set"]:
         cmd += ["--dlcpd-set", item]
+    cpu: dict = {}
+    stop = threading.Event()
+
+    def sample():
+        if stop.wait(args.cpu_window[0]):
+            return
+        p0, m0, t0 = proc_times(), machine_times(), time.time()
+        if stop.wait(args.cpu_window[1]):
+            return  # the run ended inside the window: no sample
+        cpu.update(cpu_delta(p0, m0, proc_times(), machine_times(), os.sysconf("SC_CLK_TCK")), window_s=time.time() - t0)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    if args.cpu_window:
+        sampler.start()
     p = subprocess.run(cmd, capture_output=True, text=True)
+    stop.set()
+    if args.cpu_window:
+        sampler.join()
     found = list(out.glob("time_to_accuracy*.json"))
     if not found:
         return {"variant": v["name"], "round": rnd, "ok": False,
@@ -154,6 +251,9 @@ def run_one(args, v: dict, rnd: int, scratch: Path) -> dict:
     r = json.loads(found[0].read_text())["runs"][-1]
     r.update(variant=v["name"], round=rnd)
     r.pop("curve", None)
+    if cpu and r.get("ok"):
+        r["cpu"] = cpu
+        r["cpu_per_step"] = per_step(cpu, cpu["window_s"], r["step_ms"])
     return r
 
 
@@ -172,6 +272,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--time-cap", type=float, default=200.0)
     ap.add_argument("--target", type=float, default=0.99, help="high, so that no run stops early [%(default)s]")
+    ap.add_argument("--cpu-window", type=lambda x: tuple(float(y) for y in x.split(",")), metavar="DELAY,SECONDS",
+                    help="sample the machine's and the processes' CPU from DELAY s after a run's start for SECONDS "
+                         "(inside every variant's training: e.g. 22,12 at MTU 1500) and report CPU-ms per step")
     ap.add_argument("--out", default="/tmp", help="where step_ab[-TAG].md/.json go [%(default)s]")
     ap.add_argument("--tag", default="")
     ap.add_argument("--note", default="", help="a paragraph at the top of the markdown")
@@ -182,6 +285,8 @@ def main() -> int:
         ap.error(str(e))
     if len({v["name"] for v in variants}) != len(variants):
         ap.error("variant names must differ")
+    if args.cpu_window and (len(args.cpu_window) != 2 or min(args.cpu_window) <= 0):
+        ap.error("--cpu-window: expected DELAY,SECONDS, both positive")
     if len(variants) < 2 or args.rounds < 1:
         ap.error("needs two variants or more and one round or more")
     for v in variants:

@@ -246,8 +246,8 @@ def run_one(args, v: dict, rnd: int, scratch: Path) -> dict:
         sampler.join()
     found = list(out.glob("time_to_accuracy*.json"))
     if not found:
-        return {"variant": v["name"], "round": rnd, "ok": False,
-                "error": (p.stderr or p.stdout).strip().splitlines()[-1:] or [f"exit {p.returncode}"]}
+        last = (p.stderr or p.stdout).strip().splitlines()[-1:]
+        return {"variant": v["name"], "round": rnd, "ok": False, "error": last[0] if last else f"exit {p.returncode}"}
     r = json.loads(found[0].read_text())["runs"][-1]
     r.update(variant=v["name"], round=rnd)
     r.pop("curve", None)

@@ -49,6 +49,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TTA = ROOT / "bench/time_to_accuracy.py"
+sys.path.insert(0, str(ROOT / "bench"))
+from time_to_accuracy import ALL_TRANSPORTS, dlcpd_set  # noqa: E402  (the variants' lines are its --dlcpd-set)
 
 
 def parse_variant(spec: str) -> dict:
@@ -57,10 +59,12 @@ def parse_variant(spec: str) -> dict:
     parts = [p.strip() for p in rest.split(",")] if sep else []
     if not name.strip() or len(parts) < 2 or not parts[0] or not parts[1]:
         raise ValueError(f"--variant {spec!r}: expected NAME=BINDIR,TRANSPORT[,TABLE:LINE ...]")
-    for item in parts[2:]:
-        table, colon, line = item.partition(":")
-        if not colon or not table.strip() or "=" not in line:
-            raise ValueError(f"--variant {spec!r}: {item!r} is not TABLE:KEY = VALUE")
+    if parts[1] not in ALL_TRANSPORTS:
+        raise ValueError(f"--variant {spec!r}: unknown transport {parts[1]!r} (one of {', '.join(ALL_TRANSPORTS)})")
+    try:
+        dlcpd_set(parts[2:])
+    except ValueError as e:
+        raise ValueError(f"--variant {spec!r}: {e}") from None
     return {"name": name.strip(), "bindir": parts[0], "transport": parts[1], "set": parts[2:]}
 
 
@@ -134,7 +138,7 @@ def self_check():
     v = [parse_variant("a=/x,dlcp-b1"), parse_variant("b = /y , dlcp-b1-paths1, datapath.socket:gso_max_segments = 32")]
     assert v[1] == {"name": "b", "bindir": "/y", "transport": "dlcp-b1-paths1",
                     "set": ["datapath.socket:gso_max_segments = 32"]}, v[1]
-    for bad in ("a", "a=/x", "=/x,dlcp-b1", "a=/x,dlcp-b1,paths = 1", "a=/x,dlcp-b1,network:paths"):
+    for bad in ("a", "a=/x", "=/x,dlcp-b1", "a=/x,dlcp-b1,paths = 1", "a=/x,dlcp-b1,network:paths", "a=/x,dlcp-b9"):
         try:
             parse_variant(bad)
         except ValueError:

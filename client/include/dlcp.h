@@ -192,6 +192,21 @@ int dlcp_submit_op(dlcp_client *c, dlcp_tensor tensor, uint32_t layer, uint32_t 
  * status is not DLCP_STATUS_OK also sets dlcp_last_error(c) to why it failed. */
 int dlcp_wait(dlcp_client *c, int64_t timeout_ms, dlcp_completion *out);
 
+/* What a completion waiter polls (dlcp_wait_fds). */
+typedef struct dlcp_fds {
+    int completion; /* the completion doorbell (eventfd): readable once a completion was posted */
+    int control;    /* the control socket: readable when the daemon wrote to it or closed it */
+} dlcp_fds;
+
+/* Stores in *out the descriptors a completion waiter may poll() for POLLIN
+ * without holding the handle (a thread blocked in dlcp_wait delays the
+ * handle's other calls; one blocked in poll does not). When either is readable,
+ * call dlcp_wait with timeout 0 until it gives DLCP_ERR_TIMEOUT (with only
+ * `control` readable, a timeout of a few ms: that is how a daemon that closed
+ * it is noticed), then poll again; no completion is missed. The descriptors
+ * belong to the handle until dlcp_detach: never read, write or close them. */
+int dlcp_wait_fds(dlcp_client *c, dlcp_fds *out);
+
 /* Wait for the completion of op `op_seq`; completions of other ops that arrive
  * meanwhile are kept for dlcp_wait. */
 int dlcp_wait_op(dlcp_client *c, uint64_t op_seq, int64_t timeout_ms, dlcp_completion *out);

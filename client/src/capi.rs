@@ -20,6 +20,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString, OsStr, c_char, c_int};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -99,6 +100,18 @@ pub struct dlcp_world {
     pub local_rank: u32,
     /// The job's trainers on this host.
     pub local_world: u32,
+}
+
+/// What a completion waiter polls (`dlcp_wait_fds`).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct dlcp_fds {
+    /// The completion doorbell (an eventfd): readable once a completion was
+    /// posted since the library last drained it.
+    pub completion: c_int,
+    /// The control socket: readable when the daemon wrote to it or closed it.
+    pub control: c_int,
 }
 
 /// Success.
@@ -538,6 +551,25 @@ pub extern "C" fn dlcp_wait(c: *mut dlcp_client, timeout_ms: i64, out: *mut dlcp
         if let Some(f) = failed {
             record("dlcp_wait", c, &f);
         }
+        Ok(())
+    }))
+}
+
+/// Stores in `*out` the descriptors a completion waiter may `poll` for
+/// readability without holding the handle: a thread blocked there does not
+/// delay the handle's other calls, as one blocked in `dlcp_wait` does. When
+/// either is readable, call `dlcp_wait` with timeout 0 until it gives
+/// `DLCP_ERR_TIMEOUT` (when only `control` is readable, a timeout of a few
+/// milliseconds: that is how a daemon that closed it is noticed), then poll
+/// again; no completion is missed (`dlcp_wait` drains the doorbell before its
+/// last look). The descriptors belong to the handle: valid until
+/// `dlcp_detach`, never to be read, written or closed by the caller.
+#[unsafe(no_mangle)]
+pub extern "C" fn dlcp_wait_fds(c: *mut dlcp_client, out: *mut dlcp_fds) -> c_int {
+    code_of(guard("dlcp_wait_fds", c, || {
+        check_out(out, "out (dlcp_fds*)")?;
+        let [completion, control] = with_client(c, |cl| Ok(cl.completion_fds().map(|fd| fd.as_raw_fd())))?;
+        store(out, dlcp_fds { completion, control });
         Ok(())
     }))
 }

@@ -72,6 +72,7 @@ pub mod env;
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CStr;
+use std::os::fd::BorrowedFd;
 use std::path::Path;
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
@@ -698,6 +699,16 @@ impl Client {
             self.ops.remove(&c.op_seq);
         }
         Ok(c)
+    }
+
+    /// The descriptors a completion waiter may `poll` without holding the
+    /// client: the completion doorbell and the control socket (see
+    /// [`TrainerChannel::completion_fds`]). When either is readable, call
+    /// [`wait`](Self::wait) with a zero timeout (or a short one, for the
+    /// control socket: that is how a daemon that closed it is noticed) until
+    /// it times out; then poll again.
+    pub fn completion_fds(&self) -> [BorrowedFd<'_>; 2] {
+        self.channel.completion_fds()
     }
 
     /// Sleeps (no spinning) until any completion arrives, or fails with

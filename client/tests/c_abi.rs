@@ -71,6 +71,47 @@ fn happy_path_writes_in_place_and_reads_the_result_in_place() {
     assert_eq!(dlcp_detach(c), E_HANDLE, "double detach is an error, not UB");
 }
 
+/// Whether `fd` is readable within `ms` milliseconds (`poll`, as a C caller of
+/// `dlcp_wait_fds` would).
+fn readable(fd: c_int, ms: c_int) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd, for the duration of the call.
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    assert!(n >= 0, "poll: {}", std::io::Error::last_os_error());
+    n == 1 && p.revents & libc::POLLIN != 0
+}
+
+#[test]
+fn wait_fds_wake_a_poller_for_each_completion_and_for_the_daemon_gone() {
+    let mut fake = FakeReducer::start();
+    let c = attach(fake.socket(), 1);
+    let mut fds = dlcp_fds { completion: -1, control: -1 };
+    assert_eq!(dlcp_wait_fds(null_mut(), &mut fds), E_NULL);
+    assert_eq!(dlcp_wait_fds(c, null_mut()), E_NULL);
+    assert_eq!(dlcp_wait_fds(c, &mut fds), DLCP_OK, "{}", last(c));
+    assert!(fds.completion >= 0 && fds.control >= 0 && fds.completion != fds.control, "{fds:?}");
+    let mut t: dlcp_tensor = 0;
+    assert_eq!(dlcp_alloc(c, c"grad".as_ptr(), 64, &mut t), DLCP_OK);
+    let mut done = dlcp_completion::default();
+    for round in 1..=3u64 {
+        // Nothing in flight: a poller sleeps, and a zero-timeout wait drains.
+        assert_eq!(dlcp_wait(c, 0, &mut done), ErrorCode::Timeout as c_int);
+        assert!(!readable(fds.completion, 50), "round {round}: readable with nothing completed");
+        assert_eq!(dlcp_submit(c, t, 0, 1, 0, 0, null_mut()), DLCP_OK);
+        // The completion wakes the poller, which takes it without blocking.
+        assert!(readable(fds.completion, 10_000), "round {round}: no wake-up for the completion");
+        assert_eq!(dlcp_wait(c, 0, &mut done), DLCP_OK, "{}", last(c));
+        assert_eq!((done.op_seq, done.status), (round, 0));
+    }
+    // The daemon gone: the control socket wakes the poller, and a short wait says so.
+    assert_eq!(dlcp_submit(c, t, 0, 1, HOLD_BUDGET_PPM, 0, null_mut()), DLCP_OK);
+    fake.stop();
+    assert!(readable(fds.control, 10_000), "no wake-up for the daemon gone");
+    assert_eq!(dlcp_wait(c, 5, &mut done), ErrorCode::DaemonGone as c_int, "{}", last(c));
+    assert_eq!(dlcp_detach(c), DLCP_OK);
+    assert_eq!(dlcp_wait_fds(c, &mut fds), E_HANDLE, "a detached handle");
+}
+
 /// `DLCP_FLAG_RESCALE` from the header.
 const DLCP_FLAG_RESCALE_FOR_TEST: u32 = 0x1;
 

@@ -72,7 +72,7 @@ fn header_declares_every_error_code_and_every_exported_function() {
     let capi = std::fs::read_to_string(workspace_root().join("client/src/capi.rs")).unwrap();
     let exported: Vec<&str> =
         capi.split("pub extern \"C\" fn ").skip(1).map(|rest| rest.split('(').next().unwrap()).collect();
-    assert_eq!(exported.len(), 25, "{exported:?}");
+    assert_eq!(exported.len(), 26, "{exported:?}");
     // Function declarations: lines starting with a return type and `dlcp_name(`.
     let mut declared: Vec<&str> = h
         .lines()
@@ -94,7 +94,7 @@ fn c_program_links_with_the_cdylib_and_runs() {
     let exe = build_abi_test(&fake.dir().join("abi_test_shared"), &["-L", p(&lib), "-ldlcp_client", &rpath]);
     assert!(run(&exe, &[p(fake.socket()), p(job7.socket())]).contains("C ABI OK"));
     assert_eq!(job7.served(), 0);
-    assert_eq!(fake.served(), 8);
+    assert_eq!(fake.served(), 9);
 }
 
 #[test]

@@ -24,9 +24,7 @@
 
 use std::collections::HashMap;
 use std::io;
-#[cfg(feature = "debug-hooks")]
-use std::os::fd::BorrowedFd;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::ptr::NonNull;
@@ -610,6 +608,18 @@ impl TrainerChannel {
                 return Err(TrainerError::DaemonGone);
             }
         }
+    }
+
+    /// What [`wait_completion`](Self::wait_completion) sleeps on: the
+    /// completion doorbell (readable once the daemon posted a completion since
+    /// the last drain) and the control socket (readable when the daemon wrote
+    /// a note or closed it). Another thread may `poll` these without holding
+    /// the channel, then call `wait_completion` with a zero timeout: that
+    /// drains the doorbell before its last look at the ring, so a completion
+    /// posted after it rings again (the doorbell module's protocol). Both stay
+    /// open as long as the channel.
+    pub fn completion_fds(&self) -> [BorrowedFd<'_>; 2] {
+        [self.complete_bell.as_fd(), self.stream.as_fd()]
     }
 
     /// Reads the control socket (keeping the notes on it): true once the daemon closed it.

@@ -28,9 +28,16 @@ class ScriptedClient:
     """Stands in for dlcp.Client: ``ring`` ops in flight at most (BusyError
     beyond), completions released by the test (``release``), each doubling the
     tensor (the sum of two identical ranks; halved again for an average, as
-    the daemons divide) or with the given status."""
+    the daemons divide) or with the given status. Like the library, it rings a
+    completion doorbell (an eventfd, ``wait_fds``) for every completion, and a
+    ``wait`` that finds none drains it before its last look; ``go`` makes the
+    daemon gone and makes the control descriptor readable. ``waits`` counts
+    the ``wait`` calls."""
 
     def __init__(self, ring=8):
+        self.bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.control = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.waits = 0
         self.ring = ring
         self.arrays, self.ids = {}, {}
         self.in_flight = {}  # op_seq -> tensor name
@@ -69,12 +76,27 @@ class ScriptedClient:
                     x = x / 2
                 a[:] = dlcp.bf16_from_float32(x) if a.dtype == np.uint16 else x.astype(a.dtype)
             self.ready.append(dlcp.Completion(seq, name, status, 0, 1_000_000, 0, 0.001, reason))
+            os.eventfd_write(self.bell, 1)
             self.cv.notify_all()
+
+    def go(self):
+        with self.cv:
+            self.gone = True
+            os.eventfd_write(self.control, 1)
+            self.cv.notify_all()
+
+    def wait_fds(self):
+        return self.bell, self.control
 
     def wait(self, op_seq=None, timeout=60.0):
         assert op_seq is None
         with self.cv:
+            self.waits += 1
             if not self.ready and not self.gone:
+                try:
+                    os.eventfd_read(self.bell)
+                except BlockingIOError:
+                    pass
                 self.cv.wait(timeout)
             if self.gone:
                 raise dlcp.DaemonGoneError("wait", -12, "the daemon closed the control socket")
@@ -218,13 +240,28 @@ class HookTest(unittest.TestCase):
         c = ScriptedClient()
         s = self.state(c)
         f0, f1 = self.step(s)
-        with c.cv:
-            c.gone = True
-            c.cv.notify_all()
+        c.go()
         for f in (f0, f1):
             self.assert_fails(f, "DLCP_ERR_DAEMON_GONE")
         until(lambda: s.failed is not None, "the state to fail")
         self.assertRaises(dlcp.torch.DlcpHookError, self.step, s)
+
+    def test_the_waiter_sleeps_outside_the_client_while_ops_are_in_flight(self):
+        # Two ops in flight and no completion for half a second: the waiter
+        # sleeps in poll, not in the client's wait (which holds the library's
+        # per-handle lock, so a submit would wait for it), and is not woken
+        # over and over (2 ms slices made 250 calls here).
+        c = ScriptedClient()
+        s = self.state(c)
+        f0, f1 = self.step(s)
+        until(lambda: c.waits >= 1, "the waiter's first look")
+        time.sleep(0.5)
+        self.assertLessEqual(c.waits, 3, "the waiter kept calling wait while nothing completed")
+        self.assertFalse(f0.done() or f1.done())
+        c.release(1)
+        c.release(2)
+        self.assertEqual((f0.wait().tolist(), f1.wait().tolist()), ([1.0, 2.0], [3.0, 4.0]))
+        self.assertIsNone(s.failed)
 
     def test_close_fails_the_ops_in_flight_and_stops_the_waiter(self):
         c = ScriptedClient()

@@ -327,6 +327,15 @@ class _CWorld(ctypes.Structure):
 
 assert ctypes.sizeof(_CWorld) == 24
 
+
+class _CWaitFds(ctypes.Structure):
+    """``dlcp_fds`` (8 bytes)."""
+
+    _fields_ = [("completion", ctypes.c_int), ("control", ctypes.c_int)]
+
+
+assert ctypes.sizeof(_CWaitFds) == 8
+
 _lib: Optional[ctypes.CDLL] = None
 
 
@@ -388,6 +397,7 @@ def load_library(path: Union[str, os.PathLike, None] = None) -> ctypes.CDLL:
         "dlcp_submit": (c_int, [h, u32, u32, u32, u32, u32, ctypes.POINTER(u64)]),
         "dlcp_wait": (c_int, [h, i64, ctypes.POINTER(_CCompletion)]),
         "dlcp_wait_op": (c_int, [h, u64, i64, ctypes.POINTER(_CCompletion)]),
+        "dlcp_wait_fds": (c_int, [h, ctypes.POINTER(_CWaitFds)]),
         "dlcp_allreduce": (c_int, [h, u32, u32, u32, u32, u32, i64, ctypes.POINTER(_CCompletion)]),
         "dlcp_next_op_seq": (c_int, [h, ctypes.POINTER(u64)]),
         "dlcp_set_next_op_seq": (c_int, [h, u64]),
@@ -777,6 +787,18 @@ class Client:
         self._check("wait", rc)
         # A failed completion leaves its reason as the handle's last error.
         return self._completion(c, "" if c.status == 0 else _last_error(self._lib, ptr))
+
+    def wait_fds(self) -> Tuple[int, int]:
+        """The descriptors a completion waiter may ``poll`` for readability
+        without holding the handle (as :meth:`wait` does while it blocks):
+        ``(completion, control)``. When either is readable, call :meth:`wait`
+        with ``timeout=0`` until it raises :class:`DlcpTimeoutError` (with only
+        ``control`` readable, a timeout of a few ms: that is how a daemon gone
+        is noticed), then poll again; no completion is missed. They belong to
+        the client until :meth:`close`: never read, write or close them."""
+        out = _CWaitFds()
+        self._check("wait_fds", self._lib.dlcp_wait_fds(self._ptr("wait_fds"), ctypes.byref(out)))
+        return out.completion, out.control
 
     def allreduce(
         self,

@@ -22,9 +22,10 @@ front layers', submitted last, can overtake the back layers'). DDP waits for
 all the futures at the end of ``backward()``.
 
 A completion waiter, one daemon thread per :class:`DlcpState`, completes the
-futures: it waits for the client's completions (``Client.wait`` in short slices
-of :data:`WAIT_SLICE` seconds, so the library's per-handle lock, which the wait
-holds, never delays a submit by more than a slice; it sleeps on a condition
+futures: it waits for the client's completions by polling the client's
+completion doorbell and control socket (``Client.wait_fds``), so it never
+blocks inside the library, whose per-handle lock a submit needs, and takes the
+completions with non-blocking ``Client.wait`` calls; it sleeps on a condition
 while nothing is in flight) and sets each reduced arena tensor as the future's
 value (DDP copies it into the gradients), or fails the future with a
 :class:`DlcpHookError`. The ops are averages (``op="average"``): the daemons
@@ -71,6 +72,7 @@ Tested with Debian 12's ``python3-torch`` 1.13 (CPU, Gloo process group) and
 
 import collections
 import os
+import select
 import threading
 import time
 from dataclasses import dataclass, field
@@ -85,12 +87,19 @@ import dlcp
 #: Bucket dtypes the hook reduces, and the dlcp tensor dtype of each.
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
-__all__ = ["DlcpState", "BucketReport", "DlcpHookError", "allreduce_hook", "WAIT_SLICE"]
+__all__ = ["DlcpState", "BucketReport", "DlcpHookError", "allreduce_hook"]
 
-#: Seconds the completion waiter blocks in one ``Client.wait`` call. The C
-#: library serialises the calls on one handle, so a submit may wait this long
-#: for the waiter's call to return; the waiter only waits while ops are in flight.
-WAIT_SLICE = 0.002
+#: Longest sleep of the completion waiter in one ``poll`` (seconds). It wakes
+#: on a completion, on the control socket, when closed, and at an op's deadline;
+#: this only bounds how late anything else is noticed. (Until session 52 it
+#: blocked in ``Client.wait`` in 2 ms slices, because the library holds the
+#: handle's lock while it waits: 500 wake-ups a second per trainer, each taking
+#: the GIL, 29 CPU-ms per clean MTU-1500 training step over four trainers, 7
+#: with poll; bench/results/2026-12-06-waiter-poll.md.)
+POLL_MAX = 1.0
+#: How long a ``Client.wait`` may block when only the control socket is
+#: readable: the library reads it, and reports a daemon that closed it.
+CONTROL_WAIT = 0.005
 
 
 class DlcpHookError(RuntimeError):
@@ -156,7 +165,13 @@ class _Waiter:
     ``cv`` guards ``pending`` (ops in flight by op_seq), ``order`` (the same ops
     in submission order, for the reports) and ``failed``. The hook submits while
     holding it, so a completion never arrives for an op not yet registered; the
-    thread never holds it while blocked in the library."""
+    thread never holds it while it waits.
+
+    The thread waits in ``poll`` on the client's completion doorbell, its
+    control socket and its own wake-up eventfd (``close``), never inside the
+    library; it takes completions with ``Client.wait(timeout=0)``, which drains
+    the doorbell before its last look at the ring, so a completion posted after
+    that rings it again and no wake-up is lost."""
 
     def __init__(self, client: dlcp.Client, reports: Deque[BucketReport], on_report):
         self.client = client
@@ -167,6 +182,11 @@ class _Waiter:
         self.order: Deque[_Op] = collections.deque()
         self.failed: Optional[DlcpHookError] = None
         self.stopping = False
+        self.wake: Optional[int] = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.completion_fd, self.control_fd = client.wait_fds()
+        self.poller = select.poll()
+        for fd in (self.completion_fd, self.control_fd, self.wake):
+            self.poller.register(fd, select.POLLIN)
         self.thread = threading.Thread(target=self._run, name="dlcp-completions", daemon=True)
         self.thread.start()
 
@@ -204,8 +224,16 @@ class _Waiter:
         with self.cv:
             self.stopping = True
             self.cv.notify_all()
+            wake = self.wake
+        if wake is None:  # closed already
+            return
+        os.eventfd_write(wake, 1)
         if threading.current_thread() is not self.thread:
             self.thread.join(timeout=5.0)
+        with self.cv:
+            if not self.thread.is_alive() and self.wake is not None:
+                os.close(self.wake)  # the thread is gone: nothing polls it any more
+                self.wake = None
 
     def _run(self) -> None:
         try:
@@ -215,8 +243,10 @@ class _Waiter:
             self._fail(f"the completion waiter stopped: {type(e).__name__}: {e}")
 
     def _turn(self) -> bool:
-        """Sleeps while nothing is in flight, else waits for a completion for at
-        most WAIT_SLICE and fails the ops past their deadline. False once stopped."""
+        """Sleeps while nothing is in flight; else takes the completions that
+        are ready, or sleeps in ``poll`` until one may be (at most until the
+        first op's deadline, or POLL_MAX), and fails the ops past their
+        deadline. False once stopped."""
         with self.cv:
             while not self.pending and not self.stopping:
                 self.cv.wait()
@@ -224,15 +254,14 @@ class _Waiter:
                 if self.pending:
                     self._fail("the dlcp state was closed with the op in flight")
                 return False
-        try:
-            c = self.client.wait(None, timeout=WAIT_SLICE)
-        except dlcp.DlcpTimeoutError:
-            c = None
-        except dlcp.DlcpError as e:  # the daemon gone, the client closed, an I/O error
-            self._fail(_why(e), e)
-            return True
-        if c is not None:
-            self._complete(c)
+            deadlines = [op.deadline for op in self.pending.values() if op.deadline is not None]
+        if not self._take(0):
+            sleep = POLL_MAX if not deadlines else min(POLL_MAX, max(0.0, min(deadlines) - time.monotonic()))
+            ready = {fd for fd, _ in self.poller.poll(int(sleep * 1000) + 1)}
+            if self.wake in ready:
+                os.eventfd_read(self.wake)
+            if self.control_fd in ready and self.completion_fd not in ready:
+                self._take(CONTROL_WAIT)  # a note, or the daemon gone: the library reads it
         now = time.monotonic()
         with self.cv:
             late = [op for op in self.pending.values() if op.deadline is not None and now > op.deadline]
@@ -240,6 +269,23 @@ class _Waiter:
             why = f"wait: no completion within {late[0].timeout:g} s of the submit (the op may still complete)"
             self._fail(why + " [DLCP_ERR_TIMEOUT]", op=late[0])
         return True
+
+    def _take(self, timeout: float) -> bool:
+        """Completes the ops whose completions are ready (the first call may
+        block ``timeout``, the others do not); fails the state on an error of
+        the library (the daemon gone, the client closed, an I/O error). True if
+        anything was taken or failed."""
+        took = False
+        while True:
+            try:
+                c = self.client.wait(None, timeout=timeout)
+            except dlcp.DlcpTimeoutError:
+                return took
+            except dlcp.DlcpError as e:
+                self._fail(_why(e), e)
+                return True
+            self._complete(c)
+            took, timeout = True, 0
 
     def _complete(self, c: dlcp.Completion) -> None:
         with self.cv:

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <poll.h>
 #include <string.h>
 
 #include "dlcp.h"
@@ -125,6 +126,15 @@ int main(int argc, char **argv) {
     CHECK(strstr(dlcp_last_error(c), "layer 2 is not below the layer count 2") != NULL);
     CHECK(dlcp_wait(c, 0, &done) == DLCP_ERR_TIMEOUT);
 
+    /* A waiter that polls instead of blocking in dlcp_wait: the doorbell wakes it. */
+    dlcp_fds fds = {-1, -1};
+    CHECK(dlcp_wait_fds(c, &fds) == DLCP_OK && fds.completion >= 0 && fds.control >= 0);
+    CHECK(dlcp_submit(c, t, 0, 2, 0, 0, &seq) == DLCP_OK);
+    struct pollfd pfd = {.fd = fds.completion, .events = POLLIN};
+    CHECK(poll(&pfd, 1, 10000) == 1 && (pfd.revents & POLLIN));
+    CHECK(dlcp_wait(c, 0, &done) == DLCP_OK && done.op_seq == seq);
+    CHECK(dlcp_wait(c, 0, &done) == DLCP_ERR_TIMEOUT);
+
     /* A descriptor the daemon rejects: the reason names the field and values. */
     CHECK(dlcp_allreduce(c, t, 0, 1, 200000, 0, 10000, &done) == DLCP_ERR_OP_FAILED);
     CHECK(done.status == DLCP_STATUS_INVALID_DESCRIPTOR);
@@ -138,7 +148,7 @@ int main(int argc, char **argv) {
     CHECK(strstr(dlcp_last_error(c), "loss budget 300000 ppm") != NULL);
 
     uint64_t next = 0;
-    CHECK(dlcp_next_op_seq(c, &next) == DLCP_OK && next == 5);
+    CHECK(dlcp_next_op_seq(c, &next) == DLCP_OK && next == 6);
     CHECK(dlcp_set_next_op_seq(c, 100) == DLCP_OK);
     CHECK(dlcp_allreduce(c, t, 0, 1, 0, 0, 10000, &done) == DLCP_OK && done.op_seq == 100);
     CHECK(dlcp_next_op_seq(c, NULL) == DLCP_ERR_NULL_ARG);

@@ -284,7 +284,8 @@ DROP_PATHS = {
 DISCOVER = ("rcvbuf", "overrun", "ring_full", "ring_drop")
 
 
-def _at(obj, path):
+def at_path(obj, path):
+    """The value at `path` (keys) in nested dicts, or None where a key is missing."""
     for k in path:
         if not isinstance(obj, dict) or k not in obj:
             return None
@@ -292,7 +293,8 @@ def _at(obj, path):
     return obj
 
 
-def _num(v):
+def as_number(v):
+    """A counter's value: a number, or the sum of a list of numbers (per class); None otherwise."""
     if isinstance(v, bool) or v is None:
         return None
     if isinstance(v, (int, float)):
@@ -316,14 +318,14 @@ def daemon_drops(stats):
     picked up as they appear (`kernel.RcvbufErrors` -> 'kernel.RcvbufErrors')."""
     out = {}
     for name, paths in DROP_PATHS.items():
-        vals = [_num(_at(stats, p)) for p in paths]
+        vals = [as_number(at_path(stats, p)) for p in paths]
         vals = [v for v in vals if v is not None]
         if vals:
             out[name] = sum(vals)
     for path, v in _leaves(stats):
         key = ".".join(path)
-        if any(d in key.lower() for d in DISCOVER) and _num(v) is not None:
-            out[key] = _num(v)
+        if any(d in key.lower() for d in DISCOVER) and as_number(v) is not None:
+            out[key] = as_number(v)
     return out
 
 

@@ -50,6 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TTA = ROOT / "bench/time_to_accuracy.py"
 sys.path.insert(0, str(ROOT / "bench"))
+from measure import sum_counters  # noqa: E402
 from time_to_accuracy import ALL_TRANSPORTS, dlcpd_set  # noqa: E402  (the variants' lines are its --dlcpd-set)
 
 
@@ -80,10 +81,7 @@ def summarize(variants: list, runs: list) -> list:
     for v in variants:
         mine = [r for r in runs if r["variant"] == v["name"] and r.get("ok")]
         steps = [r["step_ms"] for r in mine]
-        dp: dict = {}
-        for r in mine:
-            for k, x in (r.get("daemon_datapath") or {}).items():
-                dp[k] = dp.get(k, 0) + x
+        dp = sum_counters([r.get("daemon_datapath") or {} for r in mine])
         row = {
             "variant": v["name"],
             "spec": v,

@@ -72,6 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 import harness  # noqa: E402
+import measure  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = "/usr/bin/python3"
@@ -298,16 +299,8 @@ DATAPATH_COUNTERS = (
 
 def datapath_totals(stats: dict) -> dict:
     """One daemon's DATAPATH_COUNTERS from its `dlcpctl stats --json` (missing ones left out)."""
-    out = {}
-    for name, path in DATAPATH_COUNTERS:
-        v = stats
-        for k in path:
-            v = v.get(k) if isinstance(v, dict) else None
-        if isinstance(v, list):
-            v = sum(x for x in v if isinstance(x, (int, float)))
-        if isinstance(v, (int, float)):
-            out[name] = v
-    return out
+    values = {name: measure.as_number(measure.at_path(stats, path)) for name, path in DATAPATH_COUNTERS}
+    return {name: v for name, v in values.items() if v is not None}
 
 
 def daemon_counters(daemons) -> tuple:
@@ -315,19 +308,17 @@ def daemon_counters(daemons) -> tuple:
     grants, credit requests and waits) and datapath counters (DATAPATH_COUNTERS: datagrams, system
     calls, GSO messages; the daemon's whole life, setup included), each summed over the hosts.
     Both empty where a daemon does not answer."""
-    flow_total: dict = {}
-    dp_total: dict = {}
+    flows, datapaths = [], []
     for h in range(HOSTS):
         try:
             r = daemons.ctl(h, "stats", timeout=10)
             stats = json.loads(r.stdout) if r.returncode == 0 else {}
         except (subprocess.TimeoutExpired, ValueError):
             return {}, {}
-        for total, part in ((flow_total, stats.get("protocol", {}).get("flow", {})), (dp_total, datapath_totals(stats))):
-            for k, v in part.items():
-                if isinstance(v, (int, float)):
-                    total[k] = total.get(k, 0) + v
-    return flow_total, dp_total
+        flow = stats.get("protocol", {}).get("flow", {})
+        flows.append({k: v for k, v in flow.items() if isinstance(v, (int, float))})
+        datapaths.append(datapath_totals(stats))
+    return measure.sum_counters(flows), measure.sum_counters(datapaths)
 
 
 def time_to(curve, target: float, cap: float) -> float | None:

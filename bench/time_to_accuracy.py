@@ -294,6 +294,8 @@ DATAPATH_COUNTERS = (
     ("rx_syscalls", ("datapath_counters", "rx_syscalls")),
     ("gso_messages", ("datapath_counters", "detail", "gso_sends")),
     ("gso_segments", ("datapath_counters", "detail", "gso_segments")),
+    ("gro_receives", ("datapath_counters", "detail", "gro_packets")),
+    ("gro_segments", ("datapath_counters", "detail", "gro_segments")),
 )
 
 

@@ -31,6 +31,7 @@ Usage:
   $PROG up [--hosts N] [--rate MBIT] [--rate-ports LIST] [--loss PCT]
            [--mtu M] [--queue PKTS] [--dscp D0,..,D7]
            [--spines S [--leaves L] [--spine-rate MBIT] [--hash-seed N]]
+           [--host-gro]
   $PROG down
   $PROG status [-v]            settings, addresses, loss counters, per-spine
                              counters, per-class counters of each switch port
@@ -99,20 +100,22 @@ Leaf-spine fabric (--spines S, 1..8): L3 routing with ECMP instead of the bridge
             packets and bytes.
   --hash-seed  net.ipv4.fib_multipath_hash_seed (IPv4 and IPv6) in leaves and
             spines, for a repeatable hash [the kernel's random seed].
+  --host-gro  GRO on each host's own end (eth0), as a host's NIC has it: the
+            switch's queues and counters still carry wire-sized packets; the
+            host's kernel merges runs of one flow before its UDP or TCP stack.
+            Not with --loss (that acts on the host's input, after GRO).
   link      changes spine links only; --rate none = back to 10000, --loss 0 = no
             loss. Rates change in place (htb class change: counters kept).
 
 Offloads (tso gso gro tx-udp-segmentation tx-gso-list) are off on every veth
-(ethtool), so queues, counters and loss act on wire-sized packets, RPS pins the
+(ethtool; with --host-gro, GRO is on again on the hosts' eth0), so queues,
+counters and loss act on wire-sized packets, RPS pins the
 receive processing of each veth to one CPU (no reordering), and
 net.core.netdev_max_backlog is raised to $BACKLOG while up. State (settings,
 saved sysctl) in $STATE.
 
 Environment: DLCPTB_PREFIX (name prefix, default dlcptb), DLCPTB_STATE_DIR;
-DLCPTB_HOST_GRO=1 (an experiment, not a benchmark condition): GRO on each host's
-own end (eth0), as a NIC would have it — the switch's queues still carry
-wire-sized packets, but --loss (nftables on the host's input) then drops merged
-ones, so use it on a clean network only.
+DLCPTB_HOST_GRO=1 is --host-gro (for tools that run 'up' themselves).
 'up' first removes leftovers of an earlier run; 'down' is safe to run twice.
 EOF
 }
@@ -329,7 +332,7 @@ make_host() {
   run ip -n "$ns" link set lo up
   run ip -n "$parent" link add "p$i" mtu "$MTU" type veth peer name eth0 mtu "$MTU" netns "$ns"
   veth_tune "$parent" "p$i" "$ns" eth0 $(( i % ncpu ))
-  if [ "${DLCPTB_HOST_GRO:-0}" = 1 ] && command -v ethtool >/dev/null; then
+  if [ "$HOST_GRO" = 1 ]; then
     run ip netns exec "$ns" ethtool -K eth0 gro on >/dev/null
   fi
 }
@@ -345,7 +348,7 @@ host_port_rate() {
 
 parse_up_args() {
   HOSTS=4 RATE="" RATE_PORTS="" LOSS="" MTU=1500 QUEUE=50 DSCP_LIST=$DEFAULT_DSCP
-  SPINES=0 LEAVES="" SPINE_RATE="" HASH_SEED=""
+  SPINES=0 LEAVES="" SPINE_RATE="" HASH_SEED="" HOST_GRO=${DLCPTB_HOST_GRO:-0}
   while [ $# -gt 0 ]; do
     case $1 in
       --hosts) HOSTS=${2:?--hosts needs a value}; shift 2 ;;
@@ -359,6 +362,7 @@ parse_up_args() {
       --leaves) LEAVES=${2:?--leaves needs a value}; shift 2 ;;
       --spine-rate) SPINE_RATE=${2:?--spine-rate needs a value}; shift 2 ;;
       --hash-seed) HASH_SEED=${2:?--hash-seed needs a value}; shift 2 ;;
+      --host-gro) HOST_GRO=1; shift ;;
       -h|--help) usage; exit 0 ;;
       *) die "up: unknown argument '$1' (see --help)" ;;
     esac
@@ -382,6 +386,12 @@ parse_up_args() {
     done
   fi
   [ -z "$LOSS" ] || command -v nft >/dev/null || die "--loss needs nft: apt-get install nftables"
+  [ "$HOST_GRO" = 1 ] || [ "$HOST_GRO" = 0 ] || die "DLCPTB_HOST_GRO must be 0 or 1, got '$HOST_GRO'"
+  if [ "$HOST_GRO" = 1 ]; then
+    [ -z "$LOSS" ] || [ "$LOSS" = 0 ] \
+      || die "--host-gro with --loss: the loss acts on the host's input, after GRO, and would drop merged packets"
+    command -v ethtool >/dev/null || die "--host-gro needs ethtool: apt-get install ethtool"
+  fi
   is_uint "$SPINES" && [ "$SPINES" -le 8 ] || die "--spines must be 1..8, got '$SPINES'"
   if [ "$SPINES" -eq 0 ]; then
     [ -z "$LEAVES$SPINE_RATE$HASH_SEED" ] || die "--leaves, --spine-rate and --hash-seed need --spines"
@@ -421,6 +431,7 @@ loss=${LOSS:-none}
 mtu=$MTU
 queue=$QUEUE
 dscp=$DSCP_LIST
+host_gro=$([ "$HOST_GRO" = 1 ] && echo on || echo off)
 EOF
   if [ "$SPINES" -gt 0 ]; then
     local s

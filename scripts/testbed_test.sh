@@ -87,6 +87,15 @@ case_connectivity() {
   # Hosts are isolated from the root namespace's addresses.
   [ "$(ip netns exec "$P-h0" ip -br addr show dev eth0 | grep -c 10.77.0.1/24)" -eq 1 ] || fail "h0 address"
   note "12 IPv4 pairs, 4 IPv6 pairs, DSCP classification v4/v6, jumbo ping: ok"
+  # --host-gro: GRO on the hosts' eth0 only; the switch's ports stay wire-sized.
+  "$TB" up --hosts 2 --host-gro
+  ip netns exec "$P-h0" ethtool -k eth0 | grep -q "^generic-receive-offload: on" || fail "--host-gro: GRO off on h0's eth0"
+  ip netns exec "$P-sw" ethtool -k p0 | grep -q "^generic-receive-offload: off" || fail "--host-gro: GRO on on switch port p0"
+  local st
+  st=$("$TB" status)
+  echo "$st" | grep -q "host_gro=on" || fail "--host-gro: status does not say host_gro=on: $st"
+  ip netns exec "$P-h0" ping -q -c 1 -W 2 10.77.0.2 >/dev/null || fail "--host-gro: ping h0 -> h1 failed"
+  note "--host-gro: GRO on the hosts' eth0, off on the switch ports, in status"
 }
 
 # ---------------------------------------------------------------------------
@@ -166,7 +175,8 @@ case_bad_args() {
   for a in "--hosts 1" "--hosts x" "--rate 0" "--loss 101" "--loss abc" "--mtu 100" \
            "--dscp 1,2,3" "--dscp 0,10,18,26,34,40,46,64" "--rate-ports 0" "--bogus" \
            "--spines 9" "--spines x" "--leaves 2" "--spine-rate 100" "--spines 2 --leaves 1" \
-           "--spines 2 --hosts 2 --leaves 3" "--spines 2 --spine-rate 0" "--spines 2 --hash-seed -1"; do
+           "--spines 2 --hosts 2 --leaves 3" "--spines 2 --spine-rate 0" "--spines 2 --hash-seed -1" \
+           "--host-gro --loss 1"; do
     # shellcheck disable=SC2086
     if out=$("$TB" up $a 2>&1); then fail "up $a succeeded"; fi
     echo "$out" | grep -q "error:" || fail "up $a: no clear error: $out"
@@ -179,7 +189,7 @@ case_bad_args() {
     if out=$("$TB" $a 2>&1); then fail "$a succeeded without a fabric"; fi
     echo "$out" | grep -q "error:" || fail "$a: no clear error: $out"
   done
-  note "18 bad argument sets rejected with an error, nothing created; link/pin need a fabric"
+  note "19 bad argument sets rejected with an error, nothing created; link/pin need a fabric"
 }
 
 # ---------------------------------------------------------------------------

@@ -207,6 +207,10 @@ pub struct SocketStats {
     pub gro_active: bool,
     /// Coalesced receives (a `UDP_GRO` control message with several datagrams).
     pub gro_packets: u64,
+    /// Datagrams that arrived in coalesced receives (`gro_segments ÷
+    /// gro_packets` datagrams per coalesced receive; their share of all
+    /// received datagrams says how much of the traffic GRO merged).
+    pub gro_segments: u64,
     /// Incoming datagrams are steered to the receive socket by a reuseport BPF
     /// program (else every socket is read).
     pub rx_steered: bool,

@@ -94,9 +94,10 @@ class Testbed:
     def ns(self, h):
         return f"{self.prefix}-h{h}"
 
-    def up(self, hosts, loss=None, rate=None, rate_ports=None, mtu=None, spines=None, spine_rate=None):
+    def up(self, hosts, loss=None, rate=None, rate_ports=None, mtu=None, spines=None, spine_rate=None,
+           host_gro=False):
         """spines: a leaf-spine fabric of 2 leaves and that many spines (links at spine_rate
-        Mbit/s) instead of the one switch."""
+        Mbit/s) instead of the one switch; host_gro: GRO on the hosts' own ends (--host-gro)."""
         args = [TESTBED, "up", "--hosts", str(hosts)]
         if loss:
             args += ["--loss", str(loss)]
@@ -110,6 +111,8 @@ class Testbed:
             args += ["--spines", str(spines)]
             if spine_rate:
                 args += ["--spine-rate", str(spine_rate)]
+        if host_gro:
+            args += ["--host-gro"]
         sh(args, env=self.env)
         self.hosts = hosts
         self.spines = spines or 0
@@ -118,6 +121,8 @@ class Testbed:
                      f"{rate_ports or 'all'}")
         if spines:
             self.desc += f", 2 leaves x {spines} spines at {spine_rate or 10000} Mbit/s"
+        if host_gro:
+            self.desc += ", GRO on the hosts' own ends"
 
     def down(self):
         sh([TESTBED, "down"], check=False, env=self.env)

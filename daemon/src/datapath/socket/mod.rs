@@ -125,8 +125,9 @@
 //! sockets too, although only the receive socket is read: the kernel's GRO
 //! picks the socket that decides whether a flow may be coalesced by the
 //! 4-tuple's hash, without running the steering program, so a flow whose hash
-//! picked a send socket was never coalesced (1.1% of a DDP step's datagrams
-//! arrived coalesced with host GRO on; 90% with every socket set:
+//! picked a send socket was never coalesced (with GRO on the hosts' ends,
+//! 18% of a testbed host's datagrams arrived coalesced, 99.3% with every
+//! socket set: `tests/testbed_gro.rs`,
 //! `bench/results/2026-12-06-gro-every-socket.md`). The coalesced packet is
 //! then delivered as any other, steered to the receive socket. One
 //! `recv` call reads until the kernel has nothing more or `8 × batch`
@@ -255,8 +256,7 @@ impl SocketDatapath {
             // running the program, and picks a group member by the 4-tuple's
             // hash; only if that member has UDP_GRO does it coalesce. With it
             // on the receive socket alone, a flow coalesced only when its hash
-            // happened to pick that socket (measured: 1.1% of the datagrams of
-            // a DDP step; with every member on, see the module docs).
+            // happened to pick that socket (see the module docs).
             extra.gro_active = true;
             for s in rx.iter().chain(&tx) {
                 if let Err(e) = sys::enable_gro(s.as_fd()) {

@@ -18,9 +18,14 @@ import collections
 import subprocess
 import sys
 
-# (substring of a kernel symbol, stage); the first frame from the leaf that matches any decides.
+# (kernel function, stage): a frame matches the function or its `function_*` helpers (whole words,
+# compiler suffixes and leading underscores ignored); the first frame from the leaf that matches
+# any decides.
 STAGES = (
+    ("__udp_enqueue_schedule_skb", "rx softirq: UDP deliver to socket"),
     ("udp_queue_rcv_skb", "rx softirq: UDP deliver to socket"),
+    ("udp_queue_rcv_one_skb", "rx softirq: UDP deliver to socket"),
+    ("udp_unicast_rcv_skb", "rx softirq: UDP deliver to socket"),
     ("__udp4_lib_rcv", "rx softirq: UDP receive"),
     ("udp_rcv", "rx softirq: UDP receive"),
     ("tcp_v4_rcv", "rx softirq: TCP receive"),
@@ -36,6 +41,10 @@ STAGES = (
     ("dev_qdisc_enqueue", "qdisc"),
     ("veth_xmit", "veth transmit"),
     ("__dev_queue_xmit", "device transmit"),
+    ("dev_gro_receive", "GRO: merging"),
+    ("napi_gro_receive", "GRO: merging"),
+    ("gro_receive_skb", "GRO: merging"),
+    ("veth_poll", "veth receive (NAPI)"),
     ("__netif_receive_skb", "softirq: other receive plumbing"),
     ("process_backlog", "softirq: other receive plumbing"),
     ("net_rx_action", "softirq: other receive plumbing"),
@@ -53,9 +62,11 @@ STAGES = (
     ("tcp_write_xmit", "send: TCP"),
     ("tcp_sendmsg", "send: TCP"),
     ("tcp_ack", "TCP ACK processing"),
-    ("ep_poll", "epoll"),
+    ("ep_poll", "epoll: waits and wake-ups"),
     ("do_sys_poll", "poll"),
     ("futex", "futex"),
+    ("do_futex", "futex"),
+    ("__x64_sys_futex", "futex"),
     ("schedule", "scheduler"),
     ("do_idle", "idle"),
     ("exc_page_fault", "page faults"),
@@ -72,11 +83,23 @@ def classify(frames, comm):
         return "user: other"
     for f in frames:
         parts = f.split()
-        sym = parts[1] if len(parts) > 1 else ""
+        name = function(parts[1] if len(parts) > 1 else "")
         for key, stage in STAGES:
-            if key in sym:
+            if matches(name, key):
                 return "kernel: " + stage
     return "kernel: other"
+
+
+def function(sym: str) -> str:
+    """A symbol without its compiler suffix (`.constprop.0`, `.part.0`, `.isra.0`) and leading `_`s."""
+    return sym.split(".")[0].lstrip("_")
+
+
+def matches(name: str, key: str) -> bool:
+    """`name` is the function `key` or one of its `key_*` helpers: whole words, so `schedule`
+    is not `__udp_enqueue_schedule_skb`."""
+    key = key.lstrip("_")
+    return name == key or name.startswith(key + "_")
 
 
 def stages(data: str) -> tuple[collections.Counter, int]:
@@ -92,9 +115,48 @@ def stages(data: str) -> tuple[collections.Counter, int]:
     return counts, total
 
 
+def self_check() -> None:
+    """classify() on call chains as `perf script` prints them (leaf first)."""
+    k = "([kernel.kallsyms])"
+    cases = (
+        # A UDP receive run in a sender's softirq is receive work, not send work.
+        ([f"ffff __udp_enqueue_schedule_skb {k}", f"ffff udp_queue_rcv_skb {k}", f"ffff udp_rcv {k}",
+          f"ffff net_rx_action {k}", f"ffff udp_sendmsg {k}", f"ffff __sys_sendmmsg {k}"], "dlcpd",
+         "kernel: rx softirq: UDP deliver to socket"),
+        # udp_rcv and __udp4_lib_rcv inlined, as on Debian's 6.x kernels.
+        ([f"ffff _raw_spin_lock {k}", f"ffff __udp_enqueue_schedule_skb {k}", f"ffff udp_queue_rcv_one_skb {k}",
+          f"ffff udp_unicast_rcv_skb {k}", f"ffff ip_protocol_deliver_rcu {k}", f"ffff ip_local_deliver_finish {k}"],
+         "dlcpd", "kernel: rx softirq: UDP deliver to socket"),
+        ([f"ffff skb_gro_receive {k}", f"ffff udp_gro_receive {k}", f"ffff inet_gro_receive {k}",
+          f"ffff dev_gro_receive {k}", f"ffff veth_poll {k}"], "dlcpd", "kernel: GRO: merging"),
+        ([f"ffff fdb_find_rcu {k}", f"ffff br_handle_frame {k}", f"ffff __netif_receive_skb {k}"], "python3",
+         "kernel: switch: bridge"),
+        ([f"ffff htb_dequeue {k}", f"ffff __qdisc_run {k}", f"ffff br_forward {k}"], "dlcpd", "kernel: qdisc"),
+        ([f"ffff _copy_to_iter {k}", f"ffff udp_recvmsg {k}", f"ffff __sys_recvmmsg {k}"], "dlcpd",
+         "kernel: syscall: UDP recvmsg"),
+        ([f"ffff fib_table_lookup {k}", f"ffff ip_route_input_slow {k}", f"ffff ip_rcv_finish {k}"], "dlcpd",
+         "kernel: IP receive: route lookup"),
+        ([f"ffff finish_task_switch.isra.0 {k}", f"ffff __schedule {k}", f"ffff schedule_hrtimeout_range {k}"],
+         "dlcpd", "kernel: scheduler"),
+        ([f"ffff _raw_spin_lock {k}", f"ffff futex_wait_setup {k}", f"ffff do_futex {k}"], "python3",
+         "kernel: futex"),
+        ([f"ffff native_write_msr {k}"], "swapper", "kernel: other"),
+        (["7f00 aws_lc_gcm_ghash (/usr/bin/dlcpd)"], "dlcpd", "user: dlcpd"),
+        (["7f00 sgemm_kernel (/usr/lib/libopenblas.so)"], "python3", "user: trainers"),
+        (["7f00 main (/usr/bin/iperf3)"], "iperf3", "user: other"),
+    )
+    for frames, comm, want in cases:
+        got = classify(frames, comm)
+        assert got == want, f"{frames[0]} ({comm}): {got!r}, want {want!r}"
+    print(f"perf_stages self-check ok ({len(cases)} call chains)")
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--self-check"]:
+        self_check()
+        return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("data", nargs="+", help="perf.data files (one column each)")
+    ap.add_argument("data", nargs="+", help="perf.data files (one column each); --self-check alone: CI's check")
     ap.add_argument("--step-ms", default="", help="comma list, one per file: CPU-ms per step instead of %%")
     ap.add_argument("--cpus", type=int, default=2, help="CPUs the recording covered [2]")
     a = ap.parse_args()

@@ -149,6 +149,7 @@ bench_smoke() {
   /usr/bin/python3 bench/harness.py --self-check
   /usr/bin/python3 bench/slow_port.py --self-check
   /usr/bin/python3 bench/step_ab.py --self-check
+  /usr/bin/python3 bench/perf_stages.py --self-check
 }
 demo() {
   ./target/release/dlcpd --version

@@ -31,7 +31,10 @@
  *    DLCP_ERR_NULL_ARG unless documented as optional). String arguments must be
  *    NUL-terminated; names must be UTF-8.
  *  - A handle may be used from several threads; calls on one handle are
- *    serialised (a thread blocked in dlcp_wait delays the others).
+ *    serialised, each holding the handle while it runs. dlcp_wait and
+ *    dlcp_wait_op do not hold it while they sleep, so other threads' calls go
+ *    on meanwhile; the blocking collectives (dlcp_allreduce ... dlcp_barrier)
+ *    hold it from their submit to their completion.
  *  - Tensor handles are assigned in allocation order (0, 1, 2, ...) and double
  *    as the tensor id on the wire: allocate tensors in the same order on every rank.
  *
@@ -189,7 +192,10 @@ int dlcp_submit_op(dlcp_client *c, dlcp_tensor tensor, uint32_t layer, uint32_t 
 
 /* Wait for the next completion of any op. timeout_ms < 0: no limit; 0: poll.
  * DLCP_OK means *out holds a completion: check out->status. A completion whose
- * status is not DLCP_STATUS_OK also sets dlcp_last_error(c) to why it failed. */
+ * status is not DLCP_STATUS_OK also sets dlcp_last_error(c) to why it failed.
+ * Other threads' calls on the handle go on while this one sleeps; a handle
+ * detached by another thread meanwhile ends the wait within a second with
+ * DLCP_ERR_BAD_HANDLE. */
 int dlcp_wait(dlcp_client *c, int64_t timeout_ms, dlcp_completion *out);
 
 /* What a completion waiter polls (dlcp_wait_fds). */
@@ -199,8 +205,8 @@ typedef struct dlcp_fds {
 } dlcp_fds;
 
 /* Stores in *out the descriptors a completion waiter may poll() for POLLIN
- * without holding the handle (a thread blocked in dlcp_wait delays the
- * handle's other calls; one blocked in poll does not). When either is readable,
+ * itself, beside descriptors of its own (an event loop; dlcp_wait does the same
+ * internally and does not hold the handle while it sleeps). When either is readable,
  * call dlcp_wait with timeout 0 until it gives DLCP_ERR_TIMEOUT (with only
  * `control` readable, a timeout of a few ms: that is how a daemon that closed
  * it is noticed), then poll again; no completion is missed. The descriptors

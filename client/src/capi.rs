@@ -14,22 +14,30 @@
 //! - **Errors are negative codes** ([`ErrorCode`]); `dlcp_last_error` gives the
 //!   message of the last failure (per handle, and per thread for calls without a
 //!   live handle such as a failed `dlcp_attach`).
-//! - Calls on one handle are serialised by a mutex: a thread blocked in
-//!   `dlcp_wait` delays other calls on the same handle until it returns.
+//! - Calls on one handle are serialised by a mutex, held while a call runs.
+//!   `dlcp_wait` and `dlcp_wait_op` do not hold it while they sleep (they
+//!   `poll` the completion doorbell and the control socket, then take the
+//!   completion under the lock: [`wait_unlocked`]), so a thread waiting there
+//!   does not delay another thread's calls on the handle. The blocking
+//!   collectives (`dlcp_allreduce`, ..., `dlcp_barrier`) hold it from their
+//!   submit to their completion, so no other thread's `dlcp_wait` takes
+//!   their completion.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString, OsStr, c_char, c_int};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use dlcp_shm::doorbell::poll_readable;
 
 use crate::{
     AttachArgs, BARRIER_TENSOR, Client, Completion, ElemType, Error, ErrorCode, Opcode, Options, Reduce,
-    TensorId,
+    TensorId, TrainerError,
 };
 
 /// Opaque client handle (`dlcp_client` in C). Never dereferenced by the library.
@@ -219,6 +227,68 @@ fn with_client<T>(
         Failure::new(ErrorCode::Internal, "an earlier call on this handle panicked; detach it")
     })?;
     f(&mut slot.client)
+}
+
+/// The longest an unlocked waiter sleeps in `poll` before it looks again: how
+/// soon it notices that another thread detached the handle.
+const POLL_SLICE: Duration = Duration::from_secs(1);
+/// How long an unlocked waiter holds the handle to read the control socket
+/// once `poll` found it readable (a daemon's note, or the daemon gone).
+const CONTROL_WAIT: Duration = Duration::from_millis(5);
+
+/// Waits up to `timeout` for what `take` takes, without holding the handle's
+/// mutex while it sleeps. Each round looks up the handle (a handle detached by
+/// another thread ends the wait with `DLCP_ERR_BAD_HANDLE` within
+/// [`POLL_SLICE`]), calls `take(client, look)` under the mutex (`look` zero, or
+/// [`CONTROL_WAIT`] after the control socket woke it, so a daemon's close is
+/// read), and — if `take` timed out — `poll`s duplicates of the client's
+/// completion doorbell and control socket with the mutex released. No wake-up
+/// is lost: a `take` that finds nothing drains the doorbell before its last
+/// look at the ring, so a completion posted after that rings it again (the
+/// doorbell protocol). Duplicates, because the client and its descriptors may
+/// be dropped by a `dlcp_detach` while this thread sleeps.
+fn wait_unlocked<T>(
+    handle: *mut dlcp_client,
+    timeout: Duration,
+    mut take: impl FnMut(&mut Client, Duration) -> Result<T, Failure>,
+) -> Result<T, Failure> {
+    let deadline = Instant::now().checked_add(timeout);
+    let mut look = Duration::ZERO;
+    let mut first = true;
+    loop {
+        let (fds, left): ([OwnedFd; 2], Option<Duration>) = {
+            let shared = lookup(handle).map_err(|f| match first {
+                true => f,
+                false => Failure::new(
+                    f.code,
+                    format!("{} (detached by another thread while this one waited)", f.msg),
+                ),
+            })?;
+            first = false;
+            let mut slot = shared.lock().map_err(|_| {
+                Failure::new(ErrorCode::Internal, "an earlier call on this handle panicked; detach it")
+            })?;
+            match take(&mut slot.client, look) {
+                Err(f) if f.code == ErrorCode::Timeout => {}
+                done => return done,
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left == Some(Duration::ZERO) {
+                return Err(Error::from(TrainerError::Timeout(timeout)).into());
+            }
+            let [bell, control] = slot.client.completion_fds();
+            let dup = |fd: std::os::fd::BorrowedFd<'_>| {
+                fd.try_clone_to_owned().map_err(|e| {
+                    Failure::new(ErrorCode::Io, format!("cannot duplicate a wait descriptor: {e}"))
+                })
+            };
+            ([dup(bell)?, dup(control)?], left)
+        };
+        let slice = left.map_or(POLL_SLICE, |l| l.min(POLL_SLICE));
+        let ready = poll_readable(&[fds[0].as_fd(), fds[1].as_fd()], Some(slice))
+            .map_err(|e| Failure::new(ErrorCode::Io, format!("poll: {e}")))?;
+        look = if ready[1] { CONTROL_WAIT } else { Duration::ZERO };
+    }
 }
 
 /// Checks an output pointer before the operation runs.
@@ -538,13 +608,14 @@ fn failure_of(cl: &mut Client, done: Completion) -> Option<Failure> {
 
 /// Waits for the next completion of any op: `timeout_ms < 0` waits indefinitely,
 /// `0` only polls. `DLCP_OK` means `*out` holds a completion — check its status;
-/// a failed one also sets `dlcp_last_error(c)` to why it failed.
+/// a failed one also sets `dlcp_last_error(c)` to why it failed. Does not hold
+/// the handle while it sleeps ([`wait_unlocked`]).
 #[unsafe(no_mangle)]
 pub extern "C" fn dlcp_wait(c: *mut dlcp_client, timeout_ms: i64, out: *mut dlcp_completion) -> c_int {
     code_of(guard("dlcp_wait", c, || {
         check_out(out, "out_completion")?;
-        let (done, failed) = with_client(c, |cl| {
-            let done = cl.wait(timeout(timeout_ms))?;
+        let (done, failed) = wait_unlocked(c, timeout(timeout_ms), |cl, look| {
+            let done = cl.wait(look)?;
             Ok((done, failure_of(cl, done)))
         })?;
         store(out, done.into());
@@ -556,8 +627,9 @@ pub extern "C" fn dlcp_wait(c: *mut dlcp_client, timeout_ms: i64, out: *mut dlcp
 }
 
 /// Stores in `*out` the descriptors a completion waiter may `poll` for
-/// readability without holding the handle: a thread blocked there does not
-/// delay the handle's other calls, as one blocked in `dlcp_wait` does. When
+/// readability itself, beside descriptors of its own (an event loop;
+/// `dlcp_wait` does the same inside and does not hold the handle while it
+/// sleeps either, [`wait_unlocked`]). When
 /// either is readable, call `dlcp_wait` with timeout 0 until it gives
 /// `DLCP_ERR_TIMEOUT` (when only `control` is readable, a timeout of a few
 /// milliseconds: that is how a daemon that closed it is noticed), then poll
@@ -585,8 +657,8 @@ pub extern "C" fn dlcp_wait_op(
 ) -> c_int {
     code_of(guard("dlcp_wait_op", c, || {
         check_out(out, "out_completion")?;
-        let (done, failed) = with_client(c, |cl| {
-            let done = cl.wait_for(op_seq, timeout(timeout_ms))?;
+        let (done, failed) = wait_unlocked(c, timeout(timeout_ms), |cl, look| {
+            let done = cl.wait_for(op_seq, look)?;
             Ok((done, failure_of(cl, done)))
         })?;
         store(out, done.into());

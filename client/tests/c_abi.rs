@@ -318,3 +318,56 @@ fn a_handle_is_usable_from_several_threads() {
     assert_eq!(fake.served(), 40);
     assert_eq!(dlcp_detach(c as *mut dlcp_client), DLCP_OK);
 }
+
+#[test]
+fn a_thread_waiting_does_not_hold_up_other_calls_on_the_handle() {
+    use std::time::{Duration, Instant};
+    let fake = FakeReducer::start();
+    let c = attach(fake.socket(), 6) as usize;
+    let mut t: dlcp_tensor = 0;
+    assert_eq!(dlcp_alloc(c as *mut dlcp_client, c"w".as_ptr(), 32, &mut t), DLCP_OK);
+
+    // A waiter sleeps in dlcp_wait (up to 5 s) with nothing in flight; this
+    // thread's submit goes through at once, and the waiter gets its completion.
+    let waiter = std::thread::spawn(move || {
+        let mut done = dlcp_completion::default();
+        let t0 = Instant::now();
+        let rc = dlcp_wait(c as *mut dlcp_client, 5_000, &mut done);
+        (rc, done, t0.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = Instant::now();
+    let mut seq = 0u64;
+    assert_eq!(dlcp_submit(c as *mut dlcp_client, t, 0, 1, 0, 0, &mut seq), DLCP_OK);
+    let submit_took = t0.elapsed();
+    assert!(submit_took < Duration::from_secs(1), "submit waited {submit_took:?} for the waiting thread");
+    let (rc, done, waited) = waiter.join().unwrap();
+    assert_eq!(rc, DLCP_OK, "{}", last(c as *mut dlcp_client));
+    assert_eq!((done.op_seq, done.status), (seq, 0));
+    assert!(waited < Duration::from_secs(3), "the waiter took {waited:?} to see the completion");
+
+    // A timed wait still times out on time.
+    let mut done = dlcp_completion::default();
+    let t0 = Instant::now();
+    assert_eq!(dlcp_wait(c as *mut dlcp_client, 300, &mut done), ErrorCode::Timeout as c_int);
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(2),
+        "a 300 ms wait took {took:?}"
+    );
+
+    // Another thread detaching the handle ends a wait (within a second) with
+    // DLCP_ERR_BAD_HANDLE, not at its timeout.
+    // (The fake reducer never completes an op with HOLD_BUDGET_PPM.)
+    assert_eq!(dlcp_submit(c as *mut dlcp_client, t, 0, 1, HOLD_BUDGET_PPM, 0, &mut seq), DLCP_OK);
+    let waiter = std::thread::spawn(move || {
+        let mut done = dlcp_completion::default();
+        let t0 = Instant::now();
+        (dlcp_wait_op(c as *mut dlcp_client, seq, 8_000, &mut done), t0.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(dlcp_detach(c as *mut dlcp_client), DLCP_OK);
+    let (rc, waited) = waiter.join().unwrap();
+    assert_eq!(rc, E_HANDLE, "wait_op on a handle detached meanwhile");
+    assert!(waited < Duration::from_secs(4), "the waiter noticed the detach only after {waited:?}");
+}

@@ -790,7 +790,8 @@ class Client:
 
     def wait_fds(self) -> Tuple[int, int]:
         """The descriptors a completion waiter may ``poll`` for readability
-        without holding the handle (as :meth:`wait` does while it blocks):
+        itself, beside descriptors of its own (:meth:`wait` polls them inside
+        and does not hold the handle while it sleeps either):
         ``(completion, control)``. When either is readable, call :meth:`wait`
         with ``timeout=0`` until it raises :class:`DlcpTimeoutError` (with only
         ``control`` readable, a timeout of a few ms: that is how a daemon gone

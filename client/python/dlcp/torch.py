@@ -23,8 +23,8 @@ all the futures at the end of ``backward()``.
 
 A completion waiter, one daemon thread per :class:`DlcpState`, completes the
 futures: it waits for the client's completions by polling the client's
-completion doorbell and control socket (``Client.wait_fds``), so it never
-blocks inside the library, whose per-handle lock a submit needs, and takes the
+completion doorbell and control socket (``Client.wait_fds``) beside its own
+wake-up descriptor (which :meth:`DlcpState.close` uses), and takes the
 completions with non-blocking ``Client.wait`` calls; it sleeps on a condition
 while nothing is in flight) and sets each reduced arena tensor as the future's
 value (DDP copies it into the gradients), or fails the future with a

@@ -142,7 +142,8 @@ bench_smoke() {
   local out name
   out=$(./target/release/dlcp-bench micro --ms 20)
   echo "$out" | grep -v '^JSON'
-  for name in header_codec packet_codec_mac mac_verify mac_single aggregation shm_round_trip shm_tensor; do
+  for name in header_codec packet_codec_mac mac_verify mac_single aggregation shm_round_trip shm_tensor \
+    endpoint_allreduce endpoint_allreduce_jumbo endpoint_allreduce_noauth; do
     echo "$out" | grep -q "^$name: dlcp .*, peer .*, ratio " \
       || { echo "dlcp-bench micro: no summary line for $name" >&2; return 1; }
   done

@@ -26,7 +26,7 @@ use std::process::ExitCode;
 
 fn usage() -> &'static str {
     "usage:
-  dlcp-bench micro [--ms MILLIS]
+  dlcp-bench micro [--ms MILLIS] [--only endpoint_allreduce[_jumbo|_noauth]]
   dlcp-bench trainer --socket PATH [--job ID] (--sizes E1,E2,.. | --buckets E1,E2,..) [--reps N]
       [--warmup N] [--budget-ppm P] [--timeout-s S]
   dlcp-bench floor --rank R --peers IP:PORT,IP:PORT,.. --sizes E1,E2,.. [--mtu M] [--reps N]

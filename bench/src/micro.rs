@@ -1,5 +1,7 @@
 //! Micro benchmarks, each against a limit measured in the same run (see `main.rs`).
 
+mod pipeline;
+
 use std::hint::black_box;
 use std::io::{ErrorKind, Read, Write};
 use std::net::UdpSocket;
@@ -446,12 +448,28 @@ pub fn main(args: &[String]) -> Result<(), String> {
         mib(llc),
         mib(big as u64)
     );
+    let only = crate::flag::<String>(args, "--only")?;
     let udp = udp_send_pps(dur.max(Duration::from_millis(300)))?;
-    let mut figs = header_figures(dur, udp, big);
-    let (agg, copy_gbs) = aggregation_figure(dur, big);
-    figs.extend(jumbo_mac_figures(dur, big, copy_gbs));
-    figs.push(agg);
-    figs.extend(shm_figures(dur, big)?);
+    let mut figs = Vec::new();
+    if only.is_none() {
+        figs.extend(header_figures(dur, udp, big));
+        let (agg, copy_gbs) = aggregation_figure(dur, big);
+        figs.extend(jumbo_mac_figures(dur, big, copy_gbs));
+        figs.push(agg);
+        figs.extend(shm_figures(dur, big)?);
+    }
+    match only.as_deref() {
+        None => figs.extend(pipeline::figures(dur, udp, None)?),
+        Some(name) if name.starts_with("endpoint_allreduce") => {
+            figs.extend(pipeline::figures(dur, udp, Some(name))?)
+        }
+        Some(other) => {
+            return Err(format!(
+                "--only {other}: the figures that run alone are endpoint_allreduce, endpoint_allreduce_jumbo \
+                 and endpoint_allreduce_noauth"
+            ));
+        }
+    }
     let mut json = Vec::new();
     for f in &figs {
         let ratio = f.dlcp / f.peer;

@@ -36,6 +36,7 @@ stage() {
 # systemd: systemd-analyze for the unit's tests (systemd itself is not started);
 # adduser: the .deb's maintainer scripts; python3-yaml: the Kubernetes manifest check;
 # util-linux: setpriv (dlcpctl permission test, running the installed daemon as dlcp);
+# kmod: modprobe br_netfilter (scripts/testbed.sh: the switch's bridge hooks);
 # python3-venv/-pip/-setuptools/-wheel: the Python client's wheel, built offline and
 # pip-installed into a fresh virtualenv (tests/client_python_wheel.rs).
 # python3-scipy/-requests (+ numpy, matplotlib): mnist1d's dependencies, from Debian.
@@ -44,7 +45,7 @@ APT_PACKAGES=(build-essential pkg-config ca-certificates git python3 python3-num
               iproute2 nftables tcpdump iperf3 ethtool iputils-ping
               dpdk-dev libdpdk-dev clang libclang-dev
               python3-torch python3-sklearn python3-matplotlib python3-scipy python3-requests
-              systemd adduser python3-yaml util-linux)
+              systemd adduser python3-yaml util-linux kmod)
 
 # MNIST-1D's generator (examples/mnist1d_task.py: the DDP example's task, the
 # time-to-accuracy bench and its smoke test), pinned; no Debian package has it.

@@ -111,8 +111,12 @@ Offloads (tso gso gro tx-udp-segmentation tx-gso-list) are off on every veth
 (ethtool; with --host-gro, GRO is on again on the hosts' eth0), so queues,
 counters and loss act on wire-sized packets, RPS pins the
 receive processing of each veth to one CPU (no reordering), and
-net.core.netdev_max_backlog is raised to $BACKLOG while up. State (settings,
-saved sysctl) in $STATE.
+net.core.netdev_max_backlog is raised to $BACKLOG while up. The switch's
+bridge runs with br_netfilter (loaded if needed; bridge-nf-call-* = 1 in its
+namespace): its hooks take each frame off the sending socket's account at the
+switch's ingress, as a NIC's transmit completion does, so a full switch queue
+drops instead of throttling the sender. State (settings, saved sysctl) in
+$STATE.
 
 Environment: DLCPTB_PREFIX (name prefix, default dlcptb), DLCPTB_STATE_DIR;
 DLCPTB_HOST_GRO=1 is --host-gro (for tools that run 'up' themselves).
@@ -432,6 +436,7 @@ mtu=$MTU
 queue=$QUEUE
 dscp=$DSCP_LIST
 host_gro=$([ "$HOST_GRO" = 1 ] && echo on || echo off)
+bridge_nf=on
 EOF
   if [ "$SPINES" -gt 0 ]; then
     local s
@@ -455,6 +460,30 @@ EOF
     "rate ${RATE:-none} Mbit/s on ports ${RATE_PORTS:-all}, loss ${LOSS:-0}%, mtu $MTU, queue $QUEUE"
 }
 
+# The switch must take each frame off its sender's socket account when the
+# frame enters the switch, as a NIC's transmit completion does. A frame that
+# crosses a veth into another namespace keeps its socket reference (Linux
+# 5.13 on), so without that a frame stays charged to the sending socket until
+# the switch port sends it, and a full switch queue throttles the sender's
+# socket instead of dropping: a lossless fabric, and not what a switch does
+# (an iperf3 UDP sender into a congested port slows down with no drop; the
+# 'priority' case of scripts/testbed_test.sh fails). The bridge's netfilter
+# hooks (br_netfilter, on by default in a namespace where it is loaded) take
+# the frame over as IP input does. So br_netfilter must be loaded (modprobe;
+# built into some kernels), and the switch namespace's bridge-nf-call
+# sysctls are set on explicitly. Every testbed result was measured so.
+bridge_nf_on() {
+  local ns=$1 t
+  if ! ip netns exec "$ns" test -e /proc/sys/net/bridge/bridge-nf-call-iptables; then
+    command -v modprobe >/dev/null && run modprobe br_netfilter 2>/dev/null || true
+  fi
+  ip netns exec "$ns" test -e /proc/sys/net/bridge/bridge-nf-call-iptables \
+    || die "the switch needs the br_netfilter kernel module (so a full switch queue drops rather than throttles the sender): apt-get install kmod; modprobe br_netfilter"
+  for t in iptables ip6tables arptables; do
+    run ip netns exec "$ns" sysctl -q -w "net.bridge.bridge-nf-call-$t=1"
+  done
+}
+
 up_switch() {
   local ncpu i ns
   ncpu=$(nproc)
@@ -462,6 +491,7 @@ up_switch() {
   run ip -n "$SW" link set lo up
   run ip -n "$SW" link add "$BR" type bridge
   run ip -n "$SW" link set "$BR" mtu "$MTU"
+  bridge_nf_on "$SW"
   for ((i = 0; i < HOSTS; i++)); do
     ns=$(host_ns "$i")
     make_host "$i" "$SW" "$ncpu"

@@ -12,7 +12,8 @@ only the mean. A variant is ``NAME=BINDIR,TRANSPORT[,TABLE:LINE ...]``:
 - TRANSPORT is one of time_to_accuracy.py's transports (gloo-cubic, dlcp-b1, the tuned
   dlcp-b1-paths1, ...);
 - each TABLE:LINE adds a line to a table of every dlcpd's config (time_to_accuracy.py
-  ``--dlcpd-set``), e.g. ``datapath.socket:gso_max_segments = 32``.
+  ``--dlcpd-set``), e.g. ``datapath.socket:gso_max_segments = 32``; a comma inside a
+  line's brackets or quotes (a TOML array, a string) belongs to the line.
 
 For dlcp variants it also sums the daemons' datapath counters over each run (datagrams, system
 calls, GSO messages): datagrams per GSO message and GSO messages per ``sendmmsg`` call say how
@@ -54,10 +55,33 @@ from measure import sum_counters  # noqa: E402
 from time_to_accuracy import ALL_TRANSPORTS, dlcpd_set  # noqa: E402  (the variants' lines are its --dlcpd-set)
 
 
+def split_top(text: str) -> list:
+    """``text`` split at commas outside brackets, braces and quotes, so a TOML line such as
+    ``priority:dscp = [0, 10]`` stays whole."""
+    parts, cur, depth, quote = [], [], 0, None
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+        elif ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
 def parse_variant(spec: str) -> dict:
-    """``NAME=BINDIR,TRANSPORT[,TABLE:LINE ...]`` as {name, bindir, transport, set}."""
+    """``NAME=BINDIR,TRANSPORT[,TABLE:LINE ...]`` as {name, bindir, transport, set}; commas inside
+    a line's brackets or quotes do not split it."""
     name, sep, rest = spec.partition("=")
-    parts = [p.strip() for p in rest.split(",")] if sep else []
+    parts = [p.strip() for p in split_top(rest)] if sep else []
     if not name.strip() or len(parts) < 2 or not parts[0] or not parts[1]:
         raise ValueError(f"--variant {spec!r}: expected NAME=BINDIR,TRANSPORT[,TABLE:LINE ...]")
     if parts[1] not in ALL_TRANSPORTS:
@@ -136,6 +160,9 @@ def self_check():
     v = [parse_variant("a=/x,dlcp-b1"), parse_variant("b = /y , dlcp-b1-paths1, datapath.socket:gso_max_segments = 32")]
     assert v[1] == {"name": "b", "bindir": "/y", "transport": "dlcp-b1-paths1",
                     "set": ["datapath.socket:gso_max_segments = 32"]}, v[1]
+    arr = parse_variant('c=/z,dlcp-b1,priority:dscp = [0, 10, 18, 26, 34, 40, 46, 48],log:level = "a,b"')
+    assert arr["set"] == ["priority:dscp = [0, 10, 18, 26, 34, 40, 46, 48]", 'log:level = "a,b"'], arr
+    assert split_top("a,[b,{c,d}],'e,f',g") == ["a", "[b,{c,d}]", "'e,f'", "g"]
     for bad in ("a", "a=/x", "=/x,dlcp-b1", "a=/x,dlcp-b1,paths = 1", "a=/x,dlcp-b1,network:paths", "a=/x,dlcp-b9"):
         try:
             parse_variant(bad)

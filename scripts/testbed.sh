@@ -469,7 +469,8 @@ EOF
 # (an iperf3 UDP sender into a congested port slows down with no drop; the
 # 'priority' case of scripts/testbed_test.sh fails). The bridge's netfilter
 # hooks (br_netfilter, on by default in a namespace where it is loaded) take
-# the frame over as IP input does. So br_netfilter must be loaded (modprobe;
+# the frame over as IP input does: br_nf_pre_routing's setup_pre_routing()
+# calls skb_orphan() on every IPv4 and IPv6 frame. So br_netfilter must be loaded (modprobe;
 # built into some kernels), and the switch namespace's bridge-nf-call
 # sysctls are set on explicitly. Every testbed result was measured so.
 bridge_nf_on() {

@@ -462,21 +462,23 @@ EOF
 
 # The switch must take each frame off its sender's socket account when the
 # frame enters the switch, as a NIC's transmit completion does. A frame that
-# crosses a veth into another namespace keeps its socket reference (Linux
-# 5.13 on), so without that a frame stays charged to the sending socket until
-# the switch port sends it, and a full switch queue throttles the sender's
-# socket instead of dropping: a lossless fabric, and not what a switch does
-# (an iperf3 UDP sender into a congested port slows down with no drop; the
-# 'priority' case of scripts/testbed_test.sh fails). The bridge's netfilter
-# hooks (br_netfilter, on by default in a namespace where it is loaded) take
-# the frame over as IP input does: br_nf_pre_routing's setup_pre_routing()
-# calls skb_orphan() on every IPv4 and IPv6 frame. So br_netfilter must be loaded (modprobe;
-# built into some kernels), and the switch namespace's bridge-nf-call
-# sysctls are set on explicitly. Every testbed result was measured so.
+# crosses a veth into another namespace keeps its socket reference (kernel
+# commit 9c4c325252c5, "skbuff: preserve sock reference when scrubbing the
+# skb"), so without that a frame stays charged to the sending socket until the
+# switch port sends it, and a full switch queue throttles the sender's socket
+# instead of dropping: a lossless fabric, not what a switch does (an iperf3
+# UDP sender into a congested port slows down with no drop; the 'priority'
+# case of scripts/testbed_test.sh fails). The bridge's netfilter hooks
+# (br_netfilter, on by default in a namespace where it is loaded) take the
+# frame over as IP input does: br_nf_pre_routing's setup_pre_routing() calls
+# skb_orphan() on every IPv4 and IPv6 frame. So br_netfilter must be loaded
+# (modprobe; some kernels have it built in), and the switch namespace's
+# bridge-nf-call sysctls are set on explicitly. Every testbed result was
+# measured so.
 bridge_nf_on() {
   local ns=$1 t
   if ! ip netns exec "$ns" test -e /proc/sys/net/bridge/bridge-nf-call-iptables; then
-    command -v modprobe >/dev/null && run modprobe br_netfilter 2>/dev/null || true
+    if command -v modprobe >/dev/null; then modprobe br_netfilter 2>/dev/null || true; fi
   fi
   ip netns exec "$ns" test -e /proc/sys/net/bridge/bridge-nf-call-iptables \
     || die "the switch needs the br_netfilter kernel module (so a full switch queue drops rather than throttles the sender): apt-get install kmod; modprobe br_netfilter"

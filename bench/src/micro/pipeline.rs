@@ -1,6 +1,7 @@
-//! `endpoint_allreduce`: dlcpd's own per-datagram work, with no kernel and no
+//! `endpoint_allreduce*`: dlcpd's own per-datagram work, with no kernel and no
 //! network. Four protocol endpoints, configured as a default `dlcpd.toml`
-//! configures the daemon's (MTU 1500, authenticated), run an allreduce of a
+//! configures the daemon's (MTU 1500, authenticated; the `_jumbo` row sets
+//! MTU 9000, the tuned `_noauth` row `packet_auth = "none"`), run an allreduce of a
 //! 16 MiB tensor each on one thread; every datagram one builds (header, tag)
 //! is copied once into a receive buffer, as a datapath's receive does, and
 //! handed to its destination (tag check, parse, accumulate, bitmaps). The

@@ -7,8 +7,9 @@
 #
 # Nothing is created in the root namespace: the veth pairs are made inside the
 # switch namespace with their host end moved straight into the host namespace.
-# The only machine-wide change is net.core.netdev_max_backlog (raised while up,
-# restored by `down`).
+# The only machine-wide changes are net.core.netdev_max_backlog (raised while up,
+# restored by `down`) and, where br_netfilter is a module not loaded yet, loading
+# it (unloaded by `down`; see bridge_nf_on).
 #
 # Run `scripts/testbed.sh --help` for usage. Needs root, iproute2 (ip, tc) and,
 # for --loss and --spines, nftables; ethtool is used if present.
@@ -180,6 +181,24 @@ restore_backlog() {
   rm -f "$f"
 }
 
+# Unload br_netfilter if this testbed's up loaded it (see bridge_nf_on), unless
+# another testbed is up: then that one's down does it.
+restore_br_netfilter() {
+  local f=$STATE/br_netfilter_loaded other
+  [ -f "$f" ] || return 0
+  for other in "$STATE_ROOT"/*/; do
+    other=${other%/}
+    if [ "$other" != "$STATE" ] && [ -f "$other/settings" ]; then
+      cp "$f" "$other/br_netfilter_loaded"
+      log "another testbed is up ($(basename "$other")): leaving br_netfilter to its down"
+      rm -f "$f"
+      return 0
+    fi
+  done
+  modprobe -r br_netfilter 2>/dev/null || log "could not unload br_netfilter (in use?): left loaded"
+  rm -f "$f"
+}
+
 # ---------------------------------------------------------------------------
 # down
 # ---------------------------------------------------------------------------
@@ -209,6 +228,7 @@ cmd_down() {
     ip netns del "$ns" || die "could not delete namespace $ns"
   done
   restore_backlog
+  restore_br_netfilter
   rm -f "$STATE/settings"
   rmdir "$STATE" 2>/dev/null || true
   rmdir "$STATE_ROOT" 2>/dev/null || true
@@ -475,10 +495,24 @@ EOF
 # (modprobe; some kernels have it built in), and the switch namespace's
 # bridge-nf-call sysctls are set on explicitly. Every testbed result was
 # measured so.
+#
+# Loading the module is a machine-wide change: every namespace, the root one
+# included, starts with the hooks on. So when up loads it, the root
+# namespace's bridge-nf-call sysctls go back to 0 (its bridges had no hooks
+# before), and down unloads it again once no testbed that needs it is up
+# (marker $STATE/br_netfilter_loaded). On this project's VM the module is
+# built into the kernel, so that branch has not run here.
 bridge_nf_on() {
   local ns=$1 t
   if ! ip netns exec "$ns" test -e /proc/sys/net/bridge/bridge-nf-call-iptables; then
-    if command -v modprobe >/dev/null; then modprobe br_netfilter 2>/dev/null || true; fi
+    if command -v modprobe >/dev/null && modprobe br_netfilter 2>/dev/null; then
+      mkdir -p "$STATE"
+      echo loaded >"$STATE/br_netfilter_loaded"
+      for t in iptables ip6tables arptables; do
+        sysctl -q -w "net.bridge.bridge-nf-call-$t=0" >/dev/null 2>&1 || true
+      done
+      log "loaded br_netfilter (down unloads it); the root namespace's bridge-nf-call-* stay 0"
+    fi
   fi
   ip netns exec "$ns" test -e /proc/sys/net/bridge/bridge-nf-call-iptables \
     || die "the switch needs the br_netfilter kernel module (so a full switch queue drops rather than throttles the sender): apt-get install kmod; modprobe br_netfilter"

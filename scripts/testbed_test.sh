@@ -58,6 +58,22 @@ case_lifecycle() {
   [ ! -e "/run/dlcptb/$P" ] || fail "state dir left behind"
   "$TB" status | grep -q "down" || fail "status after down does not say down"
   note "netns, root links and netdev_max_backlog ($backlog_before) as before"
+  # A testbed whose up loaded br_netfilter (marker in its state) leaves the
+  # unloading to another testbed still up. The unloading itself is not run here
+  # (it could take the module from under another user of the machine).
+  local q=${P}b
+  trap '"$TB" down >/dev/null 2>&1 || true; DLCPTB_PREFIX='"$q"' "$TB" down >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
+  "$TB" up --hosts 2 >/dev/null 2>&1
+  DLCPTB_PREFIX=$q "$TB" up --hosts 2 >/dev/null 2>&1
+  echo loaded >"/run/dlcptb/$P/br_netfilter_loaded"
+  "$TB" down 2>"$WORK/down.txt" || { cat "$WORK/down.txt"; fail "down with another testbed up failed"; }
+  [ -f "/run/dlcptb/$q/br_netfilter_loaded" ] || fail "down did not hand the br_netfilter marker to the testbed still up"
+  grep -q "leaving br_netfilter to its down" "$WORK/down.txt" || fail "down did not say it left br_netfilter: $(cat "$WORK/down.txt")"
+  rm -f "/run/dlcptb/$q/br_netfilter_loaded"
+  DLCPTB_PREFIX=$q "$TB" down >/dev/null 2>&1
+  [ ! -e "/run/dlcptb/$q" ] && [ ! -e "/run/dlcptb/$P" ] || fail "state left after both downs: $(ls -R /run/dlcptb)"
+  [ "$(sysctl -n net.core.netdev_max_backlog)" = "$backlog_before" ] || fail "netdev_max_backlog not restored after two testbeds"
+  note "two testbeds: the first down hands its br_netfilter marker to the one still up; backlog restored"
 }
 
 # ---------------------------------------------------------------------------

@@ -161,9 +161,9 @@ fn input(r: u32) -> Vec<f32> {
         .collect()
 }
 
-fn expected() -> Vec<f32> {
-    let ins: Vec<Vec<f32>> = (0..WORLD).map(input).collect();
-    (0..ELEMS).map(|i| ins.iter().map(|v| v[i]).sum::<f32>() / WORLD as f32).collect()
+/// The average of `inputs`, element by element.
+fn expected(inputs: &[Vec<f32>]) -> Vec<f32> {
+    (0..ELEMS).map(|i| inputs.iter().map(|v| v[i]).sum::<f32>() / WORLD as f32).collect()
 }
 
 /// Allreduce ops, one after another, until `dur` has passed (at least two);
@@ -173,8 +173,8 @@ pub fn run(dur: Duration, set: Setting) -> Result<(f64, u64, u64), String> {
     p.run_until(Duration::from_secs(5), "the HELLO handshake", |p| {
         p.eps.iter().all(|e| e.run().is_some_and(|(_, id)| id != 0))
     })?;
-    let want = expected();
     let inputs: Vec<Vec<f32>> = (0..WORLD).map(input).collect();
+    let want = expected(&inputs);
     let opts = OpOptions { reduce: ReduceOp::Average, ..OpOptions::default() };
     let (mut ops, mut moved, mut busy) = (0u64, 0u64, Duration::ZERO);
     let mut seq = 0;
@@ -250,7 +250,8 @@ pub fn figures(dur: Duration, udp_pps: f64, only: Option<&str>) -> Result<Vec<Fi
     if let Some(o) = only
         && !rows.iter().any(|(name, _, _)| *name == o)
     {
-        return Err(format!("--only {o}: no such figure"));
+        let names: Vec<&str> = rows.iter().map(|(name, _, _)| *name).collect();
+        return Err(format!("--only {o}: the figures that run alone are {}", names.join(", ")));
     }
     for (name, what, set) in rows {
         if only.is_some_and(|o| o != name) {
@@ -284,15 +285,17 @@ mod tests {
         let (pps, ops, per_op) =
             run(Duration::from_millis(1), Setting { mtu: 1500, no_auth: false }).unwrap();
         assert!(ops >= 2);
-        // 16 MiB per rank at 1372 B per datagram: each rank sends 3/4 of its
-        // tensor to the owners and gets 3/4 of the result back.
-        let data = 2 * 3 * (ELEMS * 4).div_ceil(1372) as u64;
+        // 16 MiB per rank in chunks of the config's size (1,372 B at MTU
+        // 1500): each rank sends 3/4 of its tensor to the owners and gets 3/4
+        // of the result back.
+        let chunk = |set| config(0, set).unwrap().chunk_bytes() as usize;
+        let data = 2 * 3 * (ELEMS * 4).div_ceil(chunk(Setting { mtu: 1500, no_auth: false })) as u64;
         assert!(per_op >= data && per_op < data + data / 10, "{per_op} datagrams per op, {data} of data");
         assert!(pps > 0.0);
-        // MTU 9000 without authentication: 8,872-byte payloads (9000 - IP,
-        // UDP and the header), so about a sixth of the datagrams.
-        let (_, _, jumbo) = run(Duration::from_millis(1), Setting { mtu: 9000, no_auth: true }).unwrap();
-        let data = 2 * 3 * (ELEMS * 4).div_ceil(8872) as u64;
+        // MTU 9000 without authentication: about a sixth of the datagrams.
+        let jumbo_set = Setting { mtu: 9000, no_auth: true };
+        let (_, _, jumbo) = run(Duration::from_millis(1), jumbo_set).unwrap();
+        let data = 2 * 3 * (ELEMS * 4).div_ceil(chunk(jumbo_set)) as u64;
         assert!(
             jumbo >= data && jumbo < data + data / 5,
             "{jumbo} datagrams per op at MTU 9000, {data} of data"

@@ -23,7 +23,7 @@ SW=$PREFIX-sw
 BR=br0
 SUBNET4=10.77.0
 SUBNET6=fd77
-DEFAULT_DSCP=0,10,18,26,34,40,46,48
+DEFAULT_DSCP=10,10,18,26,34,40,46,48
 BACKLOG=20000
 
 usage() {
@@ -61,13 +61,17 @@ Topology (defaults in brackets):
               everything above the 1% guarantees goes strictly by priority;
               leaf queue pfifo limit PKTS [50], so congestion drops instead of
               buffering; u32 filters 'ip dsfield <dscp<<2> 0xfc' (IPv4) and
-              'ip6 priority <dscp<<2> 0xfc' (IPv6) map DSCP D<c> to class 1:1<c>;
-              anything else (ARP, unknown DSCP) goes to 1:10 (best effort).
+              'ip6 priority <dscp<<2> 0xfc' (IPv6) map DSCP D<c> to class 1:1<c>
+              (a DSCP listed for several classes to the highest of them);
+              anything else (ARP, unknown DSCP, best effort's DSCP 0 by
+              default) goes to 1:10.
   --rate    rate in Mbit/s of the ports towards hosts (the bottleneck); without
             it 10000 (no bottleneck).
   --rate-ports  comma list of host indices whose port gets --rate [all];
             the others run at 10000.
-  --dscp    DSCP of dlcp classes 0..7 [$DEFAULT_DSCP] (match [priority].dscp).
+  --dscp    DSCP of dlcp classes 0..7 [$DEFAULT_DSCP] (match [priority].dscp;
+            with the default, classes 0 and 1 share class 1's queue and class
+            0's queue, 1:10, carries only other traffic: best effort).
   --loss    random loss in percent (0.01 resolution) on input of every host
             namespace (nftables table inet $PREFIX: counters 'seen' and 'dropped';
             IPv6 neighbour discovery is exempt). Each datagram crossing the
@@ -254,6 +258,16 @@ htb_burst() {
   echo "$burst"
 }
 
+# Whether class $1's DSCP is also a higher class's (DSCPS): that class's
+# queue serves it.
+dscp_served_above() {
+  local c=$1 k
+  for (( k = c + 1; k < 8; k++ )); do
+    [ "${DSCPS[k]}" = "${DSCPS[c]}" ] && return 0
+  done
+  return 1
+}
+
 # htb/pfifo setup of port $2 in namespace $1 at rate $3 Mbit/s.
 setup_port() {
   local ns=$1 dev=$2 rate=$3
@@ -273,6 +287,9 @@ setup_port() {
     run "${sw[@]}" tc qdisc add dev "$dev" parent "1:1$c" handle "$(( 20 + c )):" pfifo limit "$QUEUE"
   done
   for c in 0 1 2 3 4 5 6 7; do
+    # A DSCP listed for several classes is served by the highest of them
+    # (dlcpd's default marks classes 0 and 1 both AF11: class 1's queue).
+    dscp_served_above "$c" && continue
     local tos=$(( DSCPS[c] << 2 ))
     run "${sw[@]}" tc filter add dev "$dev" parent 1: protocol ip prio 1 u32 \
       match ip dsfield "$tos" 0xfc flowid "1:1$c"
@@ -828,7 +845,9 @@ port_table() {
         id = "1:1" c
         if (!(id in pkts)) continue
         tot = pkts[id] + drops[id]
-        printf "  %-6s %-11s %-5s %-4s %12.0f %14.0f %10.0f %8.2f%%\n", c, id, d[c + 1], pr[id], pkts[id], bytes[id], drops[id], tot ? 100 * drops[id] / tot : 0
+        label = d[c + 1]
+        for (k = c + 2; k <= 8; k++) if (d[k] == d[c + 1]) label = "-"
+        printf "  %-6s %-11s %-5s %-4s %12.0f %14.0f %10.0f %8.2f%%\n", c, id, label, pr[id], pkts[id], bytes[id], drops[id], tot ? 100 * drops[id] / tot : 0
       }
       if ("1:1" in pkts) printf "  %-6s %-11s %-5s %-4s %12.0f %14.0f %10.0f\n", "port", "1:1", "", "", pkts["1:1"], bytes["1:1"], drops["1:1"]
     }'

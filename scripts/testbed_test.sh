@@ -90,19 +90,22 @@ case_connectivity() {
       || fail "ping -6 h$i -> fd77::$(( (i + 1) % 4 + 1 )) failed"
   done
   # DSCP -> htb class on the switch port, IPv4 and IPv6 (echo requests to
-  # host 1 leave through p1): EF (46) -> 1:16, AF41 (34) -> 1:14.
-  local ef0 af0
-  ef0=$(class_sent p1 1:16); af0=$(class_sent p1 1:14)
+  # host 1 leave through p1): EF (46) -> 1:16, AF41 (34) -> 1:14, and AF11
+  # (10), which the default map gives classes 0 and 1, -> 1:11, the higher.
+  local ef0 af0 af11
+  ef0=$(class_sent p1 1:16); af0=$(class_sent p1 1:14); af11=$(class_sent p1 1:11)
   ip netns exec "$P-h0" ping -q -c 3 -i 0.01 -W 2 -Q 0xb8 10.77.0.2 >/dev/null || fail "ping -Q 0xb8"
   ip netns exec "$P-h0" ping -6 -q -c 3 -i 0.01 -W 2 -Q 0xb8 fd77::2 >/dev/null || fail "ping -6 -Q 0xb8"
   ip netns exec "$P-h0" ping -6 -q -c 2 -i 0.01 -W 2 -Q 0x88 fd77::2 >/dev/null || fail "ping -6 -Q 0x88"
   [ $(( $(class_sent p1 1:16) - ef0 )) -eq 6 ] || fail "EF pings: class 1:16 on p1 counted $(( $(class_sent p1 1:16) - ef0 )), expected 6"
   [ $(( $(class_sent p1 1:14) - af0 )) -eq 2 ] || fail "AF41 pings: class 1:14 on p1 counted $(( $(class_sent p1 1:14) - af0 )), expected 2"
+  ip netns exec "$P-h0" ping -q -c 2 -i 0.01 -W 2 -Q 0x28 10.77.0.2 >/dev/null || fail "ping -Q 0x28"
+  [ $(( $(class_sent p1 1:11) - af11 )) -eq 2 ] || fail "AF11 pings: class 1:11 on p1 counted $(( $(class_sent p1 1:11) - af11 )), expected 2 (a DSCP of two classes goes to the higher)"
   # Jumbo frames pass unfragmented (MTU 9000 everywhere).
   ip netns exec "$P-h0" ping -q -c 1 -W 2 -M 'do' -s 8972 10.77.0.2 >/dev/null || fail "9000-byte ping h0 -> h1 failed"
   # Hosts are isolated from the root namespace's addresses.
   [ "$(ip netns exec "$P-h0" ip -br addr show dev eth0 | grep -c 10.77.0.1/24)" -eq 1 ] || fail "h0 address"
-  note "12 IPv4 pairs, 4 IPv6 pairs, DSCP classification v4/v6, jumbo ping: ok"
+  note "12 IPv4 pairs, 4 IPv6 pairs, DSCP classification v4/v6 (AF11 shared), jumbo ping: ok"
   # The switch's bridge runs its netfilter hooks (see testbed.sh, bridge_nf_on;
   # the 'priority' case shows what they change).
   local st0 t

@@ -105,7 +105,10 @@ fn check_config_names_file_line_and_field_for_broken_configs() {
         ),
         (
             "dscp",
-            base.replace("dscp = [0, 10, 18, 26, 34, 40, 46, 48]", "dscp = [0, 10, 18, 26, 34, 40, 46, 64]"),
+            base.replace(
+                "dscp = [10, 10, 18, 26, 34, 40, 46, 48]",
+                "dscp = [10, 10, 18, 26, 34, 40, 46, 64]",
+            ),
             "priority.dscp",
             "63",
         ),

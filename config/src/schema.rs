@@ -44,7 +44,7 @@ pub const DEFAULT_SOCKET_PATH: &str = "/run/dlcp/dlcpd.sock";
 /// Default metrics (Prometheus text) listen address.
 pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9464";
 /// Default class → DSCP map (see [`Priority::dscp`]).
-pub const DEFAULT_DSCP: [u8; 8] = [0, 10, 18, 26, 34, 40, 46, 48];
+pub const DEFAULT_DSCP: [u8; 8] = [10, 10, 18, 26, 34, 40, 46, 48];
 /// Default class → `SO_PRIORITY` map (see [`Priority::so_priority`]).
 pub const DEFAULT_SO_PRIORITY: [u8; 8] = [0, 1, 2, 3, 4, 5, 5, 6];
 
@@ -459,10 +459,13 @@ pub struct Priority {
     /// duplicates). Default `[0, 1, 2, 3, 4]`.
     pub droppable: Vec<u8>,
     /// DSCP (0 ..= 63) of each class, index = class. Default
-    /// `[0, 10, 18, 26, 34, 40, 46, 48]`: CS0, AF11, AF21, AF31, AF41, CS5, EF for
-    /// data, CS6 (network control) for class 7. Ascending, and the IP precedence
-    /// (top three bits) rises with the class, so switches that queue by precedence
-    /// keep the order. Not required to be ascending.
+    /// `[10, 10, 18, 26, 34, 40, 46, 48]`: AF11 (classes 0 and 1), AF21, AF31,
+    /// AF41, CS5, EF for data, CS6 (network control) for class 7. No class is
+    /// marked CS0, best effort's DSCP: gradient data the loss budget cannot give
+    /// up would wait there on other traffic's drops (classes 0 and 1 share a
+    /// switch queue instead; the budget still gives up class 0 first). The IP
+    /// precedence (top three bits) never falls as the class rises, so switches
+    /// that queue by precedence keep the order. Not required to be ascending.
     pub dscp: [u8; 8],
     /// Linux `SO_PRIORITY` of each class, 0 ..= 15. Default `[0, 1, 2, 3, 4, 5, 5, 6]`.
     /// Values above 6 need `CAP_NET_ADMIN` (the daemon fails to set them without

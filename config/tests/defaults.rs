@@ -76,10 +76,14 @@ fn minimal_config_gets_every_default() {
     assert_eq!(c.log.level, LogLevel::Info);
 }
 
+/// The default marks never fall as the class rises (nor does the IP
+/// precedence, their top three bits), control is alone on top, and no class is
+/// marked best effort's DSCP 0 (deploy/README.md says why).
 #[test]
-fn default_dscp_is_ascending_with_control_on_top() {
-    assert!(DEFAULT_DSCP.windows(2).all(|w| w[0] < w[1]));
-    assert!(DEFAULT_DSCP.iter().all(|&d| d <= 63));
+fn default_dscp_rises_with_control_on_top_and_none_best_effort() {
+    assert!(DEFAULT_DSCP.windows(2).all(|w| w[0] <= w[1] && w[0] >> 3 <= w[1] >> 3));
+    assert!(DEFAULT_DSCP[..7].iter().all(|&d| d < DEFAULT_DSCP[7]));
+    assert!(DEFAULT_DSCP.iter().all(|&d| (1..=63).contains(&d)), "{DEFAULT_DSCP:?}");
     assert!(DEFAULT_SO_PRIORITY.windows(2).all(|w| w[0] <= w[1]));
 }
 

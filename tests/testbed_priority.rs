@@ -201,7 +201,7 @@ fn congested_port(prefix: &'static str, shared: Option<&str>) {
     );
     let (_, _, low) = frac(&delta, &[0]);
     assert!(low > 0.0, "class 0 (best effort) lost nothing: {delta:?}");
-    // What each daemon sent per class: class 0 is dlcp's only where configured.
+    // Every daemon sends at every class, class 0 included, whatever its mark.
     for h in 0..HOSTS {
         let st = bed.stats(h);
         let sent = &st["protocol"]["tx_packets_per_class"];

@@ -834,10 +834,16 @@ switch_ports() {
 }
 
 # Per-class counters of port $2 in namespace $1 as a table (from tc -s class show).
+# A class whose DSCP a higher class's queue serves (dscp_served_above) shows "-".
 port_table() {
-  local dscp=${DSCP_OF_STATE:-$DEFAULT_DSCP}
-  ip netns exec "$1" tc -s class show dev "$2" | awk -v dscp="$dscp" '
-    BEGIN { split(dscp, d, ","); printf "  %-6s %-11s %-5s %-4s %12s %14s %10s %9s\n", "class", "htb", "dscp", "prio", "sent_pkts", "sent_bytes", "dropped", "drop%" }
+  local -a DSCPS
+  local c labels=""
+  IFS=, read -r -a DSCPS <<<"${DSCP_OF_STATE:-$DEFAULT_DSCP}"
+  for c in 0 1 2 3 4 5 6 7; do
+    if dscp_served_above "$c"; then labels+="-,"; else labels+="${DSCPS[c]},"; fi
+  done
+  ip netns exec "$1" tc -s class show dev "$2" | awk -v labels="$labels" '
+    BEGIN { split(labels, d, ","); printf "  %-6s %-11s %-5s %-4s %12s %14s %10s %9s\n", "class", "htb", "dscp", "prio", "sent_pkts", "sent_bytes", "dropped", "drop%" }
     $1 == "class" { id = $3; prio = ""; for (i = 1; i < NF; i++) if ($i == "prio") prio = $(i + 1) }
     $1 == "Sent" { bytes[id] = $2; pkts[id] = $4; dr = $7; sub(",", "", dr); drops[id] = dr; pr[id] = prio }
     END {
@@ -845,9 +851,7 @@ port_table() {
         id = "1:1" c
         if (!(id in pkts)) continue
         tot = pkts[id] + drops[id]
-        label = d[c + 1]
-        for (k = c + 2; k <= 8; k++) if (d[k] == d[c + 1]) label = "-"
-        printf "  %-6s %-11s %-5s %-4s %12.0f %14.0f %10.0f %8.2f%%\n", c, id, label, pr[id], pkts[id], bytes[id], drops[id], tot ? 100 * drops[id] / tot : 0
+        printf "  %-6s %-11s %-5s %-4s %12.0f %14.0f %10.0f %8.2f%%\n", c, id, d[c + 1], pr[id], pkts[id], bytes[id], drops[id], tot ? 100 * drops[id] / tot : 0
       }
       if ("1:1" in pkts) printf "  %-6s %-11s %-5s %-4s %12.0f %14.0f %10.0f\n", "port", "1:1", "", "", pkts["1:1"], bytes["1:1"], drops["1:1"]
     }'

@@ -309,15 +309,16 @@ def wait_tcp_listen(ns, port, timeout=20.0):
         time.sleep(0.02)
 
 
-def cross_traffic(bed, hosts, mbps):
+def cross_traffic(bed, hosts, mbps, seconds=3600):
     """Best-effort (DSCP 0) iperf3 UDP from an extra host (number `hosts`) into host 0's
-    bottleneck port; the processes to kill afterwards."""
+    bottleneck port for `seconds`; the processes to kill afterwards (the client first: a
+    caller may check with poll() that it still runs)."""
     src = hosts  # the extra host
     srv = subprocess.Popen(["ip", "netns", "exec", bed.ns(0), "iperf3", "-s", "-p", "5302"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_tcp_listen(bed.ns(0), 5302)
     cli = subprocess.Popen(["ip", "netns", "exec", bed.ns(src), "iperf3", "-u", "-c", "10.77.0.1",
-                            "-p", "5302", "-b", f"{mbps}M", "-l", "1400", "-t", "3600", "--tos", "0"],
+                            "-p", "5302", "-b", f"{mbps}M", "-l", "1400", "-t", str(seconds), "--tos", "0"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)
     if cli.poll() is not None:

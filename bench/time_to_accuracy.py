@@ -26,7 +26,11 @@ refuses to run with other training settings than the pilot's. Time to accuracy
 is the training clock (wall clock of the training steps on rank 0; evaluations
 stop it) at the first evaluation (every 25 steps) whose test accuracy is at or
 above the target. A run whose clock passes ``--time-cap`` is stopped and, unless
-it had reached the target before, reported as not reaching it.
+it had reached the target before, reported as not reaching it. ``--stop-at-target
+TRANSPORTS`` stops those transports' runs at the target instead of the last step
+(their time to target only, no final accuracy): for a peer whose run to the last
+step would take most of an hour. While a run trains, rank 0's latest evaluation is
+printed once a minute.
 
 Writes to ``--out`` (default bench/results/), names with ``--tag``:
 
@@ -54,6 +58,9 @@ the congested port.
     sudo bench/time_to_accuracy.py --smoke --out /tmp/tta  # CI: one seed, 40 steps, Gloo and dlcp 1%, clean
     sudo bench/time_to_accuracy.py --conds clean1500 --transports dlcp-b1 --seeds 0 --steps 200 --target 0.99 \
         --dlcpd-set 'datapath.socket:gso_max_segments = 32' --out /tmp/x   # a tuned key (bench/step_ab.py runs these)
+    sudo bench/time_to_accuracy.py --conds congested --transports gloo-bbr --time-cap 3000 \
+        --stop-at-target gloo-bbr --tag congested-bbr-long  # the peer's time to target beyond the 900 s cap
+    bench/time_to_accuracy.py --self-check                 # the report's arithmetic, no network (CI)
 """
 
 import argparse
@@ -204,6 +211,7 @@ def summarize(res: list, warm: int = 5) -> dict:
         "curve": [{k: e[k] for k in ("step", "time", "acc", "loss")} for e in r0["curve"]],
         "steps": r0["steps"],
         "time_capped": r0["time_capped"],
+        "stopped_at_target": r0.get("stopped_at_acc", False),
         "train_clock": r0["train_clock"],
         "parameters": r0["parameters"],
         "compute_ms": median_ms(comp),
@@ -216,6 +224,23 @@ def summarize(res: list, warm: int = 5) -> dict:
         "ops_below_full": sum(r["delivered"] < 1.0 for r in reps),
         "mean_op_ms": 1e3 * statistics.fmean(r["duration"] for r in reps) if reps else None,
     }
+
+
+# How often a run's progress (rank 0's latest evaluation) is printed while it trains.
+PROGRESS_EVERY_S = 60
+
+
+def last_eval(path: Path) -> str | None:
+    """The last evaluation line ("step N time T loss L acc A ...") of a trainer's log, if any."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    lines = [x for x in tail.splitlines() if x.startswith("step ") and " acc " in x]
+    return lines[-1] if lines else None
 
 
 def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) -> dict:
@@ -242,19 +267,30 @@ def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) 
         cmd += ["--data-dir", str(args.data_dir), "--data-seed", str(args.data_seed)]
         cmd += ["--train-samples", str(args.train_samples), "--test-samples", str(args.test_samples)]
         cmd += ["--out", str(out)]
+        if transport in stop_at_target(args) and args.target:
+            cmd += ["--stop-at-acc", str(args.target)]
         logf = open(work / f"r{h}.log", "w")
         env = dict(os.environ, DLCP_LIB=str(lib), PYTHONDONTWRITEBYTECODE="1")
         procs.append(subprocess.Popen(cmd, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL, env=env))
     t0 = time.time()
     timed_out = False
     try:
-        for p in procs:
-            try:
-                p.wait(timeout=max(1, args.run_timeout - (time.time() - t0)))
-            except subprocess.TimeoutExpired:
+        shown = None
+        while alive := [p for p in procs if p.poll() is None]:
+            left = args.run_timeout - (time.time() - t0)
+            if left <= 0:
                 timed_out = True
                 for q in procs:
                     q.kill()
+                break
+            try:
+                alive[0].wait(timeout=min(PROGRESS_EVERY_S, max(1, left)))
+            except subprocess.TimeoutExpired:
+                pass
+            line = last_eval(work / "r0.log")
+            if line and line != shown:
+                log(f"  {transport} seed {seed}, rank 0 at {time.time() - t0:.0f} s: {line}")
+                shown = line
     except BaseException:  # interrupted (SIGINT, or SIGTERM made one in main): no trainer outlives us
         for q in procs:
             q.kill()
@@ -396,11 +432,12 @@ def cell_lines(args, runs, conds, transports) -> list:
             med = median_tta(rs, target, cap)
             rng = f" ({min(got):.1f}–{max(got):.1f})" if len(got) > 1 else ""
             ratio = {k: (f"{med / v:.2f}" if med and v else "—") for k, v in base.items()}
-            m, h = ci95([r["final_acc"] for r in rs])
+            fin = finals(rs)
+            acc = f"{ci95(fin)[0]:.2f} ± {ci95(fin)[1]:.2f}" if fin else "— (stopped at the target)"
             lines.append(
                 f"| {CONDITIONS[c][0]} | {ALL_TRANSPORTS[t][0]} | {len(rs)}/{len(all_rs)} | {len(got)}/{len(rs)} "
                 f"| {fmt(med, '.1f', 'not reached')}{rng} | {ratio['gloo-cubic']} | {ratio['gloo-bbr']} "
-                f"| {m:.2f} ± {h:.2f} | {fmt(statistics.median(r['compute_ms'] for r in rs))} "
+                f"| {acc} | {fmt(statistics.median(r['compute_ms'] for r in rs))} "
                 f"| {fmt(statistics.median(r['exposed_ms'] for r in rs))} "
                 f"| {fmt(statistics.median(r['step_ms'] for r in rs))} |"
             )
@@ -446,9 +483,9 @@ def target_lines(args, runs, conds) -> list:
                              f"{verdict}")
     for t, limit in (("dlcp-b1", 0.3), ("dlcp-b5", 0.5)):
         for c in conds:
-            a, g = cell(c, t), cell(c, "gloo-cubic")
+            a, g = finals(cell(c, t)), finals(cell(c, "gloo-cubic"))
             if a and g:
-                (ma, ha), (mg, hg) = ci95([r["final_acc"] for r in a]), ci95([r["final_acc"] for r in g])
+                (ma, ha), (mg, hg) = ci95(a), ci95(g)
                 d = ma - mg
                 lines.append(f"- {CONDITIONS[c][0]}, {ALL_TRANSPORTS[t][0]}: final accuracy within {limit:g} points of "
                              f"Gloo cubic's: {d:+.2f} points ({ma:.2f} ± {ha:.2f} vs {mg:.2f} ± {hg:.2f}; "
@@ -489,6 +526,9 @@ def write_outputs(args, runs, pilot):
         *([f"- **Tuned**: every dlcpd's config also had (`--dlcpd-set`) "
             + "; ".join(f"`[{t}] {l.strip()}`" for t, ls in dlcpd_set(args.dlcpd_set).items() for l in ls.splitlines())
             + "."] if getattr(args, "dlcpd_set", None) else []),
+        *([f"- Runs of {', '.join(ALL_TRANSPORTS[t][0] for t in stop_at_target(args))} stop at their first "
+           f"evaluation at or above the target (`--stop-at-target`): their time to target is measured, their "
+           f"final accuracy is not (left out of the final-accuracy columns)."] if stop_at_target(args) else []),
         "- Final accuracy: rank 0's replica after the last step (every replica is bit-identical, checked), "
         "mean over seeds ± the 95% Student t interval's half-width.",
         "- Per step (medians over steps after the first 5, then over seeds): compute = forward, backward "
@@ -509,6 +549,11 @@ def write_outputs(args, runs, pilot):
     if capped:
         lines += ["", f"Runs stopped at the time cap: {len(capped)} ("
                   + ", ".join(f"{r['cond']} {r['transport']} seed {r['seed']}" for r in capped) + ")."]
+    at_target = [r for r in ok if r.get("stopped_at_target")]
+    if at_target:
+        lines += ["", f"Runs stopped at the target (`--stop-at-target`): {len(at_target)} ("
+                  + ", ".join(f"{r['cond']} {r['transport']} seed {r['seed']} at step {r['steps']}" for r in at_target)
+                  + "); their final accuracy is not counted."]
     lossy = [r for r in ok if r["transport"].startswith("dlcp") and r["ops"]]
     if lossy:
         lines += ["", "dlcp delivery (rank 0's per-bucket reports): "
@@ -585,6 +630,10 @@ def parse_args():
                     help="add a TOML line to a table of every dlcpd's config, e.g. "
                          "'datapath.socket:gso_max_segments = 32' (repeatable; a tuned setting: "
                          "the markdown says so)")
+    ap.add_argument("--stop-at-target", default="", metavar="TRANSPORTS",
+                    help="comma-separated transports whose runs stop at their first evaluation at or above the "
+                         "target: their time to target without the rest of the steps, no final accuracy (e.g. "
+                         "gloo-bbr on the congested port, where a run to the last step takes 50 min)")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--replot", action="store_true",
                     help="only rewrite the markdown and plot from the output JSON (--title/--note apply)")
@@ -596,11 +645,25 @@ def parse_args():
         args.target = 0.2 if args.target is None else args.target
     if args.run_timeout is None:
         args.run_timeout = args.time_cap + 300
+    bad = [t for t in stop_at_target(args) if t not in ALL_TRANSPORTS]
+    if bad:
+        ap.error(f"--stop-at-target {args.stop_at_target!r}: unknown transport(s) {', '.join(bad)}; "
+                 f"of: {','.join(ALL_TRANSPORTS)}")
     try:
         dlcpd_set(args.dlcpd_set)
     except ValueError as e:
         ap.error(str(e))
     return args
+
+
+def stop_at_target(args) -> list:
+    """The transports of ``--stop-at-target`` (absent in the arguments of JSON files written before it)."""
+    return [t for t in getattr(args, "stop_at_target", "").split(",") if t]
+
+
+def finals(runs) -> list:
+    """Final accuracies of the runs that trained every step (not stopped at the target)."""
+    return [r["final_acc"] for r in runs if not r.get("stopped_at_target")]
 
 
 def dlcpd_set(items: list) -> dict:
@@ -645,7 +708,44 @@ def replot(args) -> int:
     return 0
 
 
+def self_check():
+    """The report's arithmetic on made-up runs, no network: time to target, medians with a run that
+    did not reach it, runs stopped at the target left out of the final accuracy, the progress line."""
+    import argparse as _a
+
+    def run(t, seed, accs, final, stopped=False):
+        curve = [{"step": 25 * (i + 1), "time": 10.0 * (i + 1), "acc": a, "loss": 1.0} for i, a in enumerate(accs)]
+        return {"ok": True, "cond": "congested", "transport": t, "seed": seed, "curve": curve, "final_acc": final,
+                "steps": 25 * len(accs), "time_capped": False, "stopped_at_target": stopped, "identical_replicas": True,
+                "compute_ms": 100.0, "exposed_ms": 900.0, "step_ms": 1000.0, "ops": 0}
+    assert time_to(run("x", 0, [0.5, 0.9, 0.95], 0.95)["curve"], 0.9, 900) == 20.0
+    assert time_to(run("x", 0, [0.5, 0.9], 0.9)["curve"], 0.9, 15) is None  # past the cap: too late
+    runs = [run("dlcp-b1", 0, [0.5, 0.9, 0.92], 0.92), run("dlcp-b1", 1, [0.5, 0.6, 0.91], 0.91),
+            run("dlcp-b1", 2, [0.5, 0.6, 0.7], 0.7),
+            run("gloo-bbr", 0, [0.3, 0.4, 0.5, 0.6, 0.9], 0.9, stopped=True),
+            run("gloo-bbr", 1, [0.3, 0.4, 0.5, 0.6, 0.7, 0.9], 0.9, stopped=True)]
+    assert median_tta([r for r in runs if r["transport"] == "dlcp-b1"], 0.9, 900) == 30.0  # 20, 30, never
+    assert finals(runs[3:]) == [] and finals(runs) == [0.92, 0.91, 0.7]
+    args = _a.Namespace(target=0.9, time_cap=900.0, stop_at_target="gloo-bbr")
+    assert stop_at_target(args) == ["gloo-bbr"] and stop_at_target(_a.Namespace()) == []
+    cells = "\n".join(cell_lines(args, runs, ["congested"], ["gloo-bbr", "dlcp-b1"]))
+    assert "| gloo-bbr" not in cells and "Gloo bbr | 2/2 | 2/2 | 55.0 (50.0–60.0) | — | 1.00 | — (stopped at the target) |" in cells, cells
+    assert "| 2/3 | 30.0 (20.0–30.0) | — | 0.55 | 84.33 ± " in cells, cells
+    goals = "\n".join(target_lines(args, runs, ["congested"]))
+    assert "time to target ≤ 0.3 × the better Gloo's: 0.55 (not met)" in goals, goals
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "r0.log"
+        assert last_eval(f) is None
+        f.write_text("x" * 5000 + "\nstep 25 time 1.0 loss 2 acc 0.1600 compute 1 ms exposed 2 ms\n"
+                     "step 50 time 2.0 loss 1.9 acc 0.3400 compute 1 ms exposed 2 ms\nfinal acc 0.34\n")
+        assert last_eval(f) == "step 50 time 2.0 loss 1.9 acc 0.3400 compute 1 ms exposed 2 ms", last_eval(f)
+    print("time_to_accuracy self-check ok")
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--self-check"]:
+        self_check()
+        return 0
     args = parse_args()
     if args.replot:
         return replot(args)
@@ -715,13 +815,23 @@ def main() -> int:
                 _, mtu, tb, cross = CONDITIONS[c]
                 bed.up(HOSTS + (1 if cross else 0), mtu=mtu, **tb)
                 bed.hosts = HOSTS  # set_cc and the daemons: the training hosts only
-                extra = harness.cross_traffic(bed, HOSTS, cross) if cross else []
                 cur = c
+            cross = CONDITIONS[c][3]
+            if cross:
+                # Cross traffic started afresh for every run and lasting past its wall-clock limit: one
+                # started per condition ran out (iperf3 -t) an hour later, in the middle of a run.
+                for p in extra:
+                    p.kill()
+                    p.wait()
+                extra = harness.cross_traffic(bed, HOSTS, cross, seconds=int(args.run_timeout) + 120)
             port += 1
             s0, d0 = bed.loss_counters()
             t0 = time.time()
             r = train(bed, daemons, args, t, seed, port, work)
             s1, d1 = bed.loss_counters()
+            if cross and r["ok"] and extra[0].poll() is not None:
+                r = {"ok": False, "error": f"the cross traffic (iperf3 client) ended during the run "
+                                           f"(status {extra[0].returncode}): the port was not congested throughout"}
             r.update(cond=c, transport=t, seed=seed, dlcpd=build, wall_s=time.time() - t0,
                      nft_seen=s1 - s0, nft_dropped=d1 - d0)
             if r["ok"] and not args.pilot:

@@ -20,7 +20,8 @@ Tasks (``--task``):
   then until backward returned: DDP waiting for the buckets' futures). For that
   the Gloo run goes through PyTorch's Python ``default_hooks.allreduce_hook``
   (the same allreduce DDP does built in) wrapped like dlcp's hook by a timer.
-  ``--time-cap`` stops training once the clock passes it (decided by rank 0 at
+  ``--time-cap`` stops training once the clock passes it, and ``--stop-at-acc``
+  at the first evaluation at or above that accuracy (both decided by rank 0 at
   an evaluation, so every rank stops at the same step).
 - ``digits``: the MLP 64-512-512-512-10 on scikit-learn's digits for
   ``--epochs`` epochs, accuracy per epoch; Gloo with DDP's built-in allreduce
@@ -160,6 +161,8 @@ def parse_args():
     ap.add_argument("--steps", type=int, default=600, help="mnist1d: training steps")
     ap.add_argument("--eval-every", type=int, default=25, help="mnist1d: steps between test evaluations")
     ap.add_argument("--time-cap", type=float, default=0.0, help="mnist1d: stop once the training clock passes this (s)")
+    ap.add_argument("--stop-at-acc", type=float, default=0.0,
+                    help="mnist1d: stop at the first evaluation at or above this test accuracy (fraction; 0 = never)")
     ap.add_argument("--data-dir", help="mnist1d: cache directory of the generated dataset (default: a new temp dir)")
     ap.add_argument("--data-seed", type=int, default=42, help="mnist1d: the dataset's seed")
     ap.add_argument("--train-samples", type=int, default=16000, help="mnist1d")
@@ -233,7 +236,7 @@ def main() -> int:
             return float((net(x_te).argmax(1) == y_te).float().mean())
 
     curve, step_times = [], []  # step_times: [compute s, exposed communication s] per step
-    train_clock, total, since, stopped = 0.0, 0.0, 0, False
+    train_clock, total, since, stopped, at_target = 0.0, 0.0, 0, False, False
     t0 = time.perf_counter()
     order = None
     for step in range(steps):
@@ -269,10 +272,11 @@ def main() -> int:
         elif not digits and ((step + 1) % args.eval_every == 0 or step + 1 == steps):
             # Rank 0 measures its replica; the clock is stopped meanwhile on every rank, and the
             # broadcast (Gloo's process group) carries rank 0's stop decision so all stop together.
-            flag = torch.zeros(2)
+            flag = torch.zeros(3)
             if rank == 0:
                 flag[0] = accuracy()
                 flag[1] = float(args.time_cap > 0 and train_clock >= args.time_cap)
+                flag[2] = float(args.stop_at_acc > 0 and flag[0] >= args.stop_at_acc)
             dist.broadcast(flag, 0)
             acc = float(flag[0])
             curve.append({"epoch": epoch, "step": step + 1, "time": train_clock, "loss": total / since, "acc": acc})
@@ -285,9 +289,13 @@ def main() -> int:
                 flush=True,
             )
             total, since = 0.0, 0
-            if flag[1]:
+            if flag[1]:  # first: an evaluation past the cap reaches nothing in time
                 stopped = True
                 print(f"time cap {args.time_cap:g} s reached at step {step + 1}", flush=True)
+                break
+            if flag[2]:
+                at_target = True
+                print(f"accuracy {acc:.4f} reached --stop-at-acc {args.stop_at_acc:g} at step {step + 1}", flush=True)
                 break
     elapsed = time.perf_counter() - t0
     # numpy has no bfloat16: hash a bf16 parameter's bits (as int16).
@@ -309,6 +317,7 @@ def main() -> int:
             "steps": len(step_times),
             "planned_steps": steps,
             "time_capped": stopped,
+            "stopped_at_acc": at_target,
             "parameters": sum(p.numel() for p in net.parameters()),
             "train_samples": len(x_tr),
             "test_samples": len(x_te),

@@ -136,8 +136,8 @@ no_dpdk() {
 }
 # The benchmark tools, cheaply: the micro-benchmark binary runs (20 ms per figure)
 # and prints a ratio line for each of its figures; the harness's self-check
-# (ResNet-50 parameter list, bucketing, percentiles) and the slow-port tool's
-# parsers. The benchmarks themselves
+# (ResNet-50 parameter list, bucketing, percentiles), the slow-port tool's
+# parsers and the time-to-accuracy report's arithmetic. The benchmarks themselves
 # (bench/run.sh) are not CI.
 bench_smoke() {
   local out name
@@ -151,6 +151,7 @@ bench_smoke() {
   /usr/bin/python3 bench/harness.py --self-check
   /usr/bin/python3 bench/slow_port.py --self-check
   /usr/bin/python3 bench/step_ab.py --self-check
+  /usr/bin/python3 bench/time_to_accuracy.py --self-check
   /usr/bin/python3 bench/perf_stages.py --self-check
 }
 demo() {

@@ -433,7 +433,7 @@ def cell_lines(args, runs, conds, transports) -> list:
             rng = f" ({min(got):.1f}–{max(got):.1f})" if len(got) > 1 else ""
             ratio = {k: (f"{med / v:.2f}" if med and v else "—") for k, v in base.items()}
             fin = finals(rs)
-            acc = f"{ci95(fin)[0]:.2f} ± {ci95(fin)[1]:.2f}" if fin else "— (stopped at the target)"
+            acc = "{:.2f} ± {:.2f}".format(*ci95(fin)) if fin else "— (stopped at the target)"
             lines.append(
                 f"| {CONDITIONS[c][0]} | {ALL_TRANSPORTS[t][0]} | {len(rs)}/{len(all_rs)} | {len(got)}/{len(rs)} "
                 f"| {fmt(med, '.1f', 'not reached')}{rng} | {ratio['gloo-cubic']} | {ratio['gloo-bbr']} "

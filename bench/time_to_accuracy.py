@@ -72,6 +72,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -585,7 +586,7 @@ def plot(args, runs, conds, transports, path: Path):
                             ls="--" if t.startswith("gloo") else "-", lw=1, label=ALL_TRANSPORTS[t][0] if first else None)
                     first = False
         ax.axhline(100 * args.target, color="k", ls=":", lw=1, label=f"target {100 * args.target:.1f}%")
-        ax.set_title(CONDITIONS[c][0], fontsize=9)
+        ax.set_title(textwrap.fill(CONDITIONS[c][0], 48), fontsize=9)  # a long name within its panel
         ax.set_xlabel("training time (s)")
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("test accuracy (%)")

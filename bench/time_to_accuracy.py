@@ -215,6 +215,7 @@ def summarize(res: list, warm: int = 5) -> dict:
         "stopped_at_target": r0.get("stopped_at_acc", False),
         "train_clock": r0["train_clock"],
         "parameters": r0["parameters"],
+        "machine": r0.get("machine"),  # the CPU model and OpenBLAS kernel set rank 0 computed with
         "compute_ms": median_ms(comp),
         "exposed_ms": median_ms(exp),
         "step_ms": median_ms([c + (e or 0.0) for c, e in st]),
@@ -378,6 +379,16 @@ def ci95(xs) -> tuple[float, float]:
     if len(xs) < 2:
         return m, 0.0
     return m, T975.get(len(xs) - 1, 1.96) * 100 * statistics.stdev(xs) / len(xs) ** 0.5
+
+
+def machine_lines(runs) -> list:
+    """The machines the runs computed on (CPU model / OpenBLAS kernel set), as the report's lines:
+    a seed's curve repeats bit for bit only on one kernel set."""
+    ms = sorted({f"{m['cpu_model']} / OpenBLAS {m['openblas_core']}" for r in runs if (m := r.get("machine"))})
+    if not ms:
+        return []
+    return ["", f"Computed on (CPU model / OpenBLAS kernel set; {sum(1 for r in runs if r.get('machine'))} of "
+            f"{len(runs)} runs recorded it, none before 2026-12-07): " + "; ".join(ms) + "."]
 
 
 def median_tta(runs, target: float, cap: float) -> float | None:
@@ -561,6 +572,7 @@ def write_outputs(args, runs, pilot):
                   + "; ".join(f"{r['cond']} {r['transport']} seed {r['seed']}: min {r['min_delivered']:.4f}, "
                               f"{r['ops_below_full']}/{r['ops']} ops below 100%, mean op {fmt(r['mean_op_ms'])} ms"
                               for r in lossy) + "."]
+    lines += machine_lines(ok)
     if not all(r["identical_replicas"] for r in ok):
         lines += ["", "**Replicas differed** in: " + ", ".join(
             f"{r['cond']} {r['transport']} seed {r['seed']}" for r in ok if not r["identical_replicas"])]
@@ -734,6 +746,10 @@ def self_check():
     assert "| 2/3 | 30.0 (20.0–30.0) | — | 0.55 | 84.33 ± " in cells, cells
     goals = "\n".join(target_lines(args, runs, ["congested"]))
     assert "time to target ≤ 0.3 × the better Gloo's: 0.55 (not met)" in goals, goals
+    runs[0]["machine"] = {"cpu_model": "AMD EPYC", "openblas_core": "Cooperlake"}
+    assert machine_lines(runs) == ["", "Computed on (CPU model / OpenBLAS kernel set; 1 of 5 runs recorded it, "
+                                   "none before 2026-12-07): AMD EPYC / OpenBLAS Cooperlake."], machine_lines(runs)
+    assert machine_lines(runs[1:]) == []
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "r0.log"
         assert last_eval(f) is None

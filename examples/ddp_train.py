@@ -52,6 +52,7 @@ dlcpd whose node.job_id is --job.
 """
 
 import argparse
+import ctypes
 import dataclasses
 import hashlib
 import json
@@ -76,6 +77,28 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+
+def machine() -> dict:
+    """What this rank computed on: the CPU model the machine shows and the kernel set OpenBLAS
+    chose for it (torch's matrix products; another kernel set rounds differently, so curves of
+    one seed compare bit for bit only on one). None where not found."""
+    cpu = blas = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), None)
+        with open("/proc/self/maps") as f:
+            libs = sorted({l.split()[-1] for l in f if "blas" in l.rsplit("/", 1)[-1]})
+    except OSError:
+        libs = []
+    for lib in libs:
+        try:
+            get = ctypes.CDLL(lib).openblas_get_corename
+        except (OSError, AttributeError):
+            continue
+        get.restype = ctypes.c_char_p
+        blas = get().decode(errors="replace")
+        break
+    return {"cpu_model": cpu, "openblas_core": blas}
 
 def digits_model(hidden: int) -> torch.nn.Module:
     return torch.nn.Sequential(
@@ -323,6 +346,7 @@ def main() -> int:
             "test_samples": len(x_te),
             "final_acc": acc,
             "params_sha256": digest,
+            "machine": machine(),
             "train_seconds": elapsed,
             "train_clock": train_clock,
             "curve": curve,

@@ -89,4 +89,13 @@ fn mnist1d_run_stops_at_the_first_evaluation_at_the_target_on_every_rank() {
     assert_eq!(r1["steps"].as_u64(), Some(steps), "rank 1 trained {} steps, rank 0 {steps}", r1["steps"]);
     assert_eq!(r1["stopped_at_acc"], true);
     assert_eq!(r0["params_sha256"], r1["params_sha256"], "the replicas differ");
+    // Each rank says what it computed on: the CPU model, and OpenBLAS's kernel set where
+    // torch's BLAS is OpenBLAS (Debian's libblas.so.3 alternative).
+    let m = &r0["machine"];
+    assert!(m["cpu_model"].as_str().is_some_and(|s| !s.is_empty()), "no CPU model: {m}");
+    assert_eq!(m, &r1["machine"], "the two ranks computed on different machines");
+    let blas = std::fs::canonicalize("/usr/lib/x86_64-linux-gnu/libblas.so.3").unwrap_or_default();
+    if blas.to_string_lossy().contains("openblas") {
+        assert!(m["openblas_core"].as_str().is_some_and(|s| !s.is_empty()), "no OpenBLAS core: {m}");
+    }
 }

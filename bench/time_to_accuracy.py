@@ -384,11 +384,12 @@ def ci95(xs) -> tuple[float, float]:
 def machine_lines(runs) -> list:
     """The machines the runs computed on (CPU model / OpenBLAS kernel set), as the report's lines:
     a seed's curve repeats bit for bit only on one kernel set."""
-    ms = sorted({f"{m['cpu_model']} / OpenBLAS {m['openblas_core']}" for r in runs if (m := r.get("machine"))})
-    if not ms:
+    recorded = [m for r in runs if (m := r.get("machine"))]
+    if not recorded:
         return []
-    return ["", f"Computed on (CPU model / OpenBLAS kernel set; {sum(1 for r in runs if r.get('machine'))} of "
-            f"{len(runs)} runs recorded it, none before 2026-12-07): " + "; ".join(ms) + "."]
+    ms = sorted({f"{m['cpu_model']} / OpenBLAS {m['openblas_core']}" for m in recorded})
+    return ["", f"Computed on (CPU model / OpenBLAS kernel set; {len(recorded)} of {len(runs)} runs recorded it, "
+            "none before 2026-12-07): " + "; ".join(ms) + "."]
 
 
 def median_tta(runs, target: float, cap: float) -> float | None:

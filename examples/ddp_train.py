@@ -100,6 +100,7 @@ def machine() -> dict:
         break
     return {"cpu_model": cpu, "openblas_core": blas}
 
+
 def digits_model(hidden: int) -> torch.nn.Module:
     return torch.nn.Sequential(
         torch.nn.Linear(64, hidden),

@@ -445,9 +445,7 @@ def cell_lines(args, runs, conds, transports) -> list:
             med = median_tta(rs, target, cap)
             rng = f" ({min(got):.1f}–{max(got):.1f})" if len(got) > 1 else ""
             ratio = {k: (f"{med / v:.2f}" if med and v else "—") for k, v in base.items()}
-            # A --stop-at-target transport's runs all end early (at the target or at the cap): none has a
-            # final accuracy.
-            fin = [] if t in stop_at_target(args) else finals(rs)
+            fin = finals(args, rs)
             acc = "{:.2f} ± {:.2f}".format(*ci95(fin)) if fin else "— (stopped at the target or the cap)"
             lines.append(
                 f"| {CONDITIONS[c][0]} | {ALL_TRANSPORTS[t][0]} | {len(rs)}/{len(all_rs)} | {len(got)}/{len(rs)} "
@@ -498,7 +496,7 @@ def target_lines(args, runs, conds) -> list:
                              f"{verdict}")
     for t, limit in (("dlcp-b1", 0.3), ("dlcp-b5", 0.5)):
         for c in conds:
-            a, g = finals(cell(c, t)), finals(cell(c, "gloo-cubic"))
+            a, g = finals(args, cell(c, t)), finals(args, cell(c, "gloo-cubic"))
             if a and g:
                 (ma, ha), (mg, hg) = ci95(a), ci95(g)
                 d = ma - mg
@@ -677,9 +675,11 @@ def stop_at_target(args) -> list:
     return [t for t in getattr(args, "stop_at_target", "").split(",") if t]
 
 
-def finals(runs) -> list:
-    """Final accuracies of the runs that trained every step (not stopped at the target)."""
-    return [r["final_acc"] for r in runs if not r.get("stopped_at_target")]
+def finals(args, runs) -> list:
+    """Final accuracies of the runs that trained every step: none of a ``--stop-at-target``
+    transport (its runs end early, at the target or at the cap) nor a run stopped at the target."""
+    stop = stop_at_target(args)
+    return [r["final_acc"] for r in runs if not r.get("stopped_at_target") and r["transport"] not in stop]
 
 
 def dlcpd_set(items: list) -> dict:
@@ -742,8 +742,8 @@ def self_check():
             run("gloo-bbr", 1, [0.3, 0.4, 0.5, 0.6, 0.7, 0.9], 0.9, stopped=True),
             dict(run("gloo-bbr", 2, [0.3, 0.4, 0.5], 0.5), time_capped=True)]  # hit the cap short of the target
     assert median_tta([r for r in runs if r["transport"] == "dlcp-b1"], 0.9, 900) == 30.0  # 20, 30, never
-    assert finals(runs[3:5]) == [] and finals(runs[:5]) == [0.92, 0.91, 0.7]
     args = _a.Namespace(target=0.9, time_cap=900.0, stop_at_target="gloo-bbr")
+    assert finals(_a.Namespace(), runs[3:5]) == [] and finals(args, runs) == [0.92, 0.91, 0.7]
     assert stop_at_target(args) == ["gloo-bbr"] and stop_at_target(_a.Namespace()) == []
     cells = "\n".join(cell_lines(args, runs, ["congested"], ["gloo-bbr", "dlcp-b1"]))
     assert "| gloo-bbr" not in cells and "Gloo bbr | 3/3 | 2/3 | 60.0 (50.0–60.0) | — | 1.00 | — (stopped at the target or the cap) |" in cells, cells

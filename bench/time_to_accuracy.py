@@ -381,6 +381,37 @@ def ci95(xs) -> tuple[float, float]:
     return m, T975.get(len(xs) - 1, 1.96) * 100 * statistics.stdev(xs) / len(xs) ** 0.5
 
 
+def paired(args, mine, ref) -> list:
+    """Final-accuracy differences in points, ``mine`` minus ``ref``, of the seeds both have a final
+    accuracy for (a seed fixes the initial weights and the data order, so the pair differs only in
+    the transport), in seed order."""
+    fa = {r["seed"]: r["final_acc"] for r in mine if finals(args, [r])}
+    fb = {r["seed"]: r["final_acc"] for r in ref if finals(args, [r])}
+    return [100 * (fa[s] - fb[s]) for s in sorted(fa.keys() & fb.keys())]
+
+
+def ci95_points(diffs) -> tuple[float, float]:
+    """Mean and 95% Student t half-width of differences already in points."""
+    m, h = ci95(diffs)
+    return m / 100, h / 100
+
+
+def paired_verdict(diffs, limit: float) -> str:
+    """The paired judgement of "within ``limit`` points": met if the 95% interval of the mean paired
+    difference lies inside ±limit, not met if it lies wholly outside, else not resolved."""
+    if len(diffs) < 2:
+        return f"paired: not measurable ({len(diffs)} seed{'' if len(diffs) == 1 else 's'} with both final accuracies)"
+    m, h = ci95_points(diffs)
+    lo, hi = m - h, m + h
+    if -limit <= lo and hi <= limit:
+        v = "met"
+    elif hi < -limit or lo > limit:
+        v = "not met"
+    else:
+        v = f"not resolved by {len(diffs)} seeds"
+    return f"paired by seed {m:+.2f} ± {h:.2f} [{lo:+.2f}, {hi:+.2f}]: {v}"
+
+
 def machine_lines(runs) -> list:
     """The machines the runs computed on (CPU model / OpenBLAS kernel set), as the report's lines:
     a seed's curve repeats bit for bit only on one kernel set."""
@@ -494,15 +525,40 @@ def target_lines(args, runs, conds) -> list:
                     verdict = f"{mine / v:.2f} ({'met' if mine / v <= limit else 'not met'})"
                 lines.append(f"- {CONDITIONS[c][0]}, {ALL_TRANSPORTS[t][0]}: time to target ≤ {limit:g} × {name}'s: "
                              f"{verdict}")
+    def gloo(c):
+        # Gloo cubic's final accuracies, else Gloo bbr's: the same numbers, as TCP delivers every
+        # byte (a seed's Gloo runs end bit-identical under either; the check line below counts it).
+        return "gloo-cubic" if finals(args, cell(c, "gloo-cubic")) else "gloo-bbr"
+
     for t, limit in (("dlcp-b1", 0.3), ("dlcp-b5", 0.5)):
         for c in conds:
-            a, g = finals(args, cell(c, t)), finals(args, cell(c, "gloo-cubic"))
+            g_t = gloo(c)
+            a, g = finals(args, cell(c, t)), finals(args, cell(c, g_t))
             if a and g:
                 (ma, ha), (mg, hg) = ci95(a), ci95(g)
                 d = ma - mg
+                gname = ALL_TRANSPORTS[g_t][0]
+                means = (f"{'met' if abs(d) <= limit else 'not met'} on the means" if len(g) >= 2 else
+                         f"not measurable: {gname} has {len(g)} final accuracy here")
                 lines.append(f"- {CONDITIONS[c][0]}, {ALL_TRANSPORTS[t][0]}: final accuracy within {limit:g} points of "
-                             f"Gloo cubic's: {d:+.2f} points ({ma:.2f} ± {ha:.2f} vs {mg:.2f} ± {hg:.2f}; "
-                             f"{'met' if abs(d) <= limit else 'not met'} on the means)")
+                             f"{gname}'s: {d:+.2f} points ({ma:.2f} ± {ha:.2f} vs {mg:.2f} ± {hg:.2f}; {means}); "
+                             + paired_verdict(paired(args, cell(c, t), cell(c, g_t)), limit))
+    # What the reduction order alone does: dlcp budget 0 gives up nothing, so it differs from Gloo
+    # only in the order the sums are taken (which the training's chaos amplifies); and what the
+    # budget alone does: dlcp budget 1% or 5% against budget 0, the same reduction order.
+    for c in conds:
+        for t, ref in (("dlcp-b0", gloo(c)), ("dlcp-b1", "dlcp-b0"), ("dlcp-b5", "dlcp-b0")):
+            diffs = paired(args, cell(c, t), cell(c, ref))
+            if len(diffs) >= 2:
+                m, h = ci95_points(diffs)
+                what = " (nothing given up)" if t == "dlcp-b0" else ""
+                lines.append(f"- reference, {CONDITIONS[c][0]}: {ALL_TRANSPORTS[t][0]}{what} minus "
+                             f"{ALL_TRANSPORTS[ref][0]}, paired by seed: {m:+.2f} ± {h:.2f} points ("
+                             + ", ".join(f"{x:+.2f}" for x in diffs) + ")")
+        same = paired(args, cell(c, "gloo-cubic"), cell(c, "gloo-bbr"))
+        if same:
+            lines.append(f"- check, {CONDITIONS[c][0]}: Gloo cubic and Gloo bbr ended with the same final accuracy "
+                         f"in {sum(x == 0 for x in same)} of {len(same)} seeds")
     if not lines:
         return []
     n = len({r["seed"] for r in ok})
@@ -543,7 +599,11 @@ def write_outputs(args, runs, pilot):
            f"evaluation at or above the target (`--stop-at-target`): their time to target is measured, their "
            f"final accuracy is not (left out of the final-accuracy columns)."] if stop_at_target(args) else []),
         "- Final accuracy: rank 0's replica after the last step (every replica is bit-identical, checked), "
-        "mean over seeds ± the 95% Student t interval's half-width.",
+        "mean over seeds ± the 95% Student t interval's half-width. The targets also pair the runs by seed "
+        "(a seed fixes the initial weights and the data order): a target is met when the 95% interval of the "
+        "mean paired difference lies inside ±its limit, not met when it lies wholly outside, and not resolved "
+        "otherwise; reference lines give dlcp budget 0 against Gloo (the reduction order alone) and each "
+        "budget against budget 0 (the budget alone).",
         "- Per step (medians over steps after the first 5, then over seeds): compute = forward, backward "
         "until the last bucket was handed to the transport (the hooks' copies and submits included) and the "
         "optimizer step; exposed communication = from then until backward returned (DDP waiting for the "
@@ -750,6 +810,24 @@ def self_check():
     assert "| 2/3 | 30.0 (20.0–30.0) | — | 0.50 | 84.33 ± " in cells, cells
     goals = "\n".join(target_lines(args, runs, ["congested"]))
     assert "time to target ≤ 0.3 × the better Gloo's: 0.50 (not met)" in goals, goals
+    # Paired final accuracies: only the seeds both transports finished, never a stop-at-target peer's.
+    ref = [run("dlcp-b0", 0, [0.9], 0.93), run("dlcp-b0", 2, [0.5], 0.69), run("dlcp-b0", 3, [0.5], 0.5)]
+    assert [round(x, 6) for x in paired(args, runs[:3], ref)] == [-1.0, 1.0], paired(args, runs[:3], ref)
+    assert paired(args, runs[3:], ref) == [] and [round(x, 6) for x in paired(args, runs[:1], ref)] == [-1.0]
+    assert paired_verdict([0.1, -0.1, 0.0], 0.3).endswith(": met"), paired_verdict([0.1, -0.1, 0.0], 0.3)
+    assert paired_verdict([1.0, 1.1, 0.9], 0.3).endswith(": not met")
+    assert paired_verdict([-1.0, 1.0], 0.3).endswith(": not resolved by 2 seeds")
+    assert paired_verdict([-1.0], 0.3) == "paired: not measurable (1 seed with both final accuracies)"
+    assert "paired by seed +0.00 ± 12.71 [-12.71, +12.71]" in paired_verdict([-1.0, 1.0], 0.3)
+    # Without Gloo cubic's final accuracies the targets compare with Gloo bbr's, paired by seed.
+    loss = [dict(r, cond="loss1") for r in (run("gloo-bbr", 0, [0.9], 0.90), run("gloo-bbr", 1, [0.9], 0.92),
+                                             run("dlcp-b1", 0, [0.9], 0.91), run("dlcp-b1", 1, [0.9], 0.93),
+                                             run("gloo-cubic", 1, [0.9], 0.92))]
+    goals = "\n".join(target_lines(_a.Namespace(target=0.9, time_cap=900.0), loss[:4], ["loss1"]))
+    assert "dlcp budget 1%: final accuracy within 0.3 points of Gloo bbr's: +1.00 points" in goals, goals
+    assert "paired by seed +1.00 ± 0.00 [+1.00, +1.00]: not met" in goals, goals
+    goals = "\n".join(target_lines(_a.Namespace(target=0.9, time_cap=900.0), loss, ["loss1"]))
+    assert "Gloo cubic and Gloo bbr ended with the same final accuracy in 1 of 1 seeds" in goals, goals
     runs[0]["machine"] = {"cpu_model": "AMD EPYC", "openblas_core": "Cooperlake"}
     assert machine_lines(runs) == ["", "Computed on (CPU model / OpenBLAS kernel set; 1 of 6 runs recorded it, "
                                    "none before 2026-12-07): AMD EPYC / OpenBLAS Cooperlake."], machine_lines(runs)

@@ -401,8 +401,10 @@ def ci95_points(diffs) -> tuple[float, float]:
 
 
 def paired_verdict(diffs, limit: float) -> str:
-    """The paired judgement of "within ``limit`` points": met if the 95% interval of the mean paired
-    difference lies inside ±limit, not met if it lies wholly outside, else not resolved."""
+    """The paired judgements of "within ``limit`` points": two-sided, met if the 95% interval of the
+    mean paired difference lies inside ±limit, not met if it lies wholly outside, else not resolved;
+    one-sided ("no more than ``limit`` points below"), met if its lower end is at or above -limit,
+    not met if its upper end is below -limit, else not resolved."""
     if len(diffs) < 2:
         return f"paired: not measurable ({len(diffs)} seed{'' if len(diffs) == 1 else 's'} with both final accuracies)"
     m, h = ci95_points(diffs)
@@ -501,7 +503,8 @@ def cell_lines(args, runs, conds, transports) -> list:
 
 def target_lines(args, runs, conds) -> list:
     """Issue 20's targets, checked where the grid has the cells: time-to-target ratios per condition and
-    final-accuracy differences (dlcp minus Gloo cubic, mean over seeds, with the 95% half-widths)."""
+    final-accuracy differences (dlcp minus Gloo: on the means, and paired by seed with the paired
+    judgements), then reference lines (budget 0 minus Gloo, each budget minus budget 0)."""
     ok = [r for r in runs if r["ok"]]
 
     def cell(c, t):

@@ -46,8 +46,8 @@ dlcp_proto::counters! {
         /// Datagrams received that were truncated (larger than the receive buffer).
         pub rx_truncated: u64 => [Desc::new("rx_truncated", "rx_dropped", DROPPED).by(By::Reason("truncated"))],
         /// Datagrams the kernel dropped because the daemon's socket receive
-        /// buffers were full (`RcvbufErrors`, counted per socket: the drops
-        /// column of /proc/net/udp for the datapath's sockets).
+        /// buffers were full (`RcvbufErrors`, counted per socket: `SO_MEMINFO`'s
+        /// drop count, the drops column of /proc/net/udp, of the datapath's sockets).
         pub rx_rcvbuf_drops: u64 => [Desc::new("rx_rcvbuf_drops", "rx_dropped", DROPPED)
             .by(By::Reason("socket_buffer"))],
         /// Frames the NIC dropped because its receive ring or the mbuf pool

@@ -1,8 +1,9 @@
-//! What the kernel counts about the datapath's sockets and the socket API
-//! does not return: drops for a full receive buffer (`RcvbufErrors`, per
-//! socket). /proc/net/udp and /proc/net/udp6 list every UDP socket of the
-//! network namespace with its inode and, in the last column, the datagrams
-//! the kernel dropped on it; the datapath knows its sockets' inodes.
+//! The drop counts of the datapath's sockets where the kernel has no
+//! `SO_MEMINFO` (before Linux 4.6; otherwise `sys::socket_drops` asks each
+//! socket): drops for a full receive buffer (`RcvbufErrors`, per socket).
+//! /proc/net/udp and /proc/net/udp6 list every UDP socket of the network
+//! namespace with its inode and, in the last column, the datagrams the kernel
+//! dropped on it; the datapath knows its sockets' inodes.
 
 use std::os::fd::BorrowedFd;
 
@@ -62,5 +63,27 @@ mod tests {
         let listed = std::fs::read_to_string("/proc/net/udp").unwrap();
         assert!(listed.lines().any(|l| l.split_whitespace().nth(9) == Some(&ino.to_string())), "{listed}");
         assert_eq!(drops(&[ino]), 0);
+    }
+
+    /// The datapath's two sources of a socket's drop count agree: a
+    /// loopback socket with a small receive buffer overflows, and
+    /// `SO_MEMINFO` gives what /proc/net/udp lists (fails if either reads
+    /// another counter, or nothing).
+    #[test]
+    fn so_meminfo_counts_what_proc_lists() {
+        use std::os::fd::AsFd;
+        let rx = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).unwrap();
+        rx.set_recv_buffer_size(4096).unwrap();
+        rx.bind(&"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+        let to = rx.local_addr().unwrap().as_socket().unwrap();
+        assert_eq!(super::super::sys::socket_drops(rx.as_fd()).unwrap(), 0);
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for _ in 0..200 {
+            tx.send_to(&[7u8; 1000], to).unwrap();
+        }
+        let meminfo = super::super::sys::socket_drops(rx.as_fd()).unwrap();
+        let listed = drops(&[inode(rx.as_fd()).unwrap()]);
+        assert!(meminfo > 100, "a 4 KiB receive buffer kept {} of 200 datagrams", 200 - meminfo);
+        assert_eq!(u64::from(meminfo), listed);
     }
 }

@@ -1,7 +1,8 @@
 //! The raw system calls of the socket datapath that socket2 does not cover:
 //! `sendmmsg` with `UDP_SEGMENT` control messages, `recvmmsg` with `UDP_GRO`
-//! control messages and source addresses, and `setsockopt` for the reuseport
-//! steering program, `UDP_GRO` and the `UDP_SEGMENT` probe. All of the
+//! control messages and source addresses, `setsockopt` for the reuseport
+//! steering program, `UDP_GRO` and the `UDP_SEGMENT` probe, and `getsockopt`
+//! for a socket's drop count (`SO_MEMINFO`). All of the
 //! datapath's `unsafe` is here, each block with its `SAFETY` argument. Each
 //! function is safe to call: the pointers handed to the kernel are built
 //! inside from live references.
@@ -40,6 +41,13 @@ pub(super) fn is_gso_refusal(e: &io::Error) -> bool {
 const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
 #[cfg(any(target_arch = "sparc", target_arch = "sparc64"))]
 const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 0x35;
+/// `SO_MEMINFO` (asm-generic value; likewise not exported by `libc`).
+#[cfg(not(any(target_arch = "sparc", target_arch = "sparc64")))]
+const SO_MEMINFO: libc::c_int = 55;
+#[cfg(any(target_arch = "sparc", target_arch = "sparc64"))]
+const SO_MEMINFO: libc::c_int = 0x39;
+/// Entries of `SO_MEMINFO`'s answer (`SK_MEMINFO_VARS`).
+const SK_MEMINFO_VARS: usize = 9;
 
 /// One outgoing message.
 pub(super) struct TxMsg<'a> {
@@ -72,6 +80,31 @@ fn setsockopt<T>(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, valu
         )
     };
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// Datagrams the kernel dropped on `fd` (`SO_MEMINFO`'s `SK_MEMINFO_DROPS`,
+/// the counter /proc/net/udp prints in its last column: a full receive
+/// buffer, mostly). One system call on the socket itself, whatever else the
+/// namespace holds. Fails on a kernel without `SO_MEMINFO` (before 4.6) or
+/// one whose answer stops before the drop count.
+#[allow(unsafe_code)]
+pub(super) fn socket_drops(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    const DROPS: usize = libc::SK_MEMINFO_DROPS as usize;
+    let mut mem = [0u32; SK_MEMINFO_VARS];
+    let mut len = mem::size_of_val(&mem) as libc::socklen_t;
+    // SAFETY: `mem` is a live, writable array of `len` bytes for the whole
+    // call, `len` is a live `socklen_t` the kernel updates with the bytes it
+    // wrote (at most the `len` given); `fd` is open.
+    let rc = unsafe {
+        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, SO_MEMINFO, mem.as_mut_ptr().cast(), &mut len)
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if (len as usize) < (DROPS + 1) * mem::size_of::<u32>() {
+        return Err(io::Error::new(io::ErrorKind::Unsupported, "SO_MEMINFO without SK_MEMINFO_DROPS"));
+    }
+    Ok(mem[DROPS])
 }
 
 /// Attaches `ret #0` as the reuseport program of `fd`'s group (created if

@@ -113,7 +113,7 @@ CONDITIONS = {  # name: (label, MTU, harness Testbed.up args, best-effort cross 
 # The grid (the default of --conds); the -gro conditions are extra rows.
 GRID_CONDS = ("clean1500", "clean9000", "loss1", "congested")
 # name: (label, backend, budget fraction or congestion control,
-#        keys added to every dlcpd's config: {table: TOML lines})
+#        keys added to every dlcpd's config: {table: TOML lines}[, extra ddp_train.py arguments])
 TRANSPORTS = {
     "gloo-cubic": ("Gloo cubic", "gloo", "cubic", {}),
     "gloo-bbr": ("Gloo bbr", "gloo", "bbr", {}),
@@ -122,10 +122,15 @@ TRANSPORTS = {
     "dlcp-b5": ("dlcp budget 5%", "dlcp", 0.05, {}),
 }
 # Tuned variants: labelled rows, run only when named, never in the default grid.
+# The -sync rows are no tuning but a measurement: each hook call waits for its
+# bucket (ddp_train.py --no-overlap), so their ratio to the row without shows
+# what overlapping communication with backward buys.
 TUNED = {
     "dlcp-b1-noauth": ('dlcp budget 1%, packet_auth = "none" (tuned)', "dlcp", 0.01,
                        {"security": 'packet_auth = "none"\n'}),
     "dlcp-b1-paths1": ("dlcp budget 1%, paths = 1 (tuned)", "dlcp", 0.01, {"network": "paths = 1\n"}),
+    "dlcp-b1-sync": ("dlcp budget 1%, no overlap (each hook waits)", "dlcp", 0.01, {}, ("--no-overlap",)),
+    "gloo-cubic-sync": ("Gloo cubic, no overlap (each hook waits)", "gloo", "cubic", {}, ("--no-overlap",)),
 }
 ALL_TRANSPORTS = {**TRANSPORTS, **TUNED}
 # Training settings a pilot and a grid must share for the target to mean anything.
@@ -246,7 +251,7 @@ def last_eval(path: Path) -> str | None:
 
 
 def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) -> dict:
-    _, backend, param, extra = ALL_TRANSPORTS[transport]
+    _, backend, param, extra, *trainer_args = ALL_TRANSPORTS[transport]
     if backend == "gloo":
         bed.set_cc(param)
     else:
@@ -269,6 +274,7 @@ def train(bed, daemons, args, transport: str, seed: int, port: int, work: Path) 
         cmd += ["--data-dir", str(args.data_dir), "--data-seed", str(args.data_seed)]
         cmd += ["--train-samples", str(args.train_samples), "--test-samples", str(args.test_samples)]
         cmd += ["--out", str(out)]
+        cmd += [a for more in trainer_args for a in more]
         if transport in stop_at_target(args) and args.target:
             cmd += ["--stop-at-acc", str(args.target)]
         logf = open(work / f"r{h}.log", "w")

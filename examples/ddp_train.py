@@ -17,7 +17,9 @@ Tasks (``--task``):
   it does (so evaluation costs no transport time). Every step is timed: compute
   (forward, backward until the last bucket was handed to the transport, the
   hooks' copies and submits included, optimizer) and exposed communication (from
-  then until backward returned: DDP waiting for the buckets' futures). For that
+  then until backward returned: DDP waiting for the buckets' futures; with
+  ``--no-overlap``, which makes each hook call wait for its bucket's allreduce
+  as a synchronous hook would, those waits too). For that
   the Gloo run goes through PyTorch's Python ``default_hooks.allreduce_hook``
   (the same allreduce DDP does built in) wrapped like dlcp's hook by a timer.
   ``--time-cap`` stops training once the clock passes it, and ``--stop-at-acc``
@@ -134,14 +136,27 @@ def load_task(args):
 
 
 class StepClock:
-    """When the last bucket of a step was handed to the transport (the hook returned)."""
+    """When the last bucket of a step was handed to the transport (the hook
+    returned), and, with ``overlap=False``, how long the hooks waited.
 
-    def __init__(self):
+    ``overlap=False`` makes every hook call wait for its bucket's future before
+    it returns, as a synchronous hook does: backward stalls for each bucket's
+    allreduce, one bucket is in flight at a time, and nothing overlaps. That
+    wait is communication, so it counts as exposed (``waited``), not compute.
+    It exists to measure what overlap buys (``--no-overlap``)."""
+
+    def __init__(self, overlap: bool = True):
         self.handed = 0.0
+        self.waited = 0.0
+        self.overlap = overlap
 
     def wrap(self, hook):
         def timed(state, bucket):
             fut = hook(state, bucket)
+            if not self.overlap:
+                t = time.perf_counter()
+                fut.wait()  # raises the hook's error (a DlcpHookError) here, inside backward
+                self.waited += time.perf_counter() - t
             self.handed = time.perf_counter()
             return fut
 
@@ -181,6 +196,10 @@ def parse_args():
     ap.add_argument("--local-world", type=int, default=int(env.get("LOCAL_WORLD_SIZE", "1")))
     ap.add_argument("--budget", type=float, default=0.01, help="dlcp loss budget, fraction (0 = exact)")
     ap.add_argument("--op-timeout", type=float, default=30.0, help="seconds to wait for one dlcp op")
+    ap.add_argument("--no-overlap", action="store_true",
+                    help="every hook call waits for its bucket's allreduce before it returns (a "
+                         "synchronous hook: no overlap with backward, one bucket in flight), to measure what "
+                         "overlap buys; the waits count as exposed communication (dlcp, or Gloo on mnist1d)")
     ap.add_argument("--epochs", type=int, default=12, help="digits: epochs")
     ap.add_argument("--steps", type=int, default=600, help="mnist1d: training steps")
     ap.add_argument("--eval-every", type=int, default=25, help="mnist1d: steps between test evaluations")
@@ -199,6 +218,8 @@ def parse_args():
     ap.add_argument("--out", help="write results (curves, accuracy, reports, step times) as JSON here")
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32", help="parameters and gradient buckets")
     args = ap.parse_args()
+    if args.no_overlap and args.backend == "gloo" and args.task == "digits":
+        ap.error("--no-overlap needs a communication hook: Gloo on digits uses DDP's built-in allreduce")
     if args.bucket_kb is None:
         args.bucket_kb = 1024 if args.task == "digits" else 4096
     return args
@@ -231,7 +252,7 @@ def main() -> int:
     # Several buckets: DDP's first bucket (the last layers) and the others capped alike.
     dist._DEFAULT_FIRST_BUCKET_BYTES = args.bucket_kb * 1024
     ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=args.bucket_kb / 1024)
-    clock = StepClock()
+    clock = StepClock(overlap=not args.no_overlap)
     state = None
     if args.backend == "dlcp":
         import dlcp.torch
@@ -273,13 +294,13 @@ def main() -> int:
         ts = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = lossf(ddp(x_tr[idx]), y_tr[idx])
-        clock.handed = 0.0
+        clock.handed, clock.waited = 0.0, 0.0
         loss.backward()  # DDP averages the gradients here (dlcp hook or Gloo)
         tb = time.perf_counter()
         opt.step()
         sched.step()
         te = time.perf_counter()
-        exposed = tb - clock.handed if clock.handed else None
+        exposed = clock.waited + tb - clock.handed if clock.handed else None
         step_times.append([te - ts - (exposed or 0.0), exposed])
         train_clock += te - ts
         total += float(loss)
@@ -340,6 +361,7 @@ def main() -> int:
             "steps_per_epoch": steps_per_epoch,
             "steps": len(step_times),
             "planned_steps": steps,
+            "overlap": not args.no_overlap,
             "time_capped": stopped,
             "stopped_at_acc": at_target,
             "parameters": sum(p.numel() for p in net.parameters()),

@@ -16,6 +16,8 @@
 //!   in any order, reports in hook order, a full ring waits for room, and an op
 //!   past its timeout, a failed completion or the daemon gone fail every future
 //!   in flight (none hangs) and every later hook call at once;
+//! - `examples/ddp_train.py --no-overlap` (the measure of what overlap buys)
+//!   runs a step's ops one after another on each daemon; without it they overlap;
 //! - `examples/ddp_train.py` asks OpenBLAS for one thread per rank (its
 //!   spinning workers took the CPU the transport needs), unless the caller set
 //!   `OPENBLAS_NUM_THREADS`;
@@ -489,4 +491,74 @@ fn ddp_hook_fails_every_bucket_in_flight_when_a_peer_daemon_dies() {
     let killed = Instant::now();
     let done = ranks.wait_all(Duration::from_secs(60));
     assert_every_rank_raised(&done, killed.elapsed());
+}
+
+/// `examples/ddp_train.py --no-overlap` (what `bench/time_to_accuracy.py`'s
+/// `-sync` rows run to measure what overlap buys): every hook call waits for
+/// its bucket, so on each daemon the ops of a step run one after another
+/// (each starts after the one before finished). The control run, the same
+/// example without the flag on the same paced daemons, overlaps some of them,
+/// so the check can fail; both runs end with identical replicas.
+#[test]
+fn ddp_example_no_overlap_runs_one_bucket_at_a_time() {
+    let Some(lib) = prerequisites() else { return };
+    let cluster =
+        Cluster::start(&Options { hosts: 2, extra: TWO_BUCKET_PACING.to_owned(), ..Options::default() });
+    // Per step (from 1) and daemon: the ops' [start, finish] µs in hook order
+    // (started: every local trainer had submitted it; finished: completed to them).
+    let run = |tag: &str, flags: &[&str]| -> Vec<(u64, usize, Vec<(u64, u64)>)> {
+        let port = free_tcp_port();
+        let mut ranks = Ranks::default();
+        let outs: Vec<PathBuf> = (0..2).map(|h| cluster.dir.path().join(format!("{tag}{h}.json"))).collect();
+        for (h, out) in outs.iter().enumerate() {
+            let mut cmd = rank_cmd(&lib, &cluster, h, 0, 1, port);
+            cmd.args(["--budget", "0", "--epochs", "1"]).args(flags).arg("--out").arg(out);
+            ranks.spawn(h, cmd, cluster.dir.path().join(format!("{tag}{h}.log")));
+        }
+        for f in ranks.wait_all(Duration::from_secs(240)) {
+            assert!(f.ok, "{tag}: rank {} failed:\n{}", f.rank, f.output);
+        }
+        let res: Vec<serde_json::Value> = outs
+            .iter()
+            .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
+            .collect();
+        assert_eq!(res[0]["params_sha256"], res[1]["params_sha256"], "{tag}: replicas differ");
+        assert_eq!(res[0]["overlap"].as_bool(), Some(flags.is_empty()), "{tag}: the run's record");
+        let reports = res[0]["reports"].as_array().unwrap();
+        let steps = res[0]["steps"].as_u64().unwrap();
+        let mut out = Vec::new();
+        // Step 0 has DDP's one initial bucket order; from step 1 its rebuilt buckets.
+        for step in 1..steps {
+            let ops: Vec<(u64, u64)> = reports
+                .iter()
+                .filter(|r| r["step"].as_u64() == Some(step))
+                .map(|r| (r["op_seq"].as_u64().unwrap(), r["tensor_id"].as_u64().unwrap()))
+                .collect();
+            assert!(ops.len() >= 2, "{tag} step {step}: {} bucket(s), the check needs two", ops.len());
+            for daemon in 0..2 {
+                out.push((
+                    step,
+                    daemon,
+                    ops.iter().map(|&(op, t)| op_interval(&cluster, daemon, op, t)).collect(),
+                ));
+            }
+        }
+        out
+    };
+    let overlapping = |spans: &[(u64, u64)]| spans.windows(2).filter(|w| w[1].0 < w[0].1).count();
+    let sync = run("sync", &["--no-overlap"]);
+    for (step, daemon, spans) in &sync {
+        assert_eq!(
+            overlapping(spans),
+            0,
+            "--no-overlap, step {step} daemon {daemon}: ops overlapped: {spans:?}"
+        );
+    }
+    let control = run("async", &[]);
+    let overlapped: usize = control.iter().map(|(_, _, s)| overlapping(s)).sum();
+    assert!(overlapped > 0, "the asynchronous hook overlapped no ops either: {control:?}");
+    eprintln!(
+        "--no-overlap: {} step-daemons, ops one at a time; without it {overlapped} overlapping pairs",
+        sync.len()
+    );
 }

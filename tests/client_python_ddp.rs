@@ -506,7 +506,8 @@ fn ddp_example_no_overlap_runs_one_bucket_at_a_time() {
         Cluster::start(&Options { hosts: 2, extra: TWO_BUCKET_PACING.to_owned(), ..Options::default() });
     // Per step (from 1) and daemon: the ops' [start, finish] µs in hook order
     // (started: every local trainer had submitted it; finished: completed to them).
-    let run = |tag: &str, flags: &[&str]| -> Vec<(u64, usize, Vec<(u64, u64)>)> {
+    type StepSpans = (u64, usize, Vec<(u64, u64)>);
+    let run = |tag: &str, flags: &[&str]| -> Vec<StepSpans> {
         let port = free_tcp_port();
         let mut ranks = Ranks::default();
         let outs: Vec<PathBuf> = (0..2).map(|h| cluster.dir.path().join(format!("{tag}{h}.json"))).collect();

@@ -631,9 +631,11 @@ fn would_block_contract() {
     assert!(a.wants_writable(), "class 1 still blocked");
     assert_eq!(a.stats().tx_packets[1], 0);
 
-    // The loop waits for writability (edge-triggered), then flushes.
+    // The loop waits for writability (edge-triggered), then flushes. Only
+    // the blocked class's socket is watched for writable.
     let mut poll = mio::Poll::new().unwrap();
     assert_eq!(a.register(poll.registry(), 10).unwrap(), 9);
+    assert_eq!(a.inner().watched_for_writable(), 1);
     let mut events = mio::Events::with_capacity(16);
     poll.poll(&mut events, Some(DEADLINE)).unwrap();
     assert!(events.iter().any(|e| e.token() == mio::Token(11 + 1) && e.is_writable()), "no writable event");
@@ -652,6 +654,16 @@ fn would_block_contract() {
     assert_eq!(data, accepted, "exactly the accepted datagrams, once each, in order");
     assert_eq!(a.stats().tx_would_block, 2);
     assert_eq!(a.stats().tx_packets[1], 5);
+    // Unblocked, no class socket is watched: sending wakes no poll (with a
+    // writable registration, every datagram the kernel frees would report
+    // its socket again).
+    assert_eq!(a.inner().watched_for_writable(), 0);
+    poll.poll(&mut events, Some(Duration::from_millis(20))).unwrap(); // what the flushes above left
+    a.send(dst, Class::CONTROL, &datagram(7, 1001, 64)).unwrap();
+    a.flush().unwrap();
+    poll.poll(&mut events, Some(Duration::from_millis(50))).unwrap();
+    let woke: Vec<mio::Token> = events.iter().map(|e| e.token()).collect();
+    assert!(woke.is_empty(), "events for an unblocked datapath: {woke:?}");
 }
 
 #[test]

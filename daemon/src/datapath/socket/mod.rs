@@ -101,7 +101,9 @@
 //!   the caller keeps it and offers it again later. Other classes are unaffected.
 //! - [`wants_writable`](Datapath::wants_writable) is true while any class holds
 //!   queued datagrams its socket refused with `EWOULDBLOCK`; the caller then
-//!   waits for a writable event on a class socket (registered edge-triggered)
+//!   waits for a writable event on a class socket (edge-triggered; a class
+//!   socket is registered for writable only while its queue is blocked, since
+//!   a registration costs a kernel wake-up per datagram sent: `interest.rs`)
 //!   and calls `flush`, which clears it once those queues drained.
 //! - Datagrams still queued when the datapath is dropped get one best-effort
 //!   flush; whatever the kernel still refuses then is lost.
@@ -154,12 +156,12 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use dlcp_proto::class::Class;
 use log::{debug, warn};
-use mio::unix::SourceFd;
-use mio::{Interest, Registry, Token};
+use mio::Registry;
 use socket2::{Domain, Socket};
 
 use self::bind::bind_port;
 use self::handover::{Link, Tally, hand_over};
+use self::interest::Interests;
 use self::queue::{ClassQueue, Group, Pending, Regroup, order_by_path, regroup, segments};
 use self::sys::RxBatch;
 use super::api::{Datapath, DatapathStats, Outgoing, SendOutcome};
@@ -167,6 +169,7 @@ use super::api::{Datapath, DatapathStats, Outgoing, SendOutcome};
 mod bind;
 mod config;
 mod handover;
+mod interest;
 mod procfs;
 mod queue;
 mod sys;
@@ -233,6 +236,8 @@ pub struct SocketDatapath {
     oversize_logged: bool,
     /// Where [`Datapath::stats`] reads the kernel's drop counts of these sockets.
     kernel_drops: KernelDrops,
+    /// The event loop's registrations, once [`Datapath::register`] made them.
+    interests: Option<Interests>,
     /// Fault injection: this many hand-overs of a class's queue to its socket
     /// fail with would-block first, without a system call (see
     /// [`Datapath::refuse_handovers`]).
@@ -298,6 +303,7 @@ impl SocketDatapath {
         };
         Ok(SocketDatapath {
             kernel_drops,
+            interests: None,
             local,
             rx,
             queues: (0..tx.len()).map(|_| ClassQueue::default()).collect(),
@@ -354,10 +360,24 @@ impl SocketDatapath {
     /// Removes the sockets from a mio registry (dropping the datapath also
     /// removes them, by closing them).
     pub fn deregister(&mut self, registry: &Registry) -> io::Result<()> {
-        for s in self.rx.iter().chain(&self.tx) {
-            registry.deregister(&mut SourceFd(&s.as_raw_fd()))?;
+        match self.interests.take() {
+            Some(i) => i.deregister(registry, &self.rx, &self.tx),
+            None => Ok(()),
         }
-        Ok(())
+    }
+
+    /// Class sockets the event loop's poll watches for writable now: those
+    /// whose queue holds datagrams the kernel refused (see `interest.rs`).
+    pub fn watched_for_writable(&self) -> usize {
+        self.interests.as_ref().map_or(0, Interests::watched)
+    }
+
+    /// Watch queue `qi`'s socket for writable exactly while the queue is
+    /// blocked (nothing before [`Datapath::register`]).
+    fn watch(&mut self, qi: usize) {
+        if let Some(i) = self.interests.as_mut() {
+            i.set_writable(qi, self.tx[qi].as_raw_fd(), self.queues[qi].blocked);
+        }
     }
 
     /// Queue capacity of a class, in datagrams.
@@ -404,6 +424,7 @@ impl SocketDatapath {
         let q = &mut self.queues[qi];
         q.consume(handed.done);
         q.blocked = handed.blocked && !q.items.is_empty();
+        self.watch(qi);
     }
 
     /// `dst` in the sockets' family, for a datagram of `len` bytes; `None`
@@ -482,6 +503,7 @@ impl SocketDatapath {
         }
         self.extra.tx_copied += (items.len() - done) as u64;
         q.blocked &= !q.items.is_empty();
+        self.watch(qi);
     }
 }
 
@@ -647,18 +669,16 @@ impl Datapath for SocketDatapath {
     }
 
     /// Path `p`'s receive socket gets token `first_token + 9p`, its class
-    /// sockets the eight after it.
+    /// sockets the eight after it. A class socket is watched for writable
+    /// only while its queue is blocked (`interest.rs` says why).
     fn register(&mut self, registry: &Registry, first_token: usize) -> io::Result<usize> {
-        let interest =
-            if self.extra.rx_steered { Interest::WRITABLE } else { Interest::READABLE | Interest::WRITABLE };
-        for (p, rx) in self.rx.iter().enumerate() {
-            let base = first_token + p * (1 + CLASSES);
-            registry.register(&mut SourceFd(&rx.as_raw_fd()), Token(base), Interest::READABLE)?;
-            for (c, s) in self.tx[p * CLASSES..(p + 1) * CLASSES].iter().enumerate() {
-                registry.register(&mut SourceFd(&s.as_raw_fd()), Token(base + 1 + c), interest)?;
-            }
+        let (interests, tokens) =
+            Interests::register(registry, first_token, &self.rx, &self.tx, self.extra.rx_steered)?;
+        self.interests = Some(interests);
+        for qi in 0..self.queues.len() {
+            self.watch(qi);
         }
-        Ok(self.rx.len() * (1 + CLASSES))
+        Ok(tokens)
     }
 
     /// The counters, with the kernel's receive-buffer drops on these
